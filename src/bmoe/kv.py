@@ -1,0 +1,78 @@
+"""KvCache: which tokens the context's sequence holds, and how to reach a new prompt.
+
+A new prompt reuses the longest common token prefix with what is in the KV; the divergent
+tail is trimmed. Memory that cannot be trimmed (recurrent layers) falls back to a full
+prefill and says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from .llama.context import LlamaContext
+
+
+@dataclass(frozen=True, slots=True)
+class KvPlan:
+    n_reused: int
+    fallback: str  # "" when the prefix was reused as planned
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class KvCache:
+    def __init__(self, ctx: LlamaContext) -> None:
+        self.ctx = ctx
+        self.tokens: list[int] = []
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.ctx.clear()
+        self.tokens = []
+
+    def align(self, prompt: Sequence[int], *, reuse: bool = True) -> KvPlan:
+        """Keep the reusable prefix of ``prompt`` in the KV; the caller prefills the rest.
+
+        At least one token is always left to prefill: the next token's logits come from it.
+        """
+        if not reuse:
+            self.reset()
+            return KvPlan(0, "")
+        n = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        if n < len(self.tokens):
+            if n == 0 or not self.ctx.trim(n):
+                why = "" if n == 0 else f"memory cannot be trimmed to {n} tokens (recurrent layers): full prefill"
+                self.reset()
+                return KvPlan(0, why)
+            del self.tokens[n:]
+        return KvPlan(n, "")
+
+    def append(self, tokens: Sequence[int], *, logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
+        try:
+            out = self.ctx.decode(tokens, self.n_past, logits=logits)
+        except Exception:
+            # a failed decode leaves the KV in an unknown state: start clean next time
+            self.reset()
+            raise
+        self.tokens.extend(int(t) for t in tokens)
+        return out
+
+    def rollback(self, n_keep: int) -> None:
+        """Return to the first n_keep tokens (used when a turn is cancelled)."""
+        if n_keep >= len(self.tokens):
+            return
+        if n_keep > 0 and self.ctx.trim(n_keep):
+            del self.tokens[n_keep:]
+        else:
+            self.reset()

@@ -1,0 +1,147 @@
+"""LlamaContext: one llama.cpp context over a loaded model, one sequence (seq 0).
+
+It knows positions and logits, nothing of chats or decisions: the session owns which
+tokens are in the KV; this class only appends, trims, saves and restores them.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
+
+import llama_cpp
+import numpy as np
+
+from .model import LlamaModel
+
+SEQ = 0
+
+
+class ContextError(RuntimeError):
+    """llama.cpp refused to create a context or to decode a batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextParams:
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    n_threads_batch: int
+    # None = llama.cpp's auto. The references need it off (its CPU flash path rounds differently).
+    flash_attn: bool | None = None
+    # f32 KV cache: used by reference comparisons against transformers.
+    kv_f32: bool = False
+
+
+class EvalCallback(Protocol):
+    """Something that owns a ctypes cb_eval function (see bmoe.llama.expert_hook)."""
+
+    @property
+    def c_callback(self) -> object: ...
+
+
+class LlamaContext:
+    def __init__(self, model: LlamaModel, params: ContextParams, eval_callback: EvalCallback | None = None) -> None:
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_ubatch
+        cp.n_seq_max = 1
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads_batch
+        cp.no_perf = True
+        if params.flash_attn is None:
+            cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        elif params.flash_attn:
+            cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        else:
+            cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if params.kv_f32:
+            cp.type_k = llama_cpp.GGML_TYPE_F32
+            cp.type_v = llama_cpp.GGML_TYPE_F32
+        self._eval_callback = eval_callback  # keep the ctypes function alive as long as the context
+        if eval_callback is not None:
+            cp.cb_eval = eval_callback.c_callback
+            cp.cb_eval_user_data = None
+        ptr = llama_cpp.llama_init_from_model(model.ptr, cp)
+        if not ptr:
+            raise ContextError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
+        self.ptr = ptr
+        self.model = model
+        self.params = params
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
+        self.n_batch = int(llama_cpp.llama_n_batch(ptr))
+        self.mem = llama_cpp.llama_get_memory(ptr)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+
+    # --- decoding ---------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], pos0: int, *, logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
+        """Append ``tokens`` at positions pos0.. and return logits.
+
+        "last": the row after the last token ``# [n_vocab]``; "all": one row per token
+        ``# [n_tokens, n_vocab]``; "none": nothing (no output rows are computed).
+        Feeds at most n_batch tokens per llama_decode; llama.cpp splits each into ubatches.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ContextError("decode called with no tokens")
+        rows: list[np.ndarray] = []
+        b = self._batch
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            last_chunk = start + len(chunk) == n
+            b.n_tokens = len(chunk)
+            for i, tok in enumerate(chunk):
+                b.token[i] = int(tok)
+                b.pos[i] = pos0 + start + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = SEQ
+                want = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
+                b.logits[i] = 1 if want else 0
+            rc = llama_cpp.llama_decode(self.ptr, b)
+            if rc != 0:
+                raise ContextError(f"llama_decode failed with code {rc} at position {pos0 + start}")
+            if logits == "all":
+                rows.extend(self._row(i) for i in range(len(chunk)))
+        if logits == "all":
+            return np.stack(rows)
+        if logits == "last":
+            return self._row(-1)
+        return None
+
+    def _row(self, i: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise ContextError(f"no logits for output row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    # --- memory -----------------------------------------------------------------------
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    def trim(self, n_keep: int) -> bool:
+        """Drop positions >= n_keep. False where the memory cannot be cut (recurrent layers)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.mem, SEQ, n_keep, -1))
+
+    def state_bytes(self) -> bytes:
+        """The whole sequence state (KV and recurrent state)."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ptr, SEQ))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, SEQ))
+        if written != size:
+            raise ContextError(f"sequence state copy wrote {written} of {size} bytes")
+        return bytes(buf)
+
+    def load_state_bytes(self, state: bytes) -> None:
+        self.clear()
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        read = int(llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), SEQ))
+        if read == 0:
+            raise ContextError("llama.cpp refused the saved sequence state")
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,114 @@
+"""LlamaModel: a loaded GGUF, its vocabulary and metadata (adapter over llama.cpp)."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from .lib import ensure_backend
+
+
+@llama_cpp.llama_progress_callback
+def _SILENT_PROGRESS(progress: float, user_data: ctypes.c_void_p) -> bool:
+    return True
+
+
+class ModelLoadError(RuntimeError):
+    """The GGUF could not be opened by llama.cpp."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoadParams:
+    path: Path
+    # mmap is what streaming rebinds over, and the resident reference uses the same load
+    # so both run the same kernels on the same buffers.
+    mmap: bool = True
+    # lazy_mode ON: llama.cpp does not read marked tensors up front (see docs/streaming.md).
+    lazy: bool = False
+    # Repacked ("extra") buffers would move expert rows away from their file offsets.
+    use_extra_bufts: bool = False
+
+
+class LlamaModel:
+    def __init__(self, params: ModelLoadParams) -> None:
+        ensure_backend()
+        path = Path(params.path)
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        mp = llama_cpp.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if params.mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        mp.lazy_mode = llama_cpp.LLAMA_LAZY_MODE_ON if params.lazy else llama_cpp.LLAMA_LAZY_MODE_OFF
+        mp.use_extra_bufts = params.use_extra_bufts
+        mp.progress_callback = _SILENT_PROGRESS  # llama.cpp's default prints dots to stderr
+        ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+        if not ptr:
+            raise ModelLoadError(f"llama.cpp could not load {path} (set BMOE_LLAMA_LOG=1 for its log)")
+        self.params = params
+        self.path = path
+        self.ptr = ptr
+        self.vocab = llama_cpp.llama_model_get_vocab(ptr)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(ptr))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(ptr))
+        self.arch = self.meta("general.architecture") or "unknown"
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(ptr))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(ptr))
+        used = self.meta(f"{self.arch}.expert_used_count")
+        self.n_expert_used = int(used) if used else 0
+        count = self.meta(f"{self.arch}.expert_count")
+        self.n_expert = int(count) if count else 0
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+
+    # --- metadata -------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):  # value longer than the buffer: ask again with the exact size
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def file_size_bytes(self) -> int:
+        return int(llama_cpp.llama_model_size(self.ptr))
+
+    # --- vocabulary -------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special=special) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,27 @@
+"""One-shot mode: answer one prompt, print the answer and a perf summary for people."""
+from __future__ import annotations
+
+from typing import TextIO
+
+from . import telemetry
+from .results import GenerateRequest
+from .session import Session
+
+
+def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO) -> int:
+    steps = session.config.n_predict
+
+    def on_step(step) -> None:
+        if progress:
+            out.write(telemetry.progress(step, steps, session.dense_resident_frac()) + "\n")
+        else:
+            out.write(step.delta_text)
+        out.flush()
+
+    result = session.generate(GenerateRequest(prompt=prompt), on_step=on_step)
+    if progress:
+        out.write(result.text)
+    out.write("\n\n" + telemetry.summary(result) + "\n")
+    out.write(telemetry.done(result) + "\n")
+    out.flush()
+    return 0

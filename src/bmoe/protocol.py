@@ -1,0 +1,128 @@
+"""The session line protocol: one JSON object per stdin line -> a typed command.
+
+Every refusal is a ProtocolError whose message names what was wrong (and the request id
+when one could be read), so the loop can answer BMOE_ERROR {"fatal":false} and go on.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from .errors import RequestError
+from .results import GenerateRequest
+
+
+class ProtocolError(RequestError):
+    def __init__(self, msg: str, request_id: int | None = None) -> None:
+        super().__init__(msg)
+        self.request_id = request_id
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decide:
+    id: int
+    fields: dict  # validated decide fields (see DECIDE_FIELDS); turned into a DecideRequest by the session layer
+
+
+@dataclass(frozen=True, slots=True)
+class DecideBatch:
+    id: int
+    requests: tuple[Decide, ...]
+
+
+Command = Union[GenerateRequest, Cancel, Close, Stats, Decide, DecideBatch]
+
+# a type check per field: (type name for messages, predicate)
+_INT = ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+_POS_INT = ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+_BOOL = ("true or false", lambda v: isinstance(v, bool))
+_STR = ("a string", lambda v: isinstance(v, str))
+_NUM = ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+_PROB = ("a number in [0, 1]", lambda v: _NUM[1](v) and 0.0 <= v <= 1.0)
+_TEMP = ("a number in [0, 10]", lambda v: _NUM[1](v) and 0.0 <= v <= 10.0)
+_TOP_P = ("a number in (0, 1]", lambda v: _NUM[1](v) and 0.0 < v <= 1.0)
+_SEED = ("a non-negative integer", lambda v: _INT[1](v) and v >= 0)
+_STR_LIST = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
+
+Spec = dict[str, tuple[tuple[str, Callable[[object], bool]], bool]]  # name -> (type, required)
+
+GENERATE_FIELDS: Spec = {
+    "id": (_INT, False), "prompt": (_STR, True), "n_predict": (_POS_INT, False), "think": (_BOOL, False),
+    "clear_kv": (_BOOL, False), "temperature": (_TEMP, False), "top_p": (_TOP_P, False), "seed": (_SEED, False),
+}
+DECIDE_FIELDS: Spec = {
+    "id": (_INT, False), "prefix": (_STR, False), "suffix": (_STR, False), "choices": (_STR_LIST, True),
+    "reuse_prefix": (_BOOL, False), "abstain_below": (_PROB, False),
+}
+
+
+def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
+    unknown = sorted(set(obj) - set(spec) - {"cmd"})
+    if unknown:
+        raise ProtocolError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}", rid)
+    for name, ((tname, ok), required) in spec.items():
+        if name not in obj:
+            if required:
+                raise ProtocolError(f"{what}: missing field {name!r}", rid)
+            continue
+        if not ok(obj[name]):
+            raise ProtocolError(f"{what}: field {name!r} must be {tname}, got {json.dumps(obj[name])[:60]}", rid)
+    return {k: v for k, v in obj.items() if k != "cmd"}
+
+
+def _request_id(obj: dict) -> int | None:
+    rid = obj.get("id")
+    return rid if _INT[1](rid) else None
+
+
+def parse_line(line: str) -> Command:
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ProtocolError(f"request is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"request must be a JSON object, got {type(obj).__name__}")
+    rid = _request_id(obj)
+    cmd = obj.get("cmd")
+    if cmd is None:
+        raise ProtocolError("request has no 'cmd' field", rid)
+    if not isinstance(cmd, str):
+        raise ProtocolError(f"field 'cmd' must be a string, got {json.dumps(cmd)[:60]}", rid)
+    if cmd == "generate":
+        f = _check(obj, GENERATE_FIELDS, "generate", rid)
+        return GenerateRequest(**f)
+    if cmd == "cancel":
+        return Cancel()
+    if cmd == "close":
+        return Close()
+    if cmd == "stats":
+        _check(obj, {"id": (_INT, False)}, "stats", rid)
+        return Stats(id=rid or 0)
+    if cmd == "decide":
+        return Decide(id=rid or 0, fields=_check(obj, DECIDE_FIELDS, "decide", rid))
+    if cmd == "decide_batch":
+        _check(obj, {"id": (_INT, False), "requests": (("a list of decide objects", lambda v: isinstance(v, list) and len(v) > 0), True)}, "decide_batch", rid)
+        items = []
+        for i, r in enumerate(obj["requests"]):
+            if not isinstance(r, dict):
+                raise ProtocolError(f"decide_batch: requests[{i}] must be an object", rid)
+            items.append(Decide(id=_request_id(r) or 0, fields=_check(r, DECIDE_FIELDS, f"decide_batch: requests[{i}]", rid)))
+        return DecideBatch(id=rid or 0, requests=tuple(items))
+    raise ProtocolError(f"unknown cmd {cmd[:40]!r} (expected generate, cancel, close, stats, decide, decide_batch)", rid)

@@ -1,0 +1,120 @@
+"""Typed requests and results at the session's public seam."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    prompt: str
+    id: int = 0
+    n_predict: int | None = None  # None: the session's n_predict
+    think: bool | None = None  # None: the session's think setting
+    clear_kv: bool = True  # True: a new chat; False: continue the conversation
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    keep_logits: bool = False  # keep every step's logit row (gates compare them bit for bit)
+
+
+@dataclass(frozen=True, slots=True)
+class IoSnapshot:
+    """Cumulative streaming counters; differences give per-step and per-request figures."""
+
+    read_bytes: int = 0
+    io_s: float = 0.0
+    mgmt_s: float = 0.0
+    stall_s: float = 0.0
+    hits: int = 0
+    misses: int = 0
+    routed: int = 0
+    evictions: int = 0
+    resident_bytes: int = 0
+    budget_bytes: int = 0
+    cache_on: bool = False
+
+    def minus(self, before: "IoSnapshot") -> "IoSnapshot":
+        return IoSnapshot(
+            read_bytes=self.read_bytes - before.read_bytes,
+            io_s=self.io_s - before.io_s,
+            mgmt_s=self.mgmt_s - before.mgmt_s,
+            stall_s=self.stall_s - before.stall_s,
+            hits=self.hits - before.hits,
+            misses=self.misses - before.misses,
+            routed=self.routed - before.routed,
+            evictions=self.evictions - before.evictions,
+            resident_bytes=self.resident_bytes,
+            budget_bytes=self.budget_bytes,
+            cache_on=self.cache_on,
+        )
+
+    @property
+    def hit_pct(self) -> float:
+        """Cache hit rate in percent; -1 with no cache (the protocol's convention)."""
+        if not self.cache_on:
+            return -1.0
+        looked = self.hits + self.misses
+        return 100.0 * self.hits / looked if looked else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    token: int
+    delta_text: str
+    delta_reasoning: str
+    wall_ms: float
+    io_ms: float
+    mgmt_ms: float
+    stall_ms: float
+    compute_ms: float
+    read_mb: float
+    cache_hit_pct: float
+    majflt: int
+    cpu_ms: float
+    logits: np.ndarray | None = None  # [n_vocab] the row this token was chosen from
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    id: int
+    text: str
+    reasoning: str
+    tokens: tuple[int, ...]
+    cancelled: bool
+    stop: str  # "eog" | "length" | "ctx" | "cancelled"
+    n_prompt: int  # tokens prefilled this turn (after the reused prefix)
+    n_reused: int  # tokens of the KV kept from the previous turn
+    n_past: int  # context length after the turn
+    prefill_fallback: str  # "" or why the KV prefix could not be reused
+    prefill_s: float
+    decode_s: float
+    load_s: float
+    io: IoSnapshot  # this request's streaming counters
+    majflt: int
+    cpu_s: float
+    logits: tuple[np.ndarray, ...] = field(default=())
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.n_prompt / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PerplexityResult:
+    ppl: float
+    nll_mean: float
+    n_scored: int
+    n_window: int
+    token_logprobs: np.ndarray  # [n_scored] float64 log p of each scored token
+    logits: np.ndarray | None = None  # [n_scored, n_vocab] when asked for

@@ -1,0 +1,265 @@
+"""Session: the composition root. Owns the model, the context, the KV, the chat history.
+
+One request runs at a time (a lock); cancel() may come from any thread and takes effect
+at the next decode boundary. A refused request raises RequestError before anything in
+the session changes.
+"""
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .chat import ChatRenderer, Message
+from .config import SessionConfig
+from .errors import ContextOverflowError, RequestError, SessionClosedError
+from .kv import KvCache
+from .llama.context import ContextParams, LlamaContext
+from .llama.model import LlamaModel, ModelLoadParams
+from .numerics import log_softmax
+from .perplexity import perplexity as _perplexity
+from .results import GenerateRequest, GenerateResult, IoSnapshot, PerplexityResult, Step
+from .sampling import Sampler
+from .textstream import TextStream
+
+
+def _rusage() -> tuple[int, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_majflt, ru.ru_utime + ru.ru_stime
+
+
+class Session:
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        t0 = time.perf_counter()
+        self.model = LlamaModel(ModelLoadParams(path=config.model, lazy=config.moe_stream))
+        self._stream = None
+        eval_cb = None
+        if config.moe_stream:
+            from .streaming_setup import open_streaming  # composes bmoe.stream + the llama hook
+
+            self._stream, eval_cb = open_streaming(config, self.model)
+        self.ctx = LlamaContext(
+            self.model,
+            ContextParams(
+                n_ctx=config.n_ctx,
+                n_batch=config.n_batch,
+                n_ubatch=config.n_ubatch,
+                n_threads=config.threads,
+                n_threads_batch=config.threads,
+                flash_attn=config.flash_attn,
+                kv_f32=config.kv_f32,
+            ),
+            eval_callback=eval_cb,
+        )
+        self.kv = KvCache(self.ctx)
+        bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
+        eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
+        self.chat = ChatRenderer(config.chat, self.model.chat_template(), bos_text, eos_text)
+        self.history: list[Message] = []
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._running = False
+        self._closed = False
+        self.decider = None
+        if config.decide:
+            from .decide.service import DecideService
+
+            self.decider = DecideService(self)
+        self.load_s = time.perf_counter() - t0
+
+    # --- facts ------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def dense_resident_frac(self) -> float:
+        """Fraction of the dense (non-expert) weights in RAM; 0 where unmeasured (resident runs)."""
+        return self._stream.dense_resident_frac() if self._stream is not None else 0.0
+
+    def io_snapshot(self) -> IoSnapshot:
+        return self._stream.snapshot() if self._stream is not None else IoSnapshot()
+
+    # --- prompts ----------------------------------------------------------------------
+    def render(self, messages: list[Message], *, think: bool) -> str:
+        return self.chat.render(messages, think=think)
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokenize a rendered prompt: special tokens parsed, BOS as the model asks."""
+        bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
+        add_bos = self.model.add_bos and not (bos_text and text.startswith(bos_text))
+        toks = self.model.tokenize(text, add_special=False, parse_special=True)
+        return [self.model.bos] + toks if add_bos else toks
+
+    # --- generate ---------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Interrupt the generation in flight at its next decode boundary (no-op when idle)."""
+        if self._running:
+            self._cancel.set()
+
+    def generate(self, request: GenerateRequest, on_step: Callable[[Step], None] | None = None) -> GenerateResult:
+        it = self.generate_iter(request)
+        while True:
+            try:
+                step = next(it)
+            except StopIteration as stop:
+                return stop.value
+            if on_step is not None:
+                on_step(step)
+
+    def generate_iter(self, request: GenerateRequest) -> Iterator[Step]:
+        """Yield one Step per generated token; the generator's return value is the result."""
+        self._check_open()
+        with self._lock:
+            return (yield from self._generate(request))
+
+    def _generate(self, req: GenerateRequest) -> Iterator[Step]:
+        cfg = self.config
+        n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
+        if isinstance(n_predict, bool) or not isinstance(n_predict, int) or n_predict < 1:
+            raise RequestError(f"n_predict: must be an integer >= 1, got {n_predict!r}")
+        think = cfg.think if req.think is None else req.think
+        history = [] if req.clear_kv else list(self.history)
+        messages = history + [Message("user", req.prompt)]
+        rendered = self.render(messages, think=think)
+        prompt = self.tokenize_prompt(rendered)
+        if len(prompt) + n_predict > self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt ({len(prompt)} tokens) plus n_predict ({n_predict}) exceeds the context (n_ctx {self.n_ctx})"
+            )
+        sampler = Sampler(
+            cfg.temperature if req.temperature is None else req.temperature,
+            cfg.top_p if req.top_p is None else req.top_p,
+            cfg.seed if req.seed is None else req.seed,
+        )
+        if self.decider is not None:
+            self.decider.drop()  # the kept decision state is only worth its RAM between decisions
+        self._cancel.clear()
+        self._running = True
+        try:
+            return (yield from self._run_turn(req, messages, prompt, n_predict, sampler, rendered, think))
+        finally:
+            self._running = False
+            self._cancel.clear()
+
+    def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think) -> Iterator[Step]:
+        io0, (flt0, cpu0) = self.io_snapshot(), _rusage()
+        plan = self.kv.align(prompt, reuse=not req.clear_kv)
+        n_keep_on_cancel = plan.n_reused
+        t0 = time.perf_counter()
+        logits = self.kv.append(prompt[plan.n_reused :])
+        prefill_s = time.perf_counter() - t0
+        split = self.chat.think_ctl != "none" and think
+        stream = TextStream(split_think=split, in_reasoning=split and self.chat.opens_reasoning(rendered))
+        out: list[int] = []
+        kept: list[np.ndarray] = []
+        stop = "length"
+        t_dec = time.perf_counter()
+        while len(out) < n_predict:
+            if self._cancel.is_set():
+                stop = "cancelled"
+                break
+            ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.io_snapshot(), _rusage()
+            tok = sampler.sample(logits)
+            if req.keep_logits:
+                kept.append(logits)
+            if self.model.is_eog(tok):
+                stop = "eog"
+                break
+            out.append(tok)
+            d_text, d_reason = stream.push(self.model.token_bytes(tok))
+            if len(out) < n_predict:
+                if self.kv.n_past >= self.n_ctx:
+                    stop = "ctx"
+                    break
+                logits = self.kv.append([tok])
+            yield self._step(len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None)
+        tail_text, tail_reason = stream.finish()
+        decode_s = time.perf_counter() - t_dec
+        cancelled = stop == "cancelled"
+        if cancelled:
+            self.kv.rollback(n_keep_on_cancel)  # the turn never happened
+        else:
+            self.history = messages + [Message("assistant", stream.text)]
+        flt1, cpu1 = _rusage()
+        return GenerateResult(
+            id=req.id, text=stream.text, reasoning=stream.reasoning, tokens=tuple(out), cancelled=cancelled,
+            stop=stop, n_prompt=len(prompt) - plan.n_reused, n_reused=plan.n_reused, n_past=self.kv.n_past,
+            prefill_fallback=plan.fallback, prefill_s=prefill_s, decode_s=decode_s, load_s=self.load_s,
+            io=self.io_snapshot().minus(io0), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0, logits=tuple(kept),
+        )
+
+    def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits) -> Step:
+        wall_ms = (time.perf_counter() - ts) * 1000.0
+        io = self.io_snapshot().minus(io_before)
+        flt, cpu = _rusage()
+        io_ms, mgmt_ms, stall_ms = io.io_s * 1000.0, io.mgmt_s * 1000.0, io.stall_s * 1000.0
+        return Step(
+            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
+            mgmt_ms=mgmt_ms, stall_ms=stall_ms, compute_ms=max(0.0, wall_ms - io_ms - mgmt_ms),
+            read_mb=io.read_bytes / 1e6, cache_hit_pct=self.io_snapshot().hit_pct, majflt=flt - flt_before,
+            cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
+        )
+
+    # --- scoring ----------------------------------------------------------------------
+    def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:
+        """log-softmax of the next-token logits after ``tokens``, prefilled whole in a fresh KV."""
+        self._check_open()
+        if not tokens or len(tokens) > self.n_ctx:
+            raise RequestError(f"tokens: need 1..{self.n_ctx} tokens, got {len(tokens)}")
+        with self._lock:
+            self.kv.reset()
+            return log_softmax(self.kv.append(tokens))
+
+    def perplexity(self, text: str, *, n_window: int | None = None, keep_logits: bool = False) -> PerplexityResult:
+        self._check_open()
+        with self._lock:
+            tokens = self.tokenize_prompt(text)
+            return _perplexity(self.kv, tokens, n_window or self.n_ctx, keep_logits=keep_logits)
+
+    # --- decide -----------------------------------------------------------------------
+    def decide(self, request):  # -> bmoe.decide.types.DecideResult
+        self._check_open()
+        if self.decider is None:
+            raise RequestError("decide is off in this session: open it with --decide (SessionConfig.decide=True)")
+        with self._lock:
+            return self.decider.decide(request)
+
+    def decide_many(self, requests):
+        self._check_open()
+        if self.decider is None:
+            raise RequestError("decide is off in this session: open it with --decide (SessionConfig.decide=True)")
+        with self._lock:
+            return self.decider.decide_many(requests)
+
+    # --- lifecycle --------------------------------------------------------------------
+    def stats(self) -> dict[str, object]:
+        io = self.io_snapshot()
+        return {
+            "n_past": self.kv.n_past, "n_ctx": self.n_ctx, "streaming": self._stream is not None,
+            "read_mib": io.read_bytes / 2**20, "cache_hit_pct": io.hit_pct, "hits": io.hits,
+            "misses": io.misses, "routed": io.routed, "evictions": io.evictions,
+            "cache_resident_mib": io.resident_bytes / 2**20, "cache_budget_mib": io.budget_bytes / 2**20,
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError("the session is closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.ctx.close()
+        if self._stream is not None:
+            self._stream.close()
+        self.model.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

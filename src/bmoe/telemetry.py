@@ -1,0 +1,96 @@
+"""BMOE_* machine lines: `BMOE_<TAG> <one JSON object>` on stdout.
+
+docs/telemetry.md is the contract for every key here; keys kept from BigMoeOnEdge's
+protocol keep their names and meanings, added keys are documented as bmoe's own.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from .results import GenerateResult, Step
+
+MIB = 2**20
+
+
+def line(tag: str, obj: dict) -> str:
+    return f"BMOE_{tag} " + json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _r(x: float, nd: int = 4) -> float:
+    return round(float(x), nd) if math.isfinite(x) else 0.0
+
+
+def ready(*, load_s: float, arch: str, n_ctx: int, think_ctl: str, n_expert_used: int, model: str,
+          streaming: bool, decide: bool, load_read_mib: float) -> str:
+    return line("READY", {
+        "load_s": _r(load_s), "arch": arch, "n_ctx": n_ctx, "think_ctl": think_ctl,
+        "n_expert_used": n_expert_used, "model": model, "streaming": streaming, "decide": decide,
+        "load_read_mib": _r(load_read_mib, 2),
+    })
+
+
+def begin(rid: int) -> str:
+    return line("BEGIN", {"id": rid})
+
+
+def load(step: Step) -> str:
+    return line("LOAD", {"mb": _r(step.read_mb, 3), "ms": _r(step.io_ms, 3)})
+
+
+def progress(step: Step, steps: int, dense_resident_frac: float) -> str:
+    return line("PROGRESS", {
+        "step": step.index + 1, "steps": steps, "wall_ms": _r(step.wall_ms, 3), "io_ms": _r(step.io_ms, 3),
+        "compute_ms": _r(step.compute_ms, 3), "mgmt_ms": _r(step.mgmt_ms, 3), "stall_ms": _r(step.stall_ms, 3),
+        "read_mb": _r(step.read_mb, 3), "cache_hit_pct": _r(step.cache_hit_pct, 2), "majflt": step.majflt,
+        "cpu_ms": _r(step.cpu_ms, 3), "dense_resident_frac": _r(dense_resident_frac, 4),
+        "delta_text": step.delta_text, "delta_reasoning": step.delta_reasoning,
+    })
+
+
+def done_fields(r: GenerateResult) -> dict:
+    n = max(1, r.n_tokens)
+    io = r.io
+    wall_tok = r.decode_s / n
+    return {
+        "id": r.id, "cancelled": r.cancelled, "tokens": r.n_tokens, "tok_s": _r(r.tok_s, 3),
+        "prefill_s": _r(r.prefill_s), "prefill_tps": _r(r.prefill_tps, 2), "load_s": _r(r.load_s),
+        "cache_hit_pct": _r(io.hit_pct, 2), "n_prompt": r.n_prompt, "n_past": r.n_past,
+        "compute_s_tok": _r(max(0.0, wall_tok - (io.io_s + io.mgmt_s) / n), 6), "io_s_tok": _r(io.io_s / n, 6),
+        "cache_resident_mib": _r(io.resident_bytes / MIB, 2), "cache_budget_mib": _r(io.budget_bytes / MIB, 2),
+        "read_mib": _r(io.read_bytes / MIB, 3), "stall_s_tok": _r(io.stall_s / n, 6),
+        "mgmt_s_tok": _r(io.mgmt_s / n, 6), "majflt_tok": _r(r.majflt / n, 3), "cpu_s_tok": _r(r.cpu_s / n, 6),
+        "reasoning": r.reasoning, "text": r.text,
+        # bmoe's own keys
+        "n_reused": r.n_reused, "prefill_fallback": r.prefill_fallback, "stop": r.stop,
+        "experts_routed": io.routed, "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
+        "read_gbps": _r(io.read_bytes / io.io_s / 1e9, 3) if io.io_s > 0 else 0.0,
+    }
+
+
+def done(r: GenerateResult) -> str:
+    return line("DONE", done_fields(r))
+
+
+def error(rid: int | None, msg: str, *, fatal: bool) -> str:
+    return line("ERROR", {"id": rid, "fatal": fatal, "msg": msg})
+
+
+def summary(r: GenerateResult) -> str:
+    """The one-shot perf summary for people."""
+    io = r.io
+    n = max(1, r.n_tokens)
+    out = [
+        f"prefill: {r.n_prompt} tokens in {r.prefill_s:.3f} s ({r.prefill_tps:.1f} tok/s)",
+        f"generation: {r.n_tokens} tokens in {r.decode_s:.3f} s ({r.tok_s:.2f} tok/s)",
+    ]
+    if io.routed or io.read_bytes:
+        bw = io.read_bytes / io.io_s / 1e9 if io.io_s > 0 else 0.0
+        out.append(f"flash read: {io.read_bytes / MIB:.1f} MiB ({io.read_bytes / MIB / n:.2f} MiB/token), "
+                   f"{io.routed} experts routed")
+        out.append(f"per token: compute {max(0.0, r.decode_s / n - (io.io_s + io.mgmt_s) / n) * 1e3:.2f} ms, "
+                   f"cache mgmt {io.mgmt_s / n * 1e3:.2f} ms, flash I/O {io.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s)")
+        hit = f"{io.hit_pct:.1f}%" if io.cache_on else "off"
+        out.append(f"expert cache: hit rate {hit}, resident {io.resident_bytes / MIB:.1f} MiB "
+                   f"of {io.budget_bytes / MIB:.1f} MiB")
+    return "\n".join(out)
