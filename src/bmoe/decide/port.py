@@ -1,0 +1,107 @@
+"""The port between the decide policy and the engine that runs the model.
+
+The policy only ever sees token ids, one logit row and an opaque saved state; everything
+llama.cpp-specific lives in the one adapter (``llama_backend.py``) that implements
+``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
+without a model.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+BYTES_PER_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCost:
+    """What one ``prefill()`` call cost, with the keys and meanings of BMOE_DONE.
+
+    ``read_mb`` and ``cache_hit_pct`` are None when no experts are streamed (resident model);
+    ``prefill_dev_tokens`` is None when no prefill device is configured.
+    """
+
+    n_tokens: int
+    prefill_s: float
+    read_mb: float | None = None
+    # Cumulative over the session, as BMOE_DONE reports it; -1 with the expert cache off.
+    cache_hit_pct: float | None = None
+    prefill_dev_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeptState:
+    """A saved sequence state: the whole state (KV and recurrent layers) after ``n_tokens``.
+
+    ``data`` is opaque to the policy; only the backend that saved it can load it.
+    """
+
+    data: bytes
+    n_tokens: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    @property
+    def mib(self) -> float:
+        return len(self.data) / BYTES_PER_MIB
+
+
+class PromptRenderer(Protocol):
+    """The part of the backend that turns request text into prompt tokens (no model state)."""
+
+    def render_user(self, text: str) -> str:
+        """The chat template over one user message ``text``, opening a fresh assistant turn,
+        reasoning off; rendered by the same function generate() uses. Identity without a template."""
+        ...
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokens of a rendered prompt as the engine feeds it: specials parsed, BOS as the
+        model wants it."""
+        ...
+
+
+class ChoiceTokenizer(Protocol):
+    """The part of the backend that turns choice labels into token ids (no model state)."""
+
+    def tokenize_choice(self, text: str) -> list[int]:
+        """Tokens of a choice on its own: no template, no BOS, no leading space added."""
+        ...
+
+    def token_piece(self, token: int) -> str:
+        """The text of one token, for messages that name it."""
+        ...
+
+
+class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
+    """One model context with one sequence, as decide drives it."""
+
+    def n_ctx(self) -> int:
+        """How many tokens the sequence can hold."""
+        ...
+
+    def clear(self) -> None:
+        """Empty the sequence (position 0 next)."""
+        ...
+
+    def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
+        """Append ``tokens`` to the sequence at positions ``n_past ..``, as one prefill call
+        (the backend splits it into ubatches as it always does); logits are needed after the
+        last token only."""
+        ...
+
+    def last_logits(self) -> np.ndarray:
+        """``float32 [n_vocab]``: the logits after the last prefilled token."""
+        ...
+
+    def save_state(self) -> KeptState:
+        """A copy of the whole sequence state as it stands now."""
+        ...
+
+    def load_state(self, state: KeptState) -> None:
+        """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
+        ...

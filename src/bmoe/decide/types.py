@@ -1,0 +1,150 @@
+"""The decide request and result, and the BMOE_DECIDE object a result becomes."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bmoe.decide.errors import DecideRefusal, DecideRequestError
+
+JsonValue = None | bool | int | float | str | list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class DecideRequest:
+    """One decision: which of ``choices`` the model answers after ``prefix + suffix``.
+
+    ``prefix`` is the part worth keeping for the next request (instructions, task, history);
+    the model sees ``prefix + suffix`` as one user message either way.
+    """
+
+    id: int
+    prefix: str
+    suffix: str
+    choices: tuple[str, ...]
+    reuse_prefix: bool = True
+    # best is -1 (abstained) when the best choice's probability is under this.
+    abstain_below: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceScores:
+    """The answer read from one logit row."""
+
+    choice_logp: tuple[float, ...]  # [n_choices], normalised over the whole vocabulary
+    best: int  # -1 when abstained
+    p_outside: float  # probability mass on tokens that start no choice
+    abstained: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DecideResult:
+    """Everything BMOE_DECIDE reports about one request.
+
+    A refused or failed request has ``error`` set and none of the scores. ``cause`` is not
+    reported: it keeps the exception for the session, a ``DecideRefusal`` (nothing was touched)
+    or the backend's own exception (the sequence holds whatever the failed call left).
+    """
+
+    id: int
+    error: str | None = None
+    scores: ChoiceScores | None = None
+    n_tokens: int = 0  # tokens of the whole rendered prompt
+    n_reused: int = 0  # of those, restored from the kept prefix state instead of prefilled
+    prefill_s: float = 0.0
+    prefill_tps: float = 0.0  # prefilled tokens (n_tokens - n_reused) per prefill second
+    read_mb: float | None = None
+    cache_hit_pct: float | None = None
+    prefill_dev_tokens: int | None = None
+    prefix_state_mib: float = 0.0  # the kept prefix state's size after this request
+    store_s: float = 0.0
+    restore_s: float = 0.0
+    reuse: str = ""
+    cause: Exception | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def failed(cls, request_id: int, message: str, cause: Exception) -> DecideResult:
+        return cls(id=request_id, error=message, cause=cause)
+
+    @property
+    def refused(self) -> bool:
+        """True when the request was turned down before the backend was touched."""
+        return isinstance(self.cause, DecideRefusal)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The BMOE_DECIDE object: ``{"id", "error"}`` for an error, every key otherwise."""
+        if self.error is not None or self.scores is None:
+            return {"id": self.id, "error": self.error}
+        out: dict[str, JsonValue] = {
+            "id": self.id,
+            "best": self.scores.best,
+            "choice_logp": list(self.scores.choice_logp),
+            "p_outside": self.scores.p_outside,
+            "abstained": self.scores.abstained,
+            "n_tokens": self.n_tokens,
+            "n_reused": self.n_reused,
+            "prefill_s": self.prefill_s,
+            "prefill_tps": self.prefill_tps,
+        }
+        # Streaming and prefill-device counters appear only where they mean something.
+        if self.read_mb is not None:
+            out["read_mb"] = self.read_mb
+        if self.cache_hit_pct is not None:
+            out["cache_hit_pct"] = self.cache_hit_pct
+        if self.prefill_dev_tokens is not None:
+            out["prefill_dev_tokens"] = self.prefill_dev_tokens
+        out["prefix_state_mib"] = self.prefix_state_mib
+        out["store_s"] = self.store_s
+        out["restore_s"] = self.restore_s
+        out["reuse"] = self.reuse
+        return out
+
+
+_REQUEST_FIELDS = ("id", "prefix", "suffix", "choices", "reuse_prefix", "abstain_below")
+
+
+def parse_request(obj: Mapping[str, object]) -> DecideRequest:
+    """A ``{"cmd":"decide",...}`` object as a request; types checked here, values by the decider.
+
+    Unknown fields are refused rather than ignored: a misspelt ``reuse_prefix`` would otherwise
+    silently change what the request does.
+    """
+    unknown = sorted(k for k in obj if k != "cmd" and k not in _REQUEST_FIELDS)
+    if unknown:
+        raise DecideRequestError(
+            f"decide: unknown field {unknown[0]!r}; the fields are {', '.join(_REQUEST_FIELDS)}"
+        )
+    request_id = obj.get("id")
+    if not isinstance(request_id, int) or isinstance(request_id, bool):
+        raise DecideRequestError('decide: "id" must be an integer')
+    prefix = obj.get("prefix", "")
+    suffix = obj.get("suffix", "")
+    if not isinstance(prefix, str) or not isinstance(suffix, str):
+        raise DecideRequestError('decide: "prefix" and "suffix" must be strings')
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise DecideRequestError('decide: "choices" must be a list of strings, e.g. ["A","B"]')
+    reuse_prefix = obj.get("reuse_prefix", True)
+    if not isinstance(reuse_prefix, bool):
+        raise DecideRequestError('decide: "reuse_prefix" must be true or false')
+    abstain_below = obj.get("abstain_below")
+    if abstain_below is not None:
+        if isinstance(abstain_below, bool) or not isinstance(abstain_below, (int, float)):
+            raise DecideRequestError('decide: "abstain_below" must be a number between 0 and 1')
+        abstain_below = float(abstain_below)
+    return DecideRequest(
+        id=request_id,
+        prefix=prefix,
+        suffix=suffix,
+        choices=tuple(choices),
+        reuse_prefix=reuse_prefix,
+        abstain_below=abstain_below,
+    )
+
+
+def check_abstain_below(value: float | None) -> None:
+    """Refuse a threshold that is not a probability (NaN included)."""
+    if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise DecideRequestError(
+            f'decide: "abstain_below" is {value}; give a probability between 0 and 1'
+        )
