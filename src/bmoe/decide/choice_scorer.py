@@ -1,0 +1,84 @@
+"""The up-front choice checks and the scoring of one logit row.
+
+A choice is scored by its first token, read from the next-token distribution over the whole
+vocabulary. Everything that would make that reading meaningless is refused here, before the
+backend prefills anything.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from bmoe.decide.errors import (
+    ChoiceCollisionError,
+    EmptyChoiceError,
+    EmptyPromptError,
+    NoChoicesError,
+    PromptTooLongError,
+)
+from bmoe.decide.port import ChoiceTokenizer
+from bmoe.decide.types import ChoiceScores
+from bmoe.numerics import log_softmax
+
+
+def first_tokens(tokenizer: ChoiceTokenizer, choices: Sequence[str]) -> tuple[int, ...]:
+    """Each choice's first token, refusing an empty list, an empty choice and a collision."""
+    if not choices:
+        raise NoChoicesError("decide: choices is empty; give at least one choice, e.g. [\"A\",\"B\"]")
+    firsts: list[int] = []
+    owner: dict[int, int] = {}  # first token -> index of the choice that has it
+    for i, choice in enumerate(choices):
+        tokens = tokenizer.tokenize_choice(choice)
+        if not tokens:
+            raise EmptyChoiceError(
+                f"decide: choice {i} ({choice!r}) tokenizes to no tokens; give it a non-empty label"
+            )
+        first = tokens[0]
+        if first in owner:
+            j = owner[first]
+            raise ChoiceCollisionError(
+                f"decide: choices {j} ({choices[j]!r}) and {i} ({choice!r}) both start with token "
+                f"{first} ({tokenizer.token_piece(first)!r}); a choice is scored by its first "
+                f"token, so they cannot be told apart: give labels that start differently (A, B, C, ...)"
+            )
+        owner[first] = i
+        firsts.append(first)
+    return tuple(firsts)
+
+
+def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
+    """Refuse a prompt with no tokens or more tokens than the context holds."""
+    if n_tokens == 0:
+        raise EmptyPromptError("decide: the prompt renders to no tokens; give a prefix or a suffix")
+    if n_tokens > n_ctx:
+        raise PromptTooLongError(
+            f"decide: the prompt is {n_tokens} tokens but the context holds {n_ctx}; "
+            f"shorten the prefix or suffix, or open the session with a larger context"
+        )
+
+
+def score_choices(
+    logits: np.ndarray, first: Sequence[int], abstain_below: float | None
+) -> ChoiceScores:
+    """Read the choices' first-token log-probabilities from one logit row.
+
+    ``logits  # [n_vocab]``. The probabilities are normalised over the whole vocabulary, not over
+    the choices, so the mass left outside them says how unsure the model is.
+    """
+    logp = log_softmax(logits)  # [n_vocab], float64
+    idx = np.asarray(first, dtype=np.int64)
+    choice_logp = logp[idx]  # [n_choices]
+    best = int(np.argmax(choice_logp))
+    # Summing the other tokens (rather than 1 - sum over the choices) keeps a tiny outside mass
+    # exact instead of losing it to cancellation, and it can never come out negative.
+    outside = np.ones(logp.shape[-1], dtype=bool)
+    outside[idx] = False
+    p_outside = float(np.sum(np.exp(logp[outside])))
+    abstained = abstain_below is not None and float(np.exp(choice_logp[best])) < abstain_below
+    return ChoiceScores(
+        choice_logp=tuple(float(x) for x in choice_logp),
+        best=-1 if abstained else best,
+        p_outside=p_outside,
+        abstained=abstained,
+    )

@@ -1,0 +1,128 @@
+"""The kept prefix state, and whether a session keeps one at all.
+
+An agent's prompt grows step by step, so the state worth keeping is the latest prefix: the next
+request's prefix is the same or extends it. The state is the whole sequence state (recurrent
+layers included), which is why a kept state can only be extended, never trimmed back: a hybrid
+model's recurrent memory has no "state at token k" once it has gone past k.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from bmoe.decide.errors import PrefixCacheConfigError
+from bmoe.decide.port import KeptState
+from bmoe.decide.prompt_split import common_prefix_len
+
+
+@dataclass(frozen=True, slots=True)
+class KeptPrefix:
+    """A prefix's tokens and the sequence state right after them."""
+
+    tokens: tuple[int, ...]
+    state: KeptState
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What the cache holds for a new prefix.
+
+    ``kept`` is set on a hit (its tokens are the new prefix or a prefix of it); on a miss
+    ``differs_at`` is the first token index where the kept prefix and the new one disagree
+    (the new prefix may also simply end there). Both are None when nothing is kept.
+    """
+
+    kept: KeptPrefix | None = None
+    differs_at: int | None = None
+
+
+class PrefixCache(Protocol):
+    def lookup(self, prefix_tokens: Sequence[int]) -> Lookup:
+        """The kept state usable for ``prefix_tokens``, or why there is none."""
+        ...
+
+    def store(self, prefix_tokens: Sequence[int], state: KeptState) -> None:
+        """Keep ``state``, taken right after ``prefix_tokens``."""
+        ...
+
+    def drop(self) -> None:
+        """Free the kept state (a generate() does this)."""
+        ...
+
+    @property
+    def kept_mib(self) -> float:
+        """What the kept state costs in memory now; 0 when none is kept."""
+        ...
+
+
+class LastPrefixCache:
+    """Keeps one state: the latest prefix stored. Storing replaces it."""
+
+    def __init__(self) -> None:
+        self._kept: KeptPrefix | None = None
+
+    def lookup(self, prefix_tokens: Sequence[int]) -> Lookup:
+        kept = self._kept
+        if kept is None:
+            return Lookup()
+        n_common = common_prefix_len(kept.tokens, prefix_tokens)
+        if n_common == len(kept.tokens):
+            return Lookup(kept=kept)
+        return Lookup(differs_at=n_common)
+
+    def store(self, prefix_tokens: Sequence[int], state: KeptState) -> None:
+        tokens = tuple(prefix_tokens)
+        if state.n_tokens != len(tokens):
+            # A state that does not describe these tokens would later be restored as if it did.
+            raise ValueError(
+                f"prefix cache: the state holds {state.n_tokens} tokens but the prefix has {len(tokens)}"
+            )
+        self._kept = KeptPrefix(tokens=tokens, state=state)
+
+    def drop(self) -> None:
+        self._kept = None
+
+    @property
+    def kept_mib(self) -> float:
+        return 0.0 if self._kept is None else self._kept.state.mib
+
+    @property
+    def kept(self) -> KeptPrefix | None:
+        return self._kept
+
+
+class PrefixCacheMode(str, Enum):
+    """``--decide-prefix-cache``."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+def resolve_prefix_cache(mode: str, *, prefill_device: bool) -> bool:
+    """Whether a session keeps prefix states, or a startup refusal.
+
+    ``auto`` keeps them for CPU prefill, where prefilling a prompt in two pieces costs about what
+    the two pieces cost together. With a prefill device it resolves to off: there, every graph
+    costs a whole pass over the experts whatever its width, and a saved state would be read
+    through KV views that do not follow the cache tensors the device rebinds. ``on`` with a
+    prefill device is therefore refused rather than quietly wrong.
+    """
+    try:
+        resolved = PrefixCacheMode(mode)
+    except ValueError:
+        raise PrefixCacheConfigError(
+            f"--decide-prefix-cache {mode!r}: give auto, on or off"
+        ) from None
+    if resolved is PrefixCacheMode.OFF:
+        return False
+    if not prefill_device:
+        return True
+    if resolved is PrefixCacheMode.ON:
+        raise PrefixCacheConfigError(
+            "--decide-prefix-cache on cannot be used with --prefill-device: a prefix state saved "
+            "there would be restored from memory the model no longer uses; use auto or off"
+        )
+    return False

@@ -1,0 +1,50 @@
+"""Where the prefix ends in the prompt's tokens.
+
+The model sees ``prefix + suffix`` rendered as one user message; the split only says how many of
+those tokens are worth keeping. It is found on tokens, never on text offsets: the prefix is
+rendered and tokenized alone, and the boundary is where the two token lists stop agreeing, less
+one token. The token given back covers a tokenizer merge across the join: the prefix's last token
+alone can be a shorter piece of a token the next, longer prefix will produce there, and a kept
+state ending on it would then never match again.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bmoe.decide.port import PromptRenderer
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPrompt:
+    """The whole prompt's tokens and how many of them form the keepable prefix."""
+
+    tokens: tuple[int, ...]  # [n_tokens], prefix + suffix as the model sees them
+    n_prefix: int  # tokens[:n_prefix] is the prefix; always < n_tokens when n_tokens > 0
+
+    @property
+    def prefix_tokens(self) -> tuple[int, ...]:
+        return self.tokens[: self.n_prefix]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str) -> SplitPrompt:
+    """Render and tokenize the prompt, and find the prefix boundary on its tokens."""
+    tokens = tuple(renderer.tokenize_prompt(renderer.render_user(prefix + suffix)))
+    alone = renderer.tokenize_prompt(renderer.render_user(prefix))
+    # Giving one token back also keeps at least one token after the prefix, so the logits the
+    # decision reads always come from a prefill made in this call.
+    n_prefix = max(0, common_prefix_len(tokens, alone) - 1)
+    return SplitPrompt(tokens=tokens, n_prefix=n_prefix)
