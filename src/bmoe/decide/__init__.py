@@ -1,1 +1,81 @@
+"""Decide: pick one of a fixed list of choices from one prefill, with the prefix state kept.
 
+This package is policy over token ids and one logit row; it imports nothing of the engine.
+``llama_backend`` (imported by the session, never from here) is the one adapter that implements
+``DecideBackend`` over a live llama.cpp context.
+"""
+from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices
+from bmoe.decide.decider import (
+    REUSE_MISS,
+    REUSE_NO_PREFIX,
+    REUSE_OFF,
+    REUSE_OPTED_OUT,
+    REUSE_RESTORED,
+    REUSE_RESTORED_STORED,
+    REUSE_STORED,
+    DecidePolicy,
+    run_decide,
+    run_many,
+)
+from bmoe.decide.errors import (
+    ChoiceCollisionError,
+    DecideBackendError,
+    DecideRefusal,
+    DecideRequestError,
+    EmptyChoiceError,
+    EmptyPromptError,
+    NoChoicesError,
+    PrefixCacheConfigError,
+    PromptTooLongError,
+)
+from bmoe.decide.port import DecideBackend, KeptState, PrefillCost
+from bmoe.decide.prefix_cache import (
+    KeptPrefix,
+    LastPrefixCache,
+    Lookup,
+    PrefixCache,
+    PrefixCacheMode,
+    resolve_prefix_cache,
+)
+from bmoe.decide.prompt_split import SplitPrompt, split_prompt
+from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, parse_request
+
+__all__ = [
+    "REUSE_MISS",
+    "REUSE_NO_PREFIX",
+    "REUSE_OFF",
+    "REUSE_OPTED_OUT",
+    "REUSE_RESTORED",
+    "REUSE_RESTORED_STORED",
+    "REUSE_STORED",
+    "ChoiceCollisionError",
+    "ChoiceScores",
+    "DecideBackend",
+    "DecideBackendError",
+    "DecidePolicy",
+    "DecideRefusal",
+    "DecideRequest",
+    "DecideRequestError",
+    "DecideResult",
+    "EmptyChoiceError",
+    "EmptyPromptError",
+    "KeptPrefix",
+    "KeptState",
+    "LastPrefixCache",
+    "Lookup",
+    "NoChoicesError",
+    "PrefillCost",
+    "PrefixCache",
+    "PrefixCacheConfigError",
+    "PrefixCacheMode",
+    "PromptTooLongError",
+    "SplitPrompt",
+    "check_prompt_fits",
+    "first_tokens",
+    "parse_request",
+    "resolve_prefix_cache",
+    "run_decide",
+    "run_many",
+    "score_choices",
+    "split_prompt",
+]

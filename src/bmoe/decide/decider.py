@@ -1,0 +1,178 @@
+"""One decision start to finish: checks, prefix split, restore or clear, prefill, store, score.
+
+Sequencing rule (what makes a restored prefix exact): with the prefix cache on, a prompt is always
+prefilled as [prefix piece][rest piece], whether or not a state was restored. A fresh decision and
+one that restored the same prefix therefore run the same rest-piece graph over the same state, and
+their logits agree bit for bit. Without the cache (off, opted out) the prompt is prefilled whole,
+as one piece, which is what perplexity() over the same text computes.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices
+from bmoe.decide.errors import DecideBackendError, DecideRefusal
+from bmoe.decide.port import DecideBackend, PrefillCost
+from bmoe.decide.prefix_cache import PrefixCache
+from bmoe.decide.prompt_split import SplitPrompt, split_prompt
+from bmoe.decide.types import DecideRequest, DecideResult, check_abstain_below
+
+# What happened to the kept prefix state, as BMOE_DECIDE's "reuse" says it.
+REUSE_RESTORED = "restored"  # the kept state was exactly this prefix: restored, nothing stored
+REUSE_RESTORED_STORED = "restored+stored"  # kept state extended: restored, longer prefix stored
+REUSE_STORED = "stored"  # nothing was kept: prefix prefilled and stored
+REUSE_MISS = "miss: prefix differs at token {n}"  # kept state unusable: replaced by this prefix
+REUSE_OFF = "off"  # the session keeps no prefix state; prefilled whole
+REUSE_OPTED_OUT = "opted out"  # reuse_prefix false: prefilled whole, kept state left as it was
+REUSE_NO_PREFIX = "no prefix"  # the prefix is empty on tokens: prefilled whole, kept state left
+
+
+@dataclass(frozen=True, slots=True)
+class DecidePolicy:
+    """Session-wide decide settings, resolved at startup."""
+
+    prefix_cache: bool  # from resolve_prefix_cache()
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A request that passed every check; nothing has touched the backend's sequence yet."""
+
+    prompt: SplitPrompt
+    first: tuple[int, ...]  # [n_choices] first token of each choice
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefilled:
+    """How the prompt got into the sequence."""
+
+    costs: tuple[PrefillCost, ...]
+    n_reused: int
+    restore_s: float
+    store_s: float
+    reuse: str
+
+
+def run_decide(
+    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy
+) -> DecideResult:
+    """Answer one request. Never raises for a bad request or a backend failure: the result then
+    carries ``error``, and the kept prefix state is still a valid state for its own tokens."""
+    try:
+        plan = _plan(backend, request)
+    except DecideRefusal as exc:
+        return DecideResult.failed(request.id, str(exc), exc)
+    except Exception as exc:  # a backend failure while rendering or tokenizing
+        return DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
+    try:
+        done = _prefill(backend, cache, request, policy, plan.prompt)
+        scores = score_choices(backend.last_logits(), plan.first, request.abstain_below)
+    except Exception as exc:
+        return DecideResult.failed(request.id, _failure_message("running the prompt", exc), exc)
+
+    prefill_s = sum(c.prefill_s for c in done.costs)
+    # The engine reports the hit rate cumulatively, so the last piece's value is the current one.
+    hit_pcts = [c.cache_hit_pct for c in done.costs if c.cache_hit_pct is not None]
+    n_prefilled = plan.prompt.n_tokens - done.n_reused
+    return DecideResult(
+        id=request.id,
+        scores=scores,
+        n_tokens=plan.prompt.n_tokens,
+        n_reused=done.n_reused,
+        prefill_s=prefill_s,
+        prefill_tps=n_prefilled / prefill_s if prefill_s > 0 else 0.0,
+        read_mb=_sum_or_none([c.read_mb for c in done.costs]),
+        cache_hit_pct=hit_pcts[-1] if hit_pcts else None,
+        prefill_dev_tokens=_sum_or_none([c.prefill_dev_tokens for c in done.costs]),
+        prefix_state_mib=cache.kept_mib,
+        store_s=done.store_s,
+        restore_s=done.restore_s,
+        reuse=done.reuse,
+    )
+
+
+def run_many(
+    backend: DecideBackend,
+    cache: PrefixCache,
+    requests: Sequence[DecideRequest],
+    policy: DecidePolicy,
+) -> list[DecideResult]:
+    """Answer requests in order, each one seeing the prefix state the previous ones kept."""
+    return [run_decide(backend, cache, r, policy) for r in requests]
+
+
+def _plan(backend: DecideBackend, request: DecideRequest) -> _Plan:
+    """Every check that can refuse the request; touches no model state."""
+    check_abstain_below(request.abstain_below)
+    first = first_tokens(backend, request.choices)
+    prompt = split_prompt(backend, request.prefix, request.suffix)
+    check_prompt_fits(prompt.n_tokens, backend.n_ctx())
+    return _Plan(prompt=prompt, first=first)
+
+
+def _prefill(
+    backend: DecideBackend,
+    cache: PrefixCache,
+    request: DecideRequest,
+    policy: DecidePolicy,
+    prompt: SplitPrompt,
+) -> _Prefilled:
+    tokens = prompt.tokens
+    if not policy.prefix_cache or not request.reuse_prefix or prompt.n_prefix == 0:
+        reuse = (
+            REUSE_OFF
+            if not policy.prefix_cache
+            else REUSE_OPTED_OUT if not request.reuse_prefix else REUSE_NO_PREFIX
+        )
+        backend.clear()
+        cost = backend.prefill(tokens, 0)
+        return _Prefilled(costs=(cost,), n_reused=0, restore_s=0.0, store_s=0.0, reuse=reuse)
+
+    n_prefix = prompt.n_prefix
+    lookup = cache.lookup(prompt.prefix_tokens)
+    restore_s = 0.0
+    if lookup.kept is not None:
+        t0 = time.perf_counter()
+        backend.load_state(lookup.kept.state)
+        restore_s = time.perf_counter() - t0
+        n_past = lookup.kept.state.n_tokens
+        reuse = REUSE_RESTORED if n_past == n_prefix else REUSE_RESTORED_STORED
+    else:
+        backend.clear()
+        n_past = 0
+        reuse = REUSE_STORED if lookup.differs_at is None else REUSE_MISS.format(n=lookup.differs_at)
+
+    costs: list[PrefillCost] = []
+    store_s = 0.0
+    if n_past < n_prefix:
+        costs.append(backend.prefill(tokens[n_past:n_prefix], n_past))
+        t0 = time.perf_counter()
+        state = backend.save_state()
+        store_s = time.perf_counter() - t0
+        if state.n_tokens != n_prefix:
+            raise DecideBackendError(
+                f"decide: the backend's saved state holds {state.n_tokens} tokens, expected the {n_prefix}-token prefix"
+            )
+        # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
+        cache.store(prompt.prefix_tokens, state)
+    costs.append(backend.prefill(tokens[n_prefix:], n_prefix))
+    return _Prefilled(
+        costs=tuple(costs), n_reused=n_past, restore_s=restore_s, store_s=store_s, reuse=reuse
+    )
+
+
+def _failure_message(stage: str, exc: Exception) -> str:
+    if isinstance(exc, DecideBackendError):
+        return str(exc)
+    return f"decide: the backend failed while {stage}: {type(exc).__name__}: {exc}"
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _sum_or_none(values: Sequence[_N | None]) -> _N | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None

@@ -1,0 +1,680 @@
+"""The decide policy over a scripted backend (no model).
+
+The scripted backend's "KV" is the list of prefill pieces it has seen, and its logits are a pure
+function of that list. Like llama.cpp, it therefore answers differently for the same tokens
+prefilled in different pieces, so a test that restored and fresh results are equal really checks
+the decider's sequencing, not just the token ids.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bmoe.decide import (
+    REUSE_OFF,
+    REUSE_OPTED_OUT,
+    REUSE_RESTORED,
+    REUSE_RESTORED_STORED,
+    REUSE_STORED,
+    ChoiceCollisionError,
+    DecidePolicy,
+    DecideRequest,
+    DecideRequestError,
+    DecideResult,
+    EmptyChoiceError,
+    EmptyPromptError,
+    KeptState,
+    LastPrefixCache,
+    NoChoicesError,
+    PrefillCost,
+    PrefixCacheConfigError,
+    PromptTooLongError,
+    parse_request,
+    resolve_prefix_cache,
+    run_decide,
+    run_many,
+    score_choices,
+    split_prompt,
+)
+from bmoe.decide.prompt_split import common_prefix_len
+
+# ---------------------------------------------------------------------------------------------
+# Scripted backend
+
+SPECIALS = ("<s>", "<u>", "<e>", "<a>")  # BOS, user open, end of message, assistant open
+MERGES = ("ab", "abc", "Hello", " world", "Task", "Pick", "Yes")
+CHARS = tuple(chr(c) for c in range(32, 127))
+VOCAB = SPECIALS + CHARS + MERGES
+TOKEN_ID = {piece: i for i, piece in enumerate(VOCAB)}
+N_VOCAB = len(VOCAB)
+BOS, USER, END, ASSISTANT = (TOKEN_ID[s] for s in SPECIALS)
+
+
+def tokenize_text(text: str, *, specials: bool) -> list[int]:
+    """Greedy longest match: a merge like "ab" swallows the join between "a" and "b"."""
+    out: list[int] = []
+    i = 0
+    pieces = sorted(VOCAB if specials else CHARS + MERGES, key=len, reverse=True)
+    while i < len(text):
+        piece = next(p for p in pieces if text.startswith(p, i))
+        out.append(TOKEN_ID[piece])
+        i += len(piece)
+    return out
+
+
+class ScriptedFailure(RuntimeError):
+    pass
+
+
+class ScriptedBackend:
+    """Implements DecideBackend; records every call that touches the sequence."""
+
+    def __init__(
+        self, *, n_ctx: int = 512, template: bool = True, bos: bool = True, streaming: bool = False
+    ) -> None:
+        self._n_ctx = n_ctx
+        self.template = template
+        self.bos = bos
+        self.streaming = streaming
+        self.pieces: list[tuple[int, ...]] = []  # the "KV": what was prefilled, piece by piece
+        self.calls: list[tuple[str, tuple[int, ...], int]] = []
+        self.fail_on: str | None = None  # method name that raises once
+        self.state_n_tokens_skew = 0  # a save_state that lies about its size
+        self._hit_calls = 0
+
+    # -- failure injection
+    def _maybe_fail(self, name: str) -> None:
+        if self.fail_on == name:
+            self.fail_on = None
+            raise ScriptedFailure(f"scripted failure in {name}")
+
+    # -- PromptRenderer / ChoiceTokenizer
+    def render_user(self, text: str) -> str:
+        self._maybe_fail("render_user")
+        return f"<u>{text}<e><a>" if self.template else text
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        self._maybe_fail("tokenize_prompt")
+        return ([BOS] if self.bos else []) + tokenize_text(text, specials=True)
+
+    def tokenize_choice(self, text: str) -> list[int]:
+        return tokenize_text(text, specials=False)
+
+    def token_piece(self, token: int) -> str:
+        return VOCAB[token]
+
+    # -- sequence
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return sum(len(p) for p in self.pieces)
+
+    def clear(self) -> None:
+        self.calls.append(("clear", (), 0))
+        self.pieces = []
+
+    def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
+        self.calls.append(("prefill", tuple(tokens), n_past))
+        self._maybe_fail("prefill")
+        assert n_past == self.n_past, "prefill must append at the end of the sequence"
+        assert len(tokens) > 0
+        self.pieces.append(tuple(tokens))
+        self._hit_calls += 1
+        return PrefillCost(
+            n_tokens=len(tokens),
+            prefill_s=0.25 * len(tokens),
+            read_mb=1.5 * len(tokens) if self.streaming else None,
+            cache_hit_pct=10.0 * self._hit_calls if self.streaming else None,
+        )
+
+    def last_logits(self) -> np.ndarray:
+        return logits_of(self.pieces)
+
+    def save_state(self) -> KeptState:
+        self.calls.append(("save_state", (), self.n_past))
+        self._maybe_fail("save_state")
+        data = json.dumps([list(p) for p in self.pieces]).encode()
+        return KeptState(data=data, n_tokens=self.n_past + self.state_n_tokens_skew)
+
+    def load_state(self, state: KeptState) -> None:
+        self.calls.append(("load_state", (), state.n_tokens))
+        self._maybe_fail("load_state")
+        self.pieces = [tuple(p) for p in json.loads(state.data)]
+
+    def touched(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+def logits_of(pieces: Sequence[tuple[int, ...]]) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(repr(list(pieces)).encode(), digest_size=8).digest(), "little")
+    return (np.random.default_rng(seed).standard_normal(N_VOCAB) * 3.0).astype(np.float32)
+
+
+def prompt_tokens(text: str) -> list[int]:
+    return [BOS] + tokenize_text(f"<u>{text}<e><a>", specials=True)
+
+
+ON = DecidePolicy(prefix_cache=True)
+OFF = DecidePolicy(prefix_cache=False)
+CHOICES = ("A", "B", "C")
+
+
+def req(
+    prefix: str,
+    suffix: str = " Pick one.",
+    *,
+    id: int = 1,
+    choices: tuple[str, ...] = CHOICES,
+    reuse_prefix: bool = True,
+    abstain_below: float | None = None,
+) -> DecideRequest:
+    return DecideRequest(
+        id=id, prefix=prefix, suffix=suffix, choices=choices,
+        reuse_prefix=reuse_prefix, abstain_below=abstain_below,
+    )
+
+
+def fresh(request: DecideRequest, policy: DecidePolicy = ON) -> DecideResult:
+    """The same request on a new backend with nothing kept."""
+    return run_decide(ScriptedBackend(), LastPrefixCache(), request, policy)
+
+
+def untimed(result: DecideResult) -> DecideResult:
+    """A result without its wall-clock fields, for comparing two runs."""
+    return replace(result, store_s=0.0, restore_s=0.0)
+
+
+def hand_logp(row: np.ndarray, token: int) -> float:
+    x = [float(v) for v in row]
+    m = max(x)
+    return x[token] - m - math.log(math.fsum(math.exp(v - m) for v in x))
+
+
+# ---------------------------------------------------------------------------------------------
+# The split rule
+
+
+def test_split_gives_one_token_back_at_the_join() -> None:
+    b = ScriptedBackend()
+    split = split_prompt(b, "Task: x. ", "Pick one.")
+    assert split.tokens == tuple(prompt_tokens("Task: x. Pick one."))
+    alone = prompt_tokens("Task: x. ")
+    # alone and whole agree up to the end of the prefix text (everything but <e><a>)
+    assert common_prefix_len(split.tokens, alone) == len(alone) - 2
+    assert split.n_prefix == len(alone) - 3
+    assert split.prefix_tokens == tuple(alone[: len(alone) - 3])
+
+
+def test_split_on_tokens_when_the_join_merges() -> None:
+    b = ScriptedBackend()
+    # "a" + "bc" renders as the one token "abc": the prefix's "a" is not in the prompt at all.
+    split = split_prompt(b, "xa", "bc")
+    assert split.tokens == (BOS, USER, TOKEN_ID["x"], TOKEN_ID["abc"], END, ASSISTANT)
+    assert split.n_prefix == 2  # <s><u>x shared, one given back
+    assert split.prefix_tokens == (BOS, USER)
+
+
+def test_split_with_empty_suffix_leaves_one_token_to_prefill() -> None:
+    split = split_prompt(ScriptedBackend(), "Hello world", "")
+    assert split.n_prefix == split.n_tokens - 1
+
+
+def test_split_without_template_or_bos_can_have_no_prefix() -> None:
+    split = split_prompt(ScriptedBackend(template=False, bos=False), "", "Pick")
+    assert split.tokens == (TOKEN_ID["Pick"],)
+    assert split.n_prefix == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="abc xHel", max_size=12), st.text(alphabet="abc xHel", max_size=12))
+def test_split_prefix_is_shared_by_both_renderings(prefix: str, suffix: str) -> None:
+    b = ScriptedBackend()
+    split = split_prompt(b, prefix, suffix)
+    alone = tuple(prompt_tokens(prefix))
+    assert split.tokens == tuple(prompt_tokens(prefix + suffix))
+    assert 0 <= split.n_prefix < split.n_tokens
+    assert alone[: split.n_prefix] == split.prefix_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Up-front checks: exact messages, nothing prefilled, the kept state unchanged
+
+
+def primed() -> tuple[ScriptedBackend, LastPrefixCache]:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    assert run_decide(b, cache, req("Task: x. "), ON).error is None
+    b.calls.clear()
+    return b, cache
+
+
+@pytest.mark.parametrize(
+    ("request_", "exc_type", "message"),
+    [
+        (req("T", choices=()), NoChoicesError,
+         'decide: choices is empty; give at least one choice, e.g. ["A","B"]'),
+        (req("T", choices=("A", "")), EmptyChoiceError,
+         "decide: choice 1 ('') tokenizes to no tokens; give it a non-empty label"),
+        (req("T", choices=("A", "ab", "B", "ab!")), ChoiceCollisionError,
+         f"decide: choices 1 ('ab') and 3 ('ab!') both start with token {TOKEN_ID['ab']} ('ab'); "
+         "a choice is scored by its first token, so they cannot be told apart: give labels that "
+         "start differently (A, B, C, ...)"),
+        (req("T" * 30, "x" * 30), PromptTooLongError,
+         "decide: the prompt is 64 tokens but the context holds 63; shorten the prefix or suffix, "
+         "or open the session with a larger context"),
+        (req("T", abstain_below=1.5), DecideRequestError,
+         'decide: "abstain_below" is 1.5; give a probability between 0 and 1'),
+        (req("T", abstain_below=float("nan")), DecideRequestError,
+         'decide: "abstain_below" is nan; give a probability between 0 and 1'),
+    ],
+)
+def test_refusals_touch_nothing(
+    request_: DecideRequest, exc_type: type[Exception], message: str
+) -> None:
+    b, cache = primed()
+    b._n_ctx = 63
+    kept = cache.kept
+    result = run_decide(b, cache, request_, ON)
+    assert result.error == message
+    assert isinstance(result.cause, exc_type)
+    assert result.refused
+    assert result.scores is None
+    assert result.to_json() == {"id": 1, "error": message}
+    assert b.calls == []
+    assert cache.kept is kept
+
+
+def test_prompt_of_exactly_n_ctx_tokens_fits() -> None:
+    r = req("T" * 30, "x" * 30)
+    assert len(prompt_tokens("T" * 30 + "x" * 30)) == 64
+    assert run_decide(ScriptedBackend(n_ctx=64), LastPrefixCache(), r, ON).error is None
+
+
+def test_empty_prompt_is_refused() -> None:
+    b = ScriptedBackend(template=False, bos=False)
+    result = run_decide(b, LastPrefixCache(), req("", ""), ON)
+    assert result.error == "decide: the prompt renders to no tokens; give a prefix or a suffix"
+    assert isinstance(result.cause, EmptyPromptError)
+    assert b.calls == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+def test_score_choices_against_a_hand_computation() -> None:
+    p = [0.5, 0.25, 0.125, 0.0625, 0.0625]
+    logits = np.log(np.array(p, dtype=np.float64)).astype(np.float32) + np.float32(7.0)
+    s = score_choices(logits, [2, 0], None)
+    assert s.choice_logp == pytest.approx([math.log(0.125), math.log(0.5)], abs=1e-6)
+    assert s.best == 1
+    assert s.p_outside == pytest.approx(0.375, abs=1e-6)
+    assert not s.abstained
+
+
+def test_decision_scores_match_the_logit_row() -> None:
+    b = ScriptedBackend()
+    result = run_decide(b, LastPrefixCache(), req("Task: x. ", choices=("A", "Yes", "c")), ON)
+    row = b.last_logits()
+    ids = [TOKEN_ID["A"], TOKEN_ID["Yes"], TOKEN_ID["c"]]
+    expected = [hand_logp(row, t) for t in ids]
+    assert result.scores is not None
+    assert result.scores.choice_logp == pytest.approx(expected, abs=1e-12)
+    assert result.scores.best == int(np.argmax(expected))
+    assert result.scores.p_outside == pytest.approx(1 - sum(math.exp(v) for v in expected), abs=1e-12)
+    assert result.scores.abstained is False
+
+
+@pytest.mark.parametrize(("threshold", "abstains"), [(0.6, True), (0.5, False), (0.4, False), (0.0, False)])
+def test_abstention_is_strictly_below_the_threshold(threshold: float, abstains: bool) -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.2])).astype(np.float64)
+    s = score_choices(logits, [0, 1], threshold)
+    assert s.abstained is abstains
+    assert s.best == (-1 if abstains else 0)
+    assert s.choice_logp == pytest.approx([math.log(0.5), math.log(0.3)])
+
+
+def test_abstained_decision_still_reports_scores() -> None:
+    result = run_decide(ScriptedBackend(), LastPrefixCache(), req("Task: x. ", abstain_below=1.0), ON)
+    assert result.scores is not None and result.scores.abstained and result.scores.best == -1
+    out = result.to_json()
+    assert out["best"] == -1 and out["abstained"] is True and len(out["choice_logp"]) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The kept state: restored, stored, left alone
+
+
+def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    r = req("Task: x. ")
+    split = split_prompt(b, r.prefix, r.suffix)
+    result = run_decide(b, cache, r, ON)
+    n = split.n_prefix
+    assert result.reuse == REUSE_STORED
+    assert (result.n_tokens, result.n_reused) == (split.n_tokens, 0)
+    assert b.calls == [
+        ("clear", (), 0),
+        ("prefill", split.tokens[:n], 0),
+        ("save_state", (), n),
+        ("prefill", split.tokens[n:], n),
+    ]
+    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+    assert result.prefix_state_mib == cache.kept.state.nbytes / 2**20 > 0
+    assert result.restore_s == 0.0 and result.store_s >= 0.0
+
+
+def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    run_decide(b, cache, req("Task: x. "), ON)
+    kept = cache.kept
+    b.calls.clear()
+    r = req("Task: x. ", " Pick again.")
+    split = split_prompt(b, r.prefix, r.suffix)
+    result = run_decide(b, cache, r, ON)
+    assert result.reuse == REUSE_RESTORED
+    assert (result.n_tokens, result.n_reused) == (split.n_tokens, split.n_prefix)
+    assert b.calls == [
+        ("load_state", (), split.n_prefix),
+        ("prefill", split.tokens[split.n_prefix:], split.n_prefix),
+    ]
+    assert cache.kept is kept
+    assert result.store_s == 0.0
+    assert result.prefill_s == 0.25 * (split.n_tokens - split.n_prefix)
+    assert result.prefill_tps == pytest.approx(4.0)
+
+
+def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    first = split_prompt(b, "Task: x. ", " Pick one.")
+    run_decide(b, cache, req("Task: x. "), ON)
+    b.calls.clear()
+    r = req("Task: x. Hello world. ")
+    split = split_prompt(b, r.prefix, r.suffix)
+    result = run_decide(b, cache, r, ON)
+    k, n = first.n_prefix, split.n_prefix
+    assert result.reuse == REUSE_RESTORED_STORED
+    assert (result.n_tokens, result.n_reused) == (split.n_tokens, k)
+    assert b.calls == [
+        ("load_state", (), k),
+        ("prefill", split.tokens[k:n], k),
+        ("save_state", (), n),
+        ("prefill", split.tokens[n:], n),
+    ]
+    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+
+
+def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    run_decide(b, cache, req("Task: x. "), ON)
+    old = cache.kept
+    assert old is not None
+    r = req("Task: y. ")
+    split = split_prompt(b, r.prefix, r.suffix)
+    at = common_prefix_len(old.tokens, split.prefix_tokens)
+    assert at == 5  # <s> <u> Task : " " -> then the x/y token
+    b.calls.clear()
+    result = run_decide(b, cache, r, ON)
+    assert result.reuse == f"miss: prefix differs at token {at}"
+    assert result.n_reused == 0
+    assert b.touched() == ["clear", "prefill", "save_state", "prefill"]
+    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+
+
+def test_shorter_prefix_is_a_miss_where_it_ends() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    run_decide(b, cache, req("Task: x. Hello world. "), ON)
+    r = req("Task: x. ")
+    split = split_prompt(b, r.prefix, r.suffix)
+    result = run_decide(b, cache, r, ON)
+    assert result.reuse == f"miss: prefix differs at token {split.n_prefix}"
+
+
+def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
+    b, cache = primed()
+    kept = cache.kept
+    r = req("Task: x. ", reuse_prefix=False)
+    split = split_prompt(b, r.prefix, r.suffix)
+    result = run_decide(b, cache, r, ON)
+    assert result.reuse == REUSE_OPTED_OUT
+    assert b.calls == [("clear", (), 0), ("prefill", split.tokens, 0)]
+    assert cache.kept is kept
+    assert result.n_reused == 0 and result.n_tokens == split.n_tokens
+    assert kept is not None and result.prefix_state_mib == kept.state.mib
+    # whole prefill: the logits of the prompt as one piece
+    assert result.scores == score_choices(logits_of([split.tokens]), [TOKEN_ID[c] for c in CHOICES], None)
+
+
+def test_policy_off_never_touches_the_cache() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    result = run_decide(b, cache, req("Task: x. "), OFF)
+    assert result.reuse == REUSE_OFF
+    assert b.touched() == ["clear", "prefill"]
+    assert cache.kept is None and result.prefix_state_mib == 0.0
+
+
+def test_no_prefix_on_tokens_prefills_whole() -> None:
+    b, cache = ScriptedBackend(template=False, bos=False), LastPrefixCache()
+    result = run_decide(b, cache, req("", "Pick"), ON)
+    assert result.reuse == "no prefix"
+    assert b.touched() == ["clear", "prefill"]
+    assert cache.kept is None
+
+
+def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
+    b, cache = primed()
+    cache.drop()
+    assert cache.kept is None and cache.kept_mib == 0.0
+    result = run_decide(b, cache, req("Task: x. "), ON)
+    assert result.reuse == REUSE_STORED
+    assert untimed(result) == untimed(fresh(req("Task: x. ")))
+
+
+def test_store_refuses_a_state_of_another_length() -> None:
+    with pytest.raises(ValueError, match="the state holds 3 tokens but the prefix has 2"):
+        LastPrefixCache().store([1, 2], KeptState(data=b"x", n_tokens=3))
+
+
+# ---------------------------------------------------------------------------------------------
+# Exactness: a restored prefix answers what the same prefix computed answers
+
+
+def test_restored_prefix_equals_fresh_computation() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    run_decide(b, cache, req("Task: x. ", " First."), ON)
+    r = req("Task: x. ", " Second.")
+    restored = run_decide(b, cache, r, ON)
+    assert restored.reuse == REUSE_RESTORED
+    computed = fresh(r)
+    assert computed.reuse == REUSE_STORED
+    assert restored.scores == computed.scores  # bit for bit
+
+
+def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    run_decide(b, cache, req("Task: x. "), ON)
+    grown = req("Task: x. Hello world. ")
+    computed = run_decide(b, cache, grown, ON)
+    assert computed.reuse == REUSE_RESTORED_STORED
+    again = run_decide(b, cache, grown, ON)
+    assert again.reuse == REUSE_RESTORED
+    assert again.scores == computed.scores
+    # The grown prefix went in as two pieces, so it is not the one-piece fresh answer: the
+    # scripted backend, like llama.cpp, rounds by piece. This is why only restores are exact.
+    assert computed.scores != fresh(grown).scores
+
+
+def test_run_many_shares_the_kept_state_in_order() -> None:
+    requests = [
+        req("Task: x. ", id=1),
+        req("Task: x. ", " Again.", id=2),
+        req("Task: x. Hello world. ", id=3),
+        req("Task: x. Hello world. ", id=4, reuse_prefix=False),
+    ]
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    results = run_many(b, cache, requests, ON)
+    assert [r.id for r in results] == [1, 2, 3, 4]
+    assert [r.reuse for r in results] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED_STORED, REUSE_OPTED_OUT]
+    one_by_one_b, one_by_one_cache = ScriptedBackend(), LastPrefixCache()
+    one_by_one = [run_decide(one_by_one_b, one_by_one_cache, r, ON) for r in requests]
+    assert [untimed(r) for r in results] == [untimed(r) for r in one_by_one]
+    assert cache.kept is not None
+    assert cache.kept.tokens == split_prompt(b, requests[2].prefix, requests[2].suffix).prefix_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures leave the kept state valid and the next decision exact
+
+
+@pytest.mark.parametrize("where", ["load_state", "prefill", "save_state"])
+def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> None:
+    b, cache = primed()
+    kept = cache.kept
+    b.fail_on = where
+    result = run_decide(b, cache, req("Task: x. Hello world. "), ON)
+    assert result.error == (
+        f"decide: the backend failed while running the prompt: ScriptedFailure: scripted failure in {where}"
+    )
+    assert isinstance(result.cause, ScriptedFailure) and not result.refused
+    assert result.scores is None
+    assert cache.kept is kept  # the failed call stored nothing
+    # The kept state still restores exactly: a retry answers as a session that never failed.
+    retry = run_decide(b, cache, req("Task: x. Hello world. "), ON)
+    clean_b, clean_cache = primed()
+    assert untimed(retry) == untimed(run_decide(clean_b, clean_cache, req("Task: x. Hello world. "), ON))
+
+
+def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    r = req("Task: x. ")
+    split = split_prompt(b, r.prefix, r.suffix)
+    original_prefill = b.prefill
+    n_calls = 0
+
+    def fail_second(tokens: Sequence[int], n_past: int) -> PrefillCost:
+        nonlocal n_calls
+        n_calls += 1
+        if n_calls == 2:
+            raise ScriptedFailure("rest piece")
+        return original_prefill(tokens, n_past)
+
+    b.prefill = fail_second  # type: ignore[method-assign]
+    assert run_decide(b, cache, r, ON).error is not None
+    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+    b.prefill = original_prefill  # type: ignore[method-assign]
+    retry = run_decide(b, cache, r, ON)
+    assert retry.reuse == REUSE_RESTORED
+    assert retry.scores == fresh(r).scores
+
+
+def test_failure_while_preparing_touches_nothing() -> None:
+    b, cache = primed()
+    kept = cache.kept
+    b.fail_on = "tokenize_prompt"
+    result = run_decide(b, cache, req("Task: x. "), ON)
+    assert result.error == (
+        "decide: the backend failed while preparing the prompt: ScriptedFailure: scripted failure in tokenize_prompt"
+    )
+    assert not result.refused
+    assert b.calls == [] and cache.kept is kept
+
+
+def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
+    b, cache = primed()
+    kept = cache.kept
+    b.state_n_tokens_skew = 1
+    r = req("Task: y. ")
+    n = split_prompt(b, r.prefix, r.suffix).n_prefix
+    result = run_decide(b, cache, r, ON)
+    assert result.error == (
+        f"decide: the backend's saved state holds {n + 1} tokens, expected the {n}-token prefix"
+    )
+    assert cache.kept is kept
+
+
+# ---------------------------------------------------------------------------------------------
+# Reported numbers and the BMOE_DECIDE object
+
+
+def test_streaming_counters_pass_through() -> None:
+    b, cache = ScriptedBackend(streaming=True), LastPrefixCache()
+    r = req("Task: x. ")
+    split = split_prompt(b, r.prefix, r.suffix)
+    result = run_decide(b, cache, r, ON)
+    assert result.read_mb == 1.5 * split.n_tokens  # summed over both pieces
+    assert result.cache_hit_pct == 20.0  # cumulative: the last piece's value
+    assert result.prefill_s == 0.25 * split.n_tokens
+    out = result.to_json()
+    assert out["read_mb"] == result.read_mb and out["cache_hit_pct"] == 20.0
+
+
+def test_to_json_keys() -> None:
+    out = fresh(req("Task: x. ")).to_json()
+    assert list(out) == [
+        "id", "best", "choice_logp", "p_outside", "abstained", "n_tokens", "n_reused",
+        "prefill_s", "prefill_tps", "prefix_state_mib", "store_s", "restore_s", "reuse",
+    ]
+    json.dumps(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request parsing and the startup policy
+
+
+def test_parse_request_defaults() -> None:
+    r = parse_request({"cmd": "decide", "id": 3, "suffix": "Q?", "choices": ["A", "B"]})
+    assert r == DecideRequest(id=3, prefix="", suffix="Q?", choices=("A", "B"))
+    r = parse_request({"id": 4, "prefix": "P", "suffix": "", "choices": ["A"],
+                       "reuse_prefix": False, "abstain_below": 1})
+    assert r.reuse_prefix is False and r.abstain_below == 1.0
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        ({"id": 1, "choices": ["A"], "reuse-prefix": False},
+         "decide: unknown field 'reuse-prefix'; the fields are id, prefix, suffix, choices, reuse_prefix, abstain_below"),
+        ({"id": "1", "choices": ["A"]}, 'decide: "id" must be an integer'),
+        ({"id": True, "choices": ["A"]}, 'decide: "id" must be an integer'),
+        ({"id": 1, "prefix": 2, "choices": ["A"]}, 'decide: "prefix" and "suffix" must be strings'),
+        ({"id": 1, "choices": "AB"}, 'decide: "choices" must be a list of strings, e.g. ["A","B"]'),
+        ({"id": 1}, 'decide: "choices" must be a list of strings, e.g. ["A","B"]'),
+        ({"id": 1, "choices": ["A"], "reuse_prefix": 0}, 'decide: "reuse_prefix" must be true or false'),
+        ({"id": 1, "choices": ["A"], "abstain_below": "0.5"},
+         'decide: "abstain_below" must be a number between 0 and 1'),
+    ],
+)
+def test_parse_request_refusals(obj: dict[str, object], message: str) -> None:
+    with pytest.raises(DecideRequestError) as info:
+        parse_request(obj)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("mode", "prefill_device", "keeps"),
+    [("auto", False, True), ("auto", True, False), ("on", False, True),
+     ("off", False, False), ("off", True, False)],
+)
+def test_prefix_cache_policy(mode: str, prefill_device: bool, keeps: bool) -> None:
+    assert resolve_prefix_cache(mode, prefill_device=prefill_device) is keeps
+
+
+def test_prefix_cache_on_with_a_prefill_device_is_refused() -> None:
+    with pytest.raises(PrefixCacheConfigError) as info:
+        resolve_prefix_cache("on", prefill_device=True)
+    assert str(info.value) == (
+        "--decide-prefix-cache on cannot be used with --prefill-device: a prefix state saved "
+        "there would be restored from memory the model no longer uses; use auto or off"
+    )
+    with pytest.raises(PrefixCacheConfigError) as info:
+        resolve_prefix_cache("yes", prefill_device=False)
+    assert str(info.value) == "--decide-prefix-cache 'yes': give auto, on or off"
