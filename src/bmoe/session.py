@@ -95,6 +95,13 @@ class Session:
         return [self.model.bos] + toks if add_bos else toks
 
     # --- generate ---------------------------------------------------------------------
+    def set_history(self, messages: list[Message]) -> None:
+        """Start a conversation from a transcript; the next clear_kv=False turn prefills it whole."""
+        self._check_open()
+        with self._lock:
+            self.history = list(messages)
+            self.kv.reset()
+
     def cancel(self) -> None:
         """Interrupt the generation in flight at its next decode boundary (no-op when idle)."""
         if self._running:

