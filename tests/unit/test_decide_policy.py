@@ -37,7 +37,6 @@ from bmoe.decide import (
     PrefillCost,
     PrefixCacheConfigError,
     PromptTooLongError,
-    parse_request,
     resolve_prefix_cache,
     run_decide,
     run_many,
@@ -627,36 +626,7 @@ def test_to_json_keys() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Request parsing and the startup policy
-
-
-def test_parse_request_defaults() -> None:
-    r = parse_request({"cmd": "decide", "id": 3, "suffix": "Q?", "choices": ["A", "B"]})
-    assert r == DecideRequest(id=3, prefix="", suffix="Q?", choices=("A", "B"))
-    r = parse_request({"id": 4, "prefix": "P", "suffix": "", "choices": ["A"],
-                       "reuse_prefix": False, "abstain_below": 1})
-    assert r.reuse_prefix is False and r.abstain_below == 1.0
-
-
-@pytest.mark.parametrize(
-    ("obj", "message"),
-    [
-        ({"id": 1, "choices": ["A"], "reuse-prefix": False},
-         "decide: unknown field 'reuse-prefix'; the fields are id, prefix, suffix, choices, reuse_prefix, abstain_below"),
-        ({"id": "1", "choices": ["A"]}, 'decide: "id" must be an integer'),
-        ({"id": True, "choices": ["A"]}, 'decide: "id" must be an integer'),
-        ({"id": 1, "prefix": 2, "choices": ["A"]}, 'decide: "prefix" and "suffix" must be strings'),
-        ({"id": 1, "choices": "AB"}, 'decide: "choices" must be a list of strings, e.g. ["A","B"]'),
-        ({"id": 1}, 'decide: "choices" must be a list of strings, e.g. ["A","B"]'),
-        ({"id": 1, "choices": ["A"], "reuse_prefix": 0}, 'decide: "reuse_prefix" must be true or false'),
-        ({"id": 1, "choices": ["A"], "abstain_below": "0.5"},
-         'decide: "abstain_below" must be a number between 0 and 1'),
-    ],
-)
-def test_parse_request_refusals(obj: dict[str, object], message: str) -> None:
-    with pytest.raises(DecideRequestError) as info:
-        parse_request(obj)
-    assert str(info.value) == message
+# The startup policy
 
 
 @pytest.mark.parametrize(

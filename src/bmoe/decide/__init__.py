@@ -38,7 +38,7 @@ from bmoe.decide.prefix_cache import (
     resolve_prefix_cache,
 )
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
-from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, parse_request
+from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult
 
 __all__ = [
     "REUSE_MISS",
@@ -72,7 +72,6 @@ __all__ = [
     "SplitPrompt",
     "check_prompt_fits",
     "first_tokens",
-    "parse_request",
     "resolve_prefix_cache",
     "run_decide",
     "run_many",

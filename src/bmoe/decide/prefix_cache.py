@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
-from typing import Protocol
+from typing import Literal, Protocol
 
 from bmoe.decide.errors import PrefixCacheConfigError
 from bmoe.decide.port import KeptState
@@ -93,15 +92,11 @@ class LastPrefixCache:
         return self._kept
 
 
-class PrefixCacheMode(str, Enum):
-    """``--decide-prefix-cache``."""
-
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
+# ``--decide-prefix-cache``; the same values as SessionConfig.decide_prefix_cache.
+PrefixCacheMode = Literal["auto", "on", "off"]
 
 
-def resolve_prefix_cache(mode: str, *, prefill_device: bool) -> bool:
+def resolve_prefix_cache(mode: PrefixCacheMode, *, prefill_device: bool) -> bool:
     """Whether a session keeps prefix states, or a startup refusal.
 
     ``auto`` keeps them for CPU prefill, where prefilling a prompt in two pieces costs about what
@@ -110,19 +105,15 @@ def resolve_prefix_cache(mode: str, *, prefill_device: bool) -> bool:
     through KV views that do not follow the cache tensors the device rebinds. ``on`` with a
     prefill device is therefore refused rather than quietly wrong.
     """
-    try:
-        resolved = PrefixCacheMode(mode)
-    except ValueError:
-        raise PrefixCacheConfigError(
-            f"--decide-prefix-cache {mode!r}: give auto, on or off"
-        ) from None
-    if resolved is PrefixCacheMode.OFF:
+    if mode == "off":
         return False
-    if not prefill_device:
+    if mode == "auto":
+        return not prefill_device
+    if mode == "on":
+        if prefill_device:
+            raise PrefixCacheConfigError(
+                "--decide-prefix-cache on cannot be used with --prefill-device: a prefix state "
+                "saved there would be restored from memory the model no longer uses; use auto or off"
+            )
         return True
-    if resolved is PrefixCacheMode.ON:
-        raise PrefixCacheConfigError(
-            "--decide-prefix-cache on cannot be used with --prefill-device: a prefix state saved "
-            "there would be restored from memory the model no longer uses; use auto or off"
-        )
-    return False
+    raise PrefixCacheConfigError(f"--decide-prefix-cache {mode!r}: give auto, on or off")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
@@ -98,48 +97,6 @@ class DecideResult:
         out["restore_s"] = self.restore_s
         out["reuse"] = self.reuse
         return out
-
-
-_REQUEST_FIELDS = ("id", "prefix", "suffix", "choices", "reuse_prefix", "abstain_below")
-
-
-def parse_request(obj: Mapping[str, object]) -> DecideRequest:
-    """A ``{"cmd":"decide",...}`` object as a request; types checked here, values by the decider.
-
-    Unknown fields are refused rather than ignored: a misspelt ``reuse_prefix`` would otherwise
-    silently change what the request does.
-    """
-    unknown = sorted(k for k in obj if k != "cmd" and k not in _REQUEST_FIELDS)
-    if unknown:
-        raise DecideRequestError(
-            f"decide: unknown field {unknown[0]!r}; the fields are {', '.join(_REQUEST_FIELDS)}"
-        )
-    request_id = obj.get("id")
-    if not isinstance(request_id, int) or isinstance(request_id, bool):
-        raise DecideRequestError('decide: "id" must be an integer')
-    prefix = obj.get("prefix", "")
-    suffix = obj.get("suffix", "")
-    if not isinstance(prefix, str) or not isinstance(suffix, str):
-        raise DecideRequestError('decide: "prefix" and "suffix" must be strings')
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-        raise DecideRequestError('decide: "choices" must be a list of strings, e.g. ["A","B"]')
-    reuse_prefix = obj.get("reuse_prefix", True)
-    if not isinstance(reuse_prefix, bool):
-        raise DecideRequestError('decide: "reuse_prefix" must be true or false')
-    abstain_below = obj.get("abstain_below")
-    if abstain_below is not None:
-        if isinstance(abstain_below, bool) or not isinstance(abstain_below, (int, float)):
-            raise DecideRequestError('decide: "abstain_below" must be a number between 0 and 1')
-        abstain_below = float(abstain_below)
-    return DecideRequest(
-        id=request_id,
-        prefix=prefix,
-        suffix=suffix,
-        choices=tuple(choices),
-        reuse_prefix=reuse_prefix,
-        abstain_below=abstain_below,
-    )
 
 
 def check_abstain_below(value: float | None) -> None:
