@@ -36,6 +36,7 @@ from bmoe.decide import (
     NoChoicesError,
     PrefillCost,
     PrefixCacheConfigError,
+    PrefixCacheMode,
     PromptTooLongError,
     resolve_prefix_cache,
     run_decide,
@@ -346,7 +347,8 @@ def test_abstained_decision_still_reports_scores() -> None:
     result = run_decide(ScriptedBackend(), LastPrefixCache(), req("Task: x. ", abstain_below=1.0), ON)
     assert result.scores is not None and result.scores.abstained and result.scores.best == -1
     out = result.to_json()
-    assert out["best"] == -1 and out["abstained"] is True and len(out["choice_logp"]) == 3
+    assert out["best"] == -1 and out["abstained"] is True
+    assert out["choice_logp"] == list(result.scores.choice_logp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +481,7 @@ def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
 
 
 def test_store_refuses_a_state_of_another_length() -> None:
-    with pytest.raises(ValueError, match="the state holds 3 tokens but the prefix has 2"):
+    with pytest.raises(ValueError, match="a saved state of 3 tokens cannot be kept for a 2-token prefix"):
         LastPrefixCache().store([1, 2], KeptState(data=b"x", n_tokens=3))
 
 
@@ -595,7 +597,8 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
     n = split_prompt(b, r.prefix, r.suffix).n_prefix
     result = run_decide(b, cache, r, ON)
     assert result.error == (
-        f"decide: the backend's saved state holds {n + 1} tokens, expected the {n}-token prefix"
+        "decide: the backend failed while running the prompt: ValueError: prefix cache: "
+        f"a saved state of {n + 1} tokens cannot be kept for a {n}-token prefix"
     )
     assert cache.kept is kept
 
@@ -634,7 +637,7 @@ def test_to_json_keys() -> None:
     [("auto", False, True), ("auto", True, False), ("on", False, True),
      ("off", False, False), ("off", True, False)],
 )
-def test_prefix_cache_policy(mode: str, prefill_device: bool, keeps: bool) -> None:
+def test_prefix_cache_policy(mode: PrefixCacheMode, prefill_device: bool, keeps: bool) -> None:
     assert resolve_prefix_cache(mode, prefill_device=prefill_device) is keeps
 
 
@@ -646,5 +649,5 @@ def test_prefix_cache_on_with_a_prefill_device_is_refused() -> None:
         "there would be restored from memory the model no longer uses; use auto or off"
     )
     with pytest.raises(PrefixCacheConfigError) as info:
-        resolve_prefix_cache("yes", prefill_device=False)
+        resolve_prefix_cache("yes", prefill_device=False)  # type: ignore[arg-type]
     assert str(info.value) == "--decide-prefix-cache 'yes': give auto, on or off"

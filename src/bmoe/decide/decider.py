@@ -152,10 +152,6 @@ def _prefill(
         t0 = time.perf_counter()
         state = backend.save_state()
         store_s = time.perf_counter() - t0
-        if state.n_tokens != n_prefix:
-            raise DecideBackendError(
-                f"decide: the backend's saved state holds {state.n_tokens} tokens, expected the {n_prefix}-token prefix"
-            )
         # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
         cache.store(prompt.prefix_tokens, state)
     costs.append(backend.prefill(tokens[n_prefix:], n_prefix))

@@ -76,7 +76,8 @@ class LastPrefixCache:
         if state.n_tokens != len(tokens):
             # A state that does not describe these tokens would later be restored as if it did.
             raise ValueError(
-                f"prefix cache: the state holds {state.n_tokens} tokens but the prefix has {len(tokens)}"
+                f"prefix cache: a saved state of {state.n_tokens} tokens cannot be kept for a "
+                f"{len(tokens)}-token prefix"
             )
         self._kept = KeptPrefix(tokens=tokens, state=state)
 
