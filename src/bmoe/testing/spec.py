@@ -1,0 +1,106 @@
+"""Shapes of the tiny random-weight MoE fixtures.
+
+The numbers are chosen, not tuned: every matrix whose rows llama.cpp may K-quantize has a row
+length of 256 (one K-quant super-block), so Q4_K_M really produces Q4_K/Q6_K expert tensors;
+the vocabulary is SmolLM2's (49152) because the tokenizer is copied from its GGUF; embeddings
+are tied so the F32 file stays near 100 MB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+
+ARCHS = ("qwen3moe", "qwen35moe")
+QUANTS = ("f32", "q8_0", "q4_k_m")
+
+# Bumped whenever the weights or metadata a spec produces change, so cached files are rewritten.
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LinearAttnDims:
+    """Gated-DeltaNet sizes (HF names). More value heads than key heads, as in Qwen3.6-35B-A3B,
+    so the converter's grouped-to-tiled V-head reorder is exercised."""
+
+    n_k_heads: int = 2
+    n_v_heads: int = 4
+    head_k_dim: int = 32
+    head_v_dim: int = 32
+    conv_kernel: int = 4
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True, slots=True)
+class TinySpec:
+    arch: str
+    seed: int
+    n_vocab: int = 49152
+    n_embd: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_expert: int = 16
+    n_expert_used: int = 2
+    n_ff_exp: int = 256
+    n_ff_shexp: int = 0  # 0: no shared expert
+    n_ctx_train: int = 8192
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    partial_rotary: float = 1.0
+    mrope_section: tuple[int, ...] = ()
+    # One entry per layer: "full_attention" or "linear_attention" (HF's layer_types spelling).
+    layer_types: tuple[str, ...] = ("full_attention",) * 4
+    linear: LinearAttnDims | None = None
+
+    @property
+    def n_rot(self) -> int:
+        return int(self.head_dim * self.partial_rotary)
+
+
+QWEN3MOE = TinySpec(arch="qwen3moe", seed=3)
+
+QWEN35MOE = TinySpec(
+    arch="qwen35moe",
+    seed=35,
+    n_expert_used=4,
+    n_ff_shexp=256,
+    rope_theta=10_000_000.0,
+    partial_rotary=0.25,
+    # Sums to n_rot / 2 = 8 rotary pairs; text positions are equal on all axes, so the split only
+    # has to be valid, not meaningful.
+    mrope_section=(3, 3, 2),
+    layer_types=("linear_attention", "full_attention", "linear_attention", "full_attention"),
+    linear=LinearAttnDims(),
+)
+
+SPECS: dict[str, TinySpec] = {s.arch: s for s in (QWEN3MOE, QWEN35MOE)}
+
+
+def spec_for(arch: str) -> TinySpec:
+    try:
+        return SPECS[arch]
+    except KeyError:
+        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(ARCHS)}") from None
+
+
+def expert_slice_bytes(spec: TinySpec, ggml_type: gguf.GGMLQuantizationType) -> int:
+    """Bytes of one expert's slice of one stacked projection (gate, up or down are all
+    n_embd x n_ff_exp here), i.e. ``nbytes(tensor) / n_expert`` for a tensor of that type."""
+    block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+    n_elements = spec.n_embd * spec.n_ff_exp
+    if n_elements % block:
+        raise ValueError(f"{ggml_type.name} blocks of {block} do not tile {n_elements} elements")
+    return n_elements // block * type_size
