@@ -1,1 +1,17 @@
+"""Expert streaming: GGUF offsets, arch registry, expert reader, expert cache, the streamer.
 
+Pure Python + numpy + os: nothing here imports llama_cpp or ctypes (bmoe.llama drives it).
+"""
+from .archs import ArchEntry, NothingToStreamError, UnsupportedArchError, format_archs, list_archs, lookup
+from .cache import ExpertKey
+from .layout import ExpertTensor, LayoutError, ModelLayout, read_layout
+from .options import Budget, CacheBudgetError, StreamOptions, resolve_budget
+from .reader import FileChangedError, StreamIOError
+from .streamer import Binding, RouteError, Streamer, StreamStats
+
+__all__ = [
+    "ArchEntry", "Binding", "Budget", "CacheBudgetError", "ExpertKey", "ExpertTensor", "FileChangedError",
+    "LayoutError", "ModelLayout", "NothingToStreamError", "RouteError", "StreamIOError", "StreamOptions",
+    "StreamStats", "Streamer", "UnsupportedArchError", "format_archs", "list_archs", "lookup",
+    "read_layout", "resolve_budget",
+]

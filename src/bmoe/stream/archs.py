@@ -1,0 +1,88 @@
+"""Which architectures bmoe can stream, and how their graphs name the routing and the experts.
+
+Only names live here. Expert counts, shapes and which layers carry experts come from the
+GGUF itself (see layout.py), so a new model of a known arch needs no code change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Every MoE arch in the pinned llama.cpp routes through the shared MoE builder, which names
+# the selected-expert node "ffn_moe_topk-<il>" (src/llama-graph.cpp, build_moe_ffn).
+ROUTE_NODE = "ffn_moe_topk"
+
+# Stacked expert weights, per layer "blk.<il>.<name>": [n_embd|n_ff, n_ff|n_embd, n_expert].
+# gate_up is the fused variant some converters write (qwen35moe/qwen3next accept either).
+SPLIT_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+FUSED_GATE_UP = "ffn_gate_up_exps.weight"
+
+
+class UnsupportedArchError(ValueError):
+    """The model's architecture has no streaming entry in the registry."""
+
+
+class NothingToStreamError(ValueError):
+    """The model has no expert tensors (a dense model): there is nothing to stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArchEntry:
+    arch: str                       # general.architecture as written in the GGUF
+    route_node: str                 # graph node prefix; the full name is f"{route_node}-{il}"
+    expert_tensors: tuple[str, ...]  # per-layer tensor names (after "blk.<il>.") that stream
+    resident: str                   # what stays in RAM besides the dense weights, for people
+
+    def route_name(self, il: int) -> str:
+        return f"{self.route_node}-{il}"
+
+    def streams(self, tensor_suffix: str) -> bool:
+        return tensor_suffix in self.expert_tensors
+
+
+def _entry(arch: str, resident: str, *, fused: bool = False) -> ArchEntry:
+    names = SPLIT_EXPERTS + ((FUSED_GATE_UP,) if fused else ())
+    return ArchEntry(arch=arch, route_node=ROUTE_NODE, expert_tensors=names, resident=resident)
+
+
+# Checked against src/models/<arch>.cpp of the vendored llama.cpp (0.3.36): every entry
+# creates blk.<il>.ffn_{gate,up,down}_exps.weight and builds its MoE with build_moe_ffn.
+_REGISTRY: dict[str, ArchEntry] = {
+    e.arch: e
+    for e in (
+        _entry("qwen3moe", "router"),
+        _entry("qwen35moe", "router, shared expert, linear-attention state", fused=True),
+        _entry("qwen3next", "router, shared expert, linear-attention state", fused=True),
+        _entry("qwen2moe", "router, shared expert (ffn_*_shexp) and its gate"),
+        _entry("olmoe", "router"),
+        # gpt-oss adds per-expert biases (ffn_*_exps.bias, [n_ff, n_expert]); they are a few
+        # KiB per layer, applied with ggml_add_id after the matmul, and stay resident.
+        _entry("gpt-oss", "router and expert biases (ffn_*_exps.bias)"),
+        # lfm2moe's first n_layer_dense_lead layers are dense; the layout finds which carry experts.
+        _entry("lfm2moe", "router, leading dense layers, short convolutions"),
+    )
+}
+
+
+def lookup(arch: str) -> ArchEntry:
+    """The registry entry for ``arch``, or UnsupportedArchError naming it."""
+    try:
+        return _REGISTRY[arch]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UnsupportedArchError(
+            f"--moe-stream does not support architecture '{arch}' (supported: {known}); "
+            "run without --moe-stream to load it resident"
+        ) from None
+
+
+def list_archs() -> tuple[ArchEntry, ...]:
+    return tuple(_REGISTRY[a] for a in sorted(_REGISTRY))
+
+
+def format_archs() -> str:
+    """The text `bmoe-cli --list-archs` prints: one arch per line."""
+    lines = []
+    for e in list_archs():
+        names = ", ".join(n.removesuffix(".weight") for n in e.expert_tensors)
+        lines.append(f"{e.arch:<10} route={e.route_node}-<il>  streams={names}  resident: {e.resident}")
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+"""Where streamed experts live: the buffers the expert matmuls read, and the LRU over them.
+
+Every buffer is an anonymous mapping laid out like the file: a tensor whose file offset is
+``off`` starts at ``base + off % ALIGN``, so an expert slice sits at the same offset modulo the
+page as on disk and O_DIRECT can read straight into it (see reader.py). Anonymous pages are
+committed only when first written, so a full-size mapping costs address space, not RAM.
+
+- SharedBuffers (cache off): one buffer per projection, shared by all layers (layers run one
+  after another), every routed slice read again at every route.
+- LruCache (cache on): one buffer per (layer, projection); one LRU over ExpertKey(layer, expert)
+  with a byte budget; an evicted expert's pages go back to the OS with MADV_DONTNEED.
+"""
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+from .layout import ExpertTensor, ModelLayout
+from .reader import ALIGN, ReadOp, Window
+
+PAGE = mmap.PAGESIZE
+_MAP_NORESERVE = 0x4000  # Linux; not exported by Python's mmap module
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ExpertKey:
+    layer: int
+    expert: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    hits: int
+    misses: int
+    evictions: int
+    resident_bytes: int   # bytes of experts held (cache on); 0 with the cache off
+    budget_bytes: int     # 0 = cache off
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a route needs: reads for the misses, and the keys to record once they are read."""
+    ops: tuple[ReadOp, ...]
+    hits: int
+    misses: tuple[ExpertKey, ...]
+
+
+def _pad(t: ExpertTensor) -> int:
+    return t.offset % ALIGN
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class TensorBuffer:
+    """A lazily committed anonymous mapping big enough for the given tensors (one at a time)."""
+
+    def __init__(self, tensors: Sequence[ExpertTensor]) -> None:
+        size = max(_round_up(_pad(t) + t.nbytes, PAGE) for t in tensors)
+        self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            # 4 KiB pages keep commits and DONTNEED releases exact (no 2 MiB THP rounding).
+            self.mm.madvise(mmap.MADV_NOHUGEPAGE)
+        self.window = Window.over(self.mm)
+        self.size = size
+
+    def data_addr(self, t: ExpertTensor) -> int:
+        """Where ``t``'s expert 0 starts: the pointer its ggml tensor is rebound to."""
+        return self.window.addr + _pad(t)
+
+    def read_op(self, t: ExpertTensor, expert: int) -> ReadOp:
+        return ReadOp(t.file_index, t.slice_offset(expert), t.slice_nbytes, self.window,
+                      _pad(t) + expert * t.slice_nbytes)
+
+    def release(self, start: int, end: int) -> int:
+        """DONTNEED the whole pages inside [start, end) of the buffer; returns bytes released."""
+        lo, hi = _round_up(start, PAGE), (end // PAGE) * PAGE
+        if hi <= lo:
+            return 0
+        self.mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return hi - lo
+
+    def close(self) -> None:
+        self.window.view.release()
+        self.mm.close()
+
+
+class SharedBuffers:
+    """Cache off: per projection one buffer every layer is bound to; each route re-reads."""
+
+    budget_bytes = 0
+
+    def __init__(self, layout: ModelLayout) -> None:
+        self.layout = layout
+        self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
+        self._buffers = {p: TensorBuffer([t for t in layout.experts if t.proj == p]) for p in layout.projections}
+        self._routed = 0
+
+    def data_addr(self, t: ExpertTensor) -> int:
+        return self._buffers[t.proj].data_addr(t)
+
+    def plan(self, il: int, experts: Sequence[int]) -> Plan:
+        ops = tuple(self._buffers[t.proj].read_op(t, e) for t in self._tensors[il] for e in experts)
+        return Plan(ops, 0, tuple(ExpertKey(il, e) for e in experts))
+
+    def commit(self, plan: Plan) -> None:
+        self._routed += len(plan.misses)
+
+    def counters(self) -> CacheCounters:
+        return CacheCounters(hits=0, misses=self._routed, evictions=0, resident_bytes=0, budget_bytes=0)
+
+    def close(self) -> None:
+        for b in self._buffers.values():
+            b.close()
+
+
+class LruCache:
+    """Cache on: one global LRU over (layer, expert) under ``budget_bytes`` of expert bytes."""
+
+    def __init__(self, layout: ModelLayout, budget_bytes: int) -> None:
+        if budget_bytes <= 0:
+            raise ValueError("LruCache needs a positive budget; use SharedBuffers for cache off")
+        self.layout = layout
+        self.budget_bytes = budget_bytes
+        self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
+        self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
+        self._buffers = {(t.il, t.proj): TensorBuffer([t]) for t in layout.experts}
+        self._lru: OrderedDict[ExpertKey, int] = OrderedDict()  # oldest first; value = bytes
+        self._resident = self._hits = self._misses = self._evictions = 0
+        self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
+
+    def data_addr(self, t: ExpertTensor) -> int:
+        return self._buffers[(t.il, t.proj)].data_addr(t)
+
+    def is_resident(self, key: ExpertKey) -> bool:
+        return key in self._lru
+
+    def plan(self, il: int, experts: Sequence[int]) -> Plan:
+        """Touch hits, evict to make room (never this route's experts), return reads for misses."""
+        pinned = {ExpertKey(il, e) for e in experts}
+        misses = []
+        hits = 0
+        for key in sorted(pinned):
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                hits += 1
+            else:
+                misses.append(key)
+        need = len(misses) * self._expert_bytes[il]
+        self._evict_until(self.budget_bytes - need, pinned)
+        ops = tuple(self._buffers[(t.il, t.proj)].read_op(t, k.expert) for k in misses for t in self._tensors[il])
+        self._hits += hits
+        return Plan(ops, hits, tuple(misses))
+
+    def commit(self, plan: Plan) -> None:
+        """Record the misses of ``plan`` as resident, once their reads have succeeded."""
+        for key in plan.misses:
+            nbytes = self._expert_bytes[key.layer]
+            self._lru[key] = nbytes
+            self._resident += nbytes
+        self._misses += len(plan.misses)
+
+    def counters(self) -> CacheCounters:
+        return CacheCounters(self._hits, self._misses, self._evictions, self._resident, self.budget_bytes)
+
+    def close(self) -> None:
+        for b in self._buffers.values():
+            b.close()
+        self._lru.clear()
+        self._resident = 0
+
+    # A prefill ubatch may route more of one layer than the budget holds: those experts still
+    # have to be present for the matmul, so the cache runs over budget until the next route.
+    def _evict_until(self, target: int, pinned: set[ExpertKey]) -> None:
+        if self._resident <= target:
+            return
+        for key in list(self._lru):
+            if self._resident <= target:
+                break
+            if key in pinned:
+                continue
+            self._resident -= self._lru.pop(key)
+            self._evictions += 1
+            self._release(key)
+
+    def _release(self, key: ExpertKey) -> None:
+        for t in self._tensors[key.layer]:
+            buf = self._buffers[(t.il, t.proj)]
+            start = _pad(t) + key.expert * t.slice_nbytes
+            end = start + t.slice_nbytes
+            # A page shared with a still-resident neighbour stays; only free pages go back.
+            lo = (start // PAGE) * PAGE
+            if lo < start and self._page_in_use(t, key, lo):
+                lo += PAGE
+            hi = _round_up(end, PAGE)
+            if hi > end and self._page_in_use(t, key, hi - PAGE):
+                hi -= PAGE
+            self.released_bytes += buf.release(lo, hi)
+
+    def _page_in_use(self, t: ExpertTensor, key: ExpertKey, page: int) -> bool:
+        s, pad = t.slice_nbytes, _pad(t)
+        first = max(0, (page - pad) // s)
+        last = min(t.n_expert - 1, (page + PAGE - 1 - pad) // s)
+        return any(ExpertKey(key.layer, e) in self._lru for e in range(first, last + 1) if e != key.expert)

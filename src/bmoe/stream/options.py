@@ -1,0 +1,115 @@
+"""Streaming options (the --moe-stream family of flags) and how the cache budget is decided."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+from .layout import ModelLayout
+
+MIB = 1 << 20
+# auto: this share of what the process may still allocate; the rest is left for the KV cache,
+# compute buffers, the dense weights' page cache and the rest of the system.
+AUTO_FRACTION = 0.5
+
+
+class CacheBudgetError(ValueError):
+    """The requested cache budget cannot work (below the one-token floor, or malformed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    cache_mb: int | Literal["auto"] = 0   # 0 = cache off (shared buffers, re-read every token)
+    cache_ceil_mb: int | None = None      # cap for "auto"
+    cache_force: bool = False             # accept a budget below the floor (it will churn)
+    odirect: bool = True                  # --no-odirect sets False
+    io_threads: int = 4                   # parallel read lanes
+
+    def __post_init__(self) -> None:
+        if self.cache_mb != "auto" and (not isinstance(self.cache_mb, int) or self.cache_mb < 0):
+            raise CacheBudgetError(f"--cache-mb takes 0, a positive number of MiB or 'auto', not {self.cache_mb!r}")
+        if self.cache_ceil_mb is not None and self.cache_ceil_mb <= 0:
+            raise CacheBudgetError(f"--cache-ceil-mb must be positive, not {self.cache_ceil_mb}")
+        if self.io_threads < 1:
+            raise CacheBudgetError(f"--io-threads must be >= 1, not {self.io_threads}")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    budget_bytes: int    # 0 = cache off
+    floor_bytes: int     # one token's routed working set
+    source: str          # "off", "fixed", "auto", "auto-below-floor"
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text in ("", "max") else int(text)
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes the process's memory cgroup still allows (v2, then v1), or None without a limit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":  # v2 unified
+            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            limit, usage = _read_int(base / "memory.max"), _read_int(base / "memory.current")
+        elif "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
+            limit, usage = _read_int(base / "memory.limit_in_bytes"), _read_int(base / "memory.usage_in_bytes")
+        else:
+            continue
+        if limit is not None and usage is not None and limit < (1 << 60):
+            return max(0, limit - usage)
+    return None
+
+
+def available_bytes() -> int:
+    """What the process can still allocate: MemAvailable, capped by its cgroup's headroom."""
+    avail = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            avail = int(line.split()[1]) * 1024
+    cg = _cgroup_headroom()
+    return min(avail, cg) if cg is not None else avail
+
+
+def resolve_budget(options: StreamOptions, layout: ModelLayout,
+                   available: Callable[[], int] = available_bytes,
+                   warn: Callable[[str], None] = lambda m: None) -> Budget:
+    """Turn --cache-mb/--cache-ceil-mb/--cache-force into bytes, or raise CacheBudgetError."""
+    floor = layout.floor_bytes()
+    floor_mib = -(-floor // MIB)
+    if options.cache_mb == 0:
+        return Budget(0, floor, "off")
+    if options.cache_mb == "auto":
+        budget = int(available() * AUTO_FRACTION)
+        if options.cache_ceil_mb is not None:
+            budget = min(budget, options.cache_ceil_mb * MIB)
+        # Everything fits: no point reserving more than the experts themselves.
+        budget = min(budget, layout.expert_nbytes)
+        if budget < floor and not options.cache_force:
+            warn(f"bmoe: --cache-mb auto found {budget // MIB} MiB, below the {floor_mib} MiB floor; cache off")
+            return Budget(0, floor, "auto-below-floor")
+        return Budget(budget, floor, "auto")
+    budget = int(options.cache_mb) * MIB
+    if budget < floor and not options.cache_force:
+        per_expert = floor / (len(layout.layers) * layout.n_expert_used) / MIB
+        raise CacheBudgetError(
+            f"--cache-mb {options.cache_mb} is below the floor of {floor_mib} MiB, one token's routed experts "
+            f"({len(layout.layers)} layers x {layout.n_expert_used} experts x {per_expert:.2f} MiB); "
+            f"a smaller cache only churns. Use --cache-mb {floor_mib} or more, --cache-mb 0 (off), "
+            "or add --cache-force"
+        )
+    return Budget(min(budget, layout.expert_nbytes), floor, "fixed")
+
+
+def os_page_size() -> int:
+    return os.sysconf("SC_PAGE_SIZE")
