@@ -414,6 +414,17 @@ def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
     assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
 
 
+def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
+    # "Task: a" ends on the token "a"; the next prefix "Task: ab. " turns it into "ab". The token
+    # given back at the join kept "a" out of the stored prefix, so the grown prefix still hits.
+    b, cache = ScriptedBackend(), LastPrefixCache()
+    first = run_decide(b, cache, req("Task: a", " Pick"), ON)
+    assert cache.kept is not None and TOKEN_ID["a"] not in cache.kept.tokens
+    grown = run_decide(b, cache, req("Task: ab. ", " Pick"), ON)
+    assert (first.reuse, grown.reuse) == (REUSE_STORED, REUSE_RESTORED_STORED)
+    assert grown.n_reused == first.n_tokens - len(tokenize_text(" Pick<e><a>", specials=True)) - 1
+
+
 def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
     b, cache = ScriptedBackend(), LastPrefixCache()
     run_decide(b, cache, req("Task: x. "), ON)
