@@ -1,0 +1,175 @@
+"""Cache policy, budgets and page release, over a synthetic layout (no llama.cpp needed)."""
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmoe.stream import CacheBudgetError, ExpertKey, StreamOptions, Streamer
+from bmoe.stream.cache import LruCache, SharedBuffers
+from bmoe.stream.layout import ExpertTensor, FileId, ModelLayout
+from bmoe.stream.options import MIB, Budget, resolve_budget
+
+PROJS = ("ffn_down_exps", "ffn_gate_exps", "ffn_up_exps")
+
+
+def make_layout(tmp_path: Path, n_layer: int = 4, n_expert: int = 8, slice_nbytes: int = 6528,
+                n_used: int = 2, base: int = 1056) -> tuple[ModelLayout, bytes]:
+    """A file of random bytes described as n_layer x 3 stacked expert tensors (unaligned offsets)."""
+    size = base + n_layer * 3 * n_expert * slice_nbytes + 4096
+    data = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "experts.bin"
+    path.write_bytes(data)
+    experts, off = [], base
+    for il in range(n_layer):
+        for proj in PROJS:
+            experts.append(ExpertTensor(f"blk.{il}.{proj}.weight", il, proj, 0, off, n_expert * slice_nbytes, n_expert))
+            off += n_expert * slice_nbytes + 32  # GGUF-style gaps keep the offsets unaligned
+    layout = ModelLayout("qwen3moe", (FileId.of(path),), tuple(experts), n_expert, n_used, base, off - base)
+    return layout, data
+
+
+def _expert_bytes_in_buffer(streamer: Streamer, t: ExpertTensor, e: int) -> bytes:
+    b = streamer.binding(t.name)
+    assert b is not None
+    # Read back through the buffer the tensor is bound to (its mapping's own memoryview).
+    buf = streamer.cache._buffers[(t.il, t.proj)] if isinstance(streamer.cache, LruCache) else streamer.cache._buffers[t.proj]
+    start = b.data_addr - buf.window.addr + e * t.slice_nbytes
+    return bytes(buf.window.view[start:start + t.slice_nbytes])
+
+
+def test_lru_counts_budget_and_resident_bytes_are_exact(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path)
+    per = layout.expert_nbytes_in_layer(0)
+    budget = layout.floor_bytes() + 2 * per
+    s = Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(budget, layout.floor_bytes(), "fixed"))
+    rng = np.random.default_rng(0)
+    routed = 0
+    for token in range(30):
+        for il in layout.layers:
+            ids = rng.choice(layout.n_expert, size=(1, 2), replace=False)
+            s.on_route(il, ids)
+            routed += 2
+            for e in ids.ravel():  # every routed expert is present, byte for byte, at its place
+                for t in layout.layer_tensors(il):
+                    assert _expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
+            st = s.stats()
+            assert st.resident_bytes <= st.budget_bytes
+    st = s.stats()
+    assert st.routed == routed == st.hits + st.misses
+    assert st.evictions > 0 and st.hits > 0
+    assert st.read_bytes == st.misses * per
+    assert st.resident_bytes == (st.misses - st.evictions) * per
+    s.close()
+
+
+def test_cache_off_rereads_every_routed_slice(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path)
+    s = Streamer(layout, StreamOptions(), budget=Budget(0, layout.floor_bytes(), "off"))
+    assert isinstance(s.cache, SharedBuffers)
+    # all layers share one buffer per projection
+    assert len({s.binding(t.name).data_addr - (t.offset % 4096) for t in layout.experts if t.proj == "ffn_up_exps"}) == 1
+    for _ in range(3):
+        s.on_route(1, np.array([[5, 2], [2, 7]]))  # a 2-token ubatch: union {2, 5, 7}
+    st = s.stats()
+    assert (st.routed, st.misses, st.hits, st.evictions, st.resident_bytes) == (9, 9, 0, 0, 0)
+    assert st.read_bytes == 9 * layout.expert_nbytes_in_layer(1)
+    for t in layout.layer_tensors(1):
+        assert _expert_bytes_in_buffer(s, t, 7) == data[t.slice_offset(7):][:t.slice_nbytes]
+    s.close()
+
+
+def test_prefill_union_larger_than_budget_still_loads_then_shrinks(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path)
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(), budget=Budget(3 * per, 0, "fixed"))
+    s.on_route(0, np.arange(8).reshape(4, 2))  # all 8 experts of layer 0: over budget for now
+    assert s.stats().resident_bytes == 8 * per
+    s.on_route(1, np.array([[0, 1]]))  # the next route evicts back under budget
+    assert s.stats().resident_bytes <= 3 * per
+    s.close()
+
+
+def _rss_anon() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon")
+
+
+def test_eviction_returns_pages_to_the_os(tmp_path: Path) -> None:
+    # 4 layers x 8 experts x 3 x 1 MiB+: big enough to see in RssAnon over allocator noise.
+    layout, _ = make_layout(tmp_path, slice_nbytes=(1 << 20) + 96)
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(odirect=False), budget=Budget(8 * per, 0, "fixed"))
+    before = _rss_anon()
+    s.on_route(0, np.arange(8).reshape(1, 8))
+    grown = _rss_anon() - before
+    assert grown >= 8 * per - MIB
+    s.on_route(1, np.arange(8).reshape(1, 8))  # evicts all of layer 0
+    assert s.stats().evictions == 8
+    assert isinstance(s.cache, LruCache)
+    assert s.cache.released_bytes >= 8 * per - 3 * 2 * 4096  # all but shared boundary pages
+    assert _rss_anon() - before <= grown + 2 * MIB  # layer 1 came in, layer 0 went out
+    s.close()
+
+
+def test_page_shared_with_a_resident_neighbour_is_kept(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=6528)
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(), budget=Budget(2 * per, 0, "fixed"))
+    s.on_route(0, np.array([[3, 4]]))
+    s.on_route(0, np.array([[4]]))   # 4 is now the most recent
+    s.on_route(0, np.array([[5]]))   # evicts 3; its last page is shared with 4 and must survive
+    assert s.cache.is_resident(ExpertKey(0, 4)) and not s.cache.is_resident(ExpertKey(0, 3))
+    for t in layout.layer_tensors(0):
+        assert _expert_bytes_in_buffer(s, t, 4) == data[t.slice_offset(4):][:t.slice_nbytes]
+    s.close()
+
+
+def test_floor_refusal_names_the_floor(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path, slice_nbytes=1 << 20)  # floor = 4 layers x 2 x 3 MiB = 24 MiB
+    with pytest.raises(CacheBudgetError) as err:
+        resolve_budget(StreamOptions(cache_mb=23), layout)
+    assert str(err.value) == (
+        "--cache-mb 23 is below the floor of 24 MiB, one token's routed experts (4 layers x 2 experts x "
+        "3.00 MiB); a smaller cache only churns. Use --cache-mb 24 or more, --cache-mb 0 (off), or add --cache-force")
+    assert resolve_budget(StreamOptions(cache_mb=24), layout).budget_bytes == 24 * MIB
+    forced = resolve_budget(StreamOptions(cache_mb=1, cache_force=True), layout)
+    assert forced.budget_bytes == MIB and forced.source == "fixed"
+    assert resolve_budget(StreamOptions(cache_mb=0), layout).budget_bytes == 0
+
+
+def test_auto_budget_uses_free_memory_ceiling_and_floor(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path, slice_nbytes=1 << 20)  # floor = 4 x 2 x 3 MiB = 24 MiB
+    assert layout.floor_bytes() == 24 * MIB
+    b = resolve_budget(StreamOptions(cache_mb="auto"), layout, available=lambda: 80 * MIB)
+    assert (b.budget_bytes, b.source) == (40 * MIB, "auto")
+    b = resolve_budget(StreamOptions(cache_mb="auto", cache_ceil_mb=30), layout, available=lambda: 80 * MIB)
+    assert b.budget_bytes == 30 * MIB
+    b = resolve_budget(StreamOptions(cache_mb="auto"), layout, available=lambda: 1 << 40)
+    assert b.budget_bytes == layout.expert_nbytes  # never more than all experts
+    said: list[str] = []
+    b = resolve_budget(StreamOptions(cache_mb="auto"), layout, available=lambda: 10 * MIB, warn=said.append)
+    assert (b.budget_bytes, b.source) == (0, "auto-below-floor") and "24 MiB floor" in said[0]
+    with pytest.raises(CacheBudgetError, match="--cache-mb takes"):
+        StreamOptions(cache_mb=-1)
+    with pytest.raises(CacheBudgetError, match="--io-threads"):
+        StreamOptions(io_threads=0)
+
+
+def test_route_with_bad_ids_is_a_sticky_error(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path)
+    s = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"))
+    with pytest.raises(Exception, match="outside 0..7"):
+        s.on_route(0, np.array([[1, 9]]))
+    with pytest.raises(Exception, match="outside 0..7"):
+        s.on_route(0, np.array([[1, 2]]))
+    assert s.error is not None
+    s.close()
+
+
+def test_page_size_assumption() -> None:
+    assert mmap.PAGESIZE == 4096 or mmap.PAGESIZE % 4096 == 0
