@@ -66,7 +66,7 @@ class Session:
         self._closed = False
         self.decider = None
         if config.decide:
-            from .decide.service import DecideService
+            from .decide_service import DecideService
 
             self.decider = DecideService(self)
         self.load_s = time.perf_counter() - t0

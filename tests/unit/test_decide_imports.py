@@ -20,7 +20,7 @@ import bmoe.decide
 PACKAGE_DIR = Path(bmoe.decide.__file__).parent
 # The engine side of the package: the one adapter over llama.cpp and the session's service that
 # wires it to the policy. Every other module is policy.
-ADAPTERS = {"llama_backend", "service"}
+ADAPTERS = {"llama_backend"}
 ALLOWED_THIRD_PARTY = {"numpy"}
 ALLOWED_BMOE = {"bmoe.numerics"}
 FORBIDDEN = ("llama_cpp", "ctypes", "bmoe.llama", "bmoe.session", "bmoe.stream")
