@@ -7,6 +7,7 @@ cache off equal the routed experts' slice bytes; with the cache, hits + misses =
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -19,6 +20,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 from bmoe.llama.expert_hook import ExpertHook  # noqa: E402
 from bmoe.stream import StreamOptions, Streamer, lookup, read_layout  # noqa: E402
 from bmoe.stream.options import Budget  # noqa: E402
+from bmoe.stream.twin import allocated_bytes, dense_twin  # noqa: E402
 
 PROMPT = [1, 17, 42, 99, 3, 250, 7, 64, 128, 300, 5, 77, 1000, 4242]
 N_GEN = 10
@@ -201,5 +203,71 @@ def test_changed_file_is_sticky_and_aborts_decode(tiny_models: Callable[[str, st
         assert hook.error is not None and streamer.error is not None
         with pytest.raises(Exception, match="changed while streaming"):
             streamer.on_route(layout.layers[0], np.array([[0, 1]]))
+    finally:
+        streamer.close()
+
+
+def _read_bytes() -> int:
+    for line in open("/proc/self/io"):
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/self/io")
+
+
+def _evict_page_cache(path: Path) -> None:
+    """Drop this file's clean cached pages (no root needed, unlike drop_caches)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _bytes_read_by_load(path: Path, lazy: int) -> int:
+    _evict_page_cache(path)
+    mp = llama_cpp.llama_model_default_params()
+    mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
+    mp.lazy_mode = lazy
+    mp.use_extra_bufts = False
+    r0 = _read_bytes()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+    read = _read_bytes() - r0
+    assert model
+    llama_cpp.llama_model_free(model)
+    return read
+
+
+def test_mmap_load_reads_the_whole_file_and_the_dense_twin_only_dense(
+        tiny_models: Callable[[str, str], Path], tmp_path: Path) -> None:
+    """The load-time finding of docs/streaming.md, measured with /proc/self/io read_bytes."""
+    if not Path("/proc/self/io").exists():
+        pytest.skip("no /proc/self/io")
+    path = tiny_models("qwen3moe", "f32")
+    layout = read_layout(path)
+    size = path.stat().st_size
+    probe = _bytes_read_by_load(path, llama_cpp.LLAMA_LAZY_MODE_OFF)
+    if probe == 0:
+        pytest.skip("read_bytes is not accounted on this filesystem")
+    # MAP_POPULATE reads everything, and lazy_mode ON changes nothing for qwen3moe.
+    assert probe >= size - (1 << 20)
+    assert _bytes_read_by_load(path, llama_cpp.LLAMA_LAZY_MODE_ON) >= size - (1 << 20)
+    twin = dense_twin(layout, tmp_path / "twins")
+    assert allocated_bytes(twin) < layout.dense_nbytes + (4 << 20) < size
+    assert _bytes_read_by_load(twin, llama_cpp.LLAMA_LAZY_MODE_OFF) <= allocated_bytes(twin) + (1 << 20)
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "q8_0"), ("qwen35moe", "q4_k_m")])
+def test_streaming_over_the_dense_twin_is_bit_identical(
+        tiny_models: Callable[[str, str], Path], tmp_path: Path, arch: str, quant: str) -> None:
+    path = tiny_models(arch, quant)
+    layout = read_layout(path)  # experts are read from the original...
+    twin = dense_twin(layout, tmp_path / "twins")  # ...llama.cpp loads the twin (zeros for experts)
+    streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
+    hook = ExpertHook(streamer, lookup(layout.arch))
+    try:
+        tokens, logits = run(twin, hook)
+        assert tokens == plain(path)[0]
+        assert np.array_equal(logits, plain(path)[1])
     finally:
         streamer.close()

@@ -8,10 +8,11 @@ from .layout import ExpertTensor, LayoutError, ModelLayout, read_layout
 from .options import Budget, CacheBudgetError, StreamOptions, resolve_budget
 from .reader import FileChangedError, StreamIOError
 from .streamer import Binding, RouteError, Streamer, StreamStats
+from .twin import TwinError, dense_twin
 
 __all__ = [
     "ArchEntry", "Binding", "Budget", "CacheBudgetError", "ExpertKey", "ExpertTensor", "FileChangedError",
     "LayoutError", "ModelLayout", "NothingToStreamError", "RouteError", "StreamIOError", "StreamOptions",
-    "StreamStats", "Streamer", "UnsupportedArchError", "format_archs", "list_archs", "lookup",
+    "StreamStats", "Streamer", "TwinError", "UnsupportedArchError", "dense_twin", "format_archs", "list_archs", "lookup",
     "read_layout", "resolve_budget",
 ]
