@@ -120,3 +120,17 @@ def test_registry_lists_the_required_archs() -> None:
     assert not lookup("qwen2moe").streams("ffn_up_shexp.weight")  # shared expert stays resident
     assert not lookup("gpt-oss").streams("ffn_up_exps.bias")
     assert lookup("olmoe").route_name(5) == "ffn_moe_topk-5"
+
+
+def test_stream_package_imports_neither_ctypes_nor_llama_cpp() -> None:
+    import ast
+
+    import bmoe.stream
+
+    root = Path(bmoe.stream.__file__).parent
+    for py in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(py.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert name.split(".")[0] not in ("ctypes", "llama_cpp"), f"{py.name} imports {name}"
