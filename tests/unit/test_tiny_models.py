@@ -199,3 +199,14 @@ def test_cli_writes_and_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         cli_main(["--all", "--arch", "qwen3moe", "--out", str(tmp_path)])
     assert "give either --arch (with --quant) or --all" in capsys.readouterr().err
+
+
+def test_quantize_refusals_name_the_problem(tmp_path: Path) -> None:
+    from bmoe.llama.quantize import QuantizeError, quantize_gguf
+
+    with pytest.raises(QuantizeError, match=r"unknown llama.cpp file type 'Q9_Z' \(expected e.g. 'Q4_K_M'\)"):
+        quantize_gguf(tmp_path / "in.gguf", tmp_path / "out.gguf", "Q9_Z")
+    missing = tmp_path / "missing.gguf"
+    with pytest.raises(QuantizeError, match=rf"llama_model_quantize\({missing} -> .*out.gguf, Q4_K_M\) failed with code 1"):
+        quantize_gguf(missing, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
