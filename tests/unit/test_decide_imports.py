@@ -1,7 +1,6 @@
 """The decide policy imports nothing of the engine.
 
-Only the engine side of the package (the ``llama_backend`` adapter and the ``service`` that
-wires it into a session) may reach llama.cpp; everything else in ``bmoe.decide`` is
+Only the engine side of the package (the ``llama_backend`` adapter) may reach llama.cpp; everything else in ``bmoe.decide`` is
 policy over token ids and must stay testable, and reusable, without it. Checked twice: statically
 (every import statement, including ones inside functions) and by importing the package in a
 fresh interpreter in which the engine cannot be imported at all.
@@ -18,8 +17,8 @@ from pathlib import Path
 import bmoe.decide
 
 PACKAGE_DIR = Path(bmoe.decide.__file__).parent
-# The engine side of the package: the one adapter over llama.cpp and the session's service that
-# wires it to the policy. Every other module is policy.
+# The engine side of the package: the one adapter over the live llama.cpp context.
+# Every other module is policy.
 ADAPTERS = {"llama_backend"}
 ALLOWED_THIRD_PARTY = {"numpy"}
 ALLOWED_BMOE = {"bmoe.numerics"}
@@ -78,7 +77,7 @@ def test_policy_modules_import_only_stdlib_numpy_and_numerics() -> None:
 def test_the_import_rule_would_catch_an_engine_import() -> None:
     # The checker itself must be able to fail.
     for name in ("llama_cpp", "ctypes", "bmoe.llama.context", "bmoe.session", "bmoe.stream.reader",
-                 "bmoe.decide.llama_backend", "bmoe.decide.service", "bmoe.config"):
+                 "bmoe.decide.llama_backend", "bmoe.decide_service", "bmoe.config"):
         assert not allowed(name), name
     for name in ("numpy", "bmoe.numerics", "bmoe.decide.port", "dataclasses", "__future__"):
         assert allowed(name), name
