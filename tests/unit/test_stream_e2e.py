@@ -271,3 +271,18 @@ def test_streaming_over_the_dense_twin_is_bit_identical(
         assert np.array_equal(logits, plain(path)[1])
     finally:
         streamer.close()
+
+
+def test_small_ubatches_route_once_per_ubatch_and_stay_identical(tiny_models: Callable[[str, str], Path]) -> None:
+    path = tiny_models("qwen35moe", "q8_0")
+    layout = read_layout(path)
+    ref_tokens, ref_logits = run(path, None, n_ubatch=4)  # same ubatch shapes as the streamed run
+    streamer = Streamer(layout, StreamOptions(), budget=Budget(layout.floor_bytes(), 0, "fixed"), warn=lambda m: None)
+    rec = Recorder(streamer)
+    try:
+        tokens, logits = run(path, ExpertHook(rec, lookup(layout.arch)), n_ubatch=4)
+        assert tokens == ref_tokens and np.array_equal(logits, ref_logits)
+        n_ubatches = -(-len(PROMPT) // 4) + N_GEN - 1
+        assert len(rec.unions) == n_ubatches * len(layout.layers)
+    finally:
+        streamer.close()
