@@ -221,11 +221,15 @@ class Session:
             self.kv.reset()
             return log_softmax(self.kv.append(tokens))
 
-    def perplexity(self, text: str, *, n_window: int | None = None, keep_logits: bool = False) -> PerplexityResult:
+    def perplexity(self, text: str | None = None, *, tokens: list[int] | None = None, n_window: int | None = None,
+                   keep_logits: bool = False) -> PerplexityResult:
+        """Perplexity of ``text`` (tokenized as a prompt) or of already tokenized ``tokens``."""
         self._check_open()
+        if (text is None) == (tokens is None):
+            raise RequestError("perplexity: give exactly one of text or tokens")
         with self._lock:
-            tokens = self.tokenize_prompt(text)
-            return _perplexity(self.kv, tokens, n_window or self.n_ctx, keep_logits=keep_logits)
+            ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
+            return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
 
     # --- decide -----------------------------------------------------------------------
     def decide(self, request):  # -> bmoe.decide.types.DecideResult

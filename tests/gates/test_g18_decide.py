@@ -1,0 +1,107 @@
+"""G18a-f: decisions are exact where the design says they are (docs/decide.md).
+
+Each gate runs on the tiny qwen3moe and the hybrid qwen35moe, resident and streamed
+(cache off, and a cache small enough to evict). "Equal" means bit for bit: the same
+float64 log-probs and the same float32 logit rows.
+"""
+import numpy as np
+import pytest
+
+from bmoe.decide.types import DecideRequest
+from bmoe.errors import RequestError
+from bmoe.results import GenerateRequest
+
+
+ARCHS = ["qwen3moe", "qwen35moe"]
+MODES = {
+    "resident": {},
+    "stream-nocache": {"moe_stream": True, "cache_mb": 0},
+    "stream-evicting": {"moe_stream": True, "cache_mb": 1, "cache_force": True},
+}
+P1 = "You control a phone. Task: turn on Wi-Fi. History:"
+P2 = P1 + " opened Settings, opened Network."
+S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom. Answer with the letter."
+S2 = " none. Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter."
+S3 = " Screen: Network. Options: A) Bluetooth B) Internet C) Hotspot. Answer with the letter."
+ABC = ("A", "B", "C")
+
+
+def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:
+    return DecideRequest(id=i, prefix=prefix, suffix=suffix, choices=ABC, **kw)
+
+
+def logits_of(s) -> np.ndarray:
+    return s.decider.backend.last_logits().copy()
+
+
+@pytest.fixture(params=[(a, m) for a in ARCHS for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")
+def decider(request, tiny_models, open_session):
+    arch, mode = request.param
+    model = tiny_models(arch, "q8_0")
+    return lambda **kw: open_session(model, decide=True, **MODES[mode], **kw)
+
+
+def test_g18a_restored_prefix_equals_fresh(decider) -> None:
+    a = decider()
+    first = a.decide(req(1, P1, S1))
+    restored = a.decide(req(2, P1, S2))
+    assert (first.reuse, restored.reuse) == ("stored", "restored") and restored.n_reused > 0
+    b = decider()
+    fresh = b.decide(req(2, P1, S2))
+    assert fresh.reuse == "stored" and fresh.n_reused == 0
+    assert restored.scores.choice_logp == fresh.scores.choice_logp
+    assert np.array_equal(logits_of(a), logits_of(b))
+
+
+def test_g18b_state_stored_after_partial_restore_is_exact(decider) -> None:
+    a = decider()
+    a.decide(req(1, P1, S1))
+    grown = a.decide(req(2, P2, S3))
+    assert grown.reuse == "restored+stored"
+    again = a.decide(req(3, P2, S3))  # restores the state stored after the partial restore
+    assert again.reuse == "restored" and again.n_reused > grown.n_reused > 0
+    b = decider()
+    b.decide(req(1, P1, S1))
+    computed = b.decide(req(2, P2, S3))  # the same pieces: P1 | P2 rest | suffix
+    assert again.scores.choice_logp == computed.scores.choice_logp == grown.scores.choice_logp
+    assert np.array_equal(logits_of(a), logits_of(b))
+
+
+def test_g18c_whole_prefill_equals_perplexity(decider) -> None:
+    s = decider()
+    whole = s.decide(req(1, P2, S3, reuse_prefix=False))
+    assert whole.reuse == "opted out" and whole.n_reused == 0
+    prompt = s.tokenize_prompt(s.decider.backend.render_user(P2 + S3))
+    assert len(prompt) == whole.n_tokens
+    for i, choice in enumerate(ABC):
+        first = s.model.tokenize(choice, add_special=False, parse_special=False)[0]
+        pp = s.perplexity(tokens=prompt + [first], n_window=len(prompt) + 1)
+        assert pp.token_logprobs[-1] == whole.scores.choice_logp[i]
+
+
+def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -> None:
+    a = decider()
+    ok = a.decide(req(1, P1, S1))
+    refused = a.decide(DecideRequest(id=2, prefix=P1, suffix=S2, choices=("A", "A")))
+    assert ok.error is None and refused.error is not None and refused.refused
+    g = GenerateRequest(prompt="Hello there", n_predict=12, keep_logits=True)
+    after = a.generate(g)
+    never = decider().generate(g)
+    assert after.tokens == never.tokens and len(after.logits) == len(never.logits) > 0
+    assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
+    assert a.decider.cache.kept_mib == 0.0  # generate() dropped the kept state
+
+
+def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_session) -> None:
+    model = tiny_models("qwen35moe", "q8_0")
+    s = open_session(model)
+    first = s.generate(GenerateRequest(prompt="Hi", n_predict=6))
+    kv, history = list(s.kv.tokens), list(s.history)
+    with pytest.raises(RequestError, match=r"^decide is off in this session"):
+        s.decide(req(1, P1, S1))
+    assert s.decider is None and s.kv.tokens == kv and s.history == history
+    cont = s.generate(GenerateRequest(prompt="More", n_predict=6, clear_kv=False))
+    ref = open_session(model)
+    ref.generate(GenerateRequest(prompt="Hi", n_predict=6))
+    assert ref.generate(GenerateRequest(prompt="More", n_predict=6, clear_kv=False)).tokens == cont.tokens
+    assert first.n_tokens > 0
