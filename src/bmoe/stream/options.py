@@ -1,7 +1,6 @@
 """Streaming options (the --moe-stream family of flags) and how the cache budget is decided."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
@@ -109,7 +108,3 @@ def resolve_budget(options: StreamOptions, layout: ModelLayout,
             "or add --cache-force"
         )
     return Budget(min(budget, layout.expert_nbytes), floor, "fixed")
-
-
-def os_page_size() -> int:
-    return os.sysconf("SC_PAGE_SIZE")
