@@ -1,0 +1,5 @@
+import sys
+
+from bmoe.server.main import main
+
+sys.exit(main())

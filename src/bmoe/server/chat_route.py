@@ -1,0 +1,166 @@
+"""POST /v1/chat/completions: OpenAI's chat API over the session, streamed (SSE) or not.
+
+A refusal (bad messages, context overflow, full queue) is answered before any token, with a
+JSON error, even for stream=true: the SSE response starts only once the first token exists.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from bmoe.chat import Message
+from bmoe.errors import RequestError
+from bmoe.telemetry import done_fields
+
+from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
+from .engine import ERROR, RESULT, Cancelled, Engine, Event, Job
+from .errors import ApiError, error_body, from_request_error
+from .metrics import Metrics
+from .schemas import ChatCompletionRequest
+
+_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def to_turn(body: ChatCompletionRequest) -> ChatTurn:
+    msgs = tuple(Message(_ROLES.get(m.role, m.role), m.text()) for m in body.messages)  # type: ignore[arg-type]
+    if msgs[-1].role != "user":
+        raise ApiError(400, f"messages: the last message must come from the user, got {msgs[-1].role!r}",
+                       f"messages.{len(msgs) - 1}.role")
+    if body.max_tokens is not None and body.max_completion_tokens is not None \
+            and body.max_tokens != body.max_completion_tokens:
+        raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", "max_completion_tokens")
+    return ChatTurn(messages=msgs, max_tokens=body.max_tokens or body.max_completion_tokens,
+                    temperature=body.temperature, top_p=body.top_p, seed=body.seed, stops=body.stop_list(),
+                    think=body.think)
+
+
+def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
+    """BMOE_DONE's keys for the turn, less the texts (the response carries them)."""
+    fields = done_fields(outcome.result)
+    for k in ("text", "reasoning", "cancelled"):
+        fields.pop(k)
+    return fields
+
+
+def usage(outcome: TurnOutcome) -> dict[str, Any]:
+    r = outcome.result
+    prompt = r.n_prompt + r.n_reused
+    return {"prompt_tokens": prompt, "completion_tokens": r.n_tokens, "total_tokens": prompt + r.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.n_reused}}
+
+
+async def cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2) -> None:
+    """Cancel the job when the client goes away, while it waits, prefills or decodes."""
+    while not job.finished:
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(every_s)
+
+
+def raise_for(ev: Event) -> None:
+    if ev.kind != ERROR:
+        return
+    e = ev.value
+    if isinstance(e, ApiError):
+        raise e
+    if isinstance(e, Cancelled):
+        raise ApiError(499, str(e), None, "cancelled") from e
+    if isinstance(e, RequestError):
+        raise from_request_error(e, "messages") from e
+    raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e
+
+
+class ChatRoute:
+    def __init__(self, engine: Engine, metrics: Metrics, model_id: str) -> None:
+        self.engine, self.metrics, self.model_id = engine, metrics, model_id
+
+    def _worker_fn(self, turn: ChatTurn):  # runs in the worker thread
+        def fn(session, job: Job) -> TurnOutcome:
+            outcome = run_turn(session, job, turn)
+            if outcome.finish_reason == "cancelled":
+                self.metrics.cancelled.inc()
+            self.metrics.chat_turn(outcome.result, outcome.finish_reason)
+            return outcome
+        return fn
+
+    async def __call__(self, body: ChatCompletionRequest, request: Request):
+        turn = to_turn(body)
+        job = self.engine.submit(self._worker_fn(turn))
+        watcher = asyncio.create_task(cancel_on_disconnect(request, job))
+        handed_over = False
+        try:
+            first = await job.next_event()
+            raise_for(first)
+            cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                handed_over = True
+                return StreamingResponse(self._sse(first, job, watcher, cid, created, include_usage),
+                                         media_type="text/event-stream", headers=SSE_HEADERS)
+            ev = first if first.kind == RESULT else await job.outcome()
+            raise_for(ev)
+            outcome: TurnOutcome = ev.value
+            if outcome.finish_reason == "cancelled":
+                return JSONResponse(error_body(499, "the client closed the request", None, "cancelled"), 499)
+            message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+            if outcome.result.reasoning:
+                message["reasoning_content"] = outcome.result.reasoning
+            return {
+                "id": cid, "object": "chat.completion", "created": created, "model": self.model_id,
+                "choices": [{"index": 0, "message": message, "finish_reason": outcome.finish_reason, "logprobs": None}],
+                "usage": usage(outcome), "bmoe": telemetry(outcome),
+            }
+        finally:
+            if not handed_over:
+                watcher.cancel()
+                if not job.finished:
+                    job.cancel()
+
+    def _chunk(self, cid: str, created: int, delta: dict[str, Any], finish: str | None, **extra: Any) -> str:
+        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    async def _sse(self, first: Event, job: Job, watcher: asyncio.Task, cid: str, created: int,
+                   include_usage: bool) -> AsyncIterator[str]:
+        chunk = partial(self._chunk, cid, created)
+        try:
+            yield chunk({"role": "assistant", "content": ""}, None)
+            ev = first
+            while True:
+                if ev.kind == ERROR:
+                    err = ev.value
+                    status = err.status if isinstance(err, ApiError) else 500
+                    yield f"data: {json.dumps(error_body(status, str(err)))}\n\n"
+                    break
+                if ev.kind == RESULT:
+                    outcome: TurnOutcome = ev.value
+                    if outcome.finish_reason == "cancelled":
+                        return
+                    yield chunk({}, outcome.finish_reason, bmoe=telemetry(outcome))
+                    if include_usage:
+                        yield (f"data: {json.dumps({'id': cid, 'object': 'chat.completion.chunk', 'created': created, 'model': self.model_id, 'choices': [], 'usage': usage(outcome)})}\n\n")
+                    break
+                d: Delta = ev.value
+                delta = {}
+                if d.reasoning:
+                    delta["reasoning_content"] = d.reasoning
+                if d.content:
+                    delta["content"] = d.content
+                yield chunk(delta, None)
+                ev = await job.next_event()
+            yield "data: [DONE]\n\n"
+        finally:  # the client left (or the stream ended): stop generating for nobody
+            watcher.cancel()
+            if not job.finished:
+                job.cancel()

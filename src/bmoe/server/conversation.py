@@ -1,0 +1,106 @@
+"""A chat turn as the worker runs it: OpenAI-style messages onto the session's history.
+
+The OpenAI API sends the whole conversation every time. When everything before the last user
+message equals the session's history, the turn simply continues the session (its KV prefix is
+reused); otherwise the session's history is replaced first. Context checks run before anything
+in the session changes, so a refused turn leaves it as it was.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bmoe.chat import Message
+from bmoe.errors import ContextOverflowError
+from bmoe.results import GenerateRequest, GenerateResult
+from bmoe.session import Session
+
+from .engine import STEP, Job
+from .errors import ApiError
+from .stops import StopMatcher
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    messages: tuple[Message, ...]  # the last one is the user's new message
+    max_tokens: int | None  # None: the session's n_predict, capped to what the context holds
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stops: tuple[str, ...]
+    think: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    content: str
+    reasoning: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    result: GenerateResult
+    text: str  # the answer as the client saw it (cut at a stop string)
+    finish_reason: str  # "stop" | "length" | "cancelled"
+
+
+def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
+    """Tokens to generate, or ApiError(400) when the conversation cannot fit the context."""
+    n_prompt = len(session.tokenize_prompt(session.render(list(turn.messages), think=think)))
+    room = session.n_ctx - n_prompt
+    if turn.max_tokens is not None:
+        if turn.max_tokens > room:
+            raise ApiError(400, f"the conversation ({n_prompt} tokens) plus max_tokens ({turn.max_tokens}) "
+                           f"exceeds the context (n_ctx {session.n_ctx})", "max_tokens", "context_length_exceeded")
+        return turn.max_tokens
+    if room < 1:
+        raise ApiError(400, f"the conversation ({n_prompt} tokens) does not fit the context "
+                       f"(n_ctx {session.n_ctx})", "messages", "context_length_exceeded")
+    return min(session.config.n_predict, room)
+
+
+def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
+    """Worker side: check, align the history, generate; emits a Delta per released piece."""
+    think = session.config.think if turn.think is None else turn.think
+    try:
+        n_predict = _n_predict(session, turn, think)
+    except ContextOverflowError as e:
+        raise ApiError(400, str(e), "messages", "context_length_exceeded") from e
+    prior, user = list(turn.messages[:-1]), turn.messages[-1]
+    if job.cancelled.is_set():
+        raise ApiError(499, "the client closed the request", None, "cancelled")
+    if prior != session.history:
+        session.set_history(prior)
+    it = session.generate_iter(GenerateRequest(
+        prompt=user.content, n_predict=n_predict, think=think, clear_kv=False,
+        temperature=turn.temperature, top_p=turn.top_p, seed=turn.seed,
+    ))
+    stops = StopMatcher(turn.stops)
+    seen_text, seen_reasoning = "", ""
+    while True:
+        if job.cancelled.is_set():
+            session.cancel()  # the request is running now, so this cannot miss it
+        try:
+            step = next(it)
+        except StopIteration as done:
+            result: GenerateResult = done.value
+            break
+        seen_text += step.delta_text
+        seen_reasoning += step.delta_reasoning
+        out = stops.push(step.delta_text)
+        if stops.hit:
+            session.cancel()
+        if out or step.delta_reasoning:
+            job.emit(STEP, Delta(out, step.delta_reasoning))
+    # The session's detokenizer may release a last piece only when the turn ends.
+    tail = result.text[len(seen_text):] if result.text.startswith(seen_text) else ""
+    tail_reasoning = result.reasoning[len(seen_reasoning):] if result.reasoning.startswith(seen_reasoning) else ""
+    out = stops.push(tail) + stops.finish()
+    if out or tail_reasoning:
+        job.emit(STEP, Delta(out, tail_reasoning))
+    if stops.hit:
+        # Cancelling rolled the turn back; keep it in the history as the client saw it.
+        session.set_history(prior + [user, Message("assistant", stops.text)])
+        return TurnOutcome(result, stops.text, "stop")
+    if result.cancelled:
+        return TurnOutcome(result, stops.text, "cancelled")
+    return TurnOutcome(result, stops.text, "stop" if result.stop == "eog" else "length")

@@ -1,0 +1,70 @@
+"""POST /v1/decide: one decision (an object) or several in order (a list), as BMOE_DECIDE objects.
+
+A list is answered like the protocol's decide_batch: every item gets its own BMOE_DECIDE object,
+a refused one ``{"id", "error"}``, and the status is 200. A single refused request is a 400 whose
+error names the field that made it unanswerable.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from bmoe.decide import errors as derr
+from bmoe.decide.types import DecideRequest, DecideResult
+from bmoe.errors import RequestError
+
+from .engine import Engine, Job
+from .errors import ApiError
+from .metrics import Metrics
+from .schemas import DecideBatch, DecideBody
+
+# Which request field each up-front refusal is about.
+_PARAM = {
+    derr.NoChoicesError: "choices", derr.EmptyChoiceError: "choices", derr.ChoiceCollisionError: "choices",
+    derr.EmptyPromptError: "suffix", derr.PromptTooLongError: "prefix", derr.DecideRequestError: "abstain_below",
+}
+
+
+def to_request(b: DecideBody) -> DecideRequest:
+    return DecideRequest(id=b.id, prefix=b.prefix, suffix=b.suffix, choices=tuple(b.choices),
+                         reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below)
+
+
+def _param(r: DecideResult) -> str | None:
+    return next((p for t, p in _PARAM.items() if isinstance(r.cause, t)), None)
+
+
+class DecideRoute:
+    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+        self.engine, self.metrics = engine, metrics
+
+    def _fn(self, requests: list[DecideRequest], batch: bool):
+        def fn(session, job: Job) -> list[DecideResult]:
+            results = session.decide_many(requests) if batch else [session.decide(requests[0])]
+            for r in results:
+                self.metrics.decision(r)
+            return results
+        return fn
+
+    async def __call__(self, body: DecideBody | DecideBatch) -> Any:
+        batch = isinstance(body, list)
+        items = body if isinstance(body, list) else [body]
+        job = self.engine.submit(self._fn([to_request(b) for b in items], batch))
+        try:
+            ev = await job.outcome()
+        finally:
+            if not job.finished:
+                job.cancel()
+        if ev.kind == "error":
+            e = ev.value
+            if isinstance(e, RequestError):  # decide is off in this session
+                raise ApiError(400, str(e), None, "decide_off") from e
+            raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e
+        results: list[DecideResult] = ev.value
+        if batch:
+            return [r.to_json() for r in results]
+        r = results[0]
+        if r.error is not None:
+            status = 400 if r.refused else 500
+            raise ApiError(status, r.error, _param(r) if r.refused else None,
+                           "decide_refused" if r.refused else "engine_error")
+        return r.to_json()

@@ -1,0 +1,80 @@
+"""Every error the server answers has one JSON shape, the one OpenAI clients read:
+
+    {"error": {"message": "...", "type": "...", "param": "<field or null>", "code": "..."}}
+
+Schema violations keep FastAPI's status (422) and also carry FastAPI's ``detail`` list.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from bmoe.errors import RequestError
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+
+def _type_for(status: int) -> str:
+    if status in (401, 403):
+        return "authentication_error"
+    if status == 503:
+        return "server_busy"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _type_for(status), "param": param, "code": code}}
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(e.status, e.message, e.param, e.code), status_code=e.status, headers=e.headers)
+
+
+def from_request_error(e: RequestError, param: str | None) -> ApiError:
+    """A session refusal (nothing in the session changed) as a 400."""
+    code = "context_length_exceeded" if "context" in str(e) else "invalid_request"
+    return ApiError(400, str(e), param, code)
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> list[str]:
+    """The field path without "body" and without the names pydantic gives union members
+    ("DecideBody", "list[DecideBody]"); our field names are lower case."""
+    return [str(p) for p in loc if p != "body" and not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, e: ApiError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        # "input" and "ctx" can hold values that are not JSON (or are huge); the field and
+        # the rule are what a client needs.
+        detail = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
+                   "type": str(err.get("type", ""))} for err in e.errors()]
+        # With a union body (one decision or a list) the most specific error is the deepest one.
+        paths = [_clean_loc(tuple(err.get("loc", ()))) for err in e.errors()]
+        best = max(range(len(paths)), key=lambda i: len(paths[i]), default=None)
+        first = detail[best] if best is not None else {"msg": "invalid request"}
+        param = ".".join(paths[best]) if best is not None and paths[best] else "body"
+        body = error_body(422, f"{param}: {first['msg']}", param, "validation_error")
+        body["detail"] = detail
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code,
+                            headers=dict(e.headers or {}))

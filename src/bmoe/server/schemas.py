@@ -1,0 +1,80 @@
+"""Request bodies. FastAPI validates them, so a bad field gets a 422 naming it.
+
+The chat request follows OpenAI's field names and ignores fields it does not know (OpenAI clients
+send more than bmoe uses); the decide request mirrors the session protocol's decide command and
+refuses unknown fields, as the protocol does, since a typo would silently change the decision.
+No field names a file: the model is the one the server was started with.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _utf8(v: str) -> str:
+    # JSON can carry lone surrogates ("\ud800"); the tokenizer takes UTF-8 bytes only.
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return v
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | Annotated[list[TextPart], Field(max_length=256)]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = Field(None, description="ignored: the server serves the model it was started with")
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20, description="OpenAI's newer name for max_tokens")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
+    think: bool | None = Field(None, description="bmoe: reasoning on/off for this turn (default: the session's)")
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class DecideBody(BaseModel):
+    """One decision; the fields and rules of the session protocol's decide request."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: int = Field(0, ge=-(2**63), le=2**63 - 1)
+    prefix: Text = Field("", description="the part of the prompt worth keeping for the next decision")
+    suffix: Text = ""
+    choices: Annotated[list[Text], Field(max_length=1024)]
+    reuse_prefix: bool = True
+    abstain_below: float | None = Field(None, ge=0.0, le=1.0)
+
+
+DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256)]
