@@ -42,6 +42,9 @@ def make_app() -> Iterator[AppFactory]:
         kw.setdefault("n_ctx", 1024)
         kw.setdefault("n_predict", 16)
         kw.setdefault("decide", True)
+        # One thread: llama.cpp's workers sync at a barrier per op, and on a shared 2-core CI box
+        # (other jobs running) two threads stall there; measured 0.7 s vs 12.7 s to first token.
+        kw.setdefault("n_threads", 1)
         session = Session(SessionConfig(model=model, **kw))
         app = create_app(session, settings or ServerSettings())
         opened.append((app, session))

@@ -48,13 +48,16 @@ def hold_engine(engine: Engine, extra_waiting: int = 0) -> threading.Event:
         started.set()
         release.wait(30)
 
-    async def submit() -> None:
+    async def submit_gate() -> None:
         engine.submit(gate)
+
+    async def submit_extra() -> None:
         for _ in range(extra_waiting):
             engine.submit(lambda session, job: None)
 
-    asyncio.run(submit())
-    assert started.wait(10)
+    asyncio.run(submit_gate())
+    assert started.wait(10)  # running, so the extra jobs wait behind it
+    asyncio.run(submit_extra())
     return release
 
 

@@ -140,18 +140,20 @@ class Engine:
                 self._running = job
             t0 = time.perf_counter()
             try:
-                job.emit(RESULT, job.fn(self.session, job))
+                event = Event(RESULT, job.fn(self.session, job))
             except BaseException as e:  # every failure goes back to the request that caused it
-                job.emit(ERROR, e)
-            finally:
-                try:
-                    self.last_stats = self.session.stats()
-                except Exception:  # a closed session: keep the last figures
-                    pass
-                with self._cond:
-                    self._running = None
-                    job.finished = True
-                    self._durations.append(time.perf_counter() - t0)
+                event = Event(ERROR, e)
+            try:
+                self.last_stats = self.session.stats()
+            except Exception:  # a closed session: keep the last figures
+                pass
+            # Free the slot before answering, so a client that sends its next request as soon as it
+            # has this answer never finds the server busy with its own previous one.
+            with self._cond:
+                self._running = None
+                job.finished = True
+                self._durations.append(time.perf_counter() - t0)
+            job.emit(event.kind, event.value)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop taking jobs, cancel the running one, and wait for the worker to end."""

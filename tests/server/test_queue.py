@@ -1,0 +1,76 @@
+"""The one-session queue: in order, bounded (503 + Retry-After), and a dropped waiter frees its slot."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from fastapi.testclient import TestClient
+
+from bmoe.server import ServerSettings
+from server_helpers import hold_engine, metric
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+DECIDE = {"prefix": "Pick.\n", "suffix": "A or B?", "choices": ["A", "B"]}
+
+
+def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path) -> None:
+    app = make_app(tiny_path, ServerSettings(max_queue=1))
+    engine = app.state.engine
+    with TestClient(app) as c:
+        release = hold_engine(engine, extra_waiting=1)  # one running, one waiting: the queue is full
+        try:
+            for path, body in (("/v1/chat/completions", CHAT), ("/v1/decide", DECIDE),
+                               ("/v1/chat/completions", {**CHAT, "stream": True})):
+                r = c.post(path, json=body)
+                assert r.status_code == 503, r.text
+                assert int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["code"] == "queue_full"
+            assert c.get("/health").json() == {"status": "ok", "queue": 2}
+            assert metric(c.get("/metrics").text, "bmoe_queue_rejected_total") == 3
+        finally:
+            release.set()
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # the session still answers
+
+
+def test_max_queue_zero_serves_one_at_a_time(make_app, tiny_path) -> None:
+    app = make_app(tiny_path, ServerSettings(max_queue=0))
+    with TestClient(app) as c:
+        assert c.post("/v1/decide", json=DECIDE).status_code == 200  # idle: admitted
+        release = hold_engine(app.state.engine)
+        try:
+            assert c.post("/v1/decide", json=DECIDE).status_code == 503
+        finally:
+            release.set()
+
+
+def test_jobs_run_in_arrival_order_and_a_cancelled_waiter_is_dropped(make_app, tiny_path) -> None:
+    engine = make_app(tiny_path, ServerSettings(max_queue=4)).state.engine
+    ran: list[int] = []
+    release = hold_engine(engine)
+
+    async def scenario() -> list[str]:
+        jobs = [engine.submit(lambda s, j, i=i: ran.append(i)) for i in range(4)]
+        jobs[2].cancel()  # its client left while it waited
+        release.set()
+        return [(await j.outcome()).kind for j in jobs]
+
+    kinds = asyncio.run(scenario())
+    assert kinds == ["result", "result", "error", "result"]
+    assert ran == [0, 1, 3]
+
+
+def test_a_cancelled_waiter_frees_its_slot(make_app, tiny_path) -> None:
+    engine = make_app(tiny_path, ServerSettings(max_queue=1)).state.engine
+    release = hold_engine(engine)
+    done = threading.Event()
+
+    async def scenario() -> None:
+        waiting = engine.submit(lambda s, j: None)
+        waiting.cancel()
+        engine.submit(lambda s, j: done.set())  # admitted: the slot is free again
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+    assert done.wait(10)
