@@ -172,8 +172,10 @@ async function loadInfo() {
   if (!res.ok) { $("model").textContent = await errorText(res); return; }
   const info = await res.json();
   $("model").textContent = info.model + " · " + info.arch + " · ctx " + info.n_ctx;
-  const rows = [["model", info.model], ["arch", info.arch], ["n_ctx", info.n_ctx], ["think_ctl", info.think_ctl],
-    ["decide", info.decide], ["streaming", info.streaming], ...Object.entries(info.config),
+  const head = [["model", info.model], ["arch", info.arch], ["n_ctx", info.n_ctx], ["think_ctl", info.think_ctl],
+    ["experts used", info.n_expert_used], ["decide", info.decide], ["streaming", info.streaming]];
+  const shown = new Set(head.map(([k]) => k));
+  const rows = [...head, ...Object.entries(info.config).filter(([k]) => !shown.has(k)),
     ["max_queue", info.server.max_queue], ["auth", info.server.auth]];
   const table = $("settings-table");
   table.replaceChildren(...rows.map(([k, v]) => {

@@ -1,0 +1,131 @@
+"""The page in Debian's chromium, headless, driven by Playwright, against a live server on SmolLM2:
+a decision's bars match /v1/decide for the same request, a chat streams and fills the telemetry
+panel, and the page fits a phone. Screenshots go to $BMOE_SCREENSHOT_DIR (docs/img when
+regenerating the docs' pictures) or the test's temporary folder."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+QUESTION = "Which city is the capital of France?"
+OPTIONS = ["London", "Paris", "Rome"]
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
+
+pytestmark = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="Debian's chromium is not installed")
+
+
+@pytest.fixture()
+def server(make_app, smol_path, live):
+    return live(make_app(smol_path, n_predict=24))
+
+
+@pytest.fixture()
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, timeout=30_000)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("BMOE_SCREENSHOT_DIR") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def page_request() -> dict:
+    """What the page sends for QUESTION and OPTIONS (app.js: decisionRequest)."""
+    letters = "ABC"
+    return {"prefix": QUESTION + "\n",
+            "suffix": "Options:\n" + "\n".join(f"{letters[i]}) {o}" for i, o in enumerate(OPTIONS))
+                      + "\nAnswer with the letter.",
+            "choices": list(letters)}
+
+
+def decide_on_page(page) -> list[str]:
+    page.locator("label.switch").click()
+    assert page.locator("#choose").is_checked() and page.locator("#options").is_visible()
+    page.fill("#question", QUESTION)
+    page.fill("#options", "\n".join(OPTIONS))
+    page.click("#send")
+    card = page.locator("[data-testid=decision]").last
+    card.wait_for(timeout=30_000)
+    return card.locator("[data-testid=option-bar] .pct").all_inner_texts()
+
+
+def chat_on_page(page, text: str) -> str:
+    if page.locator("#choose").is_checked():
+        page.locator("label.switch").click()
+    # Count every update of the answer while it streams in.
+    page.evaluate("""() => { window.__updates = 0;
+        new MutationObserver((ms) => { for (const m of ms) if (m.target.classList &&
+            m.target.classList.contains('answer')) window.__updates++; })
+        .observe(document.getElementById('log'), {childList: true, subtree: true, characterData: true}); }""")
+    page.fill("#question", text)
+    page.click("#send")
+    bubble = page.locator(".msg.assistant").last
+    bubble.locator(".meta").wait_for(timeout=60_000)  # the final chunk's telemetry arrived
+    return bubble.locator(".answer").inner_text()
+
+
+def test_decision_bars_match_the_api_and_chat_streams(server, browser, shots) -> None:
+    page = browser.new_page(viewport=DESKTOP)
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model').textContent.includes('SmolLM2')")
+
+    shown = decide_on_page(page)
+    api = httpx.post(server.url + "/v1/decide", json=page_request(), timeout=60).json()
+    assert len(shown) == 3
+    for text, logp in zip(shown, api["choice_logp"], strict=True):
+        assert abs(float(text.rstrip("%")) - 100 * math.exp(logp)) <= 0.051, (shown, api)
+    elsewhere = page.locator("[data-testid=decision] [data-testid=elsewhere-bar] .pct").last.inner_text()
+    assert abs(float(elsewhere.rstrip("%")) - 100 * api["p_outside"]) <= 0.051
+    best = page.locator("[data-testid=decision] h3").last.inner_text()
+    assert best.startswith("Decision: " + "ABC"[api["best"]])
+    assert page.inner_text("#t-decode").startswith("–")  # a decision decodes nothing
+
+    answer = chat_on_page(page, "Name three fruits.")
+    assert answer.strip()
+    assert page.evaluate("window.__updates") >= 3  # it arrived token by token, not at once
+    for cell in ("#t-prefill", "#t-decode"):
+        assert "tok/s" in page.inner_text(cell) and not page.inner_text(cell).startswith("–")
+    assert page.inner_text("#t-reused").endswith("tok") and page.inner_text("#t-read").endswith("MiB")
+    assert page.inner_text("#t-hit") == "off"  # resident model: no expert cache
+    page.screenshot(path=str(shots / "server-desktop.png"))
+    page.click("#settings-btn")
+    settings = page.inner_text("[data-testid=settings]")
+    assert "n_ctx" in settings and "decide_prefix_cache" in settings
+    assert page.locator("#settings-table input").count() == 0  # read-only
+
+
+def test_phone_width(server, browser, shots) -> None:
+    ctx = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
+    page = ctx.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model').textContent.includes('SmolLM2')")
+    chat_on_page(page, "Say hello.")
+    bars = decide_on_page(page)
+    assert len(bars) == 3
+    page.fill("#abstain", "0.9")
+    page.fill("#question", QUESTION)  # sending clears the question; the options stay
+    page.click("#send")  # the same decision with an abstain threshold
+    page.locator("[data-testid=abstain-line]").wait_for(timeout=30_000)
+    assert "abstain below 0.9" in page.locator("[data-testid=abstain-line]").inner_text()
+    # nothing wider than the screen, the controls on it
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    for sel in ("#send", "#question", "label.switch", "#telemetry"):
+        box = page.locator(sel).bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], sel
+    page.screenshot(path=str(shots / "server-phone.png"))
+    ctx.close()
