@@ -11,11 +11,11 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from fastapi import FastAPI  # noqa: E402
+from server_helpers import LiveServer  # noqa: E402
 
 from bmoe.config import SessionConfig  # noqa: E402
 from bmoe.server import ServerSettings, close_app, create_app  # noqa: E402
 from bmoe.session import Session  # noqa: E402
-from server_helpers import LiveServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

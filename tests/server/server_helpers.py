@@ -24,7 +24,7 @@ class LiveServer:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def start(self, timeout: float = 15.0) -> "LiveServer":
+    def start(self, timeout: float = 15.0) -> LiveServer:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

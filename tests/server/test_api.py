@@ -7,7 +7,6 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
-
 from server_helpers import metric
 
 Q1 = "Name three fruits."

@@ -11,14 +11,14 @@ import time
 
 import httpx
 import pytest
+from server_helpers import metric
 
 from bmoe.server import ServerSettings
-from server_helpers import metric
 
 openai = pytest.importorskip("openai")
 
 
-def client_for(url: str, key: str = "none") -> "openai.OpenAI":
+def client_for(url: str, key: str = "none") -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
@@ -77,6 +77,20 @@ def test_disconnect_cancels_and_the_session_stays_usable(make_app, smol_path, li
     r = client_for(server.url).chat.completions.create(model="smol", messages=[{"role": "user", "content": "hi"}],
                                                        max_tokens=4)
     assert r.usage.completion_tokens >= 1
+
+
+def test_a_non_streamed_client_that_gives_up_cancels_too(make_app, smol_path, live) -> None:
+    app = make_app(smol_path, n_predict=400)
+    server = live(app)
+    body = {"messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 400}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.5)
+    deadline = time.monotonic() + 20
+    while metric(httpx.get(server.url + "/metrics").text, "bmoe_cancelled_total") < 1:
+        assert time.monotonic() < deadline, "the generation was not cancelled"
+        time.sleep(0.1)
+    assert app.state.session.history == []
+    assert httpx.get(server.url + "/health").json()["queue"] == 0
 
 
 def test_streamed_moe_reports_flash_reads(make_app, tiny_path, live) -> None:

@@ -5,9 +5,9 @@ import asyncio
 import threading
 
 from fastapi.testclient import TestClient
+from server_helpers import hold_engine, metric
 
 from bmoe.server import ServerSettings
-from server_helpers import hold_engine, metric
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 DECIDE = {"prefix": "Pick.\n", "suffix": "A or B?", "choices": ["A", "B"]}

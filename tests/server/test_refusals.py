@@ -92,6 +92,12 @@ def test_semantic_refusals_are_400_and_change_nothing(client) -> None:
     still_answers(client)
 
 
+def test_body_that_is_not_json(client) -> None:
+    r = client.post("/v1/decide", content=b'{"choices": [', headers={"Content-Type": "application/json"})
+    assert err(r, 422)["param"] == "body"
+    assert err(client.post("/v1/nothing-here", json={}), 404)["message"]
+
+
 def test_oversize_bodies_get_413(client) -> None:
     big = {"messages": [{"role": "user", "content": "x" * 5000}]}
     assert err(client.post("/v1/chat/completions", json=big), 413)["code"] == "body_too_large"

@@ -148,8 +148,10 @@ class ChatRoute:
                     if outcome.finish_reason == "cancelled":
                         return
                     yield chunk({}, outcome.finish_reason, bmoe=telemetry(outcome))
-                    if include_usage:
-                        yield (f"data: {json.dumps({'id': cid, 'object': 'chat.completion.chunk', 'created': created, 'model': self.model_id, 'choices': [], 'usage': usage(outcome)})}\n\n")
+                    if include_usage:  # OpenAI's shape: a chunk with no choices, only usage
+                        obj = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                               "model": self.model_id, "choices": [], "usage": usage(outcome)}
+                        yield f"data: {json.dumps(obj)}\n\n"
                     break
                 d: Delta = ev.value
                 delta = {}

@@ -47,7 +47,7 @@ JobFn = Callable[[Session, "Job"], Any]
 class Job:
     """One request's passage through the worker."""
 
-    def __init__(self, fn: JobFn, loop: asyncio.AbstractEventLoop, engine: "Engine") -> None:
+    def __init__(self, fn: JobFn, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
         self.fn = fn
         self._loop = loop
         self._engine = engine

@@ -70,6 +70,8 @@ def install_handlers(app: FastAPI) -> None:
         best = max(range(len(paths)), key=lambda i: len(paths[i]), default=None)
         first = detail[best] if best is not None else {"msg": "invalid request"}
         param = ".".join(paths[best]) if best is not None and paths[best] else "body"
+        if first.get("type") == "json_invalid":  # its loc holds a character offset, not a field
+            param = "body"
         body = error_body(422, f"{param}: {first['msg']}", param, "validation_error")
         body["detail"] = detail
         return JSONResponse(body, status_code=422)
