@@ -46,10 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-force", action="store_true", help="accept a cache budget under one token's working set")
     a("--no-odirect", action="store_true", help="read experts through the page cache instead of O_DIRECT")
     a("--io-threads", type=int, default=4, help="parallel read lanes (default 4)")
+    a("--stream-cache-dir", type=Path, default=None, help="folder for dense twins (default $BMOE_CACHE_DIR or ~/.cache/bmoe)")
+    a("--stream-read-all", action="store_true", help="verification: read every expert at every layer, not just the routed ones")
     a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
     # decide
     a("--decide", action="store_true", help="accept decide requests (docs/decide.md)")
     a("--decide-prefix-cache", choices=["auto", "on", "off"], default="auto", help="keep the state after a decision's prefix")
+    # prefill device
+    a("--prefill-device", default=None, metavar="DEV", help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)")
+    a("--prefill-min-tokens", type=int, default=32, metavar="N", help="ubatches at least N tokens wide go to the device (default 32)")
+    a("--list-devices", action="store_true", help="print the devices this llama-cpp-python provides and exit")
     return p
 
 
@@ -61,7 +67,9 @@ def config_from_args(args: argparse.Namespace, model: Path) -> SessionConfig:
         think=not args.no_think, flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
         kv_f32=args.kv_f32, moe_stream=args.moe_stream, cache_mb=args.cache_mb,
         cache_ceil_mb=args.cache_ceil_mb, cache_force=args.cache_force, odirect=not args.no_odirect,
-        io_threads=args.io_threads, decide=args.decide, decide_prefix_cache=args.decide_prefix_cache,
+        io_threads=args.io_threads, stream_cache_dir=args.stream_cache_dir, stream_read_all=args.stream_read_all,
+        decide=args.decide, decide_prefix_cache=args.decide_prefix_cache,
+        prefill_device=args.prefill_device, prefill_min_tokens=args.prefill_min_tokens,
     )
 
 
@@ -74,9 +82,14 @@ def default_model() -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_archs:
-        from .stream.archs import format_registry
+        from .stream import format_archs
 
-        print(format_registry())
+        print(format_archs())
+        return 0
+    if args.list_devices:
+        from .llama.devices import format_devices, list_devices
+
+        print(format_devices(list_devices()))
         return 0
     try:
         model = args.model

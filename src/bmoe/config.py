@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
+from .decide.errors import PrefixCacheConfigError
+from .decide.prefix_cache import resolve_prefix_cache
 from .errors import ConfigError
 
 ChatMode = Literal["template", "chatml", "none"]
@@ -37,9 +39,14 @@ class SessionConfig:
     cache_force: bool = False
     odirect: bool = True
     io_threads: int = 4
+    stream_cache_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
+    stream_read_all: bool = False  # verification: read every expert at every route (gate G3)
     # decide (docs/decide.md)
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
+    # prefill device (docs/prefill-device.md): None = everything on the CPU
+    prefill_device: str | None = None
+    prefill_min_tokens: int = 32  # ubatches at least this wide run on the device
 
     def __post_init__(self) -> None:
         validate(self)
@@ -76,7 +83,7 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"seed: must be a non-negative integer, got {cfg.seed!r}")
     if cfg.chat not in ("template", "chatml", "none"):
         raise ConfigError(f"chat: must be one of template, chatml, none, got {cfg.chat!r}")
-    for name in ("think", "kv_f32", "moe_stream", "cache_force", "odirect", "decide"):
+    for name in ("think", "kv_f32", "moe_stream", "cache_force", "odirect", "decide", "stream_read_all"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(f"{name}: must be true or false, got {getattr(cfg, name)!r}")
     if cfg.flash_attn is not None and not isinstance(cfg.flash_attn, bool):
@@ -85,8 +92,18 @@ def validate(cfg: SessionConfig) -> None:
         _int_at_least(cfg, "cache_mb", 0)
     _int_at_least(cfg, "cache_ceil_mb", 0)
     _int_at_least(cfg, "io_threads", 1)
+    if cfg.stream_cache_dir is not None and not isinstance(cfg.stream_cache_dir, (str, Path)):
+        raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
     if cfg.decide_prefix_cache not in ("auto", "on", "off"):
         raise ConfigError(f"decide_prefix_cache: must be one of auto, on, off, got {cfg.decide_prefix_cache!r}")
+    if cfg.prefill_device is not None and (not isinstance(cfg.prefill_device, str) or not cfg.prefill_device):
+        raise ConfigError(f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}")
+    # 2 at least: a one-token ubatch is decode, which stays on the CPU
+    _int_at_least(cfg, "prefill_min_tokens", 2)
+    try:
+        resolve_prefix_cache(cfg.decide_prefix_cache, prefill_device=cfg.prefill_device is not None)
+    except PrefixCacheConfigError as e:
+        raise ConfigError(f"decide_prefix_cache: {e}") from None
 
 
 def field_names() -> list[str]:

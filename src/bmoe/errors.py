@@ -20,3 +20,7 @@ class ContextOverflowError(RequestError):
 
 class SessionClosedError(BmoeError):
     """The session was closed (or broke fatally) and cannot serve requests."""
+
+
+class StreamFailedError(BmoeError):
+    """Expert streaming failed (read error, file changed, bad route). Sticky: reopen the session."""

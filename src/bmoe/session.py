@@ -9,15 +9,19 @@ from __future__ import annotations
 import resource
 import threading
 import time
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import numpy as np
 
 from .chat import ChatRenderer, Message
 from .config import SessionConfig
-from .errors import ContextOverflowError, RequestError, SessionClosedError
+from .errors import ContextOverflowError, RequestError, SessionClosedError, StreamFailedError
+from .llama.expert_hook import HookError
+from .stream.reader import StreamIOError
 from .kv import KvCache
 from .llama.context import ContextParams, LlamaContext
+from .llama.devices import open_prefill_device
 from .llama.model import LlamaModel, ModelLoadParams
 from .numerics import log_softmax
 from .perplexity import perplexity as _perplexity
@@ -35,13 +39,23 @@ class Session:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
         t0 = time.perf_counter()
-        self.model = LlamaModel(ModelLoadParams(path=config.model, lazy=config.moe_stream))
+        # First: the device backends fix their offload threshold when the registry is first read.
+        self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
+            if config.prefill_device is not None else None
         self._stream = None
         eval_cb = None
+        load_path = config.model
         if config.moe_stream:
             from .streaming_setup import open_streaming  # composes bmoe.stream + the llama hook
 
-            self._stream, eval_cb = open_streaming(config, self.model)
+            self._stream = open_streaming(config)
+            eval_cb, load_path = self._stream.hook, self._stream.load_path
+        try:
+            self.model = LlamaModel(ModelLoadParams(path=load_path, prefill_device=self.prefill_device))
+        except BaseException:
+            if self._stream is not None:
+                self._stream.close()
+            raise
         self.ctx = LlamaContext(
             self.model,
             ContextParams(
@@ -52,10 +66,16 @@ class Session:
                 n_threads_batch=config.threads,
                 flash_attn=config.flash_attn,
                 kv_f32=config.kv_f32,
+                offload_min_tokens=self.prefill_device.min_tokens if self.prefill_device is not None else None,
             ),
             eval_callback=eval_cb,
         )
         self.kv = KvCache(self.ctx)
+        if self._stream is not None and self.prefill_device is not None:
+            # The hook binds streamed experts when a CPU graph first reads them; a device graph
+            # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
+            self.kv.append([max(0, self.model.bos)])
+            self.kv.reset()
         bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
         eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
         self.chat = ChatRenderer(config.chat, self.model.chat_template(), bos_text, eos_text)
@@ -64,6 +84,7 @@ class Session:
         self._cancel = threading.Event()
         self._running = False
         self._closed = False
+        self._broken: StreamFailedError | None = None
         self.decider = None
         if config.decide:
             from .decide_service import DecideService
@@ -120,7 +141,7 @@ class Session:
     def generate_iter(self, request: GenerateRequest) -> Iterator[Step]:
         """Yield one Step per generated token; the generator's return value is the result."""
         self._check_open()
-        with self._lock:
+        with self._lock, self._engine():
             return (yield from self._generate(request))
 
     def _generate(self, req: GenerateRequest) -> Iterator[Step]:
@@ -156,9 +177,10 @@ class Session:
         io0, (flt0, cpu0) = self.io_snapshot(), _rusage()
         plan = self.kv.align(prompt, reuse=not req.clear_kv)
         n_keep_on_cancel = plan.n_reused
-        t0 = time.perf_counter()
+        t0, dev0 = time.perf_counter(), self.ctx.n_dev_tokens
         logits = self.kv.append(prompt[plan.n_reused :])
         prefill_s = time.perf_counter() - t0
+        prefill_dev_tokens = self.ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
         split = self.chat.think_ctl != "none" and think
         stream = TextStream(split_think=split, in_reasoning=split and self.chat.opens_reasoning(rendered))
         out: list[int] = []
@@ -196,6 +218,7 @@ class Session:
             id=req.id, text=stream.text, reasoning=stream.reasoning, tokens=tuple(out), cancelled=cancelled,
             stop=stop, n_prompt=len(prompt) - plan.n_reused, n_reused=plan.n_reused, n_past=self.kv.n_past,
             prefill_fallback=plan.fallback, prefill_s=prefill_s, decode_s=decode_s, load_s=self.load_s,
+            prefill_dev_tokens=prefill_dev_tokens,
             io=self.io_snapshot().minus(io0), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0, logits=tuple(kept),
         )
 
@@ -217,7 +240,7 @@ class Session:
         self._check_open()
         if not tokens or len(tokens) > self.n_ctx:
             raise RequestError(f"tokens: need 1..{self.n_ctx} tokens, got {len(tokens)}")
-        with self._lock:
+        with self._lock, self._engine():
             self.kv.reset()
             return log_softmax(self.kv.append(tokens))
 
@@ -227,7 +250,7 @@ class Session:
         self._check_open()
         if (text is None) == (tokens is None):
             raise RequestError("perplexity: give exactly one of text or tokens")
-        with self._lock:
+        with self._lock, self._engine():
             ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
             return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
 
@@ -237,14 +260,14 @@ class Session:
         if self.decider is None:
             raise RequestError("decide is off in this session: open it with --decide (SessionConfig.decide=True)")
         with self._lock:
-            return self.decider.decide(request)
+            return self._check_decide(self.decider.decide(request))
 
     def decide_many(self, requests):
         self._check_open()
         if self.decider is None:
             raise RequestError("decide is off in this session: open it with --decide (SessionConfig.decide=True)")
         with self._lock:
-            return self.decider.decide_many(requests)
+            return [self._check_decide(r) for r in self.decider.decide_many(requests)]
 
     # --- lifecycle --------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
@@ -259,6 +282,23 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosedError("the session is closed")
+        if self._broken is not None:
+            raise self._broken
+
+    @contextmanager
+    def _engine(self) -> Iterator[None]:
+        """Turn a streaming failure into the session's sticky error."""
+        try:
+            yield
+        except (StreamIOError, HookError) as e:
+            self._broken = StreamFailedError(f"expert streaming failed: {e}; this session cannot continue, open a new one")
+            raise self._broken from e
+
+    def _check_decide(self, result):
+        if isinstance(result.cause, (StreamIOError, HookError)):
+            with self._engine():
+                raise result.cause
+        return result
 
     def close(self) -> None:
         if self._closed:

@@ -53,7 +53,7 @@ def run_session(session: Session, stdin: TextIO, stdout: TextIO) -> int:
     m = session.model
     emit(telemetry.ready(
         load_s=session.load_s, arch=m.arch, n_ctx=session.n_ctx, think_ctl=session.chat.think_ctl,
-        n_expert_used=m.n_expert_used, model=str(m.path), streaming=session.config.moe_stream,
+        n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
         decide=session.config.decide, load_read_mib=session.io_snapshot().read_bytes / 2**20,
     ))
     q: "queue.Queue[object]" = queue.Queue()

@@ -19,7 +19,7 @@ def open_session() -> Iterator[Callable[..., Session]]:
     def _open(model: Path, **kw: object) -> Session:
         kw.setdefault("n_ctx", 512)
         kw.setdefault("n_predict", 16)
-        kw.setdefault("n_threads", 2)
+        kw.setdefault("n_threads", 1)  # many small graphs per token: threads only add barrier waits here
         s = Session(SessionConfig(model=model, **kw))
         opened.append(s)
         return s

@@ -22,6 +22,7 @@ def open_smol(smollm2_path: Path) -> Iterator:
     def _open(**kw: object) -> Session:
         kw.setdefault("n_ctx", 1024)
         kw.setdefault("n_predict", 16)
+        kw.setdefault("n_threads", 1)  # shared 2-core machines: a second thread mostly waits at barriers
         s = Session(SessionConfig(model=smollm2_path, **kw))
         opened.append(s)
         return s

@@ -12,6 +12,7 @@ from typing import Literal, Protocol, Sequence
 import llama_cpp
 import numpy as np
 
+from .devices import ubatch_widths
 from .model import LlamaModel
 
 SEQ = 0
@@ -32,13 +33,21 @@ class ContextParams:
     flash_attn: bool | None = None
     # f32 KV cache: used by reference comparisons against transformers.
     kv_f32: bool = False
+    # With a prefill device: ubatches at least this wide run there (op_offload); None: CPU only.
+    offload_min_tokens: int | None = None
 
 
 class EvalCallback(Protocol):
-    """Something that owns a ctypes cb_eval function (see bmoe.llama.expert_hook)."""
+    """Owns the ctypes cb_eval and abort functions (see bmoe.llama.expert_hook).
 
-    @property
-    def c_callback(self) -> object: ...
+    A Python error cannot cross into C, so the callback keeps it, the abort callback stops
+    llama_decode at the next node, and raise_if_failed() re-raises it here.
+    """
+
+    c_callback: object
+    c_abort_callback: object
+
+    def raise_if_failed(self) -> None: ...
 
 
 class LlamaContext:
@@ -60,10 +69,13 @@ class LlamaContext:
         if params.kv_f32:
             cp.type_k = llama_cpp.GGML_TYPE_F32
             cp.type_v = llama_cpp.GGML_TYPE_F32
+        cp.op_offload = params.offload_min_tokens is not None
         self._eval_callback = eval_callback  # keep the ctypes function alive as long as the context
         if eval_callback is not None:
             cp.cb_eval = eval_callback.c_callback
             cp.cb_eval_user_data = None
+            cp.abort_callback = eval_callback.c_abort_callback
+            cp.abort_callback_data = None
         ptr = llama_cpp.llama_init_from_model(model.ptr, cp)
         if not ptr:
             raise ContextError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
@@ -74,6 +86,9 @@ class LlamaContext:
         self.n_batch = int(llama_cpp.llama_n_batch(ptr))
         self.mem = llama_cpp.llama_get_memory(ptr)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_ubatch = int(llama_cpp.llama_n_ubatch(ptr))
+        # Tokens of ubatches the prefill device ran, cumulative (callers take differences).
+        self.n_dev_tokens = 0
 
     # --- decoding ---------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], pos0: int, *, logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
@@ -100,15 +115,28 @@ class LlamaContext:
                 want = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
                 b.logits[i] = 1 if want else 0
             rc = llama_cpp.llama_decode(self.ptr, b)
+            if self._eval_callback is not None:
+                self._eval_callback.raise_if_failed()  # an aborted decode's logits are garbage
             if rc != 0:
                 raise ContextError(f"llama_decode failed with code {rc} at position {pos0 + start}")
+            self.n_dev_tokens += self._device_tokens(len(chunk))
             if logits == "all":
                 rows.extend(self._row(i) for i in range(len(chunk)))
+        if self.params.offload_min_tokens is not None:
+            llama_cpp.llama_synchronize(self.ptr)  # a device runs asynchronously: time ends here
         if logits == "all":
             return np.stack(rows)
         if logits == "last":
             return self._row(-1)
         return None
+
+    def _device_tokens(self, n_chunk: int) -> int:
+        """Tokens of one llama_decode call that the prefill device ran: its ubatches at least
+        offload_min_tokens wide (the threshold open_prefill_device checked the device keeps)."""
+        if self.params.offload_min_tokens is None:
+            return 0
+        widths = ubatch_widths(n_chunk, n_chunk, self.n_ubatch)
+        return sum(w for w in widths if w >= self.params.offload_min_tokens)
 
     def _row(self, i: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
 
 
@@ -25,10 +26,10 @@ class ModelLoadParams:
     # mmap is what streaming rebinds over, and the resident reference uses the same load
     # so both run the same kernels on the same buffers.
     mmap: bool = True
-    # lazy_mode ON: llama.cpp does not read marked tensors up front (see docs/streaming.md).
-    lazy: bool = False
     # Repacked ("extra") buffers would move expert rows away from their file offsets.
     use_extra_bufts: bool = False
+    # The one device llama.cpp may offload wide ops to; the layers stay on the host either way.
+    prefill_device: PrefillDevice | None = None
 
 
 class LlamaModel:
@@ -40,9 +41,14 @@ class LlamaModel:
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = 0
         mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if params.mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
-        mp.lazy_mode = llama_cpp.LLAMA_LAZY_MODE_ON if params.lazy else llama_cpp.LLAMA_LAZY_MODE_OFF
+        # lazy_mode marks no expert tensor of the MoE archs at this version: no help to streaming
+        mp.lazy_mode = llama_cpp.LLAMA_LAZY_MODE_OFF
         mp.use_extra_bufts = params.use_extra_bufts
         mp.progress_callback = _SILENT_PROGRESS  # llama.cpp's default prints dots to stderr
+        # Only the asked-for device (or none): NULL here would hand llama.cpp every GPU it finds.
+        self._devices = device_list(params.prefill_device)  # kept alive for the model's life
+        mp.devices = ctypes.addressof(self._devices)
+        mp.no_host = True  # weights in plain host buffers (mmap), never the device's pinned copies
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not ptr:
             raise ModelLoadError(f"llama.cpp could not load {path} (set BMOE_LLAMA_LOG=1 for its log)")

@@ -24,6 +24,7 @@ class StreamOptions:
     cache_force: bool = False             # accept a budget below the floor (it will churn)
     odirect: bool = True                  # --no-odirect sets False
     io_threads: int = 4                   # parallel read lanes
+    read_all: bool = False                # verification: read every expert at every route (gate G3)
 
     def __post_init__(self) -> None:
         if self.cache_mb != "auto" and (not isinstance(self.cache_mb, int) or self.cache_mb < 0):

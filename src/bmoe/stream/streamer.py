@@ -92,6 +92,8 @@ class Streamer:
                              f"0..{self.layout.n_expert - 1}")
         if il not in self._layers:
             self._fail_route(f"layer {il} routed experts but the GGUF has no expert tensors for it")
+        if self.options.read_all:  # verification mode: the routed subset must not matter
+            experts = np.arange(self.layout.n_expert, dtype=np.int64)
         if il == self._first_layer:
             self.reader.verify_files()  # once per ubatch: a replaced file must not feed a token
         plan = self.cache.plan(il, experts.tolist())

@@ -1,0 +1,80 @@
+"""Composes expert streaming for a session: layout, streamer, llama hook, dense twin.
+
+Everything here happens before the model loads, because what llama.cpp opens depends on it:
+a streamed session loads the *dense twin* (a sparse copy of the GGUF whose expert ranges
+are holes), so opening reads only the dense weights; the experts come from the original
+file through the streamer. docs/streaming.md explains why lazy_mode cannot do this.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import SessionConfig
+from .errors import BmoeError
+from .llama.expert_hook import ExpertHook
+from .llama.ggml_tensor import GgmlLayoutError
+from .results import IoSnapshot
+from .stream import (
+    CacheBudgetError, LayoutError, NothingToStreamError, StreamOptions, Streamer, TwinError,
+    UnsupportedArchError, dense_twin, lookup, read_layout,
+)
+
+
+class StreamSetupError(BmoeError):
+    """Streaming cannot be set up for this model or these settings (refused at startup)."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("BMOE_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "bmoe"
+
+
+@dataclass
+class StreamRuntime:
+    """The live streaming parts a session holds, behind the few calls the session makes."""
+
+    streamer: Streamer
+    hook: ExpertHook
+    load_path: Path  # what llama.cpp opens: the dense twin, or the original if no twin could be made
+
+    def snapshot(self) -> IoSnapshot:
+        st = self.streamer.stats()
+        # Reads run synchronously inside the graph callback, so all read time stalls compute.
+        return IoSnapshot(
+            read_bytes=st.read_bytes, io_s=st.io_s, mgmt_s=st.mgmt_s, stall_s=st.io_s, hits=st.hits,
+            misses=st.misses, routed=st.routed, evictions=st.evictions, resident_bytes=st.resident_bytes,
+            budget_bytes=st.budget_bytes, cache_on=st.cache_enabled,
+        )
+
+    def dense_resident_frac(self) -> float:
+        return 0.0  # unmeasured (documented in docs/telemetry.md)
+
+    def close(self) -> None:
+        self.streamer.close()
+
+
+def open_streaming(config: SessionConfig) -> StreamRuntime:
+    try:
+        layout = read_layout(config.model)
+        entry = lookup(layout.arch)
+        options = StreamOptions(
+            cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
+            odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
+        )
+        streamer = Streamer(layout, options)
+    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError) as e:
+        raise StreamSetupError(f"--moe-stream: {e}") from e
+    try:
+        hook = ExpertHook(streamer, entry)
+    except GgmlLayoutError as e:
+        streamer.close()
+        raise StreamSetupError(f"--moe-stream: {e}") from e
+    try:
+        load_path = dense_twin(layout, config.stream_cache_dir or default_cache_dir() / "twins")
+    except TwinError as e:
+        print(f"bmoe: {e}; loading the original file (its experts will be read once at load)", file=sys.stderr)
+        load_path = Path(config.model)
+    return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path)
