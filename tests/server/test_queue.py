@@ -74,3 +74,21 @@ def test_a_cancelled_waiter_frees_its_slot(make_app, tiny_path) -> None:
     finally:
         release.set()
     assert done.wait(10)
+
+
+def test_an_unrecoverable_engine_error_shows_in_health(make_app, tiny_path) -> None:
+    from bmoe.errors import SessionClosedError
+
+    app = make_app(tiny_path)
+    with TestClient(app) as c:
+        assert c.get("/health").status_code == 200
+
+        def broken(session, job):
+            raise SessionClosedError("the session is closed")
+
+        async def run() -> str:
+            return (await app.state.engine.submit(broken).outcome()).kind
+
+        assert asyncio.run(run()) == "error"
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "error"

@@ -107,8 +107,10 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
 
     app.include_router(api)
 
-    @app.get("/health", summary="Liveness; never needs the API key")
-    async def health() -> dict[str, Any]:
+    @app.get("/health", summary="Liveness; never needs the API key", responses={503: {"description": "broken"}})
+    async def health() -> Any:
+        if engine.broken is not None:  # the session hit an error it cannot recover from
+            return JSONResponse({"status": "error", "error": engine.broken, "queue": engine.depth()}, 503)
         return {"status": "ok", "queue": engine.depth()}
 
     # The page is public (it holds no data and asks for the key itself); every API route is not.
@@ -130,7 +132,10 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
 def _static(name: str) -> Response:
     if name not in STATIC:
         return error_response(ApiError(404, f"no such file: {name[:60]}", None, "not_found"))
-    data = resources.files("bmoe.server").joinpath("static", name).read_bytes()
+    try:
+        data = resources.files("bmoe.server").joinpath("static", name).read_bytes()
+    except FileNotFoundError:  # an install that left the package data out
+        return error_response(ApiError(404, f"the page's file {name} is not installed", None, "not_installed"))
     return Response(data, media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
 
