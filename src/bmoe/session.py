@@ -30,6 +30,18 @@ from .sampling import Sampler
 from .textstream import TextStream
 
 
+def _storage_read_bytes() -> int:
+    """Bytes this process has fetched from storage (page-cache hits excluded); 0 where unknown."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _rusage() -> tuple[int, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_majflt, ru.ru_utime + ru.ru_stime
@@ -38,7 +50,7 @@ def _rusage() -> tuple[int, float]:
 class Session:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
-        t0 = time.perf_counter()
+        t0, read0 = time.perf_counter(), _storage_read_bytes()
         # First: the device backends fix their offload threshold when the registry is first read.
         self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
             if config.prefill_device is not None else None
@@ -91,6 +103,7 @@ class Session:
 
             self.decider = DecideService(self)
         self.load_s = time.perf_counter() - t0
+        self.load_read_bytes = _storage_read_bytes() - read0  # from flash while opening (dense weights)
 
     # --- facts ------------------------------------------------------------------------
     @property

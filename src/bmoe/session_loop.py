@@ -54,7 +54,7 @@ def run_session(session: Session, stdin: TextIO, stdout: TextIO) -> int:
     emit(telemetry.ready(
         load_s=session.load_s, arch=m.arch, n_ctx=session.n_ctx, think_ctl=session.chat.think_ctl,
         n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
-        decide=session.config.decide, load_read_mib=session.io_snapshot().read_bytes / 2**20,
+        decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
     ))
     q: "queue.Queue[object]" = queue.Queue()
     threading.Thread(target=_reader, args=(stdin, session, q), daemon=True, name="bmoe-stdin").start()

@@ -1,0 +1,32 @@
+"""Opening a streamed session reads the dense weights from flash, not the whole file."""
+import os
+from pathlib import Path
+
+from bmoe.config import SessionConfig
+from bmoe.session import Session
+from bmoe.stream import read_layout
+
+
+def evict(path: Path) -> None:
+    """Drop the file's clean pages from the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_streamed_open_reads_dense_bytes_only(tiny_models, tmp_path: Path) -> None:
+    model = tiny_models("qwen3moe", "f32")
+    size = model.stat().st_size
+    dense = read_layout(model).dense_nbytes
+    twins = tmp_path / "twins"
+    Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=twins, n_ctx=64)).close()  # writes the twin
+    for f in [model, *twins.rglob("*.gguf")]:
+        evict(f)
+    with Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=twins, n_ctx=64)) as s:
+        # dense weights, plus the header read that the host's read-ahead (8 MiB here) rounds up
+        assert 0 < s.load_read_bytes <= dense + (12 << 20) < size * 2 // 3
+    evict(model)
+    with Session(SessionConfig(model=model, n_ctx=64)) as s:
+        assert s.load_read_bytes >= 0.95 * size  # llama.cpp's mmap load populates the whole file
