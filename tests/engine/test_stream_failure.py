@@ -1,0 +1,45 @@
+"""A file that changes under a streamed session stops it for good, with a clear error."""
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bmoe.config import SessionConfig
+from bmoe.errors import StreamFailedError
+from bmoe.results import GenerateRequest
+from bmoe.session import Session
+from bmoe.session_loop import run_session
+
+
+@pytest.fixture()
+def streamed(tiny_models, tmp_path: Path):
+    model = tmp_path / "m.gguf"
+    shutil.copyfile(tiny_models("qwen3moe", "q4_k_m"), model)
+    s = Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    yield s, model
+    s.close()
+
+
+def test_changed_file_is_a_sticky_error(streamed) -> None:
+    s, model = streamed
+    assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "replaced" under the session
+    with pytest.raises(StreamFailedError, match=r"^expert streaming failed: .*this session cannot continue, open a new one$"):
+        s.generate(GenerateRequest(prompt="Hi", n_predict=4))
+    with pytest.raises(StreamFailedError):  # sticky: nothing runs on a broken session
+        s.perplexity("some text here")
+
+
+def test_session_loop_reports_it_as_fatal(streamed) -> None:
+    s, model = streamed
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    out = io.StringIO()
+    lines = [json.dumps({"cmd": "generate", "id": 3, "prompt": "Hi", "n_predict": 2}), json.dumps({"cmd": "stats"})]
+    assert run_session(s, io.StringIO("\n".join(lines) + "\n"), out) == 1
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("BMOE_ERROR ") and json.loads(last[len("BMOE_ERROR "):])["fatal"] is True
