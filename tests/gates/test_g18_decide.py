@@ -105,3 +105,19 @@ def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_sessio
     ref.generate(GenerateRequest(prompt="Hi", n_predict=6))
     assert ref.generate(GenerateRequest(prompt="More", n_predict=6, clear_kv=False)).tokens == cont.tokens
     assert first.n_tokens > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_g18d_resident_equals_streaming(arch, tiny_models, open_session, tmp_path) -> None:
+    model = tiny_models(arch, "q8_0")
+    seq = [req(1, P1, S1), req(2, P1, S2), req(3, P2, S3), req(4, P2, S3, reuse_prefix=False)]
+    answers = {}
+    for mode, kw in MODES.items():
+        s = open_session(model, decide=True, stream_cache_dir=tmp_path / "twins", **kw)
+        results = s.decide_many(seq)
+        answers[mode] = ([r.scores.choice_logp for r in results], [r.reuse for r in results], logits_of(s))
+    ref = answers["resident"]
+    assert ref[1] == ["stored", "restored", "restored+stored", "opted out"]
+    for mode in ("stream-nocache", "stream-evicting"):
+        assert answers[mode][0] == ref[0] and answers[mode][1] == ref[1]
+        assert np.array_equal(answers[mode][2], ref[2])
