@@ -21,7 +21,7 @@ from bmoe.errors import RequestError
 from bmoe.telemetry import done_fields
 
 from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
-from .engine import ERROR, RESULT, Cancelled, Engine, Event, Job
+from .engine import ERROR, RESULT, Cancelled, Engine, Event, Job, QueueFull
 from .errors import ApiError, error_body, from_request_error
 from .metrics import Metrics
 from .schemas import ChatCompletionRequest
@@ -71,7 +71,7 @@ def raise_for(ev: Event) -> None:
     if ev.kind != ERROR:
         return
     e = ev.value
-    if isinstance(e, ApiError):
+    if isinstance(e, (ApiError, QueueFull)):  # QueueFull: dropped by a server shutting down
         raise e
     if isinstance(e, Cancelled):
         raise ApiError(499, str(e), None, "cancelled") from e

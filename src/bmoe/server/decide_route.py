@@ -12,7 +12,7 @@ from bmoe.decide import errors as derr
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import RequestError
 
-from .engine import Engine, Job
+from .engine import Engine, Job, QueueFull
 from .errors import ApiError
 from .metrics import Metrics
 from .schemas import DecideBatch, DecideBody
@@ -56,6 +56,8 @@ class DecideRoute:
                 job.cancel()
         if ev.kind == "error":
             e = ev.value
+            if isinstance(e, QueueFull):  # dropped by a server shutting down
+                raise e
             if isinstance(e, RequestError):  # decide is off in this session
                 raise ApiError(400, str(e), None, "decide_off") from e
             raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e

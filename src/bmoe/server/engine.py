@@ -125,10 +125,10 @@ class Engine:
                 self._waiting.remove(job)
                 job.finished = True
                 job.emit(ERROR, Cancelled("the client closed the request before it ran"))
-                return
-            running = self._running is job
-        if running:
-            self.session.cancel()  # takes effect at the next token; the worker also rechecks
+            elif self._running is job:
+                # Under the lock: the worker cannot move on to the next job meanwhile, so this
+                # cancel cannot land on someone else's generation. Takes effect at the next token.
+                self.session.cancel()
 
     # --- worker side ------------------------------------------------------------------
     def _work(self) -> None:
