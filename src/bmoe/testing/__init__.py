@@ -9,7 +9,7 @@ from __future__ import annotations
 from bmoe.testing.smollm2 import SmolLM2NotInstalled, smollm2_gguf_path
 from bmoe.testing.spec import ARCHS, QUANTS, TinySpec, expert_slice_bytes, spec_for
 from bmoe.testing.weights import HfWeights, hf_weights
-from bmoe.testing.writer import default_tiny_dir, tiny_file_name, write_tiny
+from bmoe.testing.writer import default_tiny_dir, tiny_file_name, write_tiny, write_tiny_split
 
 
 def hf_weights_for(arch: str) -> HfWeights:
@@ -30,4 +30,5 @@ __all__ = [
     "spec_for",
     "tiny_file_name",
     "write_tiny",
+    "write_tiny_split",
 ]

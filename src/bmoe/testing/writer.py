@@ -84,8 +84,24 @@ def write_tiny(arch: str, quant: str, out_dir: Path) -> Path:
     return path
 
 
-def _write_gguf(spec: TinySpec, quant: str, dst: Path) -> None:
-    writer = gguf.GGUFWriter(dst, spec.arch)
+def write_tiny_split(arch: str, quant: str, out_dir: Path, max_tensors: int = 24) -> Path:
+    """The same weights as ``write_tiny(arch, quant)`` (f32 or q8_0) split into shards of at most
+    ``max_tensors`` tensors (``-0000k-of-0000n.gguf``); returns the first shard. Always rewritten."""
+    spec = spec_for(arch)
+    if quant not in ("f32", "q8_0"):
+        raise ValueError(f"split tiny models are written directly by gguf: f32 or q8_0, not {quant!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"tiny-{arch}-{quant}-split.gguf"
+    _write_gguf(spec, quant, stem, split_max_tensors=max_tensors)
+    shards = sorted(out_dir.glob(f"tiny-{arch}-{quant}-split-*-of-*.gguf"))
+    if len(shards) < 2:
+        raise RuntimeError(f"expected several shards for {stem}, got {[p.name for p in shards]}")
+    return shards[0]
+
+
+def _write_gguf(spec: TinySpec, quant: str, dst: Path, split_max_tensors: int = 0) -> None:
+    writer = gguf.GGUFWriter(dst, spec.arch, split_max_tensors=split_max_tensors)
     _add_metadata(writer, spec, quant)
     for name, data in gguf_tensors(spec, hf_weights(spec).state_dict):
         qtype = storage_type(name, data, quant)
