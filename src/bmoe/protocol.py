@@ -87,6 +87,12 @@ def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
     return {k: v for k, v in obj.items() if k != "cmd"}
 
 
+def validate_generate(req: GenerateRequest) -> None:
+    """The line protocol's rules applied to a request built in Python (Session.generate)."""
+    fields = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
+    _check(fields, GENERATE_FIELDS, "generate", fields.get("id") if _INT[1](fields.get("id")) else None)
+
+
 def _request_id(obj: dict) -> int | None:
     rid = obj.get("id")
     return rid if _INT[1](rid) else None

@@ -25,6 +25,7 @@ from .llama.devices import open_prefill_device
 from .llama.model import LlamaModel, ModelLoadParams
 from .numerics import log_softmax
 from .perplexity import perplexity as _perplexity
+from .protocol import validate_generate
 from .results import GenerateRequest, GenerateResult, IoSnapshot, PerplexityResult, Step
 from .sampling import Sampler
 from .textstream import TextStream
@@ -159,9 +160,8 @@ class Session:
 
     def _generate(self, req: GenerateRequest) -> Iterator[Step]:
         cfg = self.config
+        validate_generate(req)
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
-        if isinstance(n_predict, bool) or not isinstance(n_predict, int) or n_predict < 1:
-            raise RequestError(f"n_predict: must be an integer >= 1, got {n_predict!r}")
         think = cfg.think if req.think is None else req.think
         history = [] if req.clear_kv else list(self.history)
         messages = history + [Message("user", req.prompt)]

@@ -74,3 +74,13 @@ def test_any_line_parses_or_is_refused_cleanly(line: str) -> None:
         parse_line(line)
     except ProtocolError as e:
         assert str(e)
+
+
+def test_python_requests_get_the_same_rules() -> None:
+    from bmoe.protocol import validate_generate
+
+    validate_generate(GenerateRequest(prompt="ok", n_predict=3))
+    with pytest.raises(ProtocolError, match=r"^generate: field 'prompt' must be a string, got 12$"):
+        validate_generate(GenerateRequest(prompt=12))  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match=r"^generate: field 'top_p' must be a number in \(0, 1\], got 0$"):
+        validate_generate(GenerateRequest(prompt="x", top_p=0))
