@@ -60,7 +60,13 @@ def install_handlers(app: FastAPI) -> None:
         return error_response(e)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        ctype = request.headers.get("content-type", "")
+        if request.method == "POST" and not ctype.split(";")[0].strip().endswith("json"):
+            # FastAPI reads a body as JSON only when it says so; which also keeps other web
+            # pages, which can send only form or text bodies without asking, from driving the model.
+            return JSONResponse(error_body(415, f"the body must be JSON sent with Content-Type: application/json, "
+                                           f"got {ctype[:60]!r}", "body", "unsupported_media_type"), 415)
         # "input" and "ctx" can hold values that are not JSON (or are huge); the field and
         # the rule are what a client needs.
         detail = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
