@@ -96,6 +96,7 @@ class GenerateResult:
     majflt: int
     cpu_s: float
     logits: tuple[np.ndarray, ...] = field(default=())
+    prefill_dev_tokens: int | None = None  # prompt tokens the prefill device ran; None without one
 
     @property
     def n_tokens(self) -> int:

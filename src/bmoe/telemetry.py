@@ -65,6 +65,8 @@ def done_fields(r: GenerateResult) -> dict:
         "n_reused": r.n_reused, "prefill_fallback": r.prefill_fallback, "stop": r.stop,
         "experts_routed": io.routed, "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
         "read_gbps": _r(io.read_bytes / io.io_s / 1e9, 3) if io.io_s > 0 else 0.0,
+        # only with a prefill device, as BMOE_DECIDE reports it
+        **({"prefill_dev_tokens": r.prefill_dev_tokens} if r.prefill_dev_tokens is not None else {}),
     }
 
 
