@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 class DecideService:
     def __init__(self, session: "Session") -> None:
-        self.policy = DecidePolicy(prefix_cache=resolve_prefix_cache(session.config.decide_prefix_cache, prefill_device=False))
+        self.policy = DecidePolicy(prefix_cache=resolve_prefix_cache(
+            session.config.decide_prefix_cache, prefill_device=session.config.prefill_device is not None))
         self.cache = LastPrefixCache()
         self.backend = LlamaDecideBackend(session)
 

@@ -52,10 +52,11 @@ class LlamaDecideBackend:
         kv = self._s.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: prefill at position {n_past} but the sequence holds {kv.n_past} tokens")
-        io0 = self._s.io_snapshot()
+        io0, dev0 = self._s.io_snapshot(), self._s.ctx.n_dev_tokens
         t0 = time.perf_counter()
         self._logits = kv.append(list(tokens))
         prefill_s = time.perf_counter() - t0
+        with_device = self._s.prefill_device is not None
         io = self._s.io_snapshot()
         streaming = self._s.config.moe_stream
         return PrefillCost(
@@ -63,6 +64,7 @@ class LlamaDecideBackend:
             prefill_s=prefill_s,
             read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
             cache_hit_pct=io.hit_pct if streaming else None,
+            prefill_dev_tokens=self._s.ctx.n_dev_tokens - dev0 if with_device else None,
         )
 
     def last_logits(self) -> np.ndarray:
