@@ -44,6 +44,10 @@ class HookError(RuntimeError):
 class ExpertHook:
     def __init__(self, streamer: StreamerPort, entry: ArchEntry, ggml: GgmlBase | None = None) -> None:
         self.ggml = self_check(ggml)  # GgmlLayoutError here: streaming is refused before any load
+        lib = self.ggml.lib  # for ids a prefill device computed (see _ids_words)
+        lib.ggml_backend_buffer_is_host.restype, lib.ggml_backend_buffer_is_host.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        lib.ggml_backend_tensor_get.restype = None
+        lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         self.streamer = streamer
         self.entry = entry
         self._route_prefix = (entry.route_node + "-").encode()
@@ -117,6 +121,16 @@ class ExpertHook:
             ctypes.c_void_p.from_address(src + DATA_OFFSET).value = b.data_addr
             self._bound[name] = b.data_addr
 
+    def _ids_words(self, t: int, s: GgmlTensor, n_words: int) -> ctypes.Array:
+        """The view's words: in place on the host, copied out when a prefill device computed them
+        (its ``data`` is then an address on the device, not in this process)."""
+        lib = self.ggml.lib
+        if lib.ggml_backend_buffer_is_host(s.buffer):
+            return (ctypes.c_int32 * n_words).from_address(s.data)
+        out = (ctypes.c_int32 * n_words)()
+        lib.ggml_backend_tensor_get(t, out, 0, 4 * n_words)
+        return out
+
     def _route(self, t: int) -> None:
         s = GgmlTensor.from_address(t)
         il = int(s.name[len(self._route_prefix):])
@@ -124,9 +138,13 @@ class ExpertHook:
         if s.type != GGML_TYPE_I32 or s.nb[0] != 4 or s.ne[2] != 1 or s.ne[3] != 1:
             raise HookError(f"{s.name!r} is not an int32 [n_expert_used, n_tokens] tensor "
                             f"(type {s.type}, ne {tuple(s.ne)}, nb {tuple(s.nb)})")
+        if n_tokens == 0:
+            # The last layer runs only the output rows; a ubatch with none (an inner piece of a
+            # prefill split into several ubatches) routes nothing there.
+            return
         row = int(s.nb[1])
         # The ids are a view into the argsort result: rows are nb[1] bytes apart, not k*4.
-        flat = np.ctypeslib.as_array((ctypes.c_int32 * ((n_tokens - 1) * row // 4 + k)).from_address(s.data))
+        flat = np.ctypeslib.as_array(self._ids_words(t, s, (n_tokens - 1) * row // 4 + k))
         ids = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, k), strides=(row, 4)).copy()  # [n_tokens, k]
         r0 = time.perf_counter()
         try:
