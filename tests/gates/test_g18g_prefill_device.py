@@ -1,0 +1,280 @@
+"""G18g: with a prefill device, decisions and a chat turn after them equal the all-CPU session bit for bit.
+
+The device is llama.cpp's RPC backend served by this process's CPU on 127.0.0.1, with CUDA's
+offload rule installed (bmoe.testing.rpc_device): ggml's scheduler copies the host weights to it
+per graph and reads results back exactly as it would for a GPU, and since the far side runs the
+same CPU kernels, "equal" can mean bit for bit. Both sides of every equality use the same ubatch
+split (a different split changes the numbers by itself).
+
+What each ubatch ran on is observed, not inferred: a cb_eval observer records, for every graph
+node, its width and whether its buffer is on the host, which is how "prefill_dev_tokens counts
+exactly the wide pieces" and "a narrow tail is not offloaded" are checked.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+import bmoe.session as session_mod  # noqa: E402
+from bmoe.cli import main as cli_main  # noqa: E402
+from bmoe.config import SessionConfig  # noqa: E402
+from bmoe.decide.types import DecideRequest  # noqa: E402
+from bmoe.errors import ConfigError  # noqa: E402
+from bmoe.llama.devices import PrefillDeviceError, ggml, ubatch_widths  # noqa: E402
+from bmoe.llama.ggml_tensor import GgmlTensor  # noqa: E402
+from bmoe.results import GenerateRequest  # noqa: E402
+from bmoe.session import Session  # noqa: E402
+from bmoe.telemetry import done_fields  # noqa: E402
+from bmoe.testing import rpc_device  # noqa: E402
+
+MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
+UBATCH = 16  # every prompt below is a few full ubatches and a narrower tail
+ARCHS = ["qwen3moe", "qwen35moe"]
+MODES = {
+    "resident": {},
+    "stream-nocache": {"moe_stream": True, "cache_mb": 0},
+    "stream-evicting": {"moe_stream": True, "cache_mb": 1, "cache_force": True},
+}
+P1 = "You control a phone. Task: turn on Wi-Fi. History:"
+P2 = P1 + " opened Settings, opened Network."
+S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom. Answer with the letter."
+S2 = " none. Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter."
+S3 = " Screen: Network. Options: A) Bluetooth B) Internet C) Hotspot. Answer with the letter."
+REQUESTS = [(1, P1, S1), (2, P1, S2), (3, P2, S3)]
+ABC = ("A", "B", "C")
+LAYER0 = b"attn_norm-0"  # one node per ubatch graph, as wide as the ubatch, first in layer 0
+
+
+@pytest.fixture(scope="module")
+def rpc() -> rpc_device.RpcPrefillDevice:
+    if not rpc_device.rpc_supported():
+        pytest.fail("G18g needs llama-cpp-python built with RPC: reinstall it with "
+                    "CMAKE_ARGS=-DGGML_RPC=ON (scripts/setup.sh does this when llama_supports_rpc() is false)")
+    return rpc_device.rpc_prefill_device(MIN)
+
+
+# --- observing where each ubatch ran ------------------------------------------------------
+MATMULS = ("MUL_MAT", "MUL_MAT_ID")
+
+
+@dataclass
+class Ubatch:
+    width: int
+    ops: dict[str, list[int]] = field(default_factory=dict)  # op -> [nodes, nodes on the device]
+    weight_matmuls: list[tuple[int, bool]] = field(default_factory=list)  # (batch, on the device)
+    weights_off_host: list[str] = field(default_factory=list)
+
+    def count(self, op: str, *, device: bool = False) -> int:
+        return self.ops.get(op, [0, 0])[1 if device else 0]
+
+    @property
+    def on_device(self) -> bool:
+        """Its weight matmuls ran on the device (check_placement: exactly the wide ones)."""
+        return any(dev for _, dev in self.weight_matmuls)
+
+    @property
+    def device_ops(self) -> set[str]:
+        return {op for op, (_, n_dev) in self.ops.items() if n_dev}
+
+
+class Observer:
+    """Records, for every graph node of every session opened in a test, where it ran."""
+
+    def __init__(self) -> None:
+        ggml()  # libggml mapped and checked by soname
+        base = ctypes.CDLL("libggml.so.0", mode=os.RTLD_NOLOAD)
+        base.ggml_backend_buffer_is_host.restype, base.ggml_backend_buffer_is_host.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        base.ggml_backend_buffer_get_usage.restype, base.ggml_backend_buffer_get_usage.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        base.ggml_op_name.restype, base.ggml_op_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
+        self._lib = base
+        self.ubatches: list[Ubatch] = []
+
+    def tap(self, inner: object | None) -> "Tap":
+        return Tap(self, inner)
+
+    def _look(self, t: int) -> None:
+        s = GgmlTensor.from_address(t)
+        if s.name == LAYER0:
+            self.ubatches.append(Ubatch(width=int(s.ne[1])))
+        if not self.ubatches or not s.buffer:
+            return
+        ub = self.ubatches[-1]
+        op = self._lib.ggml_op_name(s.op).decode()
+        counts = ub.ops.setdefault(op, [0, 0])
+        counts[0] += 1
+        on_device = not self._lib.ggml_backend_buffer_is_host(s.buffer)
+        counts[1] += on_device
+        if op in MATMULS and s.src[0] and b".weight" in GgmlTensor.from_address(s.src[0]).name:
+            # the rows CUDA's rule measures: tokens for a matmul, tokens (ne[2]) for MUL_MAT_ID
+            ub.weight_matmuls.append((int(s.ne[1] if op == "MUL_MAT" else s.ne[2]), on_device))
+        for src in s.src:
+            if not src:
+                continue
+            w = GgmlTensor.from_address(src)
+            # usage 1: GGML_BACKEND_BUFFER_USAGE_WEIGHTS, the model's own weight buffers
+            if w.buffer and self._lib.ggml_backend_buffer_get_usage(w.buffer) == 1 \
+                    and not self._lib.ggml_backend_buffer_is_host(w.buffer):
+                ub.weights_off_host.append(w.name.decode())
+
+    def take(self) -> list[Ubatch]:
+        out, self.ubatches = self.ubatches, []
+        return out
+
+
+class Tap:
+    """One context's cb_eval: never asks for data itself (so it changes no split), passes every
+    call on to the streaming hook when the session streams."""
+
+    def __init__(self, obs: Observer, inner: object | None) -> None:
+        self.obs, self.inner = obs, inner
+        self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
+        self.c_abort_callback = llama_cpp.ggml_abort_callback(self._abort)
+
+    def raise_if_failed(self) -> None:
+        if self.inner is not None:
+            self.inner.raise_if_failed()
+
+    def _abort(self, data: object) -> bool:
+        return bool(self.inner is not None and self.inner._abort(data))
+
+    def _cb(self, t: int | None, ask: bool, user: object) -> bool:
+        if ask and t:
+            self.obs._look(t)
+        return bool(self.inner._callback(t, ask, user)) if self.inner is not None else False
+
+
+@pytest.fixture()
+def observed(monkeypatch: pytest.MonkeyPatch) -> Observer:
+    """Every LlamaContext the sessions open in this test reports to one Observer."""
+    obs = Observer()
+    real = session_mod.LlamaContext
+
+    def make(model, params, eval_callback=None):  # noqa: ANN001, ANN202
+        return real(model, params, eval_callback=obs.tap(eval_callback))
+
+    monkeypatch.setattr(session_mod, "LlamaContext", make)
+    return obs
+
+
+@pytest.fixture()
+def open_pair(tiny_models, rpc) -> Iterator[Callable[..., tuple[Session, Session]]]:
+    """A session with the RPC prefill device and the same session all on the CPU."""
+    opened: list[Session] = []
+
+    def _open(arch: str, mode: str, **kw: object) -> tuple[Session, Session]:
+        base = dict(model=tiny_models(arch, "q8_0"), n_ctx=512, n_batch=512, n_ubatch=UBATCH, n_predict=12,
+                    n_threads=2, decide=True, **MODES[mode])
+        base.update(kw)
+        dev = Session(SessionConfig(**base, prefill_device=rpc.name, prefill_min_tokens=MIN))
+        opened.append(dev)
+        cpu = Session(SessionConfig(**base, decide_prefix_cache="off"))
+        opened.append(cpu)
+        return dev, cpu
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+# CUDA's rule measures an elementwise op by its rows: a per-head norm's multiply on a ubatch of n
+# tokens has n_head * n rows, so it goes to the device even in a narrow tail. Matmuls never do.
+NARROW_TAIL_OPS = {"MUL", "ROPE", "VIEW", "PERMUTE"}
+
+
+def check_placement(ran: list[Ubatch]) -> None:
+    for u in ran:
+        assert u.weight_matmuls and u.count("MUL_MAT_ID") > 0
+        # Each weight matmul runs where the rule puts it. In a wide piece that is the device, but for
+        # the last layer's rows after the output selection (only the logit rows go on) and lm_head.
+        assert all(dev == (batch >= MIN) for batch, dev in u.weight_matmuls), u.weight_matmuls
+        if u.width < MIN:  # a narrow tail: no matmul on the device at all, only per-head elementwise ops
+            assert u.count("MUL_MAT", device=True) == u.count("MUL_MAT_ID", device=True) == 0
+            assert u.device_ops <= NARROW_TAIL_OPS, u.device_ops
+
+
+def expected_dev_tokens(n: int, n_batch: int = 512) -> int:
+    return sum(w for w in ubatch_widths(n, n_batch, UBATCH) if w >= MIN)
+
+
+# --- the gate ------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_g18g_device_equals_cpu(arch: str, mode: str, open_pair, observed: Observer) -> None:
+    dev, cpu = open_pair(arch, mode)
+    observed.take()  # whatever the sessions ran while opening
+    for i, prefix, suffix in REQUESTS:
+        r = DecideRequest(id=i, prefix=prefix, suffix=suffix, choices=ABC)
+        a = dev.decide(r)
+        ran = observed.take()
+        b = cpu.decide(r)
+        ran_cpu = observed.take()
+        assert a.error is None and b.error is None, (a.error, b.error)
+        assert a.reuse == "off" and a.n_reused == 0, "auto keeps no prefix state with a device"
+        assert a.scores.choice_logp == b.scores.choice_logp and a.scores.best == b.scores.best
+        assert np.array_equal(dev.decider.backend.last_logits(), cpu.decider.backend.last_logits())
+        # what ran where, as observed
+        widths = ubatch_widths(a.n_tokens, 512, UBATCH)
+        assert [u.width for u in ran] == widths and widths[-1] < MIN <= widths[0], "a wide piece and a narrow tail"
+        assert [u.on_device for u in ran] == [w >= MIN for w in widths]
+        check_placement(ran)
+        assert not any(u.device_ops for u in ran_cpu)
+        assert a.prefill_dev_tokens == sum(u.width for u in ran if u.on_device) == expected_dev_tokens(a.n_tokens)
+        assert b.prefill_dev_tokens is None and "prefill_dev_tokens" not in b.to_json()
+        assert a.to_json()["prefill_dev_tokens"] == a.prefill_dev_tokens
+        assert not [w for u in ran for w in u.weights_off_host], "model weights stay in host buffers"
+
+    g = GenerateRequest(prompt=P2 + S3, keep_logits=True)
+    ga = dev.generate(g)
+    ran = observed.take()
+    gb = cpu.generate(g)
+    observed.take()
+    assert ga.tokens == gb.tokens and len(ga.logits) == len(gb.logits) > 0
+    assert all(np.array_equal(x, y) for x, y in zip(ga.logits, gb.logits))
+    prompt_widths = ubatch_widths(ga.n_prompt, 512, UBATCH)
+    assert [u.width for u in ran[: len(prompt_widths)]] == prompt_widths
+    decode = ran[len(prompt_widths):]
+    assert decode and all(u.width == 1 and not u.on_device for u in decode), "decode stays on the CPU"
+    assert ga.prefill_dev_tokens == expected_dev_tokens(ga.n_prompt) == sum(u.width for u in ran if u.on_device)
+    assert done_fields(ga)["prefill_dev_tokens"] == ga.prefill_dev_tokens
+    assert "prefill_dev_tokens" not in done_fields(gb)
+
+
+def test_g18g_narrow_prompt_stays_on_cpu(open_pair, observed: Observer) -> None:
+    dev, cpu = open_pair("qwen3moe", "resident", n_ubatch=MIN - 1, n_batch=MIN - 1)
+    observed.take()
+    r = DecideRequest(id=1, prefix=P1, suffix=S1, choices=ABC)
+    a = dev.decide(r)
+    ran = observed.take()
+    b = cpu.decide(r)
+    assert a.prefill_dev_tokens == 0 and ran and not any(u.on_device for u in ran)
+    check_placement(ran)
+    assert a.scores.choice_logp == b.scores.choice_logp
+
+
+# --- startup refusals and the device list ------------------------------------------------
+def test_g18g_refusals(tiny_models, rpc) -> None:
+    model = tiny_models("qwen3moe", "q8_0")
+    with pytest.raises(PrefillDeviceError, match="no device named 'CUDA7'.*RPC0|no device named 'CUDA7'"):
+        Session(SessionConfig(model=model, prefill_device="CUDA7"))
+    with pytest.raises(PrefillDeviceError, match=f"from {MIN} tokens on, not {MIN + 1}"):
+        Session(SessionConfig(model=model, prefill_device=rpc.name, prefill_min_tokens=MIN + 1))
+    with pytest.raises(PrefillDeviceError, match="is the host CPU"):
+        Session(SessionConfig(model=model, prefill_device="CPU"))
+    with pytest.raises(ConfigError, match="decide-prefix-cache on cannot be used with --prefill-device"):
+        SessionConfig(model=model, prefill_device=rpc.name, decide_prefix_cache="on")
+    with pytest.raises(ConfigError, match="prefill_min_tokens: must be an integer >= 2"):
+        SessionConfig(model=model, prefill_device=rpc.name, prefill_min_tokens=1)
+
+
+def test_g18g_list_devices(rpc, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["--list-devices"]) == 0
+    out = capsys.readouterr().out
+    assert any(line.split()[:2] == [rpc.name, "gpu"] for line in out.splitlines()), out
+    assert f"--prefill-device takes one of: {rpc.name}" in out
