@@ -129,3 +129,19 @@ def test_phone_width(server, browser, shots) -> None:
         assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], sel
     page.screenshot(path=str(shots / "server-phone.png"))
     ctx.close()
+
+
+def test_the_page_asks_for_the_api_key(make_app, tiny_path, live, browser) -> None:
+    from bmoe.server import ServerSettings
+
+    server = live(make_app(tiny_path, ServerSettings(api_key="pa55")))
+    page = browser.new_page(viewport=PHONE)
+    page.goto(server.url + "/")
+    page.locator("#key-box").wait_for(timeout=15_000)  # /v1/session said 401
+    page.fill("#api-key", "pa55")
+    page.click("#key-save")
+    page.wait_for_function("document.getElementById('model').textContent.includes('tiny')")
+    page.fill("#question", "hi")
+    page.click("#send")
+    page.locator(".msg.assistant .meta").wait_for(timeout=30_000)  # the chat went through with the key
+    assert page.locator("#key-box").is_hidden()
