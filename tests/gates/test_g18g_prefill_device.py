@@ -25,9 +25,10 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import bmoe.session as session_mod  # noqa: E402
 from bmoe.cli import main as cli_main  # noqa: E402
 from bmoe.config import SessionConfig  # noqa: E402
+from bmoe.decide.decider import DecidePolicy  # noqa: E402
 from bmoe.decide.types import DecideRequest  # noqa: E402
 from bmoe.errors import ConfigError  # noqa: E402
-from bmoe.llama.devices import PrefillDeviceError, ggml, ubatch_widths  # noqa: E402
+from bmoe.llama.devices import PrefillDeviceError, ggml, offload_threshold, ubatch_widths  # noqa: E402
 from bmoe.llama.ggml_tensor import GgmlTensor  # noqa: E402
 from bmoe.results import GenerateRequest  # noqa: E402
 from bmoe.session import Session  # noqa: E402
@@ -278,3 +279,41 @@ def test_g18g_list_devices(rpc, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert any(line.split()[:2] == [rpc.name, "gpu"] for line in out.splitlines()), out
     assert f"--prefill-device takes one of: {rpc.name}" in out
+
+
+def test_g18g_hook_is_guarded_and_stock_rpc_is_refused(tiny_models, rpc) -> None:
+    with pytest.raises(rpc_device.HookRefused, match="not an RPC device"):
+        rpc_device.install_offload_rule("CPU", MIN)
+    model = tiny_models("qwen3moe", "q8_0")
+    rpc_device.remove_offload_rule(rpc.name)  # stock RPC: no offload rule
+    try:
+        assert offload_threshold(rpc.handle) is None
+        with pytest.raises(PrefillDeviceError, match=f"{rpc.name} \\(RPC\\) never takes ops whose weights stay on the host"):
+            Session(SessionConfig(model=model, prefill_device=rpc.name, prefill_min_tokens=MIN))
+    finally:
+        again = rpc_device.install_offload_rule(rpc.name, MIN)
+    assert again.handle == rpc.handle and offload_threshold(again.handle) == MIN
+
+
+@pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_pair) -> None:
+    """Evidence for the prefix-state rule (docs/prefill-device.md): --decide-prefix-cache on stays
+    refused with a device, but in bmoe the KV never leaves the host, and a restored prefix scores
+    bit for bit what the same prefix computed scores, with the device and against the CPU. The
+    policy is switched on here directly, past the startup refusal."""
+    def keeping(s: Session) -> Session:
+        s.decider.policy = DecidePolicy(prefix_cache=True)
+        return s
+
+    dev, cpu = (keeping(s) for s in open_pair(arch, mode))
+    fresh_dev, _ = (keeping(s) for s in open_pair(arch, mode))
+    dev.decide(DecideRequest(id=1, prefix=P1, suffix=S1, choices=ABC))
+    cpu.decide(DecideRequest(id=1, prefix=P1, suffix=S1, choices=ABC))
+    r = DecideRequest(id=2, prefix=P1, suffix=S2, choices=ABC)
+    restored, restored_cpu, fresh = dev.decide(r), cpu.decide(r), fresh_dev.decide(r)
+    assert (restored.reuse, restored_cpu.reuse, fresh.reuse) == ("restored", "restored", "stored")
+    assert restored.n_reused > 0 and restored.prefill_dev_tokens == expected_dev_tokens(restored.n_tokens - restored.n_reused)
+    assert restored.scores.choice_logp == fresh.scores.choice_logp == restored_cpu.scores.choice_logp
+    rows = [s.decider.backend.last_logits() for s in (dev, fresh_dev, cpu)]
+    assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])

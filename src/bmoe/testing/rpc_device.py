@@ -226,6 +226,22 @@ def install_offload_rule(name: str, min_batch: int) -> RpcPrefillDevice:
         return dev
 
 
+def remove_offload_rule(name: str) -> None:
+    """Put the empty slot back (stock RPC again); only ever clears a rule this module wrote."""
+    with _lock:
+        dev = _devices.pop(name, None)
+        if dev is None:
+            return
+        slot = ctypes.c_void_p.from_address(dev.handle + _SLOT_OFFLOAD_OP * _PTR)
+        if slot.value != ctypes.cast(dev._c_rule, ctypes.c_void_p).value:
+            raise HookRefused(f"{name}: offload_op is not the rule this module installed; leaving it")
+        slot.value = None
+        _retired.append(dev)  # a graph being scheduled elsewhere may still hold the old pointer
+
+
+_retired: list[RpcPrefillDevice] = []
+
+
 def rpc_prefill_device(min_batch: int) -> RpcPrefillDevice:
     """Start (once) the local server, register it, install the rule: a ready prefill device."""
     server = start_server()
