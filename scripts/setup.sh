@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install bmoe with everything it needs. Idempotent; the first run builds
 # llama-cpp-python 0.3.36 from source (about 5 minutes on 2 cores; pip caches the wheel).
-#   scripts/setup.sh           the engine + the default model (SmolLM2-135M-Instruct)
+#   scripts/setup.sh           the engine, bmoe-server + the default model (SmolLM2-135M-Instruct)
 #   scripts/setup.sh --test    also the test and reference extras (torch 2.13.0 CPU, transformers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
-extras=""
+extras="[server]"
 if [ "${1:-}" = "--test" ]; then
   extras="[test,reference,server]"
   # The server's browser test drives Debian's chromium (Playwright cannot download browsers here).

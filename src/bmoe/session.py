@@ -131,11 +131,11 @@ class Session:
 
     # --- generate ---------------------------------------------------------------------
     def set_history(self, messages: list[Message]) -> None:
-        """Start a conversation from a transcript; the next clear_kv=False turn prefills it whole."""
+        """Start a conversation from a transcript. The next clear_kv=False turn re-renders it and
+        reuses whatever prefix of it the KV already holds (decided on tokens, as every turn)."""
         self._check_open()
         with self._lock:
             self.history = list(messages)
-            self.kv.reset()
 
     def cancel(self) -> None:
         """Interrupt the generation in flight at its next decode boundary (no-op when idle)."""
