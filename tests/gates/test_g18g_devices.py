@@ -10,12 +10,16 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from bmoe.config import SessionConfig  # noqa: E402
-from bmoe.errors import ConfigError  # noqa: E402
-from bmoe.llama.devices import (  # noqa: E402
-    PrefillDeviceError, device_list, format_devices, list_devices, ubatch_widths,
+from bmoe.config import SessionConfig
+from bmoe.errors import ConfigError
+from bmoe.llama.devices import (
+    PrefillDeviceError,
+    device_list,
+    format_devices,
+    list_devices,
+    ubatch_widths,
 )
-from bmoe.session import Session  # noqa: E402
+from bmoe.session import Session
 
 
 def test_ubatch_widths() -> None:

@@ -22,18 +22,23 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-import bmoe.session as session_mod  # noqa: E402
-from bmoe.cli import main as cli_main  # noqa: E402
-from bmoe.config import SessionConfig  # noqa: E402
-from bmoe.decide.decider import DecidePolicy  # noqa: E402
-from bmoe.decide.types import DecideRequest  # noqa: E402
-from bmoe.errors import ConfigError  # noqa: E402
-from bmoe.llama.devices import PrefillDeviceError, ggml, offload_threshold, ubatch_widths  # noqa: E402
-from bmoe.llama.ggml_tensor import GgmlTensor  # noqa: E402
-from bmoe.results import GenerateRequest  # noqa: E402
-from bmoe.session import Session  # noqa: E402
-from bmoe.telemetry import done_fields  # noqa: E402
-from bmoe.testing import rpc_device  # noqa: E402
+import bmoe.session as session_mod
+from bmoe.cli import main as cli_main
+from bmoe.config import SessionConfig
+from bmoe.decide.decider import DecidePolicy
+from bmoe.decide.types import DecideRequest
+from bmoe.errors import ConfigError
+from bmoe.llama.devices import (
+    PrefillDeviceError,
+    ggml,
+    offload_threshold,
+    ubatch_widths,
+)
+from bmoe.llama.ggml_tensor import GgmlTensor
+from bmoe.results import GenerateRequest
+from bmoe.session import Session
+from bmoe.telemetry import done_fields
+from bmoe.testing import rpc_device
 
 MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
 UBATCH = 16  # every prompt below is a few full ubatches and a narrower tail
@@ -97,7 +102,7 @@ class Observer:
         self._lib = base
         self.ubatches: list[Ubatch] = []
 
-    def tap(self, inner: object | None) -> "Tap":
+    def tap(self, inner: object | None) -> Tap:
         return Tap(self, inner)
 
     def _look(self, t: int) -> None:
@@ -157,7 +162,7 @@ def observed(monkeypatch: pytest.MonkeyPatch) -> Observer:
     obs = Observer()
     real = session_mod.LlamaContext
 
-    def make(model, params, eval_callback=None):  # noqa: ANN001, ANN202
+    def make(model, params, eval_callback=None):
         return real(model, params, eval_callback=obs.tap(eval_callback))
 
     monkeypatch.setattr(session_mod, "LlamaContext", make)
@@ -317,3 +322,22 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
     assert restored.scores.choice_logp == fresh.scores.choice_logp == restored_cpu.scores.choice_logp
     rows = [s.decider.backend.last_logits() for s in (dev, fresh_dev, cpu)]
     assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])
+
+
+def test_g18g_cli_session_reports_device_tokens(tiny_models, rpc, monkeypatch: pytest.MonkeyPatch,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The flags end to end: bmoe-cli --session with the device, BMOE_DECIDE and BMOE_DONE lines."""
+    import io
+    import json
+
+    decide = {"cmd": "decide", "id": 1, "prefix": P1, "suffix": S1, "choices": list(ABC)}
+    lines = [json.dumps(decide), json.dumps({"cmd": "generate", "id": 2, "prompt": P2 + S3, "n_predict": 4})]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    argv = ["-m", str(tiny_models("qwen3moe", "q8_0")), "--session", "--decide", "-c", "512", "-ub", str(UBATCH),
+            "-t", "2", "--prefill-device", rpc.name, "--prefill-min-tokens", str(MIN)]
+    assert cli_main(argv) == 0
+    out = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1]) for ln in capfd.readouterr().out.splitlines()
+           if ln.startswith(("BMOE_DECIDE ", "BMOE_DONE "))}
+    d, g = out["BMOE_DECIDE"], out["BMOE_DONE"]
+    assert d["reuse"] == "off" and d["prefill_dev_tokens"] == expected_dev_tokens(d["n_tokens"]) > 0
+    assert g["prefill_dev_tokens"] == expected_dev_tokens(g["n_prompt"]) > 0

@@ -73,7 +73,7 @@ class RpcServer:
 
 
 _server: RpcServer | None = None
-_devices: dict[str, "RpcPrefillDevice"] = {}
+_devices: dict[str, RpcPrefillDevice] = {}
 _lock = threading.Lock()
 
 
