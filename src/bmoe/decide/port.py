@@ -39,7 +39,7 @@ class KeptState:
     ``data`` is opaque to the policy; only the backend that saved it can load it.
     """
 
-    data: bytes
+    data: np.ndarray | bytes  # [nbytes] uint8; len() is its size in bytes
     n_tokens: int
 
     @property
