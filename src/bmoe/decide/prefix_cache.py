@@ -98,23 +98,19 @@ PrefixCacheMode = Literal["auto", "on", "off"]
 
 
 def resolve_prefix_cache(mode: PrefixCacheMode, *, prefill_device: bool) -> bool:
-    """Whether a session keeps prefix states, or a startup refusal.
+    """Whether a session keeps prefix states.
 
     ``auto`` keeps them for CPU prefill, where prefilling a prompt in two pieces costs about what
-    the two pieces cost together. With a prefill device it resolves to off: there, every graph
-    costs a whole pass over the experts whatever its width, and a saved state would be read
-    through KV views that do not follow the cache tensors the device rebinds. ``on`` with a
-    prefill device is therefore refused rather than quietly wrong.
+    the two pieces cost together. With a prefill device it resolves to off: there every graph pays
+    the per-graph weight copy, so the few tokens after a restored prefix cost nearly a whole pass.
+    ``on`` keeps them with a device too: bmoe's KV cache never leaves the host, so a restored state
+    is exact there (gate G18g checks it; docs/prefill-device.md says why this differs from the
+    C++ engine, whose saved states went stale on its device).
     """
     if mode == "off":
         return False
     if mode == "auto":
         return not prefill_device
     if mode == "on":
-        if prefill_device:
-            raise PrefixCacheConfigError(
-                "--decide-prefix-cache on cannot be used with --prefill-device: a prefix state "
-                "saved there would be restored from memory the model no longer uses; use auto or off"
-            )
         return True
     raise PrefixCacheConfigError(f"--decide-prefix-cache {mode!r}: give auto, on or off")
