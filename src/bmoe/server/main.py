@@ -9,7 +9,8 @@ from bmoe.cli import build_parser, config_from_args, default_model
 from bmoe.errors import BmoeError
 
 # bmoe-cli flags that choose a CLI mode; they mean nothing to a server.
-_CLI_ONLY = (("prompt", "-p/--prompt"), ("session", "--session"), ("progress", "--progress"))
+_CLI_ONLY = (("prompt", "-p/--prompt"), ("session", "--session"), ("progress", "--progress"),
+             ("list_archs", "--list-archs"), ("list_devices", "--list-devices"))
 
 
 def build_server_parser() -> argparse.ArgumentParser:
