@@ -134,3 +134,53 @@ def test_stream_package_imports_neither_ctypes_nor_llama_cpp() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
                 assert name.split(".")[0] not in ("ctypes", "llama_cpp"), f"{py.name} imports {name}"
+
+
+def _assert_header_matches_gguf_reader(path: Path) -> None:
+    from bmoe.stream.layout import read_header
+
+    header = read_header(path)
+    reader = gguf.GGUFReader(path, "r")
+    want = [(t.name, int(t.data_offset), int(t.n_bytes), tuple(int(d) for d in t.shape)) for t in reader.tensors]
+    assert [(t.name, t.offset, t.nbytes, t.ne) for t in header.tensors] == want
+    for key, field in reader.fields.items():
+        # GGUFReader adds pseudo-fields for the header counts ("GGUF.version", ...).
+        if not key.startswith("GGUF.") and field.types[0] != gguf.GGUFValueType.ARRAY:
+            assert header.fields[key] == field.contents(), key
+
+
+def test_header_walk_agrees_with_gguf_reader(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    tensors = {"token_embd.weight": rng.standard_normal((10, N_EMBD)).astype(np.float32), **_moe_tensors(rng, range(2))}
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "qwen3moe")
+    w.add_uint32("qwen3moe.expert_used_count", 2)
+    w.add_custom_alignment(64)  # a non-default alignment moves the data section
+    w.add_array("test.strings", ["a", "bc", ""])
+    w.add_array("test.ints", [1, 2, 3])
+    w.add_array("test.nested", [[1, 2], [3]])
+    w.add_float32("test.f", 0.5)
+    w.add_bool("test.b", True)
+    for name, arr in tensors.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _assert_header_matches_gguf_reader(tmp_path / "a.gguf")
+
+
+def test_header_walk_agrees_with_gguf_reader_on_the_tiny_models(tiny_models) -> None:
+    # A real 49k-token vocabulary (string arrays), F32 and K-quant tensors.
+    for quant in ("f32", "q4_k_m"):
+        _assert_header_matches_gguf_reader(tiny_models("qwen3moe", quant))
+
+
+def test_a_truncated_header_is_a_layout_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m.gguf", "qwen3moe", _moe_tensors(np.random.default_rng(6), range(1)))
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:60])
+    with pytest.raises(LayoutError, match="cannot read GGUF"):
+        read_layout(tmp_path / "cut.gguf")
+    (tmp_path / "bad.gguf").write_bytes(b"GGUX" + data[4:])
+    with pytest.raises(LayoutError, match="bad magic"):
+        read_layout(tmp_path / "bad.gguf")

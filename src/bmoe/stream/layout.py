@@ -6,8 +6,10 @@ Split GGUFs (``name-00001-of-00003.gguf``) are read shard by shard; each tensor 
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,16 +102,113 @@ def shard_paths(path: Path) -> tuple[Path, ...]:
     return tuple(path.with_name(f"{m['stem']}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1))
 
 
-def _field_int(reader: gguf.GGUFReader, key: str) -> int | None:
-    field = reader.get_field(key)
-    if field is None:
-        return None
-    return int(field.contents())
+# GGUF value types (gguf.GGUFValueType) -> fixed size in bytes; STRING (8) and ARRAY (9) vary.
+_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
-def _field_str(reader: gguf.GGUFReader, key: str) -> str | None:
-    field = reader.get_field(key)
-    return None if field is None else str(field.contents())
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    offset: int                # absolute byte offset in the shard
+    nbytes: int
+    ne: tuple[int, ...]        # ggml order: ne[0] is the row length
+
+
+@dataclass(frozen=True, slots=True)
+class GgufHeader:
+    fields: dict[str, object]  # scalar and string keys only (arrays are skipped, not decoded)
+    tensors: tuple[TensorInfo, ...]
+
+
+class _Cursor:
+    """Reads little-endian GGUF items from a mapping; every read is bounds-checked by struct."""
+
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf, self.pos = buf, 0
+
+    def u32(self) -> int:
+        v = _U32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def u64(self) -> int:
+        v = _U64.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def string(self) -> str:
+        n = self.u64()
+        if self.pos + n > len(self.buf):
+            raise ValueError(f"string of {n} bytes runs past the end of the file")
+        v = self.buf[self.pos:self.pos + n].decode("utf-8", "replace")
+        self.pos += n
+        return v
+
+    def value(self, vtype: int) -> object | None:
+        """One value; arrays are skipped (None): a layout needs none of them."""
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype, count = self.u32(), self.u64()
+            if etype == _STRING:  # each element carries its own length: walk them
+                for _ in range(count):
+                    self.pos += 8 + _U64.unpack_from(self.buf, self.pos)[0]
+            elif etype in _SCALAR_SIZE:
+                self.pos += count * _SCALAR_SIZE[etype]
+            else:
+                for _ in range(count):
+                    self.value(etype)
+            return None
+        fmt = _SCALAR_FMT.get(vtype)
+        if fmt is None:
+            raise ValueError(f"unknown GGUF value type {vtype} at byte {self.pos}")
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += _SCALAR_SIZE[vtype]
+        return v
+
+
+def read_header(path: Path) -> GgufHeader:
+    """Walk a GGUF's header: scalar metadata and tensor infos, skipping arrays by length.
+
+    gguf.GGUFReader decodes every array too (a 49k-token vocabulary costs seconds in Python);
+    this touches only the header pages. Raises ValueError/struct.error on a malformed file.
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("not a GGUF file (bad magic)")
+        c = _Cursor(buf)
+        c.pos = 4
+        version = c.u32()
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} is not supported")
+        n_tensors, n_kv = c.u64(), c.u64()
+        fields: dict[str, object] = {}
+        for _ in range(n_kv):
+            key = c.string()
+            v = c.value(c.u32())
+            if v is not None:
+                fields[key] = v
+        infos: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(n_tensors):
+            name = c.string()
+            ne = tuple(c.u64() for _ in range(c.u32()))
+            infos.append((name, ne, c.u32(), c.u64()))
+        align = int(fields.get("general.alignment", 32))  # type: ignore[arg-type]
+        data_start = -(-c.pos // align) * align
+    tensors = []
+    for name, ne, ggml_type, rel in infos:
+        try:
+            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+        except (KeyError, ValueError):
+            raise ValueError(f"tensor {name} has unknown ggml type {ggml_type}") from None
+        n = 1
+        for d in ne:
+            n *= d
+        tensors.append(TensorInfo(name, data_start + rel, n // block * type_size, ne))
+    return GgufHeader(fields, tuple(tensors))
 
 
 def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout:
@@ -129,17 +228,18 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     for idx, p in enumerate(paths):
         files.append(FileId.of(p))
         try:
-            reader = gguf.GGUFReader(p, "r")
-        except Exception as exc:  # gguf raises bare ValueError/struct errors on bad files
+            header = read_header(p)
+        except (OSError, ValueError, struct.error) as exc:
             raise LayoutError(f"cannot read GGUF {p}: {exc}") from exc
         if idx == 0:
-            arch = _field_str(reader, "general.architecture")
-            if arch is None:
+            arch_field = header.fields.get("general.architecture")
+            if not isinstance(arch_field, str):
                 raise LayoutError(f"{p} has no general.architecture")
-            n_expert_used = _field_int(reader, f"{arch}.expert_used_count") or 0
-        for t in reader.tensors:
-            tensors.append((idx, t.name, int(t.data_offset), int(t.n_bytes), tuple(int(d) for d in t.shape)))
-        del reader  # drops its np.memmap of the shard
+            arch = arch_field
+            used = header.fields.get(f"{arch}.expert_used_count")
+            n_expert_used = int(used) if isinstance(used, int) else 0
+        for t in header.tensors:
+            tensors.append((idx, t.name, t.offset, t.nbytes, t.ne))
     assert arch is not None
     # Dense before arch: SmolLM2 (llama) must hear "nothing to stream", not "unsupported arch".
     if not any("_exps." in name for _, name, _, _, _ in tensors):
