@@ -9,8 +9,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
-from .decide.errors import PrefixCacheConfigError
-from .decide.prefix_cache import resolve_prefix_cache
 from .errors import ConfigError
 
 ChatMode = Literal["template", "chatml", "none"]
@@ -100,10 +98,6 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}")
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
-    try:
-        resolve_prefix_cache(cfg.decide_prefix_cache, prefill_device=cfg.prefill_device is not None)
-    except PrefixCacheConfigError as e:
-        raise ConfigError(f"decide_prefix_cache: {e}") from None
 
 
 def field_names() -> list[str]:
