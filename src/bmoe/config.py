@@ -5,7 +5,7 @@ The CLI maps flags onto these fields one to one (docs/cli.md lists both names).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -99,6 +99,3 @@ def validate(cfg: SessionConfig) -> None:
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
 
-
-def field_names() -> list[str]:
-    return [f.name for f in fields(SessionConfig)]
