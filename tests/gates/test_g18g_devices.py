@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("llama_cpp")
 
 from bmoe.config import SessionConfig
 from bmoe.errors import ConfigError

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp")
+import llama_cpp  # noqa: E402
 
 import bmoe.session as session_mod
 from bmoe.cli import main as cli_main

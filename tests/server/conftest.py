@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
 
 from fastapi import FastAPI  # noqa: E402
 from server_helpers import LiveServer  # noqa: E402

@@ -15,7 +15,7 @@ from server_helpers import metric
 
 from bmoe.server import ServerSettings
 
-openai = pytest.importorskip("openai")
+import openai
 
 
 def client_for(url: str, key: str = "none") -> openai.OpenAI:

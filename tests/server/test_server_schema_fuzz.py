@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-schemathesis = pytest.importorskip("schemathesis")
+import schemathesis
 from fastapi.testclient import TestClient  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 

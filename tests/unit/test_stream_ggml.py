@@ -5,7 +5,6 @@ import ctypes
 
 import pytest
 
-pytest.importorskip("llama_cpp")
 
 from bmoe.llama import ggml_tensor as gt  # noqa: E402
 

