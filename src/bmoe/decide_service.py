@@ -21,7 +21,7 @@ class DecideService:
         self.policy = DecidePolicy(prefix_cache=resolve_prefix_cache(
             session.config.decide_prefix_cache, prefill_device=session.config.prefill_device is not None))
         self.cache = LastPrefixCache()
-        self.backend = LlamaDecideBackend(session)
+        self.backend = LlamaDecideBackend(session, kept=lambda: self.cache.kept)
 
     def decide(self, request: DecideRequest) -> DecideResult:
         return run_decide(self.backend, self.cache, request, self.policy)

@@ -158,13 +158,18 @@ class LlamaContext:
         """Drop positions >= n_keep. False where the memory cannot be cut (recurrent layers)."""
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, SEQ, n_keep, -1))
 
-    def state_bytes(self) -> np.ndarray:
-        """The whole sequence state (KV and recurrent state) ``# [nbytes] uint8``.
+    def state_size(self) -> int:
+        return int(llama_cpp.llama_state_seq_get_size(self.ptr, SEQ))
 
-        One copy, into memory numpy leaves untouched until llama.cpp writes it.
-        """
-        size = int(llama_cpp.llama_state_seq_get_size(self.ptr, SEQ))
-        buf = np.empty(size, dtype=np.uint8)
+    def state_bytes(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The whole sequence state (KV and recurrent state) ``# [nbytes] uint8``, copied once
+        into ``out`` (a uint8 buffer at least that large, reused by the caller) or into new memory."""
+        size = self.state_size()
+        if out is None:
+            out = np.empty(size, dtype=np.uint8)
+        elif out.nbytes < size:
+            raise ContextError(f"state buffer of {out.nbytes} bytes is smaller than the {size}-byte state")
+        buf = out[:size]
         written = int(llama_cpp.llama_state_seq_get_data(self.ptr, _u8_ptr(buf), size, SEQ))
         if written != size:
             raise ContextError(f"sequence state copy wrote {written} of {size} bytes")
