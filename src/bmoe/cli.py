@@ -79,6 +79,15 @@ def default_model() -> Path:
     return smollm2_gguf_path()
 
 
+def model_from_args(args: argparse.Namespace, prog: str) -> Path:
+    """-m, or the default model (named on stderr, so a user knows which file answers)."""
+    if args.model is not None:
+        return args.model
+    model = default_model()
+    print(f"{prog}: no -m given, using the default model {model}", file=sys.stderr)
+    return model
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_archs:
@@ -92,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_devices(list_devices()))
         return 0
     try:
-        model = args.model
-        if model is None:
-            model = default_model()
-            print(f"bmoe-cli: no -m given, using the default model {model}", file=sys.stderr)
-        cfg = config_from_args(args, model)
+        cfg = config_from_args(args, model_from_args(args, "bmoe-cli"))
         if not args.session and args.prompt is None:
             print("bmoe-cli: give -p PROMPT for one answer, or --session for the line protocol", file=sys.stderr)
             return 2

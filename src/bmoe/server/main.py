@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from bmoe.cli import build_parser, config_from_args, default_model
+from bmoe.cli import build_parser, config_from_args, model_from_args
 from bmoe.errors import BmoeError
 
 # bmoe-cli flags that choose a CLI mode; they mean nothing to a server.
@@ -42,18 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_kb < 1:
         parser.error(f"--max-body-kb must be >= 1, got {args.max_body_kb}")
-    if args.list_archs:
-        from bmoe.stream.archs import format_registry
-
-        print(format_registry())
-        return 0
     args.decide = not args.no_decide
     try:
-        model = args.model
-        if model is None:
-            model = default_model()
-            print(f"bmoe-server: no -m given, using the default model {model}", file=sys.stderr)
-        cfg = config_from_args(args, model)
+        cfg = config_from_args(args, model_from_args(args, "bmoe-server"))
         from bmoe.session import Session
 
         session = Session(cfg)
