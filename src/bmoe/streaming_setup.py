@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import SessionConfig
 from .errors import BmoeError
 from .llama.expert_hook import ExpertHook
 from .llama.ggml_tensor import GgmlLayoutError
+from .llama.residency import PageResidency
 from .results import IoSnapshot
 from .stream import (
     CacheBudgetError, LayoutError, NothingToStreamError, StreamOptions, Streamer, TwinError,
     UnsupportedArchError, dense_twin, lookup, read_layout,
 )
+from .stream.twin import dense_ranges
 
 
 class StreamSetupError(BmoeError):
@@ -39,6 +42,8 @@ class StreamRuntime:
     streamer: Streamer
     hook: ExpertHook
     load_path: Path  # what llama.cpp opens: the dense twin, or the original if no twin could be made
+    dense: PageResidency  # the dense weights' pages in the files llama.cpp maps
+    _dense_frac: tuple[float, float] = field(default=(-1e9, 0.0))  # (when, value) of the last sample
 
     def snapshot(self) -> IoSnapshot:
         st = self.streamer.stats()
@@ -50,9 +55,17 @@ class StreamRuntime:
         )
 
     def dense_resident_frac(self) -> float:
-        return 0.0  # unmeasured (documented in docs/telemetry.md)
+        # mincore walks every page (about 60 ns each here): sample at most once a second, since
+        # residency moves slowly and a per-token walk of a large model's dense part would cost ms.
+        when, value = self._dense_frac
+        now = time.monotonic()
+        if now - when >= 1.0:
+            value = self.dense.fraction()
+            self._dense_frac = (now, value)
+        return value
 
     def close(self) -> None:
+        self.dense.close()
         self.streamer.close()
 
 
@@ -77,4 +90,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
     except TwinError as e:
         print(f"bmoe: {e}; loading the original file (its experts will be read once at load)", file=sys.stderr)
         load_path = Path(config.model)
-    return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path)
+    # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
+    shards = [load_path.parent / f.path.name for f in layout.files]
+    dense = PageResidency([(shards[i], dense_ranges(layout, i)) for i in range(len(layout.files))])
+    return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path, dense=dense)

@@ -30,3 +30,28 @@ def test_streamed_open_reads_dense_bytes_only(tiny_models, tmp_path: Path) -> No
     evict(model)
     with Session(SessionConfig(model=model, n_ctx=64)) as s:
         assert s.load_read_bytes >= 0.95 * size  # llama.cpp's mmap load populates the whole file
+
+
+def test_page_residency_follows_the_page_cache(tmp_path: Path) -> None:
+    from bmoe.llama.residency import PAGE, PageResidency
+
+    f = tmp_path / "data.bin"
+    with open(f, "wb") as out:
+        out.write(os.urandom(64 * PAGE))
+        out.flush()
+        os.fsync(out.fileno())  # dirty pages would survive the eviction
+    watch = PageResidency([(f, [(0, 64 * PAGE)])])
+    assert watch.n_pages == 64
+    evict(f)
+    assert watch.fraction() < 0.25
+    f.read_bytes()
+    assert watch.fraction() == 1.0
+    watch.close()
+
+
+def test_streamed_session_reports_dense_residency(tiny_models, tmp_path: Path) -> None:
+    model = tiny_models("qwen3moe", "q8_0")
+    with Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=64)) as s:
+        assert s.dense_resident_frac() > 0.9  # llama.cpp populated the dense weights at load
+    with Session(SessionConfig(model=model, n_ctx=64)) as s:
+        assert s.dense_resident_frac() == 0.0  # resident sessions: unmeasured

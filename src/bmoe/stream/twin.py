@@ -38,7 +38,7 @@ def _expert_ranges(layout: ModelLayout, file_index: int) -> list[tuple[int, int]
     return merged
 
 
-def _dense_ranges(layout: ModelLayout, file_index: int) -> list[tuple[int, int]]:
+def dense_ranges(layout: ModelLayout, file_index: int) -> list[tuple[int, int]]:
     """The complement of the expert ranges in [0, size): header, dense tensors, padding."""
     out, pos = [], 0
     for a, b in _expert_ranges(layout, file_index):
@@ -88,7 +88,7 @@ def dense_twin(layout: ModelLayout, cache_dir: Path) -> Path:
         dst_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(dst_fd, f.size)  # all holes; only the dense ranges get blocks
-            for a, b in _dense_ranges(layout, idx):
+            for a, b in dense_ranges(layout, idx):
                 _copy(src_fd, dst_fd, a, b)
             os.fsync(dst_fd)
         except OSError as exc:
