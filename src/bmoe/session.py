@@ -89,9 +89,9 @@ class Session:
             # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
             self.kv.append([max(0, self.model.bos)])
             self.kv.reset()
-        bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
+        self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
         eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
-        self.chat = ChatRenderer(config.chat, self.model.chat_template(), bos_text, eos_text)
+        self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
         self.history: list[Message] = []
         self._lock = threading.Lock()
         self._cancel = threading.Event()
@@ -124,8 +124,7 @@ class Session:
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a rendered prompt: special tokens parsed, BOS as the model asks."""
-        bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
-        add_bos = self.model.add_bos and not (bos_text and text.startswith(bos_text))
+        add_bos = self.model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
         toks = self.model.tokenize(text, add_special=False, parse_special=True)
         return [self.model.bos] + toks if add_bos else toks
 
@@ -237,13 +236,14 @@ class Session:
 
     def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits) -> Step:
         wall_ms = (time.perf_counter() - ts) * 1000.0
-        io = self.io_snapshot().minus(io_before)
+        now = self.io_snapshot()
+        io = now.minus(io_before)
         flt, cpu = _rusage()
         io_ms, mgmt_ms, stall_ms = io.io_s * 1000.0, io.mgmt_s * 1000.0, io.stall_s * 1000.0
         return Step(
             index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
             mgmt_ms=mgmt_ms, stall_ms=stall_ms, compute_ms=max(0.0, wall_ms - io_ms - mgmt_ms),
-            read_mb=io.read_bytes / 1e6, cache_hit_pct=self.io_snapshot().hit_pct, majflt=flt - flt_before,
+            read_mb=io.read_bytes / 1e6, cache_hit_pct=now.hit_pct, majflt=flt - flt_before,
             cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
         )
 
