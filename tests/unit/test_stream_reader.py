@@ -185,3 +185,96 @@ def test_read_refusing_o_direct_falls_back_once(data_file, monkeypatch) -> None:
     assert view[50000:50010] == data[50000:50010]
     assert not r.odirect and len(warnings) == 1
     r.close()
+
+
+# --- split phase: submit now, wait per group -------------------------------------------------
+
+class GatedPreadv:
+    """os.preadv that records the offsets it is asked for and holds reads at or beyond ``hold_from``
+    until ``release`` is set (optionally failing them then)."""
+
+    def __init__(self, hold_from: int, fail_held: bool = False) -> None:
+        import threading
+
+        self.real = os.preadv
+        self.hold_from = hold_from
+        self.fail_held = fail_held
+        self.release = threading.Event()
+        self.offsets: list[int] = []
+
+    def __call__(self, fd, bufs, off):  # noqa: ANN001, ANN204
+        self.offsets.append(off)
+        if off >= self.hold_from:
+            assert self.release.wait(10)
+            if self.fail_held:
+                import errno
+
+                raise OSError(errno.EIO, "Input/output error")
+        return self.real(fd, bufs, off)
+
+
+def test_submit_returns_at_once_and_each_group_is_waited_on_its_own(data_file, monkeypatch) -> None:
+    path, data = data_file
+    gate = GatedPreadv(hold_from=1 << 20)
+    monkeypatch.setattr(os, "preadv", gate)
+    r = ExpertReader([FileId.of(path)], odirect=False, io_threads=2)
+    mm, w = _window(SIZE)
+    first = [ReadOp(0, 100, 5000, w, 100), ReadOp(0, 9000, 70_000, w, 9000)]
+    later = [ReadOp(0, (1 << 20) + 10, 4000, w, (1 << 20) + 10)]
+    batch = r.submit([first, later])
+    batch.wait(0)  # returns while the later group is still held
+    view = bytes(mm)
+    assert view[100:5100] == data[100:5100] and view[9000:79_000] == data[9000:79_000]
+    assert view[(1 << 20) + 10:(1 << 20) + 4010] == b"\xaa" * 4000  # not read yet
+    assert batch.is_waited(0) and not batch.is_waited(1) and not batch.done
+    assert r.stats().read_bytes == 75_000  # a group counts once it is waited for
+    gate.release.set()
+    batch.wait(1)
+    assert bytes(mm)[(1 << 20) + 10:(1 << 20) + 4010] == data[(1 << 20) + 10:(1 << 20) + 4010]
+    s = r.stats()
+    assert batch.done and s.read_bytes == 79_000
+    assert 0 < s.stall_s <= s.io_s  # the waits' blocked time is part of the batch's read time
+    r.close()
+
+
+def test_lanes_take_reads_in_submit_order_not_file_order(data_file, monkeypatch) -> None:
+    path, data = data_file
+    gate = GatedPreadv(hold_from=SIZE)  # holds nothing: only records
+    monkeypatch.setattr(os, "preadv", gate)
+    r = ExpertReader([FileId.of(path)], odirect=False, io_threads=1, chunk_bytes=1 << 16)
+    mm, w = _window(SIZE)
+    high, low = (2 << 20, 300_000), (1000, 5000)  # the group queued first lies later in the file
+    r.submit([[ReadOp(0, high[0], high[1], w, high[0])], [ReadOp(0, low[0], low[1], w, low[0])]]).wait_all()
+    assert gate.offsets[0] == high[0] and gate.offsets[-1] == low[0]  # one lane: strictly in queue order
+    assert all(o >= high[0] for o in gate.offsets[:-1])
+    assert bytes(mm)[low[0]:sum(low)] == data[low[0]:sum(low)]
+    r.close()
+
+
+def test_failed_read_surfaces_at_its_groups_wait_and_stays_sticky(data_file, monkeypatch) -> None:
+    path, data = data_file
+    gate = GatedPreadv(hold_from=1 << 20, fail_held=True)
+    monkeypatch.setattr(os, "preadv", gate)
+    r = ExpertReader([FileId.of(path)], odirect=False, io_threads=1, chunk_bytes=1 << 16)
+    mm, w = _window(SIZE)
+    batch = r.submit([[ReadOp(0, 0, 4096, w, 0)], [ReadOp(0, 1 << 20, 300_000, w, 1 << 20)]])
+    batch.wait(0)  # its bytes are in place: no error here
+    assert r.error is None and bytes(mm)[:4096] == data[:4096]
+    gate.release.set()
+    with pytest.raises(StreamIOError, match="Input/output error"):
+        batch.wait(1)
+    # The failed chunk was the group's first of five: the lane skipped the other four.
+    assert sum(o >= 1 << 20 for o in gate.offsets) == 1
+    assert r.stats().read_bytes == 4096
+    with pytest.raises(StreamIOError, match="Input/output error"):
+        r.submit([[ReadOp(0, 0, 10, w, 0)]])  # sticky
+    r.close()
+
+
+def test_close_waits_for_queued_reads(data_file, monkeypatch) -> None:
+    path, data = data_file
+    r = ExpertReader([FileId.of(path)], odirect=False, io_threads=2, chunk_bytes=1 << 16)
+    mm, w = _window(SIZE)
+    r.submit([[ReadOp(0, 0, SIZE, w, 0)]])
+    r.close()  # no wait: close itself lets the lanes finish the queue before the files close
+    assert bytes(mm) == data

@@ -1,6 +1,9 @@
 """Read byte ranges of the GGUF shards straight into destination memory, over parallel lanes.
 
-``os.preadv`` releases the GIL, so N threads keep N reads in flight. O_DIRECT (the default)
+``os.preadv`` releases the GIL, so N lane threads keep N reads in flight. ``submit`` queues
+groups of reads (in order: the lanes take chunks first in, first out) and returns a ``Batch``
+at once; ``Batch.wait(i)`` blocks until group ``i`` is in place, so the caller can compute on
+group 0 while later groups are still being read. ``read`` is submit-and-wait. O_DIRECT (the default)
 bypasses the page cache: a streamed expert is copied once, into the buffer the matmul reads,
 and never doubles as page cache the kernel must later evict. O_DIRECT needs offset, length and
 address aligned to ALIGN. Destinations are *windows*: memory laid out like the file (same
@@ -15,9 +18,9 @@ import errno
 import mmap
 import os
 import sys
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -63,7 +66,8 @@ class ReaderStats:
     read_bytes: int     # bytes asked for (sum of ReadOp.nbytes): what the model needed
     device_bytes: int   # bytes the kernel was asked to read, alignment overhead included
     n_syscalls: int
-    io_s: float         # wall time spent inside read()
+    io_s: float         # read time: per batch, wall time from its submit to its last read done
+    stall_s: float      # time callers spent blocked in Batch.wait (reads not done yet)
 
 
 def stderr_warn(msg: str) -> None:
@@ -99,7 +103,7 @@ class ExpertReader:
         self._local = threading.local()
         self._error: StreamIOError | None = None
         self._read_bytes = self._device_bytes = self._n_syscalls = 0
-        self._io_s = 0.0
+        self._io_s = self._stall_s = 0.0
         self.odirect = False
         self._fds: list[int] = []
         self._retired: list[int] = []
@@ -114,28 +118,31 @@ class ExpertReader:
                            "reading experts through the page cache")
         if not self._fds:
             self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="bmoe-io") if io_threads > 1 else None
+        self._queue: queue.SimpleQueue[tuple[Batch, int, ReadOp] | None] = queue.SimpleQueue()
+        self._lanes = [threading.Thread(target=self._lane, name=f"bmoe-io-{i}", daemon=True) for i in range(io_threads)]
+        for lane in self._lanes:
+            lane.start()
 
     # --- public -------------------------------------------------------------------------
     def read(self, ops: Sequence[ReadOp]) -> None:
         """Fill every op's bytes; raises the sticky StreamIOError on any failure."""
+        self.submit([ops]).wait_all()
+
+    def submit(self, groups: Sequence[Sequence[ReadOp]]) -> "Batch":
+        """Queue every group's reads, group 0 first, and return without waiting.
+
+        The caller must wait for a group (``Batch.wait``) before anything reads its
+        destinations, and for the whole batch before it writes, evicts or frees them."""
         self.raise_if_failed()
-        t0 = time.perf_counter()
-        chunks = [c for op in _merge(ops) for c in self._split(op)]
-        try:
-            if self._pool is None or len(chunks) == 1:
-                for c in chunks:
-                    self._read_one(c)
-            else:
-                for fut in [self._pool.submit(self._read_one, c) for c in chunks]:
-                    fut.result()
-        except StreamIOError as exc:
-            self.fail(exc)
-        except OSError as exc:  # anything the lanes did not translate
-            self.fail(StreamIOError(f"reading experts failed: {exc}"))
-        finally:
-            self._io_s += time.perf_counter() - t0
-        self._read_bytes += sum(op.nbytes for op in ops)
+        if not self._lanes:
+            raise StreamIOError("the expert reader is closed")
+        batch = Batch(self, [[c for op in _merge(ops) for c in self._split(op)] for ops in groups],
+                      [sum(op.nbytes for op in ops) for ops in groups])
+        for g, chunks in enumerate(batch.chunks):
+            for c in chunks:
+                self._queue.put((batch, g, c))
+        batch.chunks = []  # the queue holds them now
+        return batch
 
     def verify_files(self) -> None:
         """Raise FileChangedError (sticky) if a shard's size, mtime or inode changed."""
@@ -160,12 +167,15 @@ class ExpertReader:
 
     def stats(self) -> ReaderStats:
         with self._lock:
-            return ReaderStats(self._read_bytes, self._device_bytes, self._n_syscalls, self._io_s)
+            return ReaderStats(self._read_bytes, self._device_bytes, self._n_syscalls, self._io_s, self._stall_s)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Stop the lanes once they have finished what is queued, then close the files."""
+        for _ in self._lanes:
+            self._queue.put(None)
+        for lane in self._lanes:
+            lane.join()
+        self._lanes = []
         self._close_fds()
 
     # --- internals ----------------------------------------------------------------------
@@ -190,6 +200,21 @@ class ExpertReader:
             out.append(ReadOp(op.file_index, off, nxt - off, op.window, op.at + (off - op.offset)))
             off = nxt
         return out
+
+    def _lane(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch, g, op = item
+            err: BaseException | None = None
+            skipped = batch.stopped  # after a failure or an abandon, the rest is skipped, not read
+            if not skipped:
+                try:
+                    self._read_one(op)
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiter, never lost
+                    err = exc
+            batch._chunk_done(g, time.perf_counter(), err, skipped)
 
     def _count(self, nbytes: int) -> None:
         with self._lock:
@@ -263,3 +288,96 @@ class ExpertReader:
             self._local.mm = mmap.mmap(-1, _BOUNCE_BYTES)  # anonymous maps are page aligned
             buf = self._local.bounce = memoryview(self._local.mm)
         return buf
+
+
+class Batch:
+    """Reads submitted together, in groups; see ExpertReader.submit.
+
+    Waits happen in the submitting thread (the graph callback); lanes only read and count down.
+    ``wait(g)`` returns once group ``g``'s bytes are all in place, and raises the reader's sticky
+    error when some of them never will be: a read of the group failed, or was skipped because
+    another read of the batch failed first (the lanes then skip what is still queued). It raises
+    only once every lane has let go of the batch, so nothing of it is in flight any more."""
+
+    def __init__(self, reader: ExpertReader, chunks: list[list[ReadOp]], nbytes: list[int]) -> None:
+        self.reader = reader
+        self.chunks = chunks
+        self.t0 = time.perf_counter()
+        self._nbytes = nbytes
+        self._cond = threading.Condition(threading.Lock())
+        self._left = [len(c) for c in chunks]     # chunks of each group not yet done
+        self._bad = [False] * len(chunks)         # a chunk of the group failed or was skipped
+        self._waited = [False] * len(chunks)
+        self._end = self.t0                       # when the last chunk so far finished
+        self._error: BaseException | None = None  # the first failure
+        self.stopped = False                      # lanes skip this batch's remaining chunks
+        self._closed = False                      # io time booked; nothing of it in flight
+
+    @property
+    def n_groups(self) -> int:
+        return len(self._left)
+
+    def is_waited(self, g: int) -> bool:
+        return self._waited[g]
+
+    @property
+    def done(self) -> bool:
+        return all(self._waited)
+
+    def wait(self, g: int) -> None:
+        """Block until group ``g``'s bytes are in place (see the class)."""
+        if self._waited[g]:
+            return
+        r = self.reader
+        t0 = time.perf_counter()
+        with self._cond:
+            while self._left[g]:
+                self._cond.wait()
+            bad = self._bad[g]
+        r._stall_s += time.perf_counter() - t0
+        if bad:
+            self._fail(self._error or StreamIOError("reading experts was abandoned"))
+        self._waited[g] = True
+        r._read_bytes += self._nbytes[g]
+        if all(self._waited):
+            self._close()
+
+    def wait_all(self) -> None:
+        for g in range(self.n_groups):
+            self.wait(g)
+
+    def abandon(self) -> None:
+        """Skip what is still queued and wait for what the lanes are reading (error paths, close)."""
+        self.stopped = True
+        self._quiesce()
+        self._close()
+
+    # --- internals ----------------------------------------------------------------------
+    def _chunk_done(self, g: int, end: float, err: BaseException | None, skipped: bool) -> None:  # on a lane
+        with self._cond:
+            self._left[g] -= 1
+            self._end = max(self._end, end)
+            if err is not None or skipped:
+                self._bad[g] = True
+            if err is not None and self._error is None:
+                self._error = err
+                self.stopped = True
+            self._cond.notify_all()
+
+    def _quiesce(self) -> None:
+        with self._cond:
+            while any(self._left):
+                self._cond.wait()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.reader._io_s += self._end - self.t0
+
+    def _fail(self, err: BaseException) -> None:
+        self.stopped = True
+        self._quiesce()  # nothing of this batch may still write once the error is out
+        self._close()
+        if isinstance(err, StreamIOError):
+            self.reader.fail(err)
+        self.reader.fail(StreamIOError(f"reading experts failed: {err}"))  # anything the lanes did not translate
