@@ -41,10 +41,17 @@ class CacheCounters:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a route needs: reads for the misses, and the keys to record once they are read."""
+    """What a route needs: reads for the misses, and the keys to record once they are read.
+
+    ``projs[i]`` is the projection (``gate``, ``up``, ``down``, ...) whose buffer ``ops[i]`` fills,
+    so the streamer can queue and wait for each projection on its own."""
     ops: tuple[ReadOp, ...]
     hits: int
     misses: tuple[ExpertKey, ...]
+    projs: tuple[str, ...] = ()
+
+    def ops_of(self, proj: str) -> list[ReadOp]:
+        return [op for op, p in zip(self.ops, self.projs, strict=True) if p == proj]
 
 
 def _pad(t: ExpertTensor) -> int:
@@ -104,7 +111,8 @@ class SharedBuffers:
 
     def plan(self, il: int, experts: Sequence[int]) -> Plan:
         ops = tuple(self._buffers[t.proj].read_op(t, e) for t in self._tensors[il] for e in experts)
-        return Plan(ops, 0, tuple(ExpertKey(il, e) for e in experts))
+        projs = tuple(t.proj for t in self._tensors[il] for _ in experts)
+        return Plan(ops, 0, tuple(ExpertKey(il, e) for e in experts), projs)
 
     def commit(self, plan: Plan) -> None:
         self._routed += len(plan.misses)
@@ -152,11 +160,13 @@ class LruCache:
         need = len(misses) * self._expert_bytes[il]
         self._evict_until(self.budget_bytes - need, pinned)
         ops = tuple(self._buffers[(t.il, t.proj)].read_op(t, k.expert) for k in misses for t in self._tensors[il])
+        projs = tuple(t.proj for _ in misses for t in self._tensors[il])
         self._hits += hits
-        return Plan(ops, hits, tuple(misses))
+        return Plan(ops, hits, tuple(misses), projs)
 
     def commit(self, plan: Plan) -> None:
-        """Record the misses of ``plan`` as resident, once their reads have succeeded."""
+        """Record the misses of ``plan`` as resident, once all their reads have succeeded (the
+        streamer commits only after the route's last wait: nothing of it is in flight then)."""
         for key in plan.misses:
             nbytes = self._expert_bytes[key.layer]
             self._lru[key] = nbytes
