@@ -47,9 +47,10 @@ class StreamRuntime:
 
     def snapshot(self) -> IoSnapshot:
         st = self.streamer.stats()
-        # Reads run synchronously inside the graph callback, so all read time stalls compute.
+        # io_s is how long reads were in flight; stall_s the part of it the graph waited for
+        # (the rest overlapped compute: split-phase reads, docs/streaming.md).
         return IoSnapshot(
-            read_bytes=st.read_bytes, io_s=st.io_s, mgmt_s=st.mgmt_s, stall_s=st.io_s, hits=st.hits,
+            read_bytes=st.read_bytes, io_s=st.io_s, mgmt_s=st.mgmt_s, stall_s=st.stall_s, hits=st.hits,
             misses=st.misses, routed=st.routed, evictions=st.evictions, resident_bytes=st.resident_bytes,
             budget_bytes=st.budget_bytes, cache_on=st.cache_enabled,
         )
@@ -69,6 +70,16 @@ class StreamRuntime:
         self.streamer.close()
 
 
+def stream_overlap(config: SessionConfig) -> bool:
+    """Whether reads may overlap the expert matmuls of their layer (split phase).
+
+    Not with a prefill device: an offloaded matmul reads a copy of its weights that the scheduler
+    takes when the device's graph split starts, before any node of it is asked about, so a
+    projection still being read could be copied half done. ``BMOE_STREAM_OVERLAP=0`` turns it off
+    (every route then waits for all its reads, as before), for debugging and comparisons."""
+    return config.prefill_device is None and os.environ.get("BMOE_STREAM_OVERLAP", "1") != "0"
+
+
 def open_streaming(config: SessionConfig) -> StreamRuntime:
     try:
         layout = read_layout(config.model)
@@ -81,7 +92,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError) as e:
         raise StreamSetupError(f"--moe-stream: {e}") from e
     try:
-        hook = ExpertHook(streamer, entry)
+        hook = ExpertHook(streamer, entry, overlap=stream_overlap(config))
     except GgmlLayoutError as e:
         streamer.close()
         raise StreamSetupError(f"--moe-stream: {e}") from e

@@ -43,3 +43,36 @@ def test_session_loop_reports_it_as_fatal(streamed) -> None:
     assert run_session(s, io.StringIO("\n".join(lines) + "\n"), out) == 1
     last = out.getvalue().splitlines()[-1]
     assert last.startswith("BMOE_ERROR ") and json.loads(last[len("BMOE_ERROR "):])["fatal"] is True
+
+
+def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models, tmp_path: Path) -> None:
+    """With split-phase reads a down read can fail after its route returned; the error comes out
+    at the wait before the down matmul and must end the session exactly like any other."""
+    from bmoe.stream.reader import StreamIOError
+
+    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, io_threads=1,
+                              stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    try:
+        assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4  # learns the graph
+        hook, streamer = s._stream.hook, s._stream.streamer
+        down = streamer.cache._buffers["ffn_down_exps"].window
+        read_one = streamer.reader._read_one
+
+        def failing(op):  # noqa: ANN001, ANN202
+            if op.window is down:
+                raise StreamIOError("injected: down read failed")
+            return read_one(op)
+
+        streamer.reader._read_one = failing
+        routes, waits = hook.n_routes, hook.n_stop_waits
+        with pytest.raises(StreamFailedError, match=r"^expert streaming failed: injected: down read failed; "
+                                                    r"this session cannot continue, open a new one$"):
+            s.generate(GenerateRequest(prompt="Hi", n_predict=4))
+        # One lane: gate and up were read before the failure, so the route returned and the
+        # error came out at the down projection's wait point, before its matmul.
+        assert hook.n_routes == routes + 1 and hook.n_stop_waits == waits
+        assert streamer.pending == () and isinstance(hook.error, StreamIOError)
+        with pytest.raises(StreamFailedError, match="injected"):  # sticky
+            s.generate(GenerateRequest(prompt="Hi", n_predict=1))
+    finally:
+        s.close()

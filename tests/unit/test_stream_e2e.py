@@ -35,8 +35,8 @@ class Recorder:
         self.unions: list[tuple[int, tuple[int, ...]]] = []
         self.sabotage = sabotage
 
-    def binding(self, name: str):  # noqa: ANN201 - StreamerPort
-        return self.inner.binding(name)
+    def __getattr__(self, name: str):  # noqa: ANN204 - the rest of StreamerPort (bindings, waits, ...)
+        return getattr(self.inner, name)
 
     def on_route(self, il: int, ids: np.ndarray) -> None:
         self.unions.append((il, tuple(np.unique(ids).tolist())))

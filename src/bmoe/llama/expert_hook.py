@@ -11,15 +11,29 @@ answering True for a node makes it compute everything up to that node, synchroni
   onto the streamer's buffer. Weight tensors belong to the model, so a rebind lasts for the
   model's life and later graphs (any ubatch size) reuse it.
 
+Split phase (``overlap=True``): the scheduler asks about every node of a range before it
+computes any of them, so a read can only overlap the nodes computed *before* the hook next
+answers True. While a layer's first graph runs (fully synchronous), the hook learns, from the
+ask calls of the matmuls whose ``src[0]`` is one of that layer's streamed weights, the order in
+which they consume the projections and the node asked just before each. It then tells the
+streamer to queue the layer's reads in that order and to leave the last-consumed projection
+(``down``) pending; from the next graph on it answers True for the node before that matmul and
+waits for the projection in that node's data call, so the reads overlap the matmuls before it.
+If that node does not come, the matmul's own ask waits (correct, just not overlapped):
+nothing is computed on a buffer before its reads are done. Whatever is still pending when
+``llama_decode`` returns is waited for in ``raise_if_failed``.
+
 A Python exception cannot cross the C boundary: it is kept as the sticky ``error``; the
-``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, which
-returns 2, and ``raise_if_failed()`` re-raises it in the session's thread.
+``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, and
+``raise_if_failed()`` re-raises it in the session's thread. An error in a data call also
+answers False there, which ends the graph split at once: the matmul after a failed wait never
+runs.
 """
 from __future__ import annotations
 
 import ctypes
 import time
-from typing import Protocol
+from typing import Collection, Protocol, Sequence
 
 import llama_cpp
 import numpy as np
@@ -34,7 +48,13 @@ _N_SRC_CHECKED = 3  # MUL_MAT_ID: weights, activations, ids
 
 class StreamerPort(Protocol):
     def binding(self, name: str) -> Binding | None: ...
+    def bindings(self) -> tuple[Binding, ...]: ...
     def on_route(self, il: int, expert_ids: np.ndarray) -> None: ...
+    def set_schedule(self, il: int, order: Sequence[str], deferred: Collection[str] = ()) -> None: ...
+    @property
+    def pending(self) -> tuple[str, ...]: ...
+    def wait(self, proj: str) -> None: ...
+    def drain(self) -> None: ...
 
 
 class HookError(RuntimeError):
@@ -42,7 +62,8 @@ class HookError(RuntimeError):
 
 
 class ExpertHook:
-    def __init__(self, streamer: StreamerPort, entry: ArchEntry, ggml: GgmlBase | None = None) -> None:
+    def __init__(self, streamer: StreamerPort, entry: ArchEntry, ggml: GgmlBase | None = None, *,
+                 overlap: bool = True) -> None:
         self.ggml = self_check(ggml)  # GgmlLayoutError here: streaming is refused before any load
         lib = self.ggml.lib  # for ids a prefill device computed (see _ids_words)
         lib.ggml_backend_buffer_is_host.restype, lib.ggml_backend_buffer_is_host.argtypes = ctypes.c_bool, [ctypes.c_void_p]
@@ -55,11 +76,25 @@ class ExpertHook:
         self._checked: set[int] = set()          # weight pointers already looked at
         self._bound: dict[str, int] = {}         # tensor name -> address it now points to
         self.error: BaseException | None = None
+        # Split phase: what the first graph taught us, per layer.
+        self.overlap = overlap
+        self._layer_projs: dict[int, frozenset[str]] = {}
+        for b in streamer.bindings():
+            self._layer_projs[b.il] = self._layer_projs.get(b.il, frozenset()) | {b.proj}
+        self._weights: dict[int, tuple[int, str]] = {}         # bound weight pointer -> (layer, projection)
+        self._seen: dict[int, dict[str, bytes]] = {}           # layer -> projection -> name of the node before its first matmul
+        self._stop_of: dict[int, tuple[str, bytes]] = {}       # layer -> (deferred projection, its stop node name + NUL)
+        self._learning = overlap and bool(self._layer_projs)
+        self._prev = 0                                         # the node of the previous ask call
+        self._stops: list[tuple[bytes, str]] = []              # pending deferred phases: (stop name + NUL, projection)
+        self._stop_node = 0                                    # the node we answered True for, to wait in its data call
         # Python cost counters (seconds are wall time inside the callbacks).
         self.n_calls = 0
         self.n_routes = 0
-        self.callback_s = 0.0   # all time in the callback, on_route included
-        self.route_s = 0.0      # time in streamer.on_route (reads and cache bookkeeping)
+        self.n_stop_waits = 0   # deferred projections waited for in their stop node's data call
+        self.n_late_waits = 0   # ... waited for in their matmul's ask instead (the stop node did not come)
+        self.callback_s = 0.0   # all time in the callback, the streamer's included
+        self.route_s = 0.0      # time in the streamer (on_route, waits): reads waited for and cache bookkeeping
         # Kept on self: llama.cpp holds raw pointers to these for the context's life.
         self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._callback)
         self.c_abort_callback = llama_cpp.ggml_abort_callback(self._abort)
@@ -75,6 +110,14 @@ class ExpertHook:
         return self.callback_s - self.route_s
 
     def raise_if_failed(self) -> None:
+        """After llama_decode: nothing may be left in flight; re-raise the sticky error if any."""
+        self._stops.clear()
+        self._stop_node = self._prev = 0
+        if self.error is None:
+            try:
+                self.streamer.drain()  # normally nothing: every deferred read was waited for before its matmul
+            except BaseException as exc:  # noqa: BLE001 - a read that failed after the last wait point
+                self.error = exc
         if self.error is not None:
             raise self.error
 
@@ -89,20 +132,83 @@ class ExpertHook:
             if t is None or self.error is not None:
                 return False
             if ask:
+                prev, self._prev = self._prev, t
                 head = ctypes.string_at(t + NAME_OFFSET, self._name_probe)
                 if head.startswith(self._route_prefix):
                     return True
                 if head.startswith(_MOE_PREFIX):
                     self._bind_sources(t)
+                    if self._learning or self._stops:
+                        self._consumer(t, prev)
+                if self._stops:
+                    stop = self._stops[0][0]
+                    if ctypes.string_at(t + NAME_OFFSET, len(stop)) == stop:
+                        self._stop_node = t
+                        return True
                 return False
+            if t == self._stop_node:
+                self._stop_node = 0
+                _, proj = self._stops.pop(0)
+                self._streamer_call(self.streamer.wait, proj)
+                self.n_stop_waits += 1
+                return True
             self._route(t)
             return True
         except BaseException as exc:  # noqa: BLE001 - must not unwind into C
             if self.error is None:
                 self.error = exc
-            return True  # keep going: the abort callback stops the very next node
+            self._stops.clear()
+            self._stop_node = 0
+            try:
+                self.streamer.drain()  # nothing may still write into a buffer a node might read
+            except BaseException:  # noqa: BLE001 - the first error is the one reported
+                pass
+            # A data call answering False ends the split here (so the matmul after a failed wait
+            # never runs); in an ask, the abort callback stops the graph after the next node.
+            return ask
         finally:
             self.callback_s += time.perf_counter() - t0
+
+    def _streamer_call(self, fn, *args) -> None:  # noqa: ANN001
+        r0 = time.perf_counter()
+        try:
+            fn(*args)
+        finally:
+            self.route_s += time.perf_counter() - r0
+
+    def _consumer(self, node: int, prev: int) -> None:
+        """``node`` is an ``ffn_moe_*`` node: if it reads a streamed weight, learn from it (first
+        graph) and make sure that projection is not still being read (any graph)."""
+        key = self._weights.get(ctypes.c_void_p.from_address(node + SRC_OFFSET).value or 0)
+        if key is None:
+            return
+        il, proj = key
+        if self._learning:
+            self._learn(il, proj, prev)
+        for i, (_, p) in enumerate(self._stops):
+            if p == proj:  # its stop node did not come before it: wait here, before the range is computed
+                del self._stops[i]
+                self._streamer_call(self.streamer.wait, proj)
+                self.n_late_waits += 1
+                break
+
+    def _learn(self, il: int, proj: str, prev: int) -> None:
+        seen = self._seen.setdefault(il, {})
+        if proj in seen:
+            return
+        seen[proj] = GgmlTensor.from_address(prev).name if prev else b""  # insertion order = graph order
+        if set(seen) != self._layer_projs.get(il):
+            return
+        order = list(seen)
+        last, stop = order[-1], seen[order[-1]]
+        # Defer the last-consumed projection if some other matmul comes before it and its stop node
+        # is a named node after the routing node (not the routing node itself: nothing to overlap).
+        if len(order) > 1 and stop and not stop.startswith(self._route_prefix):
+            self._stop_of[il] = (last, stop + b"\0")
+            self.streamer.set_schedule(il, order, (last,))
+        if len(self._seen) == len(self._layer_projs) and all(
+                set(v) == self._layer_projs[k] for k, v in self._seen.items()):
+            self._learning = False
 
     def _bind_sources(self, node: int) -> None:
         for i in range(_N_SRC_CHECKED):
@@ -120,6 +226,7 @@ class ExpertHook:
                                 "layout; refusing to stream it")
             ctypes.c_void_p.from_address(src + DATA_OFFSET).value = b.data_addr
             self._bound[name] = b.data_addr
+            self._weights[src] = (b.il, b.proj)
 
     def _ids_words(self, t: int, s: GgmlTensor, n_words: int) -> ctypes.Array:
         """The view's words: in place on the host, copied out when a prefill device computed them
@@ -146,9 +253,11 @@ class ExpertHook:
         # The ids are a view into the argsort result: rows are nb[1] bytes apart, not k*4.
         flat = np.ctypeslib.as_array(self._ids_words(t, s, (n_tokens - 1) * row // 4 + k))
         ids = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, k), strides=(row, 4)).copy()  # [n_tokens, k]
-        r0 = time.perf_counter()
+        self._stops.clear()
         try:
-            self.streamer.on_route(il, ids)
+            self._streamer_call(self.streamer.on_route, il, ids)
         finally:
-            self.route_s += time.perf_counter() - r0
             self.n_routes += 1
+        deferred = self._stop_of.get(il)
+        if deferred is not None and deferred[0] in self.streamer.pending:
+            self._stops.append((deferred[1], deferred[0]))
