@@ -1,9 +1,12 @@
-"""Numeric helpers shared by perplexity(), decide and the gates.
+"""Numeric helpers shared by the engine, decide and the gates.
 
 Only bookkeeping lives here; every matmul runs in llama.cpp. There is exactly one
-log-softmax in the project so that perplexity and decide can be compared bit for bit.
+log-softmax in the project so that perplexity and decide can be compared bit for bit, and one
+token-prefix comparison, which the KV reuse and the decide prefix cache both rely on.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,3 +21,17 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = x - m
     lse = np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
     return shifted - lse
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share.
+
+    Runs on every prompt (thousands of ids for an agent's history), so the scan is vectorised.
+    """
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.fromiter(a[:n], dtype=np.int64, count=n)
+    y = np.fromiter(b[:n], dtype=np.int64, count=n)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n

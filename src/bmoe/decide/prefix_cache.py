@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 from bmoe.decide.errors import PrefixCacheConfigError
 from bmoe.decide.port import KeptState
-from bmoe.decide.prompt_split import common_prefix_len
+from bmoe.numerics import common_prefix_len
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ state ending on it would then never match again.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bmoe.decide.port import PromptRenderer
+from bmoe.numerics import common_prefix_len
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,15 +29,6 @@ class SplitPrompt:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str) -> SplitPrompt:
