@@ -31,3 +31,4 @@ class DecideService:
 
     def drop(self) -> None:
         self.cache.drop()
+        self.backend.forget()

@@ -67,6 +67,30 @@ def test_g18b_state_stored_after_partial_restore_is_exact(decider) -> None:
     assert np.array_equal(logits_of(a), logits_of(b))
 
 
+@pytest.mark.parametrize("overwrite", ["opted-out decision", "perplexity"])
+def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, overwrite) -> None:
+    """Attention-only models keep the prefix state in the sequence, uncopied; whatever overwrites
+    the sequence first copies it out, and the copy restores bit for bit. Hybrid models copy at
+    once; the same sequence of calls must hold for them too."""
+    a = decider()
+    first = a.decide(req(1, P1, S1))
+    hybrid = a.model.is_hybrid
+    assert (first.prefix_state_mib > 0) == hybrid  # in the sequence: no copy yet, no RAM
+    if overwrite == "perplexity":
+        a.perplexity(P2 + S3)
+        assert a.decider.cache.kept_mib > 0  # copied out before the KV was cleared
+    else:
+        whole = a.decide(req(2, P2, S3, reuse_prefix=False))
+        assert whole.reuse == "opted out" and whole.prefix_state_mib > 0
+        assert (whole.store_s > 0) == (not hybrid)  # the copy is this call's store
+    restored = a.decide(req(3, P1, S2))
+    assert restored.reuse == "restored" and restored.n_reused > 0
+    b = decider()
+    fresh = b.decide(req(3, P1, S2))
+    assert restored.scores.choice_logp == fresh.scores.choice_logp
+    assert np.array_equal(logits_of(a), logits_of(b))
+
+
 def test_g18c_whole_prefill_equals_perplexity(decider) -> None:
     s = decider()
     whole = s.decide(req(1, P2, S3, reuse_prefix=False))

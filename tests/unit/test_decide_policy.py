@@ -44,7 +44,7 @@ from bmoe.decide import (
     score_choices,
     split_prompt,
 )
-from bmoe.decide.prompt_split import common_prefix_len
+from bmoe.numerics import common_prefix_len
 
 # ---------------------------------------------------------------------------------------------
 # Scripted backend
@@ -87,6 +87,7 @@ class ScriptedBackend:
         self.pieces: list[tuple[int, ...]] = []  # the "KV": what was prefilled, piece by piece
         self.calls: list[tuple[str, tuple[int, ...], int]] = []
         self.fail_on: str | None = None  # method name that raises once
+        self.clear_copy_s = 0.0  # what clear() reports having spent copying a kept state out
         self.state_n_tokens_skew = 0  # a save_state that lies about its size
         self._hit_calls = 0
 
@@ -119,9 +120,11 @@ class ScriptedBackend:
     def n_past(self) -> int:
         return sum(len(p) for p in self.pieces)
 
-    def clear(self) -> None:
+    def clear(self) -> float:
         self.calls.append(("clear", (), 0))
         self.pieces = []
+        # A backend that keeps saved states in the sequence copies the kept one out here.
+        return self.clear_copy_s
 
     def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
         self.calls.append(("prefill", tuple(tokens), n_past))
@@ -611,7 +614,10 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
         "decide: the backend failed while running the prompt: ValueError: prefix cache: "
         f"a saved state of {n + 1} tokens cannot be kept for a {n}-token prefix"
     )
-    assert cache.kept is kept
+    # The request missed the kept prefix, which was dropped before anything was prefilled (a
+    # miss replaces it; copying it out of the sequence first would be wasted), and the
+    # mis-sized state was refused: nothing is kept.
+    assert kept is not None and cache.kept is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,3 +662,24 @@ def test_prefix_cache_mode_is_checked() -> None:
     with pytest.raises(PrefixCacheConfigError) as info:
         resolve_prefix_cache("yes", prefill_device=False)  # type: ignore[arg-type]
     assert str(info.value) == "--decide-prefix-cache 'yes': give auto, on or off"
+
+
+def test_copying_the_kept_state_out_on_clear_is_the_store_of_that_call() -> None:
+    b, cache = primed()
+    kept = cache.kept
+    b.clear_copy_s = 0.125
+    result = run_decide(b, cache, req("Task: y. ", reuse_prefix=False), ON)
+    assert result.reuse == REUSE_OPTED_OUT and result.store_s == 0.125
+    assert cache.kept is kept  # left alone
+
+
+def test_a_miss_drops_the_kept_state_before_clearing() -> None:
+    b, cache = primed()
+    seen: list[object] = []
+    clear = b.clear
+    b.clear = lambda: (seen.append(cache.kept), clear())[1]  # type: ignore[method-assign]
+    r = req("Task: y. ")
+    result = run_decide(b, cache, r, ON)
+    assert result.reuse.startswith("miss: prefix differs at token")
+    assert seen == [None]  # nothing kept while the sequence was cleared: no copy to make
+    assert cache.kept is not None and cache.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens

@@ -127,13 +127,13 @@ def _prefill(
             if not policy.prefix_cache
             else REUSE_OPTED_OUT if not request.reuse_prefix else REUSE_NO_PREFIX
         )
-        backend.clear()
+        store_s = backend.clear()  # a kept state still in the sequence is copied out first
         cost = backend.prefill(tokens, 0)
-        return _Prefilled(costs=(cost,), n_reused=0, restore_s=0.0, store_s=0.0, reuse=reuse)
+        return _Prefilled(costs=(cost,), n_reused=0, restore_s=0.0, store_s=store_s, reuse=reuse)
 
     n_prefix = prompt.n_prefix
     lookup = cache.lookup(prompt.prefix_tokens)
-    restore_s = 0.0
+    restore_s = store_s = 0.0
     if lookup.kept is not None:
         t0 = time.perf_counter()
         backend.load_state(lookup.kept.state)
@@ -141,17 +141,18 @@ def _prefill(
         n_past = lookup.kept.state.n_tokens
         reuse = REUSE_RESTORED if n_past == n_prefix else REUSE_RESTORED_STORED
     else:
-        backend.clear()
+        if lookup.differs_at is not None:
+            cache.drop()  # unusable for this prompt and about to be replaced: not worth a copy
+        store_s = backend.clear()
         n_past = 0
         reuse = REUSE_STORED if lookup.differs_at is None else REUSE_MISS.format(n=lookup.differs_at)
 
     costs: list[PrefillCost] = []
-    store_s = 0.0
     if n_past < n_prefix:
         costs.append(backend.prefill(tokens[n_past:n_prefix], n_past))
         t0 = time.perf_counter()
         state = backend.save_state()
-        store_s = time.perf_counter() - t0
+        store_s += time.perf_counter() - t0
         # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
         cache.store(prompt.prefix_tokens, state)
     costs.append(backend.prefill(tokens[n_prefix:], n_prefix))

@@ -1,12 +1,16 @@
 """The one adapter implementing DecideBackend over a live session's llama.cpp context.
 
 It drives the session's own KV bookkeeping, so whatever a decision leaves in the context
-is known to the next generate(). Two shortcuts keep a restored decision close to the cost of
-its new tokens, both exact:
+is known to the next generate(). Three shortcuts keep a restored decision close to the cost of
+its new tokens, all exact:
+- keep in place: where the memory can be cut back to a prefix (attention-only models), a
+  stored state is not copied at all. It stays in the sequence, and the KV bookkeeping copies it
+  out only if something is about to remove it (a decision prefilled whole, perplexity()); an
+  agent that only makes decisions never pays for a copy, nor holds one in RAM;
 - restore by trimming: when the sequence still holds the kept prefix followed by the last
   decision's suffix (an agent's next step), cutting the suffix off leaves exactly the kept
   state, with no copy; memory that cannot be cut (recurrent layers) takes the copy instead;
-- stores reuse a buffer whose pages are already in memory, instead of faulting in new ones.
+- copies reuse a buffer whose pages are already in memory, instead of faulting in new ones.
 """
 from __future__ import annotations
 
@@ -27,12 +31,31 @@ if TYPE_CHECKING:
 UNKNOWN_TOKEN = -1
 
 
+class InSequence:
+    """The data of a kept state that lives in the sequence, not in a copy: its size (what it
+    holds in RAM beyond the context) is 0 until ``copy`` is made, just before the sequence
+    loses it."""
+
+    __slots__ = ("copy",)
+
+    def __init__(self) -> None:
+        self.copy: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.copy is None else self.copy.nbytes
+
+
 class LlamaDecideBackend:
     def __init__(self, session: "Session", kept: Callable[[], KeptPrefix | None] = lambda: None) -> None:
         self._s = session
         self._kept = kept  # what the prefix cache keeps now: its tokens, and which buffer is in use
         self._logits: np.ndarray | None = None
         self._pool: list[np.ndarray] = []  # at most two state buffers: the kept one and a spare
+        model = session.model
+        # Attention-only memory can be cut back to any prefix; recurrent state cannot.
+        self._cuttable = not (model.is_recurrent or model.is_hybrid)
+        self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
+        self._holding: KeptState | None = None  # the state the sequence's first tokens are
 
     # --- prompt side (no model state) -------------------------------------------------
     def render_user(self, text: str) -> str:
@@ -51,9 +74,11 @@ class LlamaDecideBackend:
         return self._s.n_ctx
 
     # --- sequence side ----------------------------------------------------------------
-    def clear(self) -> None:
+    def clear(self) -> float:
+        self._copy_s = 0.0
         self._s.kv.reset()
         self._logits = None
+        return self._copy_s
 
     def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
         kv = self._s.kv
@@ -80,15 +105,51 @@ class LlamaDecideBackend:
         return self._logits
 
     def save_state(self) -> KeptState:
-        ctx = self._s.ctx
-        buf = ctx.state_bytes(out=self._spare_buffer(ctx.state_size()))
-        return KeptState(data=buf, n_tokens=self._s.kv.n_past)
+        ctx, kv = self._s.ctx, self._s.kv
+        n = kv.n_past
+        if self._cuttable:
+            state = KeptState(data=InSequence(), n_tokens=n)
+        else:
+            state = KeptState(data=ctx.state_bytes(out=self._spare_buffer(ctx.state_size())), n_tokens=n)
+        self._hold(state)
+        return state
+
+    def _hold(self, state: KeptState) -> None:
+        """The sequence's first tokens now are ``state`` exactly as it was computed (or loaded),
+        so cutting the sequence back to them restores it exactly. The KV bookkeeping tells us
+        before anything removes one of them; from then on only a copy can restore it.
+
+        Same tokens are not enough: a prompt prefilled whole computes its first tokens in a
+        different piece than the kept prefix was, and llama.cpp does not round them the same."""
+        self._holding = state
+        self._s.kv.guard(state.n_tokens, lambda: self._release(state))
+
+    def _release(self, state: KeptState) -> None:
+        """The sequence is about to lose ``state``'s tokens: copy them out first if the state
+        still is the kept one and only lives in the sequence."""
+        self._holding = None
+        kept = self._kept()
+        if kept is None or kept.state is not state or not isinstance(state.data, InSequence):
+            return  # dropped or replaced: not worth a copy; or already a copy
+        ctx, kv = self._s.ctx, self._s.kv
+        n = state.n_tokens
+        if not (kv.n_past == n or ctx.trim(n)):
+            raise DecideBackendError(f"decide: cannot cut the sequence back to the kept {n}-token prefix to save it")
+        del kv.tokens[n:]
+        t0 = time.perf_counter()
+        state.data.copy = ctx.state_bytes(out=self._spare_buffer(ctx.state_size()))
+        self._copy_s += time.perf_counter() - t0
+
+    def forget(self) -> None:
+        """The kept state was dropped: nothing in the sequence needs saving any more."""
+        self._holding = None
+        self._s.kv.unguard()
 
     def _spare_buffer(self, size: int) -> np.ndarray:
         """A pool buffer the kept state does not live in, grown (untouched pages) when too small."""
         kept = self._kept()
-        in_use = kept.state.data if kept is not None and isinstance(kept.state.data, np.ndarray) else None
-        busy = [b for b in self._pool if in_use is not None and np.shares_memory(b, in_use)]
+        in_use = saved_bytes(kept.state) if kept is not None else None
+        busy = [b for b in self._pool if isinstance(in_use, np.ndarray) and np.shares_memory(b, in_use)]
         free = [b for b in self._pool if not any(b is k for k in busy)]
         buf = free[0] if free and free[0].nbytes >= size else np.empty(size + size // 4, dtype=np.uint8)
         self._pool = busy + [buf]  # headroom above: a grown prefix usually fits the same buffer
@@ -97,16 +158,28 @@ class LlamaDecideBackend:
     def load_state(self, state: KeptState) -> None:
         kv = self._s.kv
         kept = self._kept()
-        tokens = list(kept.tokens) if kept is not None and kept.state is state else None
         n = state.n_tokens
-        if tokens is not None and kv.tokens[:n] == tokens and (kv.n_past == n or self._s.ctx.trim(n)):
+        if self._holding is state and (kv.n_past == n or self._s.ctx.trim(n)):
             del kv.tokens[n:]  # the sequence already is the kept state: no copy
             self._logits = None
             return
+        data = saved_bytes(state)
+        if data is None:
+            kv.reset()
+            raise DecideBackendError(f"decide: the kept {n}-token prefix state left the sequence uncopied")
         try:
-            self._s.ctx.load_state_bytes(state.data)
+            kv.reset()
+            self._s.ctx.load_state_bytes(data)
         except Exception:
             kv.reset()
             raise
-        kv.tokens = tokens if tokens is not None else [UNKNOWN_TOKEN] * n
+        kv.tokens = list(kept.tokens) if kept is not None and kept.state is state else [UNKNOWN_TOKEN] * n
         self._logits = None
+        self._hold(state)
+
+
+def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:
+    """The bytes of a state this adapter saved: its copy, or None while it lives only in the
+    sequence."""
+    data = state.data
+    return data.copy if isinstance(data, InSequence) else data

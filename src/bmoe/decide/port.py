@@ -7,7 +7,7 @@ without a model.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,10 +36,12 @@ class PrefillCost:
 class KeptState:
     """A saved sequence state: the whole state (KV and recurrent layers) after ``n_tokens``.
 
-    ``data`` is opaque to the policy; only the backend that saved it can load it.
+    ``data`` is opaque to the policy; only the backend that saved it can load it. Its len() is
+    what it holds in RAM: a backend may keep the state in the live sequence and copy it out only
+    when the sequence is about to lose it, and until then it costs nothing beyond the context.
     """
 
-    data: np.ndarray | bytes  # [nbytes] uint8; len() is its size in bytes
+    data: np.ndarray | bytes | Sized  # [nbytes] uint8, or a backend's handle; len() in bytes
     n_tokens: int
 
     @property
@@ -84,8 +86,9 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         """How many tokens the sequence can hold."""
         ...
 
-    def clear(self) -> None:
-        """Empty the sequence (position 0 next)."""
+    def clear(self) -> float:
+        """Empty the sequence (position 0 next). Returns the seconds spent copying out a saved
+        state that still lived in the sequence (see ``save_state``), 0.0 when there was none."""
         ...
 
     def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
@@ -99,7 +102,8 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         ...
 
     def save_state(self) -> KeptState:
-        """A copy of the whole sequence state as it stands now."""
+        """The whole sequence state as it stands now, loadable after the sequence has moved on
+        (a copy, or a promise to copy it before the sequence loses it)."""
         ...
 
     def load_state(self, state: KeptState) -> None:
