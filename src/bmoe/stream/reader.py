@@ -66,7 +66,8 @@ class ReaderStats:
     read_bytes: int     # bytes asked for (sum of ReadOp.nbytes): what the model needed
     device_bytes: int   # bytes the kernel was asked to read, alignment overhead included
     n_syscalls: int
-    io_s: float         # read time: per batch, wall time from its submit to its last read done
+    io_s: float         # read time: per batch, wall time from its submit to its last read done (and seen
+                        # done by a waiter that was blocked on it)
     stall_s: float      # time callers spent blocked in Batch.wait (reads not done yet)
 
 
@@ -331,10 +332,15 @@ class Batch:
         r = self.reader
         t0 = time.perf_counter()
         with self._cond:
-            while self._left[g]:
-                self._cond.wait()
+            if self._left[g]:
+                while self._left[g]:
+                    self._cond.wait()
+                # Blocked time is stall; the batch's read time runs at least until the waiter
+                # saw its reads done (so stall never exceeds io, whatever the wake-up delay).
+                t1 = time.perf_counter()
+                self._end = max(self._end, t1)
+                r._stall_s += t1 - t0
             bad = self._bad[g]
-        r._stall_s += time.perf_counter() - t0
         if bad:
             self._fail(self._error or StreamIOError("reading experts was abandoned"))
         self._waited[g] = True
@@ -362,7 +368,8 @@ class Batch:
             if err is not None and self._error is None:
                 self._error = err
                 self.stopped = True
-            self._cond.notify_all()
+            if not self._left[g]:  # wake the waiter once per group, not once per chunk
+                self._cond.notify_all()
 
     def _quiesce(self) -> None:
         with self._cond:
