@@ -56,7 +56,7 @@ def done_fields(r: GenerateResult) -> dict:
         "id": r.id, "cancelled": r.cancelled, "tokens": r.n_tokens, "tok_s": _r(r.tok_s, 3),
         "prefill_s": _r(r.prefill_s), "prefill_tps": _r(r.prefill_tps, 2), "load_s": _r(r.load_s),
         "cache_hit_pct": _r(io.hit_pct, 2), "n_prompt": r.n_prompt, "n_past": r.n_past,
-        "compute_s_tok": _r(max(0.0, wall_tok - (io.io_s + io.mgmt_s) / n), 6), "io_s_tok": _r(io.io_s / n, 6),
+        "compute_s_tok": _r(max(0.0, wall_tok - (io.stall_s + io.mgmt_s) / n), 6), "io_s_tok": _r(io.io_s / n, 6),
         "cache_resident_mib": _r(io.resident_bytes / MIB, 2), "cache_budget_mib": _r(io.budget_bytes / MIB, 2),
         "read_mib": _r(io.read_bytes / MIB, 3), "stall_s_tok": _r(io.stall_s / n, 6),
         "mgmt_s_tok": _r(io.mgmt_s / n, 6), "majflt_tok": _r(r.majflt / n, 3), "cpu_s_tok": _r(r.cpu_s / n, 6),
@@ -90,8 +90,9 @@ def summary(r: GenerateResult) -> str:
         bw = io.read_bytes / io.io_s / 1e9 if io.io_s > 0 else 0.0
         out.append(f"flash read: {io.read_bytes / MIB:.1f} MiB ({io.read_bytes / MIB / n:.2f} MiB/token), "
                    f"{io.routed} experts routed")
-        out.append(f"per token: compute {max(0.0, r.decode_s / n - (io.io_s + io.mgmt_s) / n) * 1e3:.2f} ms, "
-                   f"cache mgmt {io.mgmt_s / n * 1e3:.2f} ms, flash I/O {io.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s)")
+        out.append(f"per token: compute {max(0.0, r.decode_s / n - (io.stall_s + io.mgmt_s) / n) * 1e3:.2f} ms, "
+                   f"cache mgmt {io.mgmt_s / n * 1e3:.2f} ms, flash I/O {io.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s), "
+                   f"waiting for it {io.stall_s / n * 1e3:.2f} ms")
         hit = f"{io.hit_pct:.1f}%" if io.cache_on else "off"
         out.append(f"expert cache: hit rate {hit}, resident {io.resident_bytes / MIB:.1f} MiB "
                    f"of {io.budget_bytes / MIB:.1f} MiB")
