@@ -165,7 +165,8 @@ def _stream_counters(session) -> dict[str, float]:
         return {}
     st, hook = session._stream.streamer.stats(), session._stream.hook
     return {
-        "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "io_s": st.io_s, "mgmt_s": st.mgmt_s,
+        "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "io_s": st.io_s, "stall_s": st.stall_s,
+        "mgmt_s": st.mgmt_s, "n_stop_waits": hook.n_stop_waits, "n_late_waits": hook.n_late_waits,
         "hits": st.hits, "misses": st.misses, "routed": st.routed, "evictions": st.evictions,
         "n_routes": st.n_routes, "resident_bytes": st.resident_bytes, "budget_bytes": st.budget_bytes,
         "n_calls": hook.n_calls, "callback_s": hook.callback_s, "python_s": hook.python_s,

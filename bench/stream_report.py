@@ -31,6 +31,9 @@ def _row(run: dict[str, object], bw_ref: float | None) -> dict[str, object]:
         bw = per_tok / st["io_s"] if st["io_s"] else 0.0
         looked = st["hits"] + st["misses"]
         row |= {"read_mib_per_tok": per_tok / MIB, "bw_gbs": bw / 1e9, "io_ms_per_tok": st["io_s"] * 1e3,
+                # time the graph waited for reads (older results: reads were all waited for)
+                "stall_ms_per_tok": st.get("stall_s", st["io_s"]) * 1e3, "wall_ms_per_tok": 1e3 / r["decode_tok_s"],
+                "stop_waits_per_tok": st.get("n_stop_waits"), "late_waits_per_tok": st.get("n_late_waits"),
                 "mgmt_ms_per_tok": st["mgmt_s"] * 1e3, "python_ms_per_tok": st["python_s"] * 1e3,
                 "callbacks_per_tok": st["n_calls"], "hit_pct": 100.0 * st["hits"] / looked if st["budget_mib"] else None,
                 "evictions_per_tok": st["evictions"], "resident_mib": st["resident_mib"]}
@@ -172,6 +175,14 @@ def print_table(report: dict[str, object]) -> None:
     off = d.get("off") or {}
     if off.get("routing"):
         print(f"\nrouting (cache off decode): {off['routing']}")
+    for key in ("off", "cache"):
+        row = d.get(key) or {}
+        if "stall_ms_per_tok" in row:
+            print(f"{key} per decode token: wall {row['wall_ms_per_tok']:.1f} ms, reads in flight "
+                  f"{row['io_ms_per_tok']:.1f} ms, waited for {row['stall_ms_per_tok']:.1f} ms (overlapped "
+                  f"{row['io_ms_per_tok'] - row['stall_ms_per_tok']:.1f} ms), Python {row['python_ms_per_tok']:.1f} ms, "
+                  f"bookkeeping {row['mgmt_ms_per_tok']:.1f} ms; waits at the stop node {row['stop_waits_per_tok']}, "
+                  f"at the matmul {row['late_waits_per_tok']}")
     for key in ("llama", "off", "cache"):
         if (d.get(key) or {}).get("round_tok_s"):
             print(f"{key} decode tok/s by round: {[round(x, 3) for x in d[key]['round_tok_s']]}")
