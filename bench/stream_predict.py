@@ -1,0 +1,150 @@
+"""How well could layer l+1's experts be guessed from layer l's output, before layer l+1 runs?
+
+The question behind speculative prefetch (docs/benchmarks.md): split-phase reads hide only the
+reads of a layer's last projection behind its own gate/up matmuls; the rest of a token's reads
+can overlap compute only if they start before the layer's router has run. A cheap guess: apply
+layer l+1's router (with its ffn_norm) to layer l's output ``l_out-<l>``, skipping layer l+1's
+attention. This script runs the model resident through llama.cpp's C API with a ``cb_eval``
+observer that copies ``l_out-*``, ``ffn_inp-*`` and ``ffn_moe_topk-*`` of each decoded token,
+and reports, per layer, how many of the k experts the router picked (k = 8 on the benchmark
+model) are among the guess's top k, 1.5k, 2k and 3k. As a check of the arithmetic, the same router applied to the real input
+(``ffn_inp-<l+1>``) must reproduce the picked experts.
+
+    .venv/bin/python bench/stream_predict.py [--model bench/out/synthetic-qwen3moe-16L-q4_0.gguf]
+
+It loads the whole file (mmap, read once at load) and drops it from the page cache at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from stream_child import PROMPT, PlainLlama
+
+WIDTHS = (1.0, 1.5, 2.0, 3.0)  # guessed experts per layer, in multiples of n_expert_used
+PREFIXES = (b"l_out-", b"ffn_inp-", b"ffn_moe_topk-")
+
+
+class Observer:
+    """cb_eval that asks for the nodes named by PREFIXES and keeps the last token's row of each."""
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        from bmoe.llama.ggml_tensor import NAME_OFFSET, GgmlTensor
+
+        self._name_at, self._tensor = NAME_OFFSET, GgmlTensor
+        self.rows: dict[str, np.ndarray] = {}
+        self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
+
+    def _cb(self, t: int | None, ask: bool, _user: object) -> bool:
+        if not t:
+            return False
+        name = ctypes.string_at(t + self._name_at, 20)
+        if not name.startswith(PREFIXES):
+            return False
+        if ask:
+            return True
+        s = self._tensor.from_address(t)
+        n_tokens = int(s.ne[1])
+        if n_tokens == 0:
+            return True
+        last = s.data + (n_tokens - 1) * int(s.nb[1])
+        if name.startswith(b"ffn_moe_topk-"):
+            row = np.ctypeslib.as_array((ctypes.c_int32 * int(s.ne[0])).from_address(last)).copy()
+        else:
+            row = np.ctypeslib.as_array((ctypes.c_float * int(s.ne[0])).from_address(last)).copy()
+        self.rows[s.name.decode()] = row
+        return True
+
+
+def router_weights(model: Path) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], float, int]:
+    import gguf
+
+    r = gguf.GGUFReader(model, "r")
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    if arch != "qwen3moe":  # the node names and the norm -> router path below are qwen3moe's
+        raise SystemExit(f"{model}: {arch} is not qwen3moe")
+    eps = float(r.fields[f"{arch}.attention.layer_norm_rms_epsilon"].parts[-1][0])
+    n_used = int(r.fields[f"{arch}.expert_used_count"].parts[-1][0])
+    gate, norm = {}, {}
+    for t in r.tensors:
+        parts = t.name.split(".")
+        if t.name.endswith("ffn_gate_inp.weight"):
+            gate[int(parts[1])] = np.asarray(t.data, dtype=np.float32).reshape(-1, int(t.shape[0]))  # [n_expert, n_embd]
+        elif t.name.endswith("ffn_norm.weight"):
+            norm[int(parts[1])] = np.asarray(t.data, dtype=np.float32)
+    return gate, norm, eps, n_used
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=HERE / "out" / "synthetic-qwen3moe-16L-q4_0.gguf")
+    ap.add_argument("--n-predict", type=int, default=24, help="decoded tokens measured")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None, help="JSON results (default: next to the model)")
+    a = ap.parse_args(argv)
+
+    gate, norm, eps, n_used = router_weights(a.model)
+    layers = sorted(gate)
+
+    def scores(il: int, x: np.ndarray) -> np.ndarray:
+        h = x / np.sqrt(np.mean(x * x, dtype=np.float32) + eps) * norm[il]
+        return gate[il] @ h
+
+    obs = Observer()
+    plain = PlainLlama(a.model, extra_bufts=False, n_threads=a.threads, n_ctx=512)
+    plain.lc.llama_free(plain.ctx)  # again, with the observer wired in
+    cp = plain.lc.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 512, 512, 512, a.threads, a.threads
+    cp.no_perf, cp.cb_eval, cp.cb_eval_user_data = True, obs.c_callback, None
+    plain.ctx = plain.lc.llama_init_from_model(plain.model, cp)
+
+    widths = [int(w * n_used) for w in WIDTHS]
+    hits = {w: np.zeros(len(layers)) for w in widths}
+    oracle_same = n = 0
+    prompt = plain.tokenize(PROMPT)
+    tok, pos = plain._decode(prompt, 0), len(prompt)
+    for _ in range(a.n_predict):
+        obs.rows.clear()
+        tok = plain._decode([tok], pos)
+        pos += 1
+        n += 1
+        for i, il in enumerate(layers[1:], start=1):
+            picked = set(obs.rows[f"ffn_moe_topk-{il}"].tolist())
+            oracle = set(np.argsort(-scores(il, obs.rows[f"ffn_inp-{il}"]))[:n_used].tolist())
+            oracle_same += oracle == picked
+            order = np.argsort(-scores(il, obs.rows[f"l_out-{layers[i - 1]}"]))
+            for w in widths:
+                hits[w][i] += len(picked & set(order[:w].tolist()))
+    plain.close()
+    fd = os.open(a.model, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+    n_pred = n * (len(layers) - 1)
+    report = {
+        "model": str(a.model), "decoded_tokens": n, "layers_predicted": len(layers) - 1, "n_expert_used": n_used,
+        "oracle_reproduces_router": oracle_same / n_pred,
+        "recall": {str(w): float(hits[w].sum() / (n_pred * n_used)) for w in widths},
+        "recall_by_layer": {str(w): (hits[w][1:] / (n * n_used)).round(3).tolist() for w in widths},
+    }
+    out = a.out or a.model.with_suffix(".predict.json")
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "recall_by_layer"}, indent=1))
+    print(f"recall of the top-{n_used} guess by layer 1..{len(layers) - 1}: {report['recall_by_layer'][str(n_used)]}")
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
