@@ -185,15 +185,19 @@ class Bench:
         _expect(self.s.decide(_request(next(self._ids), point.grown_prefix, reuse=False)), "opted out")
         self.cache.drop()
 
-    def _keep(self, kept: KeptPrefix) -> None:
-        """Make ``kept`` the kept state again, held in the sequence as the previous step left it
-        (untimed: a copy-in when the sequence lost it, a cut otherwise). Re-prefilling it instead
+    def _keep(self, kept: KeptPrefix, after: Sequence[int] = ()) -> None:
+        """Make ``kept`` the kept state again, held in the sequence as the previous step left it:
+        the kept prefix, then that step's ``after`` tokens (its suffix). Untimed. The restored
+        decision then gets its state back the way an agent's next step does: by a cut on
+        attention-only models, by a copy on hybrid ones. Re-running the previous step instead
         would cost a whole prefix per repetition and time nothing."""
         self.cache.store(kept.tokens, kept.state)
         self.backend.load_state(kept.state)
+        if after:
+            self.backend.prefill(after, kept.state.n_tokens)
 
-    def _restored(self, point: Point, kept: KeptPrefix) -> tuple[DecideResult, float]:
-        self._keep(kept)
+    def _restored(self, point: Point, kept: KeptPrefix, prev: SplitPrompt) -> tuple[DecideResult, float]:
+        self._keep(kept, prev.tokens[kept.state.n_tokens:])
         t0 = time.perf_counter()
         r = self.s.decide(_request(next(self._ids), point.grown_prefix))
         wall = time.perf_counter() - t0
@@ -224,6 +228,8 @@ class Bench:
         self.backend.clear()
         kept = KeptPrefix(stored.tokens, KeptState(data=np.array(saved_bytes(stored.state)), n_tokens=stored.state.n_tokens))
         prompt = split_prompt(self.backend, point.grown_prefix, SUFFIX)
+        prev = split_prompt(self.backend, point.prev_prefix, SUFFIX)  # what the previous step prefilled
+        assert prev.n_prefix == kept.state.n_tokens
         pairs: list[Pair] = []
         wholes: list[Whole] = []
         restored: list[DecideResult] = []
@@ -236,11 +242,11 @@ class Bench:
                 # Alternate which side runs first: the first after a whole prefill may find
                 # caches colder.
                 if i % 2 == 0:
-                    r, wall = self._restored(point, kept)
+                    r, wall = self._restored(point, kept, prev)
                     suffix_s = self._suffix(prompt, kept)
                 else:
                     suffix_s = self._suffix(prompt, kept)
-                    r, wall = self._restored(point, kept)
+                    r, wall = self._restored(point, kept, prev)
                 restored.append(r)
                 pairs.append(Pair(wall, r.prefill_s, r.restore_s, r.store_s, suffix_s))
             if len(wholes) < whole_reps and (i % every == every - 1 or i >= pair_reps):
