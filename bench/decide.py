@@ -178,7 +178,7 @@ class Bench:
         self._ids = iter(range(1, 1 << 30))
 
     def count_prefix_tokens(self, prefix: str) -> int:
-        return len(self.backend.tokenize_prompt(self.backend.render_user(prefix)))
+        return len(self.s.tokenize_prompt(self.backend.render_user(prefix)))
 
     def warm_up(self, point: Point) -> None:
         """One untimed whole decision: the first touches of the weights and buffers."""

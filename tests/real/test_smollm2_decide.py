@@ -173,3 +173,11 @@ def test_colliding_choices_are_refused_and_change_nothing(open_smol, wifi) -> No
     assert after.reuse == expected.reuse == "restored"
     assert after.n_reused == expected.n_reused > 0 and after.n_tokens == expected.n_tokens
     assert after.scores == expected.scores
+
+
+def test_prompts_tokenized_together_equal_one_by_one(open_smol, wifi) -> None:
+    """The adapter tokenizes a decision's two renderings concurrently; order and ids must not change."""
+    s = open_smol(decide=True)
+    texts = [s.render([Message("user", r.prefix + r.suffix)], think=False) for r in wifi]
+    texts += [s.render([Message("user", r.prefix)], think=False) for r in wifi]
+    assert s.decider.backend.tokenize_prompts(texts) == [s.tokenize_prompt(t) for t in texts]

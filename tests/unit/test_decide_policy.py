@@ -102,6 +102,9 @@ class ScriptedBackend:
         self._maybe_fail("render_user")
         return f"<u>{text}<e><a>" if self.template else text
 
+    def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tokenize_prompt(t) for t in texts]
+
     def tokenize_prompt(self, text: str) -> list[int]:
         self._maybe_fail("tokenize_prompt")
         return ([BOS] if self.bos else []) + tokenize_text(text, specials=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -29,6 +30,16 @@ if TYPE_CHECKING:
     from bmoe.session import Session
 
 UNKNOWN_TOKEN = -1
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _tokenizer_pool() -> ThreadPoolExecutor:
+    """One worker thread for the whole process: tokenizing is short, sessions can share it."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(1, thread_name_prefix="bmoe-tokenize")
+    return _POOL
 
 
 class InSequence:
@@ -61,8 +72,15 @@ class LlamaDecideBackend:
     def render_user(self, text: str) -> str:
         return self._s.render([Message("user", text)], think=False)
 
-    def tokenize_prompt(self, text: str) -> list[int]:
-        return self._s.tokenize_prompt(text)
+    def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
+        # llama_tokenize releases the GIL and only reads the vocabulary, so the others run on a
+        # worker thread while this one does the first: the two tokenizations of a 3000-token
+        # prompt take 3 ms instead of 5.5 ms on a core left idle (bench/decide.py).
+        if len(texts) < 2:
+            return [self._s.tokenize_prompt(t) for t in texts]
+        others = [_tokenizer_pool().submit(self._s.tokenize_prompt, t) for t in texts[1:]]
+        first = self._s.tokenize_prompt(texts[0])
+        return [first] + [f.result() for f in others]
 
     def tokenize_choice(self, text: str) -> list[int]:
         return self._s.model.tokenize(text, add_special=False, parse_special=False)

@@ -61,9 +61,10 @@ class PromptRenderer(Protocol):
         reasoning off; rendered by the same function generate() uses. Identity without a template."""
         ...
 
-    def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokens of a rendered prompt as the engine feeds it: specials parsed, BOS as the
-        model wants it."""
+    def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Tokens of each rendered prompt, in order, as the engine feeds them: specials parsed,
+        BOS as the model wants it. A backend may tokenize them concurrently (a decision
+        tokenizes its prompt twice, and at thousands of tokens that is most of its own cost)."""
         ...
 
 

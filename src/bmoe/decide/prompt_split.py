@@ -33,8 +33,8 @@ class SplitPrompt:
 
 def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str) -> SplitPrompt:
     """Render and tokenize the prompt, and find the prefix boundary on its tokens."""
-    tokens = tuple(renderer.tokenize_prompt(renderer.render_user(prefix + suffix)))
-    alone = renderer.tokenize_prompt(renderer.render_user(prefix))
+    whole, alone = renderer.tokenize_prompts([renderer.render_user(prefix + suffix), renderer.render_user(prefix)])
+    tokens = tuple(whole)
     # Giving one token back also keeps at least one token after the prefix, so the logits the
     # decision reads always come from a prefill made in this call.
     n_prefix = max(0, common_prefix_len(tokens, alone) - 1)
