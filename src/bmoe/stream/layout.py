@@ -115,6 +115,7 @@ class TensorInfo:
     offset: int                # absolute byte offset in the shard
     nbytes: int
     ne: tuple[int, ...]        # ggml order: ne[0] is the row length
+    ggml_type: int = 0         # gguf.GGMLQuantizationType value (0 = F32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +208,7 @@ def read_header(path: Path) -> GgufHeader:
         n = 1
         for d in ne:
             n *= d
-        tensors.append(TensorInfo(name, data_start + rel, n // block * type_size, ne))
+        tensors.append(TensorInfo(name, data_start + rel, n // block * type_size, ne, ggml_type))
     return GgufHeader(fields, tuple(tensors))
 
 
