@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from .layout import FileId
 
 ALIGN = max(4096, mmap.PAGESIZE)
 _BOUNCE_BYTES = 1 << 20
+_WAKE = ("wake",)  # queued with each urgent read (see ExpertReader.submit)
 
 
 class StreamIOError(RuntimeError):
@@ -120,6 +121,9 @@ class ExpertReader:
         if not self._fds:
             self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
         self._queue: queue.SimpleQueue[tuple[Batch, int, ReadOp] | None] = queue.SimpleQueue()
+        # Urgent reads: every item here has a _WAKE in _queue, so a lane blocked there wakes for it.
+        self._urgent: queue.SimpleQueue[tuple[Batch, int, ReadOp]] = queue.SimpleQueue()
+        self._covered = 0.0  # io_s counts the union of the batches' spans: where it ends so far
         self._lanes = [threading.Thread(target=self._lane, name=f"bmoe-io-{i}", daemon=True) for i in range(io_threads)]
         for lane in self._lanes:
             lane.start()
@@ -129,11 +133,14 @@ class ExpertReader:
         """Fill every op's bytes; raises the sticky StreamIOError on any failure."""
         self.submit([ops]).wait_all()
 
-    def submit(self, groups: Sequence[Sequence[ReadOp]]) -> "Batch":
+    def submit(self, groups: Sequence[Sequence[ReadOp]], *, urgent: Collection[int] = ()) -> "Batch":
         """Queue every group's reads, group 0 first, and return without waiting.
 
-        The caller must wait for a group (``Batch.wait``) before anything reads its
-        destinations, and for the whole batch before it writes, evicts or frees them."""
+        Groups named in ``urgent`` go ahead of everything already queued: a lane takes them as
+        soon as it is free (speculative prefetch: the reads a route really needs pass the
+        guessed reads still queued). The caller must wait for a group (``Batch.wait``) before
+        anything reads its destinations, and for the whole batch before it writes, evicts or
+        frees them."""
         self.raise_if_failed()
         if not self._lanes:
             raise StreamIOError("the expert reader is closed")
@@ -141,7 +148,11 @@ class ExpertReader:
                       [sum(op.nbytes for op in ops) for ops in groups])
         for g, chunks in enumerate(batch.chunks):
             for c in chunks:
-                self._queue.put((batch, g, c))
+                if g in urgent:
+                    self._urgent.put((batch, g, c))
+                    self._queue.put(_WAKE)  # a lane blocked on the queue looks at the urgent one
+                else:
+                    self._queue.put((batch, g, c))
         batch.chunks = []  # the queue holds them now
         return batch
 
@@ -204,9 +215,14 @@ class ExpertReader:
 
     def _lane(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
+            try:
+                item = self._urgent.get_nowait()
+            except queue.Empty:
+                item = self._queue.get()
+                if item is None:
+                    return
+                if item is _WAKE:
+                    continue  # its urgent read was taken by whichever lane came first
             batch, g, op = item
             err: BaseException | None = None
             skipped = batch.stopped  # after a failure or an abandon, the rest is skipped, not read
@@ -379,7 +395,11 @@ class Batch:
     def _close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.reader._io_s += self._end - self.t0
+            r = self.reader
+            # Batches in flight at once (a prefetch and its route's own reads) count once: io_s
+            # is the time any read was in flight, the union of the spans.
+            r._io_s += max(0.0, self._end - max(self.t0, r._covered))
+            r._covered = max(r._covered, self._end)
 
     def _fail(self, err: BaseException) -> None:
         self.stopped = True
