@@ -12,6 +12,14 @@ deferred)``. Then ``on_route`` queues the groups in ``order`` and waits only for
 projections not ``deferred``; those stay ``pending`` until ``wait(proj)`` (the hook calls it
 just before their matmul) or ``drain()``. The cache records a route's misses only after its
 last wait, and every route (and ``drain``) first waits for what the previous one left.
+
+Speculative prefetch (cache off only): ``prefetch(il, guess)`` queues the reads of the experts
+guessed for layer ``il`` before its router has run (the hook calls it at ``l_out-<il-1>``, when
+layer ``il-1``'s matmuls are done with the shared buffers). The next ``on_route(il, ids)`` takes
+that batch over: routed experts that were guessed are not read again, it waits for their groups
+as for its own; routed experts not guessed are queued as urgent reads, ahead of the guessed
+reads still queued. Wrong guesses were read for nothing; ``wasted_bytes`` counts them, so
+``read_bytes == routed slice bytes + wasted_bytes`` stays exact.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import LruCache, Plan, SharedBuffers
+from .cache import ExpertKey, LruCache, Plan, SharedBuffers
 from .layout import ExpertTensor, ModelLayout
 from .options import Budget, StreamOptions, resolve_budget
 from .reader import Batch, ExpertReader, StreamIOError, stderr_warn
@@ -46,6 +54,9 @@ class StreamStats:
     resident_bytes: int
     budget_bytes: int     # 0 = cache off
     n_routes: int         # on_route calls (one per MoE layer per ubatch)
+    guessed: int = 0      # speculative prefetch: experts read ahead of their route on a guess
+    guess_hits: int = 0   # ... of which the route really picked (their reads served the route)
+    wasted_bytes: int = 0  # bytes read for guessed experts the route did not pick
 
     @property
     def cache_enabled(self) -> bool:
@@ -82,6 +93,9 @@ class Streamer:
         self._projs = {il: tuple(dict.fromkeys(t.proj for t in layout.layer_tensors(il))) for il in layout.layers}
         self._schedule: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
         self._inflight: _Route | None = None
+        self._ahead: _Ahead | None = None  # a prefetch no route has taken over yet
+        self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
+        self._guessed = self._guess_hits = self._wasted = 0
 
     # --- what the hook binds ------------------------------------------------------------
     def binding(self, name: str) -> Binding | None:
@@ -111,7 +125,7 @@ class Streamer:
     def on_route(self, il: int, expert_ids: np.ndarray) -> None:
         """Read layer ``il``'s routed experts (any shape of int ids, e.g. [n_tokens, k]); when it
         returns, all of them are present except the projections its schedule defers."""
-        self.drain()
+        self._drain_route()
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
         experts = np.unique(np.asarray(expert_ids, dtype=np.int64))  # the ubatch's union, ascending
@@ -122,22 +136,70 @@ class Streamer:
             self._fail_route(f"layer {il} routed experts but the GGUF has no expert tensors for it")
         if self.options.read_all:  # verification mode: the routed subset must not matter
             experts = np.arange(self.layout.n_expert, dtype=np.int64)
+        if self._ahead is not None and self._ahead.il != il:
+            self._finish_ahead()  # a guess for another layer: nothing of it serves this route
         if il == self._first_layer:
             self.reader.verify_files()  # once per ubatch: a replaced file must not feed a token
-        plan = self.cache.plan(il, experts.tolist())
         order, deferred = self._schedule.get(il, (self._projs[il], frozenset()))
-        batch = self.reader.submit([plan.ops_of(p) for p in order])
-        self._inflight = _Route(plan, len(experts), order, batch)
+        ahead, self._ahead = self._ahead, None
+        try:
+            if ahead is None:
+                plan = self.cache.plan(il, experts.tolist())
+                parts: tuple[tuple[Batch, tuple[str, ...]], ...] = (
+                    (self.reader.submit([plan.ops_of(p) for p in order]), order),)
+            else:
+                routed = experts.tolist()
+                fresh = [e for e in routed if e not in ahead.experts]
+                wrong = len(ahead.experts) - (len(routed) - len(fresh))
+                self._guess_hits += len(routed) - len(fresh)
+                self._wasted += wrong * self._expert_bytes[il]
+                new = self.cache.plan(il, fresh)
+                plan = Plan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
+                parts = ((ahead.batch, ahead.order),)
+                if fresh:  # what the guess missed goes ahead of the guessed reads still queued
+                    urgent = {i for i, p in enumerate(order) if p not in deferred}
+                    parts += ((self.reader.submit([new.ops_of(p) for p in order], urgent=urgent), order),)
+        except BaseException:
+            if ahead is not None:
+                ahead.batch.abandon()
+            raise
+        self._inflight = _Route(plan, len(experts), order, parts)
         self._mgmt_s += time.perf_counter() - t0
         for p in order:
             if p not in deferred:
                 self.wait(p)
 
+    def prefetch(self, il: int, experts: np.ndarray) -> None:
+        """Start reading the experts guessed for layer ``il`` before its route (cache off only).
+
+        The caller guarantees that nothing reads the shared buffers' slices of layer ``il``'s
+        experts until the route of ``il``: with the cache off that is once the previous layer's
+        matmuls are done. Whatever is still in flight (a route, an older guess) is waited for first."""
+        if not isinstance(self.cache, SharedBuffers):
+            raise ValueError("speculative prefetch reads into the shared buffers of the cache-off mode")
+        self.drain()
+        t0 = time.perf_counter()
+        self.reader.raise_if_failed()
+        ids = np.unique(np.asarray(experts, dtype=np.int64))
+        if il not in self._layers or (ids.size and (ids[0] < 0 or ids[-1] >= self.layout.n_expert)):
+            raise ValueError(f"cannot prefetch experts {ids.tolist()} of layer {il}")
+        order = self._schedule.get(il, (self._projs[il], frozenset()))[0]
+        plan = self.cache.plan(il, ids.tolist())
+        batch = self.reader.submit([plan.ops_of(p) for p in order])
+        self._ahead = _Ahead(il, frozenset(ids.tolist()), order, batch)
+        self._guessed += len(ids)
+        self._mgmt_s += time.perf_counter() - t0
+
     @property
     def pending(self) -> tuple[str, ...]:
         """Projections of the current route whose reads have not been waited for, in queue order."""
         r = self._inflight
-        return () if r is None else tuple(p for i, p in enumerate(r.order) if not r.batch.is_waited(i))
+        return () if r is None else tuple(p for p in r.order if not r.is_waited(p))
+
+    @property
+    def prefetching(self) -> int | None:
+        """The layer whose guessed experts are being read ahead of its route, if any."""
+        return None if self._ahead is None else self._ahead.il
 
     def wait(self, proj: str) -> None:
         """Return once ``proj``'s reads of the current route are in place (at once if they are,
@@ -146,11 +208,12 @@ class Streamer:
         if r is None or proj not in r.order:
             return
         try:
-            r.batch.wait(r.order.index(proj))
+            for batch, order in r.parts:  # the prefetch first: its reads were queued first
+                batch.wait(order.index(proj))
         except BaseException:
-            self._inflight = None  # nothing of it is in flight now; its misses are not recorded
+            self._stop_all()  # nothing of it is in flight now; its misses are not recorded
             raise
-        if r.batch.done:
+        if r.done:
             t0 = time.perf_counter()
             self._inflight = None
             self.cache.commit(r.plan)
@@ -159,9 +222,33 @@ class Streamer:
             self._mgmt_s += time.perf_counter() - t0
 
     def drain(self) -> None:
-        """Wait for everything the current route still has in flight (and record it)."""
+        """Wait for everything still in flight: the current route (and record it), and a
+        prefetch no route took over (its bytes were read for nothing)."""
+        self._drain_route()
+        if self._ahead is not None:
+            self._finish_ahead()
+
+    def _drain_route(self) -> None:
         for p in self.pending:
             self.wait(p)
+
+    def _finish_ahead(self) -> None:
+        a, self._ahead = self._ahead, None
+        if a is None:
+            return
+        try:
+            a.batch.wait_all()
+        except BaseException:
+            self._stop_all()
+            raise
+        self._wasted += len(a.experts) * self._expert_bytes[a.il]
+
+    def _stop_all(self) -> None:
+        """After a failure: let no read of the route or of a prefetch go on writing."""
+        r, self._inflight = self._inflight, None
+        a, self._ahead = self._ahead, None
+        for batch in ([b for b, _ in r.parts] if r is not None else []) + ([a.batch] if a is not None else []):
+            batch.abandon()
 
     def stats(self) -> StreamStats:
         r = self.reader.stats()
@@ -170,6 +257,7 @@ class Streamer:
             read_bytes=r.read_bytes, device_bytes=r.device_bytes, io_s=r.io_s, stall_s=r.stall_s, mgmt_s=self._mgmt_s,
             hits=c.hits, misses=c.misses, routed=self._routed, evictions=c.evictions,
             resident_bytes=c.resident_bytes, budget_bytes=c.budget_bytes, n_routes=self._n_routes,
+            guessed=self._guessed, guess_hits=self._guess_hits, wasted_bytes=self._wasted,
         )
 
     @property
@@ -180,9 +268,7 @@ class Streamer:
         self.reader.raise_if_failed()
 
     def close(self) -> None:
-        r, self._inflight = self._inflight, None
-        if r is not None:
-            r.batch.abandon()  # the buffers go away below: nothing may still write into them
+        self._stop_all()  # the buffers go away below: nothing may still write into them
         self.reader.close()
         self.cache.close()
 
@@ -196,8 +282,27 @@ class Streamer:
 
 @dataclass(slots=True)
 class _Route:
-    """A route whose reads are queued: recorded in the cache once all its groups are waited."""
+    """A route whose reads are queued: recorded in the cache once all its groups are waited.
+
+    ``parts``: the batches that fill it, each with its groups' projections (the prefetch it took
+    over, then its own reads); a projection is in place once its group of every part is."""
     plan: Plan
     n_experts: int
+    order: tuple[str, ...]
+    parts: tuple[tuple[Batch, tuple[str, ...]], ...]
+
+    def is_waited(self, proj: str) -> bool:
+        return all(b.is_waited(order.index(proj)) for b, order in self.parts)
+
+    @property
+    def done(self) -> bool:
+        return all(b.done for b, _ in self.parts)
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """A speculative prefetch in flight: layer ``il``'s guessed experts, groups in ``order``."""
+    il: int
+    experts: frozenset[int]
     order: tuple[str, ...]
     batch: Batch
