@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--io-threads", type=int, default=4, help="parallel read lanes (default 4)")
     a("--stream-cache-dir", type=Path, default=None, help="folder for dense twins (default $BMOE_CACHE_DIR or ~/.cache/bmoe)")
     a("--stream-read-all", action="store_true", help="verification: read every expert at every layer, not just the routed ones")
+    a("--prefetch", action="store_true",
+      help="cache off: guess the next layer's experts from this layer's output and read them early")
     a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
     # decide
     a("--decide", action="store_true", help="accept decide requests (docs/decide.md)")
@@ -68,6 +70,7 @@ def config_from_args(args: argparse.Namespace, model: Path) -> SessionConfig:
         kv_f32=args.kv_f32, moe_stream=args.moe_stream, cache_mb=args.cache_mb,
         cache_ceil_mb=args.cache_ceil_mb, cache_force=args.cache_force, odirect=not args.no_odirect,
         io_threads=args.io_threads, stream_cache_dir=args.stream_cache_dir, stream_read_all=args.stream_read_all,
+        prefetch=args.prefetch,
         decide=args.decide, decide_prefix_cache=args.decide_prefix_cache,
         prefill_device=args.prefill_device, prefill_min_tokens=args.prefill_min_tokens,
     )

@@ -39,6 +39,7 @@ class SessionConfig:
     io_threads: int = 4
     stream_cache_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
     stream_read_all: bool = False  # verification: read every expert at every route (gate G3)
+    prefetch: bool = False  # speculative prefetch of the next layer's guessed experts (cache off only)
     # decide (docs/decide.md)
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
@@ -81,7 +82,7 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"seed: must be a non-negative integer, got {cfg.seed!r}")
     if cfg.chat not in ("template", "chatml", "none"):
         raise ConfigError(f"chat: must be one of template, chatml, none, got {cfg.chat!r}")
-    for name in ("think", "kv_f32", "moe_stream", "cache_force", "odirect", "decide", "stream_read_all"):
+    for name in ("think", "kv_f32", "moe_stream", "cache_force", "odirect", "decide", "stream_read_all", "prefetch"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(f"{name}: must be true or false, got {getattr(cfg, name)!r}")
     if cfg.flash_attn is not None and not isinstance(cfg.flash_attn, bool):
@@ -96,6 +97,13 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"decide_prefix_cache: must be one of auto, on, off, got {cfg.decide_prefix_cache!r}")
     if cfg.prefill_device is not None and (not isinstance(cfg.prefill_device, str) or not cfg.prefill_device):
         raise ConfigError(f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}")
+    if cfg.prefetch:
+        why = ("it needs --moe-stream" if not cfg.moe_stream
+               else "it reads into the shared buffers of the cache-off mode, so it needs --cache-mb 0" if cfg.cache_mb != 0
+               else "a prefill device copies weights before the hook could wait for a guessed read" if cfg.prefill_device
+               else None)
+        if why:
+            raise ConfigError(f"prefetch: cannot be on here: {why}")
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
 

@@ -23,6 +23,8 @@ from .stream import (
     CacheBudgetError, LayoutError, NothingToStreamError, StreamOptions, Streamer, TwinError,
     UnsupportedArchError, dense_twin, lookup, read_layout,
 )
+from .stream.cache import SharedBuffers
+from .stream.prefetch import PrefetchError, RouterGuess
 from .stream.twin import dense_ranges
 
 
@@ -88,11 +90,15 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
             cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
             odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
         )
+        guess = RouterGuess.load(layout, entry) if config.prefetch else None
         streamer = Streamer(layout, options)
-    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError) as e:
+    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError) as e:
         raise StreamSetupError(f"--moe-stream: {e}") from e
+    if guess is not None and not isinstance(streamer.cache, SharedBuffers):
+        streamer.close()
+        raise StreamSetupError("--moe-stream: --prefetch needs the cache off (--cache-mb 0)")
     try:
-        hook = ExpertHook(streamer, entry, overlap=stream_overlap(config))
+        hook = ExpertHook(streamer, entry, overlap=stream_overlap(config), guess=guess)
     except GgmlLayoutError as e:
         streamer.close()
         raise StreamSetupError(f"--moe-stream: {e}") from e

@@ -23,6 +23,12 @@ If that node does not come, the matmul's own ask waits (correct, just not overla
 nothing is computed on a buffer before its reads are done. Whatever is still pending when
 ``llama_decode`` returns is waited for in ``raise_if_failed``.
 
+Speculative prefetch (``guess`` given, cache off): the hook also answers True for the ask of
+``l_out-<l>`` when layer ``l+1`` streams and the ubatch has one token (decode). In its data
+call, layer ``l``'s matmuls have all run, so the shared buffers are free; the hook guesses layer
+``l+1``'s experts from that row (``RouterGuess``) and calls ``streamer.prefetch``, whose reads
+then run during layer ``l+1``'s attention and router. The route of ``l+1`` takes them over.
+
 A Python exception cannot cross the C boundary: it is kept as the sticky ``error``; the
 ``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, and
 ``raise_if_failed()`` re-raises it in the session's thread. An error in a data call also
@@ -43,6 +49,7 @@ from ..stream.streamer import Binding
 from .ggml_tensor import DATA_OFFSET, GGML_TYPE_I32, NAME_OFFSET, SRC_OFFSET, GgmlBase, GgmlTensor, check_tensor, self_check
 
 _MOE_PREFIX = b"ffn_moe_"
+GGML_TYPE_F32 = 0
 _N_SRC_CHECKED = 3  # MUL_MAT_ID: weights, activations, ids
 
 
@@ -55,6 +62,13 @@ class StreamerPort(Protocol):
     def pending(self) -> tuple[str, ...]: ...
     def wait(self, proj: str) -> None: ...
     def drain(self) -> None: ...
+    def prefetch(self, il: int, experts: np.ndarray) -> None: ...
+
+
+class GuessPort(Protocol):
+    n_embd: int
+    def can_guess(self, il: int) -> bool: ...
+    def guess(self, il: int, h: np.ndarray) -> np.ndarray: ...
 
 
 class HookError(RuntimeError):
@@ -63,7 +77,7 @@ class HookError(RuntimeError):
 
 class ExpertHook:
     def __init__(self, streamer: StreamerPort, entry: ArchEntry, ggml: GgmlBase | None = None, *,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, guess: GuessPort | None = None) -> None:
         self.ggml = self_check(ggml)  # GgmlLayoutError here: streaming is refused before any load
         lib = self.ggml.lib  # for ids a prefill device computed (see _ids_words)
         lib.ggml_backend_buffer_is_host.restype, lib.ggml_backend_buffer_is_host.argtypes = ctypes.c_bool, [ctypes.c_void_p]
@@ -88,6 +102,13 @@ class ExpertHook:
         self._prev = 0                                         # the node of the previous ask call
         self._stops: list[tuple[bytes, str]] = []              # pending deferred phases: (stop name + NUL, projection)
         self._stop_node = 0                                    # the node we answered True for, to wait in its data call
+        # Speculative prefetch: "l_out-<l>" + NUL -> l+1, for every l+1 that streams and can be guessed.
+        self.guess = guess
+        self._out_prefix = (entry.out_node + "-").encode()
+        self._next: dict[bytes, int] = {}
+        if guess is not None:
+            self._next = {f"{entry.out_node}-{il - 1}".encode(): il for il in self._layer_projs if guess.can_guess(il)}
+        self._out_node = 0                                     # the l_out node we answered True for
         # Python cost counters (seconds are wall time inside the callbacks).
         self.n_calls = 0
         self.n_routes = 0
@@ -95,6 +116,8 @@ class ExpertHook:
         self.n_late_waits = 0   # ... waited for in their matmul's ask instead (the stop node did not come)
         self.callback_s = 0.0   # all time in the callback, the streamer's included
         self.route_s = 0.0      # time in the streamer (on_route, waits): reads waited for and cache bookkeeping
+        self.n_prefetches = 0   # decode layers whose experts were guessed and queued ahead of their route
+        self.guess_s = 0.0      # time computing the guesses (part of python_s)
         # Kept on self: llama.cpp holds raw pointers to these for the context's life.
         self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._callback)
         self.c_abort_callback = llama_cpp.ggml_abort_callback(self._abort)
@@ -112,7 +135,7 @@ class ExpertHook:
     def raise_if_failed(self) -> None:
         """After llama_decode: nothing may be left in flight; re-raise the sticky error if any."""
         self._stops.clear()
-        self._stop_node = self._prev = 0
+        self._stop_node = self._prev = self._out_node = 0
         if self.error is None:
             try:
                 self.streamer.drain()  # normally nothing: every deferred read was waited for before its matmul
@@ -136,6 +159,9 @@ class ExpertHook:
                 head = ctypes.string_at(t + NAME_OFFSET, self._name_probe)
                 if head.startswith(self._route_prefix):
                     return True
+                if self._next and head.startswith(self._out_prefix) and self._wants_prefetch(t):
+                    self._out_node = t
+                    return True
                 if head.startswith(_MOE_PREFIX):
                     self._bind_sources(t)
                     if self._learning or self._stops:
@@ -152,13 +178,17 @@ class ExpertHook:
                 self._streamer_call(self.streamer.wait, proj)
                 self.n_stop_waits += 1
                 return True
+            if t == self._out_node:
+                self._out_node = 0
+                self._prefetch(t)
+                return True
             self._route(t)
             return True
         except BaseException as exc:  # noqa: BLE001 - must not unwind into C
             if self.error is None:
                 self.error = exc
             self._stops.clear()
-            self._stop_node = 0
+            self._stop_node = self._out_node = 0
             try:
                 self.streamer.drain()  # nothing may still write into a buffer a node might read
             except BaseException:  # noqa: BLE001 - the first error is the one reported
@@ -168,6 +198,25 @@ class ExpertHook:
             return ask
         finally:
             self.callback_s += time.perf_counter() - t0
+
+    def _wants_prefetch(self, t: int) -> bool:
+        """``t`` is an ``l_out-*`` node: one whose next layer is guessed, with a single token's
+        f32 row (decode: prefill ubatches are not guessed)."""
+        s = GgmlTensor.from_address(t)
+        return (s.name in self._next and s.type == GGML_TYPE_F32 and s.ne[1] == 1 and s.ne[2] == 1 and s.ne[3] == 1
+                and s.nb[0] == 4 and s.ne[0] == self.guess.n_embd)  # type: ignore[union-attr]
+
+    def _prefetch(self, t: int) -> None:
+        s = GgmlTensor.from_address(t)
+        if not self.ggml.lib.ggml_backend_buffer_is_host(s.buffer):
+            return  # computed elsewhere: no guess (a prefill device decodes on the CPU anyway)
+        il = self._next[s.name]
+        g0 = time.perf_counter()
+        h = np.ctypeslib.as_array((ctypes.c_float * int(s.ne[0])).from_address(s.data))
+        ids = self.guess.guess(il, h)  # type: ignore[union-attr]
+        self.guess_s += time.perf_counter() - g0
+        self._streamer_call(self.streamer.prefetch, il, ids)
+        self.n_prefetches += 1
 
     def _streamer_call(self, fn, *args) -> None:  # noqa: ANN001
         r0 = time.perf_counter()
