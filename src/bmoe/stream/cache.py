@@ -105,13 +105,17 @@ class SharedBuffers:
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
         self._buffers = {p: TensorBuffer([t for t in layout.experts if t.proj == p]) for p in layout.projections}
         self._routed = 0
+        # Every (layer, projection, expert) read, built once: a route only looks them up (the
+        # buffers never move, so the same op is right for every route).
+        self._ops = {il: [(t.proj, [self._buffers[t.proj].read_op(t, e) for e in range(t.n_expert)])
+                          for t in self._tensors[il]] for il in self._tensors}
 
     def data_addr(self, t: ExpertTensor) -> int:
         return self._buffers[t.proj].data_addr(t)
 
     def plan(self, il: int, experts: Sequence[int]) -> Plan:
-        ops = tuple(self._buffers[t.proj].read_op(t, e) for t in self._tensors[il] for e in experts)
-        projs = tuple(t.proj for t in self._tensors[il] for _ in experts)
+        ops = tuple(by_expert[e] for _, by_expert in self._ops[il] for e in experts)
+        projs = tuple(p for p, _ in self._ops[il] for _ in experts)
         return Plan(ops, 0, tuple(ExpertKey(il, e) for e in experts), projs)
 
     def commit(self, plan: Plan) -> None:
