@@ -12,6 +12,7 @@ from bmoe.errors import StreamFailedError
 from bmoe.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.session_loop import run_session
+from bmoe.stream.reader import StreamIOError
 
 
 @pytest.fixture()
@@ -73,6 +74,45 @@ def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models
         assert hook.n_routes == routes + 1 and hook.n_stop_waits == waits
         assert streamer.pending == () and isinstance(hook.error, StreamIOError)
         with pytest.raises(StreamFailedError, match="injected"):  # sticky
+            s.generate(GenerateRequest(prompt="Hi", n_predict=1))
+    finally:
+        s.close()
+
+
+def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: Path) -> None:
+    """--prefetch: a read queued on a guess fails (here: it points past the end of the file). The
+    route that takes the guess over must not let a matmul read the buffer; the error ends the
+    session like any other and nothing is left in flight."""
+    from bmoe.stream.reader import ReadOp
+
+    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, prefetch=True, io_threads=1,
+                              stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    try:
+        assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
+        hook, streamer = s._stream.hook, s._stream.streamer
+        assert hook.n_prefetches > 0
+        reader, submit, prefetch = streamer.reader, streamer.reader.submit, streamer.prefetch
+        end = reader.files[0].size
+        guessing = []
+
+        def bad_submit(groups, **kw):  # noqa: ANN001, ANN202
+            if guessing:  # the guess's reads land past the end of the file: they fail
+                groups = [[ReadOp(op.file_index, end + 4096, op.nbytes, op.window, op.at) for op in g] for g in groups]
+            return submit(groups, **kw)
+
+        def failing_prefetch(il, ids):  # noqa: ANN001, ANN202
+            guessing.append(il)
+            try:
+                prefetch(il, ids)
+            finally:
+                guessing.clear()
+
+        reader.submit, streamer.prefetch = bad_submit, failing_prefetch
+        with pytest.raises(StreamFailedError, match=r"^expert streaming failed: .* ended at offset .*"
+                                                    r"this session cannot continue, open a new one$"):
+            s.generate(GenerateRequest(prompt="Hi", n_predict=4))
+        assert streamer.pending == () and streamer.prefetching is None and isinstance(hook.error, StreamIOError)
+        with pytest.raises(StreamFailedError, match="ended at offset"):  # sticky
             s.generate(GenerateRequest(prompt="Hi", n_predict=1))
     finally:
         s.close()

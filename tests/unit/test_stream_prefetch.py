@@ -1,0 +1,156 @@
+"""Speculative prefetch: the guess, and how a route takes over the reads of a guess (all right,
+partly right, all wrong), with exact counts, urgent reads for what the guess missed, and sticky
+errors for a prefetch read that fails."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from bmoe.stream import StreamOptions, Streamer, lookup, read_layout
+from bmoe.stream.options import Budget
+from bmoe.stream.prefetch import PrefetchError, RouterGuess
+from bmoe.stream.reader import StreamIOError
+from test_stream_cache import PROJS, make_layout
+from test_stream_split_phase import HeldReads, _present
+
+DOWN, GATE, UP = PROJS
+ORDER = (GATE, UP, DOWN)
+
+
+def _off(layout, io_threads: int = 2) -> Streamer:  # noqa: ANN001
+    s = Streamer(layout, StreamOptions(io_threads=io_threads), budget=Budget(0, 0, "off"))
+    for il in layout.layers:
+        s.set_schedule(il, ORDER, {DOWN})
+    return s
+
+
+# --- the guess ---------------------------------------------------------------------------------
+def test_guess_is_the_top_k_of_the_router_on_the_rms_normed_input() -> None:
+    rng = np.random.default_rng(3)
+    n_expert, n_embd, k = 32, 48, 4
+    router = rng.standard_normal((n_expert, n_embd)).astype(np.float32)
+    norm = rng.uniform(0.5, 2.0, n_embd).astype(np.float32)
+    g = RouterGuess({5: router * norm[None, :]}, n_embd, k)
+    for _ in range(50):
+        h = (rng.standard_normal(n_embd) * rng.uniform(0.1, 30)).astype(np.float32)
+        x = h / np.sqrt(np.mean(h * h) + 1e-6) * norm  # what llama.cpp's ffn_norm feeds the router
+        logits = router @ x
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        assert g.guess(5, h).tolist() == sorted(np.argsort(-probs)[:k].tolist())
+    assert g.can_guess(5) and not g.can_guess(4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
+def test_guess_weights_are_the_gguf_router_times_its_norm(tiny_models, arch: str) -> None:
+    path = tiny_models(arch, "q4_k_m")
+    layout = read_layout(path)
+    g = RouterGuess.load(layout, lookup(arch))
+    norm_name = lookup(arch).router_norm
+    r = gguf.GGUFReader(path)
+    t = {x.name: np.asarray(x.data, dtype=np.float32) for x in r.tensors}
+    assert sorted(g.weights) == list(layout.layers) and g.k == layout.n_expert_used
+    for il in layout.layers:
+        want = t[f"blk.{il}.ffn_gate_inp.weight"].reshape(layout.n_expert, -1) * t[f"blk.{il}.{norm_name}"][None, :]
+        assert np.array_equal(g.weights[il], want)
+
+
+def test_an_arch_without_a_router_entry_is_refused(tiny_models) -> None:
+    layout = read_layout(tiny_models("qwen3moe", "q8_0"))
+    with pytest.raises(PrefetchError, match="does not know how architecture 'qwen3moe' routes"):
+        RouterGuess.load(layout, lookup("olmoe"))  # olmoe has no router entry in the registry
+
+
+# --- a route taking a prefetch over --------------------------------------------------------------
+@pytest.mark.parametrize("guess, routed", [
+    ((1, 4), (1, 4)),   # all right: the route reads nothing new
+    ((1, 4), (4, 6)),   # partly right
+    ((0, 2), (4, 6)),   # all wrong
+])
+def test_route_takes_the_guess_over_and_reads_only_what_it_missed(tmp_path: Path, guess, routed) -> None:
+    layout, data = make_layout(tmp_path)
+    per = layout.expert_nbytes_in_layer(1)
+    s = _off(layout, io_threads=1)
+    held = HeldReads(s)
+    s.prefetch(1, np.array(guess))
+    assert s.prefetching == 1
+    s.on_route(1, np.array([routed]))
+    s.drain()
+    assert s.prefetching is None and s.pending == ()
+    assert _present(s, data, 1, routed, set(PROJS))
+    fresh = set(routed) - set(guess)
+    hits, wrong = len(set(routed) & set(guess)), len(set(guess) - set(routed))
+    st = s.stats()
+    assert (st.guessed, st.guess_hits, st.wasted_bytes) == (2, hits, wrong * per)
+    assert st.read_bytes == len(routed) * per + st.wasted_bytes  # routed slices + wrong guesses
+    assert st.routed == st.misses == 2 and st.n_routes == 1
+    # One read per (expert, projection): the experts are not adjacent, so nothing was merged.
+    assert len(held.taken) == 3 * (len(guess) + len(fresh))
+    s.close()
+
+
+def test_missed_experts_go_ahead_of_the_guessed_reads_still_queued(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path)
+    s = _off(layout, io_threads=1)
+    held = HeldReads(s, hold=GATE)  # the lane holds the first guessed read: the rest stays queued
+    s.prefetch(2, np.array([0, 3]))
+    import threading
+    threading.Timer(0.2, held.release.set).start()
+    s.on_route(2, np.array([[3, 6]]))  # 6 was missed: its gate and up pass the queued guess
+    s.drain()
+    # gate(0) was being read; then the miss's gate and up; then the guess's rest in its order;
+    # the miss's down (deferred, not urgent) comes last.
+    assert held.taken == [GATE, GATE, UP, GATE, UP, UP, DOWN, DOWN, DOWN]
+    s.close()
+
+
+def test_a_guess_for_another_layer_is_finished_and_wasted(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path)
+    s = _off(layout)
+    s.prefetch(3, np.array([1, 2]))
+    s.on_route(0, np.array([[1, 2]]))  # not the guessed layer: the guess is read for nothing
+    s.drain()
+    st = s.stats()
+    assert st.guess_hits == 0 and st.wasted_bytes == 2 * layout.expert_nbytes_in_layer(3)
+    assert st.read_bytes == 2 * layout.expert_nbytes_in_layer(0) + st.wasted_bytes
+    assert _present(s, data, 0, (1, 2), set(PROJS))
+    s.prefetch(1, np.array([5]))
+    s.drain()  # never taken over (what raise_if_failed does after llama_decode)
+    assert s.prefetching is None and s.stats().wasted_bytes == st.wasted_bytes + layout.expert_nbytes_in_layer(1)
+    s.close()
+
+
+def test_prefetch_needs_the_cache_off_and_sane_ids(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path)
+    s = Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed"))
+    with pytest.raises(ValueError, match="cache-off"):
+        s.prefetch(0, np.array([1]))
+    s.close()
+    s = _off(layout)
+    with pytest.raises(ValueError, match="cannot prefetch"):
+        s.prefetch(0, np.array([layout.n_expert]))
+    s.close()
+
+
+@pytest.mark.parametrize("taken_over", [True, False])
+def test_a_failed_prefetch_read_is_the_sticky_error(tmp_path: Path, taken_over: bool) -> None:
+    layout, _ = make_layout(tmp_path)
+    s = _off(layout, io_threads=1)
+    held = HeldReads(s, fail=UP)
+    s.prefetch(1, np.array([2, 5]))
+    with pytest.raises(StreamIOError, match="injected failure reading ffn_up_exps"):
+        if taken_over:
+            s.on_route(1, np.array([[5, 7]]))  # the guess's up failed: the route's up wait raises
+        else:
+            s.drain()
+    assert s.pending == () and s.prefetching is None and isinstance(s.error, StreamIOError)
+    assert s.stats().routed == 0
+    held.fail = None
+    with pytest.raises(StreamIOError, match="injected failure"):  # sticky
+        s.prefetch(2, np.array([1]))
+    with pytest.raises(StreamIOError, match="injected failure"):
+        s.on_route(2, np.array([[1]]))
+    s.close()
