@@ -7,6 +7,7 @@ bench/synthetic_moe.py):
     llama.cpp default load (repacked "extra" buffers)  -- expected OOM-killed at load
     llama.cpp mmap, use_extra_bufts off
     bmoe streamed, cache off
+    bmoe streamed, cache off, --prefetch (the next layer's guessed experts read early)
     bmoe streamed, --cache-mb N
   without a limit, warm, in one process, decoding in turns:
     plain llama.cpp mmap vs resident bmoe
@@ -114,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="warm comparison: also a streamed session with this cache (0: leave it out)")
     ap.add_argument("--skip-oom-demo", action="store_true", help="do not run llama.cpp's default (repacking) load")
     ap.add_argument("--only", nargs="*", default=None,
-                    help="subset: oom llama off cache paired (default: all)")
+                    help="subset: oom llama off prefetch cache paired (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default WORK/stream-bench.json)")
     ap.add_argument("--chart", type=Path, default=None, help="PNG chart (default WORK/stream-bench.png)")
     a = ap.parse_args(argv)
     a.work = a.work.resolve()
-    only = set(a.only) if a.only else {"oom", "llama", "off", "cache", "paired"}
+    only = set(a.only) if a.only else {"oom", "llama", "off", "prefetch", "cache", "paired"}
     if a.skip_oom_demo:
         only.discard("oom")
     if os.geteuid() != 0:
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     limited = {
         "llama": ("llama.cpp mmap", child("llama", model, res, a, "--n-predict", str(a.llama_tokens)), 900),
         "off": ("bmoe cache off", child("bmoe", model, res, a, "--cache-mb", "0", "--n-predict", str(a.tokens)), 600),
+        "prefetch": ("bmoe cache off, prefetch", child("bmoe", model, res, a, "--cache-mb", "0", "--prefetch",
+                                                       "--n-predict", str(a.tokens)), 600),
         "cache": (f"bmoe cache {a.cache_mb}", child("bmoe", model, res, a, "--cache-mb", str(a.cache_mb),
                                                     "--n-predict", str(a.tokens)), 600),
     }

@@ -156,6 +156,7 @@ def open_session(a: argparse.Namespace, stream: bool):  # -> bmoe.session.Sessio
     cfg = SessionConfig(
         model=a.model, n_ctx=a.n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads, chat="none",
         moe_stream=stream, cache_mb=a.cache_mb or 0, io_threads=a.io_threads, stream_cache_dir=a.twins,
+        prefetch=bool(stream and a.prefetch),
     )
     return Session(cfg)
 
@@ -170,6 +171,8 @@ def _stream_counters(session) -> dict[str, float]:
         "hits": st.hits, "misses": st.misses, "routed": st.routed, "evictions": st.evictions,
         "n_routes": st.n_routes, "resident_bytes": st.resident_bytes, "budget_bytes": st.budget_bytes,
         "n_calls": hook.n_calls, "callback_s": hook.callback_s, "python_s": hook.python_s,
+        "guessed": st.guessed, "guess_hits": st.guess_hits, "wasted_bytes": st.wasted_bytes,
+        "n_prefetches": hook.n_prefetches, "guess_s": hook.guess_s,
     }
 
 
@@ -224,7 +227,8 @@ def routing_summary(routes: list[tuple[int, frozenset[int]]], n_layers: int) -> 
 
 def run_bmoe(a: argparse.Namespace) -> Run:
     stream = a.cache_mb is not None
-    run = Run(engine="bmoe " + (f"streamed, cache {a.cache_mb} MiB" if stream else "resident"))
+    run = Run(engine="bmoe " + (f"streamed, cache {a.cache_mb} MiB" + (", prefetch" if a.prefetch else "")
+                                if stream else "resident"))
     r0, t0 = proc_read_bytes(), time.perf_counter()
     session = open_session(a, stream)
     run.load_s, run.load_read_mib = time.perf_counter() - t0, (proc_read_bytes() - r0) / 2**20
@@ -277,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-bufts", action="store_true")
     ap.add_argument("--cache-mb", type=int, default=None, help="streamed with this budget (0 = off)")
     ap.add_argument("--io-threads", type=int, default=8)
+    ap.add_argument("--prefetch", action="store_true", help="streamed with speculative prefetch (cache off)")
     ap.add_argument("--twins", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args(argv)
