@@ -5,15 +5,23 @@ disk idles from the end of layer l's reads to layer l+1's routing node (the down
 residual, l+1's attention and router). ``RouterGuess`` applies layer l+1's router to layer l's
 output ``l_out-<l>``, skipping l+1's attention: the router's input is ``rms_norm(x) * norm_w``,
 and the rms scale is one positive number per token, so the ranking of ``W . (h * norm_w)`` is
-the ranking of the real logits for ``x = h`` (softmax keeps the order too). The guess is the top
-``n_expert_used`` of it. It is only a guess: the streamer reads the experts the router really
-picks whatever was guessed (``Streamer.prefetch``), so a wrong guess costs bytes, never output.
+the ranking of the real logits for ``x = h`` (softmax keeps the order too). It is only a guess:
+the streamer reads the experts the router really picks whatever was guessed
+(``Streamer.prefetch``), so a wrong guess costs bytes, never output.
+
+How many to guess: the guessed reads only have to keep the read lanes busy from ``l_out-<l>``
+until layer l+1's route (its attention and router), after which the route queues what the guess
+missed anyway. A wrong guess is read for nothing, and the confidence of a guess falls with its
+rank, so the guess is the top ``ceil(GUESS_SHARE * n_expert_used)`` scores, not all
+``n_expert_used`` (on the benchmark model half of them is about 5 ms of reads, several times the
+span it must cover; docs/benchmarks.md has both measured).
 
 The weights are read once, at open, from the GGUF (F32 and F16 as they are, other types through
 gguf-py's dequantizer), and kept as float32: n_expert x n_embd x 4 bytes per layer.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +33,7 @@ from .archs import ArchEntry
 from .layout import ModelLayout, TensorInfo, read_header
 
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
+GUESS_SHARE = 0.5  # experts guessed per layer, as a share of n_expert_used (rounded up)
 
 
 class PrefetchError(ValueError):
@@ -59,8 +68,9 @@ class RouterGuess:
     k: int
 
     @staticmethod
-    def load(layout: ModelLayout, entry: ArchEntry) -> "RouterGuess":
-        """Read every streamed layer's router and norm weight; PrefetchError if one is missing."""
+    def load(layout: ModelLayout, entry: ArchEntry, k: int | None = None) -> "RouterGuess":
+        """Read every streamed layer's router and norm weight; PrefetchError if one is missing.
+        ``k``: experts guessed per layer (default: GUESS_SHARE of n_expert_used, rounded up)."""
         if not entry.can_prefetch:
             raise PrefetchError(f"--prefetch does not know how architecture '{layout.arch}' routes "
                                 "(no router in the registry: bmoe-cli --list-archs)")
@@ -83,7 +93,9 @@ class RouterGuess:
                                     f"{layout.n_expert} experts")
             weights[il] = np.ascontiguousarray(router * norm[None, :], dtype=np.float32)
             n_embd = norm.shape[0]
-        return RouterGuess(weights, n_embd, layout.n_expert_used)
+        if k is None:
+            k = math.ceil(GUESS_SHARE * layout.n_expert_used)
+        return RouterGuess(weights, n_embd, max(1, min(k, layout.n_expert)))
 
     def scores(self, il: int, h: np.ndarray) -> np.ndarray:
         """Layer ``il``'s router logits for input ``h`` (up to the positive rms factor)."""
@@ -92,7 +104,7 @@ class RouterGuess:
         return np.einsum("ij,j->i", self.weights[il], np.asarray(h, dtype=np.float32))
 
     def guess(self, il: int, h: np.ndarray) -> np.ndarray:
-        """The ``k`` experts layer ``il``'s router would pick for ``rms_norm(h)``, ascending."""
+        """The ``k`` experts layer ``il``'s router scores highest for ``rms_norm(h)``, ascending."""
         s = self.scores(il, h)
         if self.k >= s.shape[0]:
             return np.arange(s.shape[0], dtype=np.int64)
