@@ -34,6 +34,9 @@ class IoSnapshot:
     resident_bytes: int = 0
     budget_bytes: int = 0
     cache_on: bool = False
+    guessed: int = 0        # --prefetch: experts read ahead of their route on a guess
+    guess_hits: int = 0     # ... that the router then picked
+    wasted_bytes: int = 0   # ... bytes read for guesses it did not pick (part of read_bytes)
 
     def minus(self, before: "IoSnapshot") -> "IoSnapshot":
         return IoSnapshot(
@@ -48,6 +51,9 @@ class IoSnapshot:
             resident_bytes=self.resident_bytes,
             budget_bytes=self.budget_bytes,
             cache_on=self.cache_on,
+            guessed=self.guessed - before.guessed,
+            guess_hits=self.guess_hits - before.guess_hits,
+            wasted_bytes=self.wasted_bytes - before.wasted_bytes,
         )
 
     @property

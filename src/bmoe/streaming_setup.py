@@ -55,6 +55,7 @@ class StreamRuntime:
             read_bytes=st.read_bytes, io_s=st.io_s, mgmt_s=st.mgmt_s, stall_s=st.stall_s, hits=st.hits,
             misses=st.misses, routed=st.routed, evictions=st.evictions, resident_bytes=st.resident_bytes,
             budget_bytes=st.budget_bytes, cache_on=st.cache_enabled,
+            guessed=st.guessed, guess_hits=st.guess_hits, wasted_bytes=st.wasted_bytes,
         )
 
     def dense_resident_frac(self) -> float:

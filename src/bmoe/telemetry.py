@@ -65,6 +65,9 @@ def done_fields(r: GenerateResult) -> dict:
         "n_reused": r.n_reused, "prefill_fallback": r.prefill_fallback, "stop": r.stop,
         "experts_routed": io.routed, "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
         "read_gbps": _r(io.read_bytes / io.io_s / 1e9, 3) if io.io_s > 0 else 0.0,
+        # only with --prefetch, once something was guessed
+        **({"prefetch_hit_pct": _r(100.0 * io.guess_hits / io.guessed, 2), "wasted_mib": _r(io.wasted_bytes / MIB, 3)}
+           if io.guessed else {}),
         # only with a prefill device, as BMOE_DECIDE reports it
         **({"prefill_dev_tokens": r.prefill_dev_tokens} if r.prefill_dev_tokens is not None else {}),
     }
@@ -93,6 +96,9 @@ def summary(r: GenerateResult) -> str:
         out.append(f"per token: compute {max(0.0, r.decode_s / n - (io.stall_s + io.mgmt_s) / n) * 1e3:.2f} ms, "
                    f"cache mgmt {io.mgmt_s / n * 1e3:.2f} ms, flash I/O {io.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s), "
                    f"waiting for it {io.stall_s / n * 1e3:.2f} ms")
+        if io.guessed:
+            out.append(f"prefetch: {io.guessed} experts guessed, {100.0 * io.guess_hits / io.guessed:.1f}% picked by "
+                       f"the router, {io.wasted_bytes / MIB:.1f} MiB read for wrong guesses (in the flash read)")
         hit = f"{io.hit_pct:.1f}%" if io.cache_on else "off"
         out.append(f"expert cache: hit rate {hit}, resident {io.resident_bytes / MIB:.1f} MiB "
                    f"of {io.budget_bytes / MIB:.1f} MiB")
