@@ -64,3 +64,10 @@ def test_prefetch_is_refused_where_it_cannot_work(tiny_models, open_session, tmp
         open_session(model, moe_stream=True, cache_mb=64, prefetch=True)
     with pytest.raises(ConfigError, match="prefetch: .*needs --moe-stream"):
         open_session(model, prefetch=True)
+
+
+def test_prefetch_with_a_prefill_device_is_refused_before_anything_opens(tiny_models) -> None:
+    from bmoe.config import SessionConfig
+
+    with pytest.raises(ConfigError, match="prefetch: .*prefill device"):
+        SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, prefetch=True, prefill_device="CUDA0")
