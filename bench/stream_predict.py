@@ -30,6 +30,9 @@ sys.path.insert(0, str(HERE))
 
 from stream_child import PROMPT, PlainLlama
 
+from bmoe.stream import lookup, read_layout
+from bmoe.stream.prefetch import RouterGuess
+
 WIDTHS = (1.0, 1.5, 2.0, 3.0)  # guessed experts per layer, in multiples of n_expert_used
 PREFIXES = (b"l_out-", b"ffn_inp-", b"ffn_moe_topk-")
 
@@ -67,25 +70,6 @@ class Observer:
         return True
 
 
-def router_weights(model: Path) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], float, int]:
-    import gguf
-
-    r = gguf.GGUFReader(model, "r")
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    if arch != "qwen3moe":  # the node names and the norm -> router path below are qwen3moe's
-        raise SystemExit(f"{model}: {arch} is not qwen3moe")
-    eps = float(r.fields[f"{arch}.attention.layer_norm_rms_epsilon"].parts[-1][0])
-    n_used = int(r.fields[f"{arch}.expert_used_count"].parts[-1][0])
-    gate, norm = {}, {}
-    for t in r.tensors:
-        parts = t.name.split(".")
-        if t.name.endswith("ffn_gate_inp.weight"):
-            gate[int(parts[1])] = np.asarray(t.data, dtype=np.float32).reshape(-1, int(t.shape[0]))  # [n_expert, n_embd]
-        elif t.name.endswith("ffn_norm.weight"):
-            norm[int(parts[1])] = np.asarray(t.data, dtype=np.float32)
-    return gate, norm, eps, n_used
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=HERE / "out" / "synthetic-qwen3moe-16L-q4_0.gguf")
@@ -94,12 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default: next to the model)")
     a = ap.parse_args(argv)
 
-    gate, norm, eps, n_used = router_weights(a.model)
-    layers = sorted(gate)
-
-    def scores(il: int, x: np.ndarray) -> np.ndarray:
-        h = x / np.sqrt(np.mean(x * x, dtype=np.float32) + eps) * norm[il]
-        return gate[il] @ h
+    # The guess's own arithmetic (bmoe.stream.prefetch): router rows times the norm weight,
+    # without the rms factor, which scales every score alike and so never changes a ranking.
+    layout = read_layout(a.model)
+    router = RouterGuess.load(layout, lookup(layout.arch))
+    n_used, layers, scores = layout.n_expert_used, list(layout.layers), router.scores
 
     obs = Observer()
     plain = PlainLlama(a.model, extra_bufts=False, n_threads=a.threads, n_ctx=512)
