@@ -114,6 +114,16 @@ def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -
     assert after.tokens == never.tokens and len(after.logits) == len(never.logits) > 0
     assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
     assert a.decider.cache.kept_mib == 0.0  # generate() dropped the kept state
+    assert a.decider.backend.held_bytes == 0  # and freed its memory
+
+
+def test_g18e_dropping_the_kept_state_frees_its_copies(decider) -> None:
+    a = decider()
+    a.decide(req(1, P1, S1))
+    a.decide(req(2, P2, S3, reuse_prefix=False))  # a copy exists now, on every arch
+    assert a.decider.backend.held_bytes >= a.decider.cache.kept.state.nbytes > 0
+    a.generate(GenerateRequest(prompt="Hello", n_predict=2))
+    assert a.decider.cache.kept is None and a.decider.backend.held_bytes == 0
 
 
 def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_session) -> None:

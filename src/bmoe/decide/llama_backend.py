@@ -159,9 +159,16 @@ class LlamaDecideBackend:
         self._copy_s += time.perf_counter() - t0
 
     def forget(self) -> None:
-        """The kept state was dropped: nothing in the sequence needs saving any more."""
+        """The kept state was dropped: nothing in the sequence needs saving any more, and the
+        state buffers go back to the OS."""
         self._holding = None
         self._s.kv.unguard()
+        self._pool = []
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of state copies this adapter holds: the kept state's and a spare for the next."""
+        return sum(b.nbytes for b in self._pool)
 
     def _spare_buffer(self, size: int) -> np.ndarray:
         """A pool buffer the kept state does not live in, grown (untouched pages) when too small."""
