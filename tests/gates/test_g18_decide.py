@@ -10,20 +10,7 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe.results import GenerateRequest
-
-
-ARCHS = ["qwen3moe", "qwen35moe"]
-MODES = {
-    "resident": {},
-    "stream-nocache": {"moe_stream": True, "cache_mb": 0},
-    "stream-evicting": {"moe_stream": True, "cache_mb": 1, "cache_force": True},
-}
-P1 = "You control a phone. Task: turn on Wi-Fi. History:"
-P2 = P1 + " opened Settings, opened Network."
-S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom. Answer with the letter."
-S2 = " none. Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter."
-S3 = " Screen: Network. Options: A) Bluetooth B) Internet C) Hotspot. Answer with the letter."
-ABC = ("A", "B", "C")
+from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
 
 
 def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:

@@ -39,22 +39,11 @@ from bmoe.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.telemetry import done_fields
 from bmoe.testing import rpc_device
+from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
 
 MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
 UBATCH = 16  # every prompt below is a few full ubatches and a narrower tail
-ARCHS = ["qwen3moe", "qwen35moe"]
-MODES = {
-    "resident": {},
-    "stream-nocache": {"moe_stream": True, "cache_mb": 0},
-    "stream-evicting": {"moe_stream": True, "cache_mb": 1, "cache_force": True},
-}
-P1 = "You control a phone. Task: turn on Wi-Fi. History:"
-P2 = P1 + " opened Settings, opened Network."
-S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom. Answer with the letter."
-S2 = " none. Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter."
-S3 = " Screen: Network. Options: A) Bluetooth B) Internet C) Hotspot. Answer with the letter."
 REQUESTS = [(1, P1, S1), (2, P1, S2), (3, P2, S3)]
-ABC = ("A", "B", "C")
 LAYER0 = b"attn_norm-0"  # one node per ubatch graph, as wide as the ubatch, first in layer 0
 
 

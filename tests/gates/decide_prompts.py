@@ -1,0 +1,14 @@
+"""The agent prompts and session modes the decide gates (G18a-g) share."""
+
+ARCHS = ["qwen3moe", "qwen35moe"]
+MODES = {
+    "resident": {},
+    "stream-nocache": {"moe_stream": True, "cache_mb": 0},
+    "stream-evicting": {"moe_stream": True, "cache_mb": 1, "cache_force": True},
+}
+P1 = "You control a phone. Task: turn on Wi-Fi. History:"
+P2 = P1 + " opened Settings, opened Network."
+S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom. Answer with the letter."
+S2 = " none. Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter."
+S3 = " Screen: Network. Options: A) Bluetooth B) Internet C) Hotspot. Answer with the letter."
+ABC = ("A", "B", "C")
