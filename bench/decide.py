@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from bmoe.config import SessionConfig
-from bmoe.decide.llama_backend import saved_bytes
+from bmoe.runtime.decide import saved_bytes
 from bmoe.decide.port import KeptState
 from bmoe.decide.prefix_cache import KeptPrefix, LastPrefixCache
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt

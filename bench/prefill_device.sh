@@ -22,7 +22,7 @@ import numpy as np
 from bmoe.config import SessionConfig
 from bmoe.decide.types import DecideRequest
 from bmoe.llama.devices import list_devices, ubatch_widths
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.testing import default_tiny_dir, write_tiny
 
@@ -41,7 +41,7 @@ ap.add_argument("--cache-mb", default="0")
 a = ap.parse_args()
 
 if a.rpc:
-    from bmoe.testing import rpc_device
+    from bmoe.llama import rpc_device
 
     device, tol = rpc_device.rpc_prefill_device(a.min_tokens).name, 0.0
 else:

@@ -162,9 +162,9 @@ def open_session(a: argparse.Namespace, stream: bool):  # -> bmoe.session.Sessio
 
 
 def _stream_counters(session) -> dict[str, float]:
-    if session._stream is None:
+    if session.streaming is None:
         return {}
-    st, hook = session._stream.streamer.stats(), session._stream.hook
+    st, hook = session.stream_stats(), session.streaming.hook
     return {
         "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "io_s": st.io_s, "stall_s": st.stall_s,
         "mgmt_s": st.mgmt_s, "n_stop_waits": hook.n_stop_waits, "n_late_waits": hook.n_late_waits,
@@ -177,7 +177,7 @@ def _stream_counters(session) -> dict[str, float]:
 
 
 def bmoe_generate(session, run: Run, n_predict: int) -> None:
-    from bmoe.results import GenerateRequest
+    from bmoe.runtime.results import GenerateRequest
 
     marks: list[tuple[float, int, dict[str, float], float]] = []
     begin = (proc_read_bytes(), _stream_counters(session))
@@ -203,7 +203,7 @@ def bmoe_generate(session, run: Run, n_predict: int) -> None:
 
 def spy_routes(session) -> list[tuple[int, frozenset[int]]]:
     """Record each one-token route's (layer, experts): the check that routing varies."""
-    streamer, routes = session._stream.streamer, []
+    streamer, routes = session.streaming.streamer, []
     inner = streamer.on_route
 
     def on_route(il: int, ids: np.ndarray) -> None:
@@ -235,7 +235,7 @@ def run_bmoe(a: argparse.Namespace) -> Run:
     routes = spy_routes(session) if stream else []
     bmoe_generate(session, run, a.n_predict)
     if stream:
-        run.routing = routing_summary(routes, len(session._stream.streamer.layout.layers))
+        run.routing = routing_summary(routes, len(session.streaming.streamer.layout.layers))
     run.peak_rss_mib = peak_rss_mib()
     session.close()
     return run
@@ -252,7 +252,7 @@ def run_paired(a: argparse.Namespace) -> dict[str, object]:
     prompt = plain.tokenize(PROMPT)
     plain.generate(Run("warm-up"), prompt, 4)  # first graphs and the page cache, every side
     for s in sessions.values():
-        for _ in range(2 if s._stream is not None else 1):  # the cache: prefill routes nearly every expert
+        for _ in range(2 if s.streaming is not None else 1):  # the cache: prefill routes nearly every expert
             bmoe_generate(s, Run("warm-up"), a.n_predict)
     rounds: list[dict[str, object]] = []
     for _ in range(a.repeats):

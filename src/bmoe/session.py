@@ -1,132 +1,93 @@
-"""Session: the composition root. Owns the model, the context, the KV, the chat history.
+"""Session: the public face over one Runtime.
 
-One request runs at a time (a lock); cancel() may come from any thread and takes effect
-at the next decode boundary. A refused request raises RequestError before anything in
-the session changes.
+One request runs at a time (a lock); cancel() may come from any thread and takes effect at the
+next decode boundary. A refused request raises RequestError before anything in the session
+changes. A streaming failure is sticky: every later call raises the same StreamFailedError.
 """
 from __future__ import annotations
 
-import resource
 import threading
-import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import numpy as np
 
-from .chat import ChatRenderer, Message
 from .config import SessionConfig
-from .errors import ContextOverflowError, RequestError, SessionClosedError, StreamFailedError
-from .llama.expert_hook import HookError
-from .stream.reader import StreamIOError
-from .kv import KvCache
-from .llama.context import ContextParams, LlamaContext
-from .llama.devices import open_prefill_device
-from .llama.model import LlamaModel, ModelLoadParams
-from .numerics import log_softmax
-from .perplexity import perplexity as _perplexity
-from .protocol import validate_generate
-from .results import GenerateRequest, GenerateResult, IoSnapshot, PerplexityResult, Step
-from .sampling import Sampler
-from .textstream import TextStream
+from .decide.types import DecideRequest, DecideResult
+from .errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
+from .runtime.chat import Message
+from .runtime.decide import DecideService
+from .runtime.results import GenerateRequest, GenerateResult, PerplexityResult, Step
+from .runtime.runtime import Runtime
+from .stream.stats import StreamStats
+from .wire.protocol import validate_generate
 
-
-def _storage_read_bytes() -> int:
-    """Bytes this process has fetched from storage (page-cache hits excluded); 0 where unknown."""
-    try:
-        with open("/proc/self/io", "rb") as f:
-            for line in f:
-                if line.startswith(b"read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _rusage() -> tuple[int, float]:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_majflt, ru.ru_utime + ru.ru_stime
+DECIDE_OFF = "decide is off in this session: open it with --decide (SessionConfig.decide=True)"
 
 
 class Session:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
-        t0, read0 = time.perf_counter(), _storage_read_bytes()
-        # First: the device backends fix their offload threshold when the registry is first read.
-        self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
-            if config.prefill_device is not None else None
-        self._stream = None
-        eval_cb = None
-        load_path = config.model
-        if config.moe_stream:
-            from .streaming_setup import open_streaming  # composes bmoe.stream + the llama hook
-
-            self._stream = open_streaming(config)
-            eval_cb, load_path = self._stream.hook, self._stream.load_path
-        try:
-            self.model = LlamaModel(ModelLoadParams(path=load_path, prefill_device=self.prefill_device))
-        except BaseException:
-            if self._stream is not None:
-                self._stream.close()
-            raise
-        self.ctx = LlamaContext(
-            self.model,
-            ContextParams(
-                n_ctx=config.n_ctx,
-                n_batch=config.n_batch,
-                n_ubatch=config.n_ubatch,
-                n_threads=config.threads,
-                n_threads_batch=config.threads,
-                flash_attn=config.flash_attn,
-                kv_f32=config.kv_f32,
-                offload_min_tokens=self.prefill_device.min_tokens if self.prefill_device is not None else None,
-            ),
-            eval_callback=eval_cb,
-        )
-        self.kv = KvCache(self.ctx)
-        if self._stream is not None and self.prefill_device is not None:
-            # The hook binds streamed experts when a CPU graph first reads them; a device graph
-            # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
-            self.kv.append([max(0, self.model.bos)])
-            self.kv.reset()
-        self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
-        eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
-        self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
-        self.history: list[Message] = []
+        self.runtime = Runtime(config)
+        # Only sessions opened with decide on allocate its state.
+        self.decider = DecideService(self.runtime) if config.decide else None
         self._lock = threading.Lock()
         self._cancel = threading.Event()
         self._running = False
         self._closed = False
         self._broken: StreamFailedError | None = None
-        self.decider = None
-        if config.decide:
-            from .decide_service import DecideService
-
-            self.decider = DecideService(self)
-        self.load_s = time.perf_counter() - t0
-        self.load_read_bytes = _storage_read_bytes() - read0  # from flash while opening (dense weights)
 
     # --- facts ------------------------------------------------------------------------
     @property
+    def model(self):  # -> bmoe.llama.model.LlamaModel
+        return self.runtime.model
+
+    @property
+    def kv(self):  # -> bmoe.runtime.kv.KvCache
+        return self.runtime.kv
+
+    @property
+    def chat(self):  # -> bmoe.runtime.chat.ChatRenderer
+        return self.runtime.chat
+
+    @property
+    def history(self) -> list[Message]:
+        return self.runtime.history
+
+    @property
     def n_ctx(self) -> int:
-        return self.ctx.n_ctx
+        return self.runtime.n_ctx
+
+    @property
+    def load_s(self) -> float:
+        return self.runtime.load_s
+
+    @property
+    def load_read_bytes(self) -> int:
+        return self.runtime.load_read_bytes
+
+    @property
+    def streaming(self):  # -> bmoe.runtime.streaming.StreamRuntime | None
+        """The live expert streaming of a --moe-stream session (its layout, counters, hook); None
+        for a resident model."""
+        return self.runtime.stream
 
     def dense_resident_frac(self) -> float:
         """Fraction of the dense (non-expert) weights in RAM; 0 where unmeasured (resident runs)."""
-        return self._stream.dense_resident_frac() if self._stream is not None else 0.0
+        return self.runtime.dense_resident_frac()
 
-    def io_snapshot(self) -> IoSnapshot:
-        return self._stream.snapshot() if self._stream is not None else IoSnapshot()
+    def stream_stats(self) -> StreamStats:
+        """Cumulative streaming counters since open (subtract two for a span); zero when resident."""
+        return self.runtime.stream_stats()
 
     # --- prompts ----------------------------------------------------------------------
     def render(self, messages: list[Message], *, think: bool) -> str:
-        return self.chat.render(messages, think=think)
+        return self.runtime.render(messages, think=think)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a rendered prompt: special tokens parsed, BOS as the model asks."""
-        add_bos = self.model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        toks = self.model.tokenize(text, add_special=False, parse_special=True)
-        return [self.model.bos] + toks if add_bos else toks
+        return self.runtime.tokenize_prompt(text)
 
     # --- generate ---------------------------------------------------------------------
     def set_history(self, messages: list[Message]) -> None:
@@ -134,7 +95,7 @@ class Session:
         reuses whatever prefix of it the KV already holds (decided on tokens, as every turn)."""
         self._check_open()
         with self._lock:
-            self.history = list(messages)
+            self.runtime.history = list(messages)
 
     def cancel(self) -> None:
         """Interrupt the generation in flight at its next decode boundary (no-op when idle)."""
@@ -155,138 +116,52 @@ class Session:
         """Yield one Step per generated token; the generator's return value is the result."""
         self._check_open()
         with self._lock, self._engine():
-            return (yield from self._generate(request))
-
-    def _generate(self, req: GenerateRequest) -> Iterator[Step]:
-        cfg = self.config
-        validate_generate(req)
-        n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
-        think = cfg.think if req.think is None else req.think
-        history = [] if req.clear_kv else list(self.history)
-        messages = history + [Message("user", req.prompt)]
-        rendered = self.render(messages, think=think)
-        prompt = self.tokenize_prompt(rendered)
-        if len(prompt) + n_predict > self.n_ctx:
-            raise ContextOverflowError(
-                f"prompt ({len(prompt)} tokens) plus n_predict ({n_predict}) exceeds the context (n_ctx {self.n_ctx})"
-            )
-        sampler = Sampler(
-            cfg.temperature if req.temperature is None else req.temperature,
-            cfg.top_p if req.top_p is None else req.top_p,
-            cfg.seed if req.seed is None else req.seed,
-        )
-        if self.decider is not None:
-            self.decider.drop()  # the kept decision state is only worth its RAM between decisions
-        self._cancel.clear()
-        self._running = True
-        try:
-            return (yield from self._run_turn(req, messages, prompt, n_predict, sampler, rendered, think))
-        finally:
-            self._running = False
+            validate_generate(request)
+            turn = self.runtime.prepare(request)
+            if self.decider is not None:
+                self.decider.drop()  # the kept decision state is only worth its RAM between decisions
             self._cancel.clear()
-
-    def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think) -> Iterator[Step]:
-        io0, (flt0, cpu0) = self.io_snapshot(), _rusage()
-        plan = self.kv.align(prompt, reuse=not req.clear_kv)
-        n_keep_on_cancel = plan.n_reused
-        t0, dev0 = time.perf_counter(), self.ctx.n_dev_tokens
-        logits = self.kv.append(prompt[plan.n_reused :])
-        prefill_s = time.perf_counter() - t0
-        prefill_dev_tokens = self.ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
-        split = self.chat.think_ctl != "none" and think
-        stream = TextStream(split_think=split, in_reasoning=split and self.chat.opens_reasoning(rendered))
-        out: list[int] = []
-        kept: list[np.ndarray] = []
-        stop = "length"
-        t_dec = time.perf_counter()
-        while len(out) < n_predict:
-            if self._cancel.is_set():
-                stop = "cancelled"
-                break
-            ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.io_snapshot(), _rusage()
-            tok = sampler.sample(logits)
-            if req.keep_logits:
-                kept.append(logits)
-            if self.model.is_eog(tok):
-                stop = "eog"
-                break
-            out.append(tok)
-            d_text, d_reason = stream.push(self.model.token_bytes(tok))
-            if len(out) < n_predict:
-                if self.kv.n_past >= self.n_ctx:
-                    stop = "ctx"
-                    break
-                logits = self.kv.append([tok])
-            yield self._step(len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None)
-        tail_text, tail_reason = stream.finish()
-        decode_s = time.perf_counter() - t_dec
-        cancelled = stop == "cancelled"
-        if cancelled:
-            self.kv.rollback(n_keep_on_cancel)  # the turn never happened
-        else:
-            self.history = messages + [Message("assistant", stream.text)]
-        flt1, cpu1 = _rusage()
-        return GenerateResult(
-            id=req.id, text=stream.text, reasoning=stream.reasoning, tokens=tuple(out), cancelled=cancelled,
-            stop=stop, n_prompt=len(prompt) - plan.n_reused, n_reused=plan.n_reused, n_past=self.kv.n_past,
-            prefill_fallback=plan.fallback, prefill_s=prefill_s, decode_s=decode_s, load_s=self.load_s,
-            prefill_dev_tokens=prefill_dev_tokens,
-            io=self.io_snapshot().minus(io0), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0, logits=tuple(kept),
-        )
-
-    def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits) -> Step:
-        wall_ms = (time.perf_counter() - ts) * 1000.0
-        now = self.io_snapshot()
-        io = now.minus(io_before)
-        flt, cpu = _rusage()
-        io_ms, mgmt_ms, stall_ms = io.io_s * 1000.0, io.mgmt_s * 1000.0, io.stall_s * 1000.0
-        return Step(
-            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
-            mgmt_ms=mgmt_ms, stall_ms=stall_ms, compute_ms=max(0.0, wall_ms - stall_ms - mgmt_ms),
-            read_mb=io.read_bytes / 1e6, cache_hit_pct=now.hit_pct, majflt=flt - flt_before,
-            cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
-        )
+            self._running = True
+            try:
+                return (yield from self.runtime.run(turn, self._cancel))
+            finally:
+                self._running = False
+                self._cancel.clear()
 
     # --- scoring ----------------------------------------------------------------------
     def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:
         """log-softmax of the next-token logits after ``tokens``, prefilled whole in a fresh KV."""
         self._check_open()
-        if not tokens or len(tokens) > self.n_ctx:
-            raise RequestError(f"tokens: need 1..{self.n_ctx} tokens, got {len(tokens)}")
         with self._lock, self._engine():
-            self.kv.reset()
-            return log_softmax(self.kv.append(tokens))
+            return self.runtime.next_token_logprobs(tokens)
 
     def perplexity(self, text: str | None = None, *, tokens: list[int] | None = None, n_window: int | None = None,
                    keep_logits: bool = False) -> PerplexityResult:
         """Perplexity of ``text`` (tokenized as a prompt) or of already tokenized ``tokens``."""
         self._check_open()
-        if (text is None) == (tokens is None):
-            raise RequestError("perplexity: give exactly one of text or tokens")
         with self._lock, self._engine():
-            ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
-            return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
+            return self.runtime.perplexity(text, tokens, n_window, keep_logits)
 
     # --- decide -----------------------------------------------------------------------
-    def decide(self, request):  # -> bmoe.decide.types.DecideResult
+    def decide(self, request: DecideRequest) -> DecideResult:
         self._check_open()
         if self.decider is None:
-            raise RequestError("decide is off in this session: open it with --decide (SessionConfig.decide=True)")
+            raise RequestError(DECIDE_OFF)
         with self._lock:
             return self._check_decide(self.decider.decide(request))
 
-    def decide_many(self, requests):
+    def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
         self._check_open()
         if self.decider is None:
-            raise RequestError("decide is off in this session: open it with --decide (SessionConfig.decide=True)")
+            raise RequestError(DECIDE_OFF)
         with self._lock:
             return [self._check_decide(r) for r in self.decider.decide_many(requests)]
 
     # --- lifecycle --------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
-        io = self.io_snapshot()
+        io = self.stream_stats()
         return {
-            "n_past": self.kv.n_past, "n_ctx": self.n_ctx, "streaming": self._stream is not None,
+            "n_past": self.kv.n_past, "n_ctx": self.n_ctx, "streaming": self.runtime.stream is not None,
             "read_mib": io.read_bytes / 2**20, "cache_hit_pct": io.hit_pct, "hits": io.hits,
             "misses": io.misses, "routed": io.routed, "evictions": io.evictions,
             "cache_resident_mib": io.resident_bytes / 2**20, "cache_budget_mib": io.budget_bytes / 2**20,
@@ -300,15 +175,16 @@ class Session:
 
     @contextmanager
     def _engine(self) -> Iterator[None]:
-        """Turn a streaming failure into the session's sticky error."""
+        """Turn an engine failure (a streaming read error, a broken hook) into the session's
+        sticky error."""
         try:
             yield
-        except (StreamIOError, HookError) as e:
+        except EngineFailure as e:
             self._broken = StreamFailedError(f"expert streaming failed: {e}; this session cannot continue, open a new one")
             raise self._broken from e
 
-    def _check_decide(self, result):
-        if isinstance(result.cause, (StreamIOError, HookError)):
+    def _check_decide(self, result: DecideResult) -> DecideResult:
+        if isinstance(result.cause, EngineFailure):
             with self._engine():
                 raise result.cause
         return result
@@ -317,10 +193,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        self.ctx.close()
-        if self._stream is not None:
-            self._stream.close()
-        self.model.close()
+        self.runtime.close()
 
     def __enter__(self) -> "Session":
         return self

@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 
 from bmoe.config import SessionConfig
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.stream import read_layout
 from bmoe.testing import write_tiny_split
@@ -26,7 +26,7 @@ def test_split_gguf_streams_from_its_shards(tiny_models, tmp_path: Path) -> None
         with Session(SessionConfig(model=model, n_ctx=128, n_threads=1, stream_cache_dir=tmp_path / "twins", **kw)) as s:
             runs[name] = s.generate(GEN)
             if kw:
-                st = s._stream.streamer.stats()
+                st = s.stream_stats()
                 assert st.read_bytes > 0 and st.evictions > 0
     ref = runs["single"]
     for name in ("split", "split-streamed"):

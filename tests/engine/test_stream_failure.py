@@ -9,9 +9,9 @@ import pytest
 
 from bmoe.config import SessionConfig
 from bmoe.errors import StreamFailedError
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
-from bmoe.session_loop import run_session
+from bmoe.cli.loop import run_session
 from bmoe.stream.reader import StreamIOError
 
 
@@ -55,7 +55,7 @@ def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models
                               stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4  # learns the graph
-        hook, streamer = s._stream.hook, s._stream.streamer
+        hook, streamer = s.streaming.hook, s.streaming.streamer
         down = streamer.cache._buffers["ffn_down_exps"].window
         read_one = streamer.reader._read_one
 
@@ -89,7 +89,7 @@ def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: 
                               stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
-        hook, streamer = s._stream.hook, s._stream.streamer
+        hook, streamer = s.streaming.hook, s.streaming.streamer
         assert hook.n_prefetches > 0
         reader, submit, prefetch = streamer.reader, streamer.reader.submit, streamer.prefetch
         end = reader.files[0].size

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from bmoe.chat import Message
+from bmoe.runtime.chat import Message
 from bmoe.config import SessionConfig
 from bmoe.errors import ContextOverflowError
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
 
 

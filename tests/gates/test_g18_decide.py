@@ -9,7 +9,7 @@ import pytest
 
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
 
 

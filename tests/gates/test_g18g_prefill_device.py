@@ -1,7 +1,7 @@
 """G18g: with a prefill device, decisions and a chat turn after them equal the all-CPU session bit for bit.
 
 The device is llama.cpp's RPC backend served by this process's CPU on 127.0.0.1, with CUDA's
-offload rule installed (bmoe.testing.rpc_device): ggml's scheduler copies the host weights to it
+offload rule installed (bmoe.llama.rpc_device): ggml's scheduler copies the host weights to it
 per graph and reads results back exactly as it would for a GPU, and since the far side runs the
 same CPU kernels, "equal" can mean bit for bit. Both sides of every equality use the same ubatch
 split (a different split changes the numbers by itself).
@@ -22,6 +22,7 @@ import pytest
 
 import llama_cpp  # noqa: E402
 
+from bmoe.wire.records import decide_fields
 import bmoe.session as session_mod
 from bmoe.cli import main as cli_main
 from bmoe.config import SessionConfig
@@ -35,10 +36,10 @@ from bmoe.llama.devices import (
     ubatch_widths,
 )
 from bmoe.llama.ggml_tensor import GgmlTensor
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
-from bmoe.telemetry import done_fields
-from bmoe.testing import rpc_device
+from bmoe.wire.records import done_fields
+from bmoe.llama import rpc_device
 from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
 
 MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
@@ -221,8 +222,8 @@ def test_g18g_device_equals_cpu(arch: str, mode: str, open_pair, observed: Obser
         check_placement(ran)
         assert not any(u.device_ops for u in ran_cpu)
         assert a.prefill_dev_tokens == sum(u.width for u in ran if u.on_device) == expected_dev_tokens(a.n_tokens)
-        assert b.prefill_dev_tokens is None and "prefill_dev_tokens" not in b.to_json()
-        assert a.to_json()["prefill_dev_tokens"] == a.prefill_dev_tokens
+        assert b.prefill_dev_tokens is None and "prefill_dev_tokens" not in decide_fields(b)
+        assert decide_fields(a)["prefill_dev_tokens"] == a.prefill_dev_tokens
         assert not [w for u in ran for w in u.weights_off_host], "model weights stay in host buffers"
 
     g = GenerateRequest(prompt=P2 + S3, keep_logits=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 
 VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "q4_k_m")]
 GEN = GenerateRequest(prompt="Tell me about the sea and the ships on it.", n_predict=64, keep_logits=True)
@@ -33,7 +33,7 @@ def assert_same(a, b) -> None:
 
 def record_routes(s) -> list[tuple[int, tuple[int, ...]]]:
     """Wrap the session's streamer so each route's (layer, distinct experts) is recorded."""
-    streamer = s._stream.streamer
+    streamer = s.streaming.streamer
     routes: list[tuple[int, tuple[int, ...]]] = []
     inner = streamer.on_route
 
@@ -48,7 +48,7 @@ def record_routes(s) -> list[tuple[int, tuple[int, ...]]]:
 def expert_bytes(s) -> dict[int, int]:
     """Bytes of one expert (all projections) per layer, from the GGUF layout."""
     out: dict[int, int] = {}
-    for t in s._stream.streamer.layout.experts:
+    for t in s.streaming.streamer.layout.experts:
         out[t.il] = out.get(t.il, 0) + t.nbytes // t.n_expert
     return out
 
@@ -88,7 +88,7 @@ def test_g1_resident_equals_streaming_cache_off_and_bytes_are_exact(variant) -> 
     streamed = run(s)
     assert_same(resident, streamed)
     per_expert = expert_bytes(s)
-    st = s._stream.streamer.stats()
+    st = s.stream_stats()
     assert st.read_bytes == sum(per_expert[il] * len(ex) for il, ex in routes)
     assert st.routed == sum(len(ex) for _, ex in routes) and st.hits == 0
 
@@ -99,7 +99,7 @@ def test_g2_evicting_lru_equals_cache_off(variant) -> None:
     routes = record_routes(s)
     streamed = run(s)
     assert_same(resident, streamed)
-    st = s._stream.streamer.stats()
+    st = s.stream_stats()
     assert st.evictions > 0
     assert st.hits + st.misses == st.routed == sum(len(ex) for _, ex in routes)
     # The budget is a hard cap except that one route's own experts must all be present at once.
@@ -114,8 +114,8 @@ def test_g3_reading_every_expert_equals_selective(kquant_variant) -> None:
     routes = record_routes(s)
     streamed = run(s)
     assert_same(resident, streamed)
-    st = s._stream.streamer.stats()
-    n_expert = s._stream.streamer.layout.n_expert
+    st = s.stream_stats()
+    n_expert = s.streaming.streamer.layout.n_expert
     assert st.routed == len(routes) * n_expert
 
 
@@ -123,9 +123,9 @@ def test_g4_warm_generate_equals_cold_one_shot(kquant_variant) -> None:
     open_, resident = kquant_variant
     s = open_(moe_stream=True, cache_mb=64)
     cold = run(s)
-    before = s._stream.streamer.stats()
+    before = s.stream_stats()
     warm = run(s)
-    after = s._stream.streamer.stats()
+    after = s.stream_stats()
     assert_same(resident, cold)
     assert_same(cold, warm)
     assert after.hits - before.hits == after.routed - before.routed  # everything was cached

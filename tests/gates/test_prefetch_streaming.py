@@ -18,7 +18,7 @@ def variant(request, tiny_models, open_session, tmp_path):
 
 def record_guesses(s, routes: list) -> list[tuple[int, tuple[int, ...], int]]:
     """Each guess as (layer, experts, how many routes had been recorded when it was made)."""
-    streamer = s._stream.streamer
+    streamer = s.streaming.streamer
     guesses: list[tuple[int, tuple[int, ...], int]] = []
     inner = streamer.prefetch
 
@@ -37,8 +37,8 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
     guesses = record_guesses(s, routes)
     streamed = run(s)
     assert_same(resident, streamed)
-    hook, st = s._stream.hook, s._stream.streamer.stats()
-    layers = s._stream.streamer.layout.layers
+    hook, st = s.streaming.hook, s.stream_stats()
+    layers = s.streaming.streamer.layout.layers
     # Every decode token guesses every streamed layer but the first.
     n_decode = len(streamed[0].tokens) - 1
     assert hook.n_prefetches == len(guesses) >= n_decode * (len(layers) - 1)

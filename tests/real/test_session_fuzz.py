@@ -6,7 +6,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bmoe.session_loop import run_session
+from bmoe.cli.loop import run_session
 
 VALID = {"cmd": "generate", "id": 7, "prompt": "Name a color.", "n_predict": 3}
 

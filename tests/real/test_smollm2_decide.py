@@ -12,10 +12,11 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from bmoe.chat import Message
+from bmoe.wire.records import decide_fields
+from bmoe.runtime.chat import Message
 from bmoe.decide.types import DecideRequest
-from bmoe.decide_lines import to_request
-from bmoe.protocol import Decide, parse_line
+
+from bmoe.wire.protocol import Decide, parse_line
 from bmoe.session import Session
 
 WIFI_FILE = Path(__file__).resolve().parents[2] / "examples" / "wifi_agent.jsonl"
@@ -28,7 +29,7 @@ WIFI_REUSE = ["stored", "restored", "restored+stored", "opted out"]
 def wifi() -> list[DecideRequest]:
     """The four Wi-Fi agent steps, parsed by the same line parser the CLI session uses."""
     commands = [parse_line(line) for line in WIFI_FILE.read_text().splitlines() if line.strip()]
-    requests = [to_request(c) for c in commands if isinstance(c, Decide)]
+    requests = [c.request for c in commands if isinstance(c, Decide)]
     assert len(requests) >= 4
     return requests[:4]
 
@@ -164,7 +165,7 @@ def test_colliding_choices_are_refused_and_change_nothing(open_smol, wifi) -> No
     bad = DecideRequest(id=7, prefix=wifi[1].prefix, suffix=wifi[1].suffix, choices=COLLIDING)
     refused = s.decide(bad)
     assert refused.error == COLLISION_ERROR and refused.refused and refused.scores is None
-    assert refused.to_json() == {"id": 7, "error": COLLISION_ERROR}
+    assert decide_fields(refused) == {"id": 7, "error": COLLISION_ERROR}
     assert s.kv.tokens == kv_tokens and s.decider.cache.kept_mib == first.prefix_state_mib
     after = s.decide(wifi[1])
     ref = open_smol(decide=True)

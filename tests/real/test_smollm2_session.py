@@ -4,9 +4,9 @@ import threading
 import numpy as np
 import pytest
 
-from bmoe.chat import Message
+from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
-from bmoe.results import GenerateRequest
+from bmoe.runtime.results import GenerateRequest
 
 Q1 = "Name three fruits."
 Q2 = "Which of them is yellow?"

@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers
 
-from bmoe.chat import Message  # noqa: E402
+from bmoe.runtime.chat import Message  # noqa: E402
 from bmoe.config import SessionConfig  # noqa: E402
 from bmoe.numerics import log_softmax  # noqa: E402
 from bmoe.session import Session  # noqa: E402

@@ -1,9 +1,11 @@
-"""bmoe-server takes every bmoe-cli session flag, and refuses the CLI's own modes."""
+"""bmoe-server takes every session flag (the one table bmoe-cli takes them from), and refuses the
+CLI's own modes."""
 from __future__ import annotations
 
 import pytest
 
 from bmoe.cli import build_parser
+from bmoe.config import SESSION_FLAGS
 from bmoe.server.main import build_server_parser, main
 
 
@@ -11,8 +13,18 @@ def _options(parser) -> set[str]:
     return {s for a in parser._actions for s in a.option_strings}
 
 
-def test_every_cli_flag_is_a_server_flag() -> None:
-    assert _options(build_parser()) <= _options(build_server_parser())
+def test_every_session_flag_is_a_cli_and_a_server_flag() -> None:
+    session_flags = {n for f in SESSION_FLAGS for n in f.names}
+    assert session_flags <= _options(build_parser())
+    assert session_flags <= _options(build_server_parser())
+
+
+def test_the_server_decides_by_default_and_refuses_both_decide_flags_at_once(capsys) -> None:
+    p = build_server_parser()
+    assert not p.parse_args([]).no_decide and p.parse_args(["--no-decide"]).no_decide
+    with pytest.raises(SystemExit):
+        p.parse_args(["--decide", "--no-decide"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_server_defaults() -> None:

@@ -1,7 +1,7 @@
 """Chat rendering: template, ChatML, raw; how think:false is honoured."""
 import pytest
 
-from bmoe.chat import CHATML_TEMPLATE, EMPTY_THINK, ChatRenderer, Message, think_control
+from bmoe.runtime.chat import CHATML_TEMPLATE, EMPTY_THINK, ChatRenderer, Message, think_control
 from bmoe.errors import RequestError
 
 QWEN_LIKE = (

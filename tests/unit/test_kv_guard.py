@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from bmoe.kv import KvCache
+from bmoe.runtime.kv import KvCache
 
 
 class FakeContext:

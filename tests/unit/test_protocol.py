@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.protocol import Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, parse_line
-from bmoe.results import GenerateRequest
+from bmoe.wire.protocol import Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, parse_line
+from bmoe.runtime.results import GenerateRequest
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_any_line_parses_or_is_refused_cleanly(line: str) -> None:
 
 
 def test_python_requests_get_the_same_rules() -> None:
-    from bmoe.protocol import validate_generate
+    from bmoe.wire.protocol import validate_generate
 
     validate_generate(GenerateRequest(prompt="ok", n_predict=3))
     with pytest.raises(ProtocolError, match=r"^generate: field 'prompt' must be a string, got 12$"):

@@ -1,4 +1,4 @@
-from bmoe.textstream import TextStream
+from bmoe.runtime.textstream import TextStream
 
 
 def feed(ts: TextStream, pieces: list[bytes]) -> tuple[str, str]:

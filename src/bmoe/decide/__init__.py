@@ -1,8 +1,8 @@
 """Decide: pick one of a fixed list of choices from one prefill, with the prefix state kept.
 
 This package is policy over token ids and one logit row; it imports nothing of the engine.
-``llama_backend`` (imported by the session, never from here) is the one adapter that implements
-``DecideBackend`` over a live llama.cpp context.
+``bmoe.runtime.decide`` is the one adapter that implements ``DecideBackend`` over a loaded model;
+nothing here imports it.
 """
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices
 from bmoe.decide.decider import (
@@ -25,7 +25,6 @@ from bmoe.decide.errors import (
     EmptyChoiceError,
     EmptyPromptError,
     NoChoicesError,
-    PrefixCacheConfigError,
     PromptTooLongError,
 )
 from bmoe.decide.port import DecideBackend, KeptState, PrefillCost
@@ -34,7 +33,6 @@ from bmoe.decide.prefix_cache import (
     LastPrefixCache,
     Lookup,
     PrefixCache,
-    PrefixCacheMode,
     resolve_prefix_cache,
 )
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
@@ -66,8 +64,6 @@ __all__ = [
     "NoChoicesError",
     "PrefillCost",
     "PrefixCache",
-    "PrefixCacheConfigError",
-    "PrefixCacheMode",
     "PromptTooLongError",
     "SplitPrompt",
     "check_prompt_fits",

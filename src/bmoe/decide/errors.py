@@ -6,8 +6,10 @@ prefix state is still valid, but the sequence holds whatever the failed call lef
 """
 from __future__ import annotations
 
+from bmoe.errors import BmoeError, RequestError
 
-class DecideRefusal(Exception):
+
+class DecideRefusal(RequestError):
     """A request decide will not run; nothing was touched."""
 
 
@@ -35,9 +37,5 @@ class PromptTooLongError(DecideRefusal):
     """The rendered prompt does not fit in the context."""
 
 
-class DecideBackendError(Exception):
+class DecideBackendError(BmoeError):
     """The backend failed (or broke its contract) while the decision ran."""
-
-
-class PrefixCacheConfigError(ValueError):
-    """A ``--decide-prefix-cache`` setting the session refuses at startup."""

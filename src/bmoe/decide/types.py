@@ -6,9 +6,6 @@ from dataclasses import dataclass, field
 
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
 
-JsonValue = None | bool | int | float | str | list[float]
-
-
 @dataclass(frozen=True, slots=True)
 class DecideRequest:
     """One decision: which of ``choices`` the model answers after ``prefix + suffix``.
@@ -69,34 +66,6 @@ class DecideResult:
     def refused(self) -> bool:
         """True when the request was turned down before the backend was touched."""
         return isinstance(self.cause, DecideRefusal)
-
-    def to_json(self) -> dict[str, JsonValue]:
-        """The BMOE_DECIDE object: ``{"id", "error"}`` for an error, every key otherwise."""
-        if self.error is not None or self.scores is None:
-            return {"id": self.id, "error": self.error}
-        out: dict[str, JsonValue] = {
-            "id": self.id,
-            "best": self.scores.best,
-            "choice_logp": list(self.scores.choice_logp),
-            "p_outside": self.scores.p_outside,
-            "abstained": self.scores.abstained,
-            "n_tokens": self.n_tokens,
-            "n_reused": self.n_reused,
-            "prefill_s": self.prefill_s,
-            "prefill_tps": self.prefill_tps,
-        }
-        # Streaming and prefill-device counters appear only where they mean something.
-        if self.read_mb is not None:
-            out["read_mb"] = self.read_mb
-        if self.cache_hit_pct is not None:
-            out["cache_hit_pct"] = self.cache_hit_pct
-        if self.prefill_dev_tokens is not None:
-            out["prefill_dev_tokens"] = self.prefill_dev_tokens
-        out["prefix_state_mib"] = self.prefix_state_mib
-        out["store_s"] = self.store_s
-        out["restore_s"] = self.restore_s
-        out["reuse"] = self.reuse
-        return out
 
 
 def check_abstain_below(value: float | None) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .devices import ubatch_widths
 from .model import LlamaModel
+from bmoe.errors import BmoeError
 
 SEQ = 0
 
@@ -22,7 +23,7 @@ def _u8_ptr(buf: np.ndarray) -> "ctypes._Pointer[ctypes.c_uint8]":
     return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-class ContextError(RuntimeError):
+class ContextError(BmoeError, RuntimeError):
     """llama.cpp refused to create a context or to decode a batch."""
 
 

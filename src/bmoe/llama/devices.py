@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import llama_cpp  # noqa: F401 - maps libggml first, so the sonames below resolve to that copy
 
-from ..errors import ConfigError
+from ..errors import BmoeError, ConfigError
 
 # The threshold CUDA/Vulkan/Metal/SYCL read once, when their backend registers.
 THRESHOLD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
@@ -34,7 +34,7 @@ class PrefillDeviceError(ConfigError):
     """The prefill device asked for is missing or cannot serve as one; refused at startup."""
 
 
-class GgmlLibraryError(RuntimeError):
+class GgmlLibraryError(BmoeError, RuntimeError):
     """llama_cpp's own ggml library is not mapped in this process, so devices cannot be listed."""
 
 

@@ -47,6 +47,7 @@ import numpy as np
 from ..stream.archs import ArchEntry
 from ..stream.streamer import Binding
 from .ggml_tensor import DATA_OFFSET, GGML_TYPE_I32, NAME_OFFSET, SRC_OFFSET, GgmlBase, GgmlTensor, check_tensor, self_check
+from bmoe.errors import EngineFailure
 
 _MOE_PREFIX = b"ffn_moe_"
 GGML_TYPE_F32 = 0
@@ -71,7 +72,7 @@ class GuessPort(Protocol):
     def guess(self, il: int, h: np.ndarray) -> np.ndarray: ...
 
 
-class HookError(RuntimeError):
+class HookError(EngineFailure):
     """The hook met a graph it cannot stream safely (sticky; llama_decode is aborted)."""
 
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import llama_cpp
+from bmoe.errors import BmoeError
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -24,7 +25,7 @@ GGML_OBJECT_SIZE = 32
 SUPPORTED_VERSION = "0.3.36"
 
 
-class GgmlLayoutError(RuntimeError):
+class GgmlLayoutError(BmoeError, RuntimeError):
     """The ctypes ggml_tensor layout does not match the loaded ggml library: streaming refused."""
 
 

@@ -9,6 +9,7 @@ import llama_cpp
 
 from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
+from bmoe.errors import ModelFileError
 
 
 @llama_cpp.llama_progress_callback
@@ -16,7 +17,7 @@ def _SILENT_PROGRESS(progress: float, user_data: ctypes.c_void_p) -> bool:
     return True
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(ModelFileError):
     """The GGUF could not be opened by llama.cpp."""
 
 
@@ -30,6 +31,8 @@ class ModelLoadParams:
     use_extra_bufts: bool = False
     # The one device llama.cpp may offload wide ops to; the layers stay on the host either way.
     prefill_device: PrefillDevice | None = None
+    # The file the user named, for messages, when ``path`` is a stand-in for it (a dense twin).
+    user_path: Path | None = None
 
 
 class LlamaModel:
@@ -37,7 +40,7 @@ class LlamaModel:
         ensure_backend()
         path = Path(params.path)
         if not path.is_file():
-            raise ModelLoadError(f"model file not found: {path}")
+            raise ModelLoadError(f"model: file not found: {params.user_path or path}")
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = 0
         mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if params.mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
@@ -51,7 +54,8 @@ class LlamaModel:
         mp.no_host = True  # weights in plain host buffers (mmap), never the device's pinned copies
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not ptr:
-            raise ModelLoadError(f"llama.cpp could not load {path} (set BMOE_LLAMA_LOG=1 for its log)")
+            raise ModelLoadError(f"model: llama.cpp could not load {params.user_path or path} "
+                                 "(not a GGUF it can read, or truncated; set BMOE_LLAMA_LOG=1 for its log)")
         self.params = params
         self.path = path
         self.ptr = ptr

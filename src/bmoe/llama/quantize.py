@@ -8,9 +8,10 @@ from pathlib import Path
 import llama_cpp
 
 from bmoe.llama.lib import ensure_backend
+from bmoe.errors import BmoeError
 
 
-class QuantizeError(RuntimeError):
+class QuantizeError(BmoeError, RuntimeError):
     """llama.cpp refused or failed to quantize; the message names the files and the type."""
 
 

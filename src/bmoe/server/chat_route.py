@@ -16,9 +16,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bmoe.chat import Message
+from bmoe.runtime.chat import Message
 from bmoe.errors import RequestError
-from bmoe.telemetry import done_fields
+from bmoe.wire.records import done_fields
 
 from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
 from .engine import ERROR, RESULT, Cancelled, Engine, Event, Job, QueueFull

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bmoe.chat import Message
+from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
-from bmoe.results import GenerateRequest, GenerateResult
+from bmoe.runtime.results import GenerateRequest, GenerateResult
 from bmoe.session import Session
 
 from .engine import STEP, Job

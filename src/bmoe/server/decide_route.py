@@ -11,6 +11,7 @@ from typing import Any
 from bmoe.decide import errors as derr
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import RequestError
+from bmoe.wire.records import decide_fields
 
 from .engine import Engine, Job, QueueFull
 from .errors import ApiError
@@ -63,10 +64,10 @@ class DecideRoute:
             raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e
         results: list[DecideResult] = ev.value
         if batch:
-            return [r.to_json() for r in results]
+            return [decide_fields(r) for r in results]
         r = results[0]
         if r.error is not None:
             status = 400 if r.refused else 500
             raise ApiError(status, r.error, _param(r) if r.refused else None,
                            "decide_refused" if r.refused else "engine_error")
-        return r.to_json()
+        return decide_fields(r)

@@ -1,22 +1,20 @@
-"""bmoe-server: every bmoe-cli session flag, plus where to listen and how to guard it."""
+"""bmoe-server: every session flag (bmoe.config.SESSION_FLAGS, as bmoe-cli), plus where to listen
+and how to guard it."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from bmoe.cli import build_parser, config_from_args, model_from_args
+from bmoe.config import add_session_flags, config_from_flags, default_model, flag_message
 from bmoe.errors import BmoeError
-
-# bmoe-cli flags that choose a CLI mode; they mean nothing to a server.
-_CLI_ONLY = (("prompt", "-p/--prompt"), ("session", "--session"), ("progress", "--progress"),
-             ("list_archs", "--list-archs"), ("list_devices", "--list-devices"))
 
 
 def build_server_parser() -> argparse.ArgumentParser:
-    p = build_parser()
-    p.prog = "bmoe-server"
-    p.description = "Serve a GGUF model over HTTP (OpenAI chat API, decisions, a web page); docs/server.md."
+    p = argparse.ArgumentParser(
+        prog="bmoe-server",
+        description="Serve a GGUF model over HTTP (OpenAI chat API, decisions, a web page); docs/server.md.")
+    add_session_flags(p, skip=("--decide",))  # on by default here; --no-decide below turns it off
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
@@ -26,7 +24,10 @@ def build_server_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-queue", type=int, default=8,
                    help="requests that may wait behind the running one; more get 503 (default 8)")
     g.add_argument("--max-body-kb", type=int, default=1024, help="largest request body in KiB; more get 413 (default 1024)")
-    g.add_argument("--no-decide", action="store_true", help="refuse /v1/decide (decide is on by default in the server)")
+    d = g.add_mutually_exclusive_group()
+    d.add_argument("--decide", action="store_true", help="accept /v1/decide (the default)")
+    d.add_argument("--no-decide", action="store_true", help="refuse /v1/decide (decide is on by default in the server)")
+    g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info)")
     return p
@@ -35,21 +36,27 @@ def build_server_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_server_parser()
     args = parser.parse_args(argv)
-    for name, flag in _CLI_ONLY:
-        if getattr(args, name):
-            parser.error(f"{flag} is a bmoe-cli mode; bmoe-server serves requests over HTTP")
     if args.max_queue < 0:
         parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_kb < 1:
         parser.error(f"--max-body-kb must be >= 1, got {args.max_body_kb}")
-    args.decide = not args.no_decide
     try:
-        cfg = config_from_args(args, model_from_args(args, "bmoe-server"))
+        model = args.model
+        if model is None:
+            model = default_model()
+            print(f"bmoe-server: no -m given, using the default model {model}", file=sys.stderr)
+        cfg = config_from_flags(args, model, decide=not args.no_decide)
         from bmoe.session import Session
 
         session = Session(cfg)
-    except BmoeError as e:
-        print(f"bmoe-server: {e}", file=sys.stderr)
+    except Exception as e:
+        if args.debug:
+            import traceback
+
+            traceback.print_exception(e)
+        msg = flag_message(str(e)) if isinstance(e, BmoeError) else \
+            f"internal error while opening the model: {type(e).__name__}: {e}"
+        print(f"bmoe-server: {msg}", file=sys.stderr)
         return 1
     import uvicorn
 

@@ -7,7 +7,8 @@ from .cache import ExpertKey
 from .layout import ExpertTensor, LayoutError, ModelLayout, read_layout
 from .options import Budget, CacheBudgetError, StreamOptions, resolve_budget
 from .reader import FileChangedError, StreamIOError
-from .streamer import Binding, RouteError, Streamer, StreamStats
+from .stats import StreamStats
+from .streamer import Binding, RouteError, Streamer
 from .twin import TwinError, dense_twin
 
 __all__ = [

@@ -6,6 +6,7 @@ GGUF itself (see layout.py), so a new model of a known arch needs no code change
 from __future__ import annotations
 
 from dataclasses import dataclass
+from bmoe.errors import ModelFileError
 
 # Every MoE arch in the pinned llama.cpp routes through the shared MoE builder, which names
 # the selected-expert node "ffn_moe_topk-<il>" (src/llama-graph.cpp, build_moe_ffn).
@@ -17,11 +18,11 @@ SPLIT_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.we
 FUSED_GATE_UP = "ffn_gate_up_exps.weight"
 
 
-class UnsupportedArchError(ValueError):
+class UnsupportedArchError(ModelFileError, ValueError):
     """The model's architecture has no streaming entry in the registry."""
 
 
-class NothingToStreamError(ValueError):
+class NothingToStreamError(ModelFileError, ValueError):
     """The model has no expert tensors (a dense model): there is nothing to stream."""
 
 

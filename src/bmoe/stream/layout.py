@@ -16,12 +16,13 @@ from pathlib import Path
 import gguf
 
 from .archs import ArchEntry, NothingToStreamError, lookup
+from bmoe.errors import ModelFileError
 
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
 
 
-class LayoutError(ValueError):
+class LayoutError(ModelFileError, ValueError):
     """The GGUF (or one of its shards) is missing, unreadable or inconsistent."""
 
 

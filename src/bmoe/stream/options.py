@@ -1,4 +1,8 @@
-"""Streaming options (the --moe-stream family of flags) and how the cache budget is decided."""
+"""Streaming options and how the cache budget is decided.
+
+StreamOptions is built from a SessionConfig that was already checked (bmoe.config): nothing here
+checks a value again. What only the model can tell (the budget's floor) is checked here.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from .layout import ModelLayout
+from bmoe.errors import ConfigError
 
 MIB = 1 << 20
 # auto: this share of what the process may still allocate; the rest is left for the KV cache,
@@ -13,8 +18,8 @@ MIB = 1 << 20
 AUTO_FRACTION = 0.5
 
 
-class CacheBudgetError(ValueError):
-    """The requested cache budget cannot work (below the one-token floor, or malformed)."""
+class CacheBudgetError(ConfigError):
+    """The requested cache budget is below this model's one-token floor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,14 +30,6 @@ class StreamOptions:
     odirect: bool = True                  # --no-odirect sets False
     io_threads: int = 4                   # parallel read lanes
     read_all: bool = False                # verification: read every expert at every route (gate G3)
-
-    def __post_init__(self) -> None:
-        if self.cache_mb != "auto" and (not isinstance(self.cache_mb, int) or self.cache_mb < 0):
-            raise CacheBudgetError(f"--cache-mb takes 0, a positive number of MiB or 'auto', not {self.cache_mb!r}")
-        if self.cache_ceil_mb is not None and self.cache_ceil_mb <= 0:
-            raise CacheBudgetError(f"--cache-ceil-mb must be positive, not {self.cache_ceil_mb}")
-        if self.io_threads < 1:
-            raise CacheBudgetError(f"--io-threads must be >= 1, not {self.io_threads}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +81,7 @@ def available_bytes() -> int:
 def resolve_budget(options: StreamOptions, layout: ModelLayout,
                    available: Callable[[], int] = available_bytes,
                    warn: Callable[[str], None] = lambda m: None) -> Budget:
-    """Turn --cache-mb/--cache-ceil-mb/--cache-force into bytes, or raise CacheBudgetError."""
+    """Turn cache_mb / cache_ceil_mb / cache_force into bytes, or raise CacheBudgetError."""
     floor = layout.floor_bytes()
     floor_mib = -(-floor // MIB)
     if options.cache_mb == 0:
@@ -96,16 +93,15 @@ def resolve_budget(options: StreamOptions, layout: ModelLayout,
         # Everything fits: no point reserving more than the experts themselves.
         budget = min(budget, layout.expert_nbytes)
         if budget < floor and not options.cache_force:
-            warn(f"bmoe: --cache-mb auto found {budget // MIB} MiB, below the {floor_mib} MiB floor; cache off")
+            warn(f"bmoe: cache_mb auto found {budget // MIB} MiB, below the {floor_mib} MiB floor; cache off")
             return Budget(0, floor, "auto-below-floor")
         return Budget(budget, floor, "auto")
     budget = int(options.cache_mb) * MIB
     if budget < floor and not options.cache_force:
         per_expert = floor / (len(layout.layers) * layout.n_expert_used) / MIB
         raise CacheBudgetError(
-            f"--cache-mb {options.cache_mb} is below the floor of {floor_mib} MiB, one token's routed experts "
+            f"cache_mb: {options.cache_mb} is below the floor of {floor_mib} MiB, one token's routed experts "
             f"({len(layout.layers)} layers x {layout.n_expert_used} experts x {per_expert:.2f} MiB); "
-            f"a smaller cache only churns. Use --cache-mb {floor_mib} or more, --cache-mb 0 (off), "
-            "or add --cache-force"
+            f"a smaller cache only churns. Give {floor_mib} or more, 0 (cache off), or set cache_force"
         )
     return Budget(min(budget, layout.expert_nbytes), floor, "fixed")

@@ -31,12 +31,13 @@ import numpy as np
 
 from .archs import ArchEntry
 from .layout import ModelLayout, TensorInfo, read_header
+from bmoe.errors import ConfigError
 
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
 GUESS_SHARE = 0.5  # experts guessed per layer, as a share of n_expert_used (rounded up)
 
 
-class PrefetchError(ValueError):
+class PrefetchError(ConfigError):
     """--prefetch cannot work for this model or these settings (refused at startup)."""
 
 

@@ -27,13 +27,14 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from .layout import FileId
+from bmoe.errors import EngineFailure
 
 ALIGN = max(4096, mmap.PAGESIZE)
 _BOUNCE_BYTES = 1 << 20
 _WAKE = ("wake",)  # queued with each urgent read (see ExpertReader.submit)
 
 
-class StreamIOError(RuntimeError):
+class StreamIOError(EngineFailure):
     """Reading experts failed. Sticky: the session cannot stream any more and must be reopened."""
 
 

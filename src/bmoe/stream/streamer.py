@@ -33,34 +33,11 @@ from .cache import ExpertKey, LruCache, Plan, SharedBuffers
 from .layout import ExpertTensor, ModelLayout
 from .options import Budget, StreamOptions, resolve_budget
 from .reader import Batch, ExpertReader, StreamIOError, stderr_warn
+from .stats import StreamStats
 
 
 class RouteError(StreamIOError):
     """The router reported an expert id outside 0..n_expert-1 or an unknown layer (sticky)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStats:
-    """Cumulative since open; subtract two snapshots for per-token numbers."""
-    read_bytes: int       # expert bytes read from the GGUF (sum of routed slices read)
-    device_bytes: int     # bytes asked of the kernel, O_DIRECT alignment included
-    io_s: float           # read time: per route, wall time from queueing its reads to the last one done
-    stall_s: float        # time the caller (the graph, so compute) waited for reads not yet done
-    mgmt_s: float         # time in cache bookkeeping (plan, evict, commit), id handling, queueing reads
-    hits: int
-    misses: int
-    routed: int           # distinct (layer, expert) per route, summed; hits + misses == routed
-    evictions: int
-    resident_bytes: int
-    budget_bytes: int     # 0 = cache off
-    n_routes: int         # on_route calls (one per MoE layer per ubatch)
-    guessed: int = 0      # speculative prefetch: experts read ahead of their route on a guess
-    guess_hits: int = 0   # ... of which the route really picked (their reads served the route)
-    wasted_bytes: int = 0  # bytes read for guessed experts the route did not pick
-
-    @property
-    def cache_enabled(self) -> bool:
-        return self.budget_bytes > 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,12 @@ import os
 from pathlib import Path
 
 from .layout import FileId, ModelLayout
+from bmoe.errors import BmoeError
 
 _CHUNK = 8 << 20
 
 
-class TwinError(OSError):
+class TwinError(BmoeError, OSError):
     """The dense twin could not be written (disk full, no sparse files, ...)."""
 
 

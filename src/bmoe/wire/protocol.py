@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .errors import RequestError
-from .results import GenerateRequest
+from bmoe.decide.types import DecideRequest
+from bmoe.errors import RequestError
+from bmoe.runtime.results import GenerateRequest
 
 
 class ProtocolError(RequestError):
@@ -38,7 +39,16 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class Decide:
     id: int
-    fields: dict  # validated decide fields (see DECIDE_FIELDS); turned into a DecideRequest by the session layer
+    fields: dict  # validated decide fields (see DECIDE_FIELDS)
+
+    @property
+    def request(self) -> DecideRequest:
+        f = self.fields
+        return DecideRequest(
+            id=self.id, prefix=f.get("prefix", ""), suffix=f.get("suffix", ""), choices=tuple(f["choices"]),
+            reuse_prefix=f.get("reuse_prefix", True),
+            abstain_below=None if f.get("abstain_below") is None else float(f["abstain_below"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)

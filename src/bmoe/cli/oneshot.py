@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from . import telemetry
-from .results import GenerateRequest
-from .session import Session
+from bmoe.runtime.results import GenerateRequest
+from bmoe.session import Session
+from bmoe.wire import records as telemetry
 
 
 def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO) -> int:

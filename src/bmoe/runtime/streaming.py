@@ -13,19 +13,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import SessionConfig
-from .errors import BmoeError
-from .llama.expert_hook import ExpertHook
-from .llama.ggml_tensor import GgmlLayoutError
-from .llama.residency import PageResidency
-from .results import IoSnapshot
-from .stream import (
+from ..config import SessionConfig
+from ..errors import BmoeError
+from ..llama.expert_hook import ExpertHook
+from ..llama.ggml_tensor import GgmlLayoutError
+from ..llama.residency import PageResidency
+from ..stream import (
     CacheBudgetError, LayoutError, NothingToStreamError, StreamOptions, Streamer, TwinError,
     UnsupportedArchError, dense_twin, lookup, read_layout,
 )
-from .stream.cache import SharedBuffers
-from .stream.prefetch import PrefetchError, RouterGuess
-from .stream.twin import dense_ranges
+from ..stream.stats import StreamStats
+from ..stream.prefetch import PrefetchError, RouterGuess
+from ..stream.twin import dense_ranges
 
 
 class StreamSetupError(BmoeError):
@@ -47,16 +46,10 @@ class StreamRuntime:
     dense: PageResidency  # the dense weights' pages in the files llama.cpp maps
     _dense_frac: tuple[float, float] = field(default=(-1e9, 0.0))  # (when, value) of the last sample
 
-    def snapshot(self) -> IoSnapshot:
-        st = self.streamer.stats()
+    def stats(self) -> StreamStats:
         # io_s is how long reads were in flight; stall_s the part of it the graph waited for
         # (the rest overlapped compute: split-phase reads, docs/streaming.md).
-        return IoSnapshot(
-            read_bytes=st.read_bytes, io_s=st.io_s, mgmt_s=st.mgmt_s, stall_s=st.stall_s, hits=st.hits,
-            misses=st.misses, routed=st.routed, evictions=st.evictions, resident_bytes=st.resident_bytes,
-            budget_bytes=st.budget_bytes, cache_on=st.cache_enabled,
-            guessed=st.guessed, guess_hits=st.guess_hits, wasted_bytes=st.wasted_bytes,
-        )
+        return self.streamer.stats()
 
     def dense_resident_frac(self) -> float:
         # mincore walks every page (about 60 ns each here): sample at most once a second, since
@@ -95,9 +88,6 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         streamer = Streamer(layout, options)
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError) as e:
         raise StreamSetupError(f"--moe-stream: {e}") from e
-    if guess is not None and not isinstance(streamer.cache, SharedBuffers):
-        streamer.close()
-        raise StreamSetupError("--moe-stream: --prefetch needs the cache off (--cache-mb 0)")
     try:
         hook = ExpertHook(streamer, entry, overlap=stream_overlap(config), guess=guess)
     except GgmlLayoutError as e:

@@ -1,7 +1,8 @@
-"""The one adapter implementing DecideBackend over a live session's llama.cpp context.
+"""Decide wired to the engine: the one DecideBackend adapter over a Runtime, and the service
+that holds a session's decide settings, kept prefix state and adapter together.
 
-It drives the session's own KV bookkeeping, so whatever a decision leaves in the context
-is known to the next generate(). Three shortcuts keep a restored decision close to the cost of
+The adapter drives the runtime's own KV bookkeeping, so whatever a decision leaves in the
+context is known to the next generate(). Three shortcuts keep a restored decision close to the cost of
 its new tokens, all exact:
 - keep in place: where the memory can be cut back to a prefix (attention-only models), a
   stored state is not copied at all. It stays in the sequence, and the KV bookkeeping copies it
@@ -17,17 +18,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
-from bmoe.chat import Message
-from bmoe.decide.errors import DecideBackendError
-from bmoe.decide.port import KeptState, PrefillCost
-from bmoe.decide.prefix_cache import KeptPrefix
-
-if TYPE_CHECKING:
-    from bmoe.session import Session
+from ..decide.decider import DecidePolicy, run_decide, run_many
+from ..decide.errors import DecideBackendError
+from ..decide.port import KeptState, PrefillCost
+from ..decide.prefix_cache import KeptPrefix, LastPrefixCache, resolve_prefix_cache
+from ..decide.types import DecideRequest, DecideResult
+from .chat import Message
+from .runtime import Runtime
 
 UNKNOWN_TOKEN = -1
 
@@ -57,12 +58,12 @@ class InSequence:
 
 
 class LlamaDecideBackend:
-    def __init__(self, session: "Session", kept: Callable[[], KeptPrefix | None] = lambda: None) -> None:
-        self._s = session
+    def __init__(self, runtime: Runtime, kept: Callable[[], KeptPrefix | None] = lambda: None) -> None:
+        self._rt = runtime
         self._kept = kept  # what the prefix cache keeps now: its tokens, and which buffer is in use
         self._logits: np.ndarray | None = None
         self._pool: list[np.ndarray] = []  # at most two state buffers: the kept one and a spare
-        model = session.model
+        model = runtime.model
         # Attention-only memory can be cut back to any prefix; recurrent state cannot.
         self._cuttable = not (model.is_recurrent or model.is_hybrid)
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
@@ -70,51 +71,51 @@ class LlamaDecideBackend:
 
     # --- prompt side (no model state) -------------------------------------------------
     def render_user(self, text: str) -> str:
-        return self._s.render([Message("user", text)], think=False)
+        return self._rt.render([Message("user", text)], think=False)
 
     def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
         # llama_tokenize releases the GIL and only reads the vocabulary, so the others run on a
         # worker thread while this one does the first: the two tokenizations of a 3000-token
         # prompt take 3 ms instead of 5.5 ms on a core left idle (bench/decide.py).
         if len(texts) < 2:
-            return [self._s.tokenize_prompt(t) for t in texts]
-        others = [_tokenizer_pool().submit(self._s.tokenize_prompt, t) for t in texts[1:]]
-        first = self._s.tokenize_prompt(texts[0])
+            return [self._rt.tokenize_prompt(t) for t in texts]
+        others = [_tokenizer_pool().submit(self._rt.tokenize_prompt, t) for t in texts[1:]]
+        first = self._rt.tokenize_prompt(texts[0])
         return [first] + [f.result() for f in others]
 
     def tokenize_choice(self, text: str) -> list[int]:
-        return self._s.model.tokenize(text, add_special=False, parse_special=False)
+        return self._rt.model.tokenize(text, add_special=False, parse_special=False)
 
     def token_piece(self, token: int) -> str:
-        return self._s.model.token_bytes(token).decode("utf-8", errors="replace")
+        return self._rt.model.token_bytes(token).decode("utf-8", errors="replace")
 
     def n_ctx(self) -> int:
-        return self._s.n_ctx
+        return self._rt.n_ctx
 
     # --- sequence side ----------------------------------------------------------------
     def clear(self) -> float:
         self._copy_s = 0.0
-        self._s.kv.reset()
+        self._rt.kv.reset()
         self._logits = None
         return self._copy_s
 
     def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
-        kv = self._s.kv
+        kv = self._rt.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: prefill at position {n_past} but the sequence holds {kv.n_past} tokens")
-        io0, dev0 = self._s.io_snapshot(), self._s.ctx.n_dev_tokens
+        io0, dev0 = self._rt.stream_stats(), self._rt.ctx.n_dev_tokens
         t0 = time.perf_counter()
         self._logits = kv.append(list(tokens))
         prefill_s = time.perf_counter() - t0
-        with_device = self._s.prefill_device is not None
-        io = self._s.io_snapshot()
-        streaming = self._s.config.moe_stream
+        with_device = self._rt.prefill_device is not None
+        io = self._rt.stream_stats()
+        streaming = self._rt.stream is not None
         return PrefillCost(
             n_tokens=len(tokens),
             prefill_s=prefill_s,
             read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
             cache_hit_pct=io.hit_pct if streaming else None,
-            prefill_dev_tokens=self._s.ctx.n_dev_tokens - dev0 if with_device else None,
+            prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if with_device else None,
         )
 
     def last_logits(self) -> np.ndarray:
@@ -123,7 +124,7 @@ class LlamaDecideBackend:
         return self._logits
 
     def save_state(self) -> KeptState:
-        ctx, kv = self._s.ctx, self._s.kv
+        ctx, kv = self._rt.ctx, self._rt.kv
         n = kv.n_past
         if self._cuttable:
             state = KeptState(data=InSequence(), n_tokens=n)
@@ -140,7 +141,7 @@ class LlamaDecideBackend:
         Same tokens are not enough: a prompt prefilled whole computes its first tokens in a
         different piece than the kept prefix was, and llama.cpp does not round them the same."""
         self._holding = state
-        self._s.kv.guard(state.n_tokens, lambda: self._release(state))
+        self._rt.kv.guard(state.n_tokens, lambda: self._release(state))
 
     def _release(self, state: KeptState) -> None:
         """The sequence is about to lose ``state``'s tokens: copy them out first if the state
@@ -149,7 +150,7 @@ class LlamaDecideBackend:
         kept = self._kept()
         if kept is None or kept.state is not state or not isinstance(state.data, InSequence):
             return  # dropped or replaced: not worth a copy; or already a copy
-        ctx, kv = self._s.ctx, self._s.kv
+        ctx, kv = self._rt.ctx, self._rt.kv
         n = state.n_tokens
         if not (kv.n_past == n or ctx.trim(n)):
             raise DecideBackendError(f"decide: cannot cut the sequence back to the kept {n}-token prefix to save it")
@@ -162,7 +163,7 @@ class LlamaDecideBackend:
         """The kept state was dropped: nothing in the sequence needs saving any more, and the
         state buffers go back to the OS."""
         self._holding = None
-        self._s.kv.unguard()
+        self._rt.kv.unguard()
         self._pool = []
 
     @property
@@ -181,10 +182,10 @@ class LlamaDecideBackend:
         return buf
 
     def load_state(self, state: KeptState) -> None:
-        kv = self._s.kv
+        kv = self._rt.kv
         kept = self._kept()
         n = state.n_tokens
-        if self._holding is state and (kv.n_past == n or self._s.ctx.trim(n)):
+        if self._holding is state and (kv.n_past == n or self._rt.ctx.trim(n)):
             del kv.tokens[n:]  # the sequence already is the kept state: no copy
             self._logits = None
             return
@@ -194,7 +195,7 @@ class LlamaDecideBackend:
             raise DecideBackendError(f"decide: the kept {n}-token prefix state left the sequence uncopied")
         try:
             kv.reset()
-            self._s.ctx.load_state_bytes(data)
+            self._rt.ctx.load_state_bytes(data)
         except Exception:
             kv.reset()
             raise
@@ -208,3 +209,24 @@ def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:
     sequence."""
     data = state.data
     return data.copy if isinstance(data, InSequence) else data
+
+
+class DecideService:
+    """A session's decide settings, kept prefix state and adapter, in one place. Created only for
+    sessions opened with decide on, so a session without it allocates nothing."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.policy = DecidePolicy(prefix_cache=resolve_prefix_cache(
+            runtime.config.decide_prefix_cache, prefill_device=runtime.config.prefill_device is not None))
+        self.cache = LastPrefixCache()
+        self.backend = LlamaDecideBackend(runtime, kept=lambda: self.cache.kept)
+
+    def decide(self, request: DecideRequest) -> DecideResult:
+        return run_decide(self.backend, self.cache, request, self.policy)
+
+    def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
+        return run_many(self.backend, self.cache, requests, self.policy)
+
+    def drop(self) -> None:
+        self.cache.drop()
+        self.backend.forget()

@@ -14,8 +14,8 @@ from typing import Literal, Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .config import ChatMode
-from .errors import RequestError
+from ..config import ChatMode
+from ..errors import RequestError
 
 ThinkCtl = Literal["template", "prefill", "none"]
 

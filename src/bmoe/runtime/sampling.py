@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numerics import log_softmax
+from ..numerics import log_softmax
 
 
 class Sampler:

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from .errors import RequestError
+from ..errors import RequestError
 from .kv import KvCache
-from .numerics import log_softmax
+from ..numerics import log_softmax
 from .results import PerplexityResult
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from bmoe.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""bmoe-cli: flags -> SessionConfig; one-shot answer or the --session line protocol."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bmoe.config import add_session_flags, config_from_flags, default_model, flag_message
+from bmoe.errors import BmoeError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bmoe-cli", description="Run a (MoE) GGUF model on CPU, streaming experts from flash.")
+    add_session_flags(p)
+    a = p.add_argument
+    a("-p", "--prompt", help="one-shot: the prompt to answer")
+    a("--session", action="store_true", help="read JSON requests from stdin, one per line (docs/protocol.md)")
+    a("--progress", action="store_true", help="one-shot: print BMOE_PROGRESS lines too")
+    a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
+    a("--list-devices", action="store_true", help="print the devices this llama-cpp-python provides and exit")
+    a("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
+    return p
+
+
+def model_from_args(args: argparse.Namespace, prog: str) -> Path:
+    """-m, or the default model (named on stderr, so a user knows which file answers)."""
+    if args.model is not None:
+        return args.model
+    model = default_model()
+    print(f"{prog}: no -m given, using the default model {model}", file=sys.stderr)
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_archs:
+        from bmoe.stream import format_archs
+
+        print(format_archs())
+        return 0
+    if args.list_devices:
+        from bmoe.llama.devices import format_devices, list_devices
+
+        print(format_devices(list_devices()))
+        return 0
+    if not args.session and args.prompt is None:
+        print("bmoe-cli: give -p PROMPT for one answer, or --session for the line protocol", file=sys.stderr)
+        return 2
+    try:
+        cfg = config_from_flags(args, model_from_args(args, "bmoe-cli"))
+        from bmoe.session import Session
+
+        session = Session(cfg)
+    except BmoeError as e:
+        return _fatal(args, flag_message(str(e)), e)
+    except Exception as e:  # a bug: still one line, the traceback only with --debug
+        return _fatal(args, f"internal error while opening the model: {type(e).__name__}: {e}", e)
+    with session:
+        if args.session:
+            from bmoe.cli.loop import run_session
+
+            return run_session(session, sys.stdin, sys.stdout)
+        from bmoe.cli.oneshot import run_oneshot
+
+        try:
+            return run_oneshot(session, args.prompt, progress=args.progress, out=sys.stdout)
+        except BmoeError as e:
+            print(f"bmoe-cli: {e}", file=sys.stderr)
+            return 1
+
+
+def _fatal(args: argparse.Namespace, msg: str, exc: BaseException) -> int:
+    if args.debug:
+        import traceback
+
+        traceback.print_exception(exc)
+    if args.session:
+        from bmoe.wire.records import error
+
+        print(error(None, msg, fatal=True), flush=True)
+    print(f"bmoe-cli: {msg}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Runtime: one loaded model and everything that computes with it.
+
+The model, its context, the KV bookkeeping, the chat renderer and (with --moe-stream) the
+streaming wiring, opened together from a valid SessionConfig. It runs one generation turn, a
+scoring prefill or a perplexity pass at a time; it has no lock and knows nothing of cancelling
+requests from other threads or of failures that outlive a call: the Session adds those.
+"""
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from ..config import SessionConfig
+from ..errors import ContextOverflowError, RequestError
+from ..llama.context import ContextParams, LlamaContext
+from ..llama.devices import open_prefill_device
+from ..llama.model import LlamaModel, ModelLoadParams
+from ..numerics import log_softmax
+from ..stream.stats import StreamStats
+from .chat import ChatRenderer, Message
+from .kv import KvCache
+from .perplexity import perplexity as _perplexity
+from .results import GenerateRequest, GenerateResult, PerplexityResult, Step
+from .sampling import Sampler
+from .streaming import StreamRuntime, open_streaming
+from .textstream import TextStream
+
+
+def _storage_read_bytes() -> int:
+    """Bytes this process has fetched from storage (page-cache hits excluded); 0 where unknown."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _rusage() -> tuple[int, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_majflt, ru.ru_utime + ru.ru_stime
+
+
+class Turn(NamedTuple):
+    """A generation turn that passed its checks: what ``Runtime.run`` needs."""
+
+    req: GenerateRequest
+    messages: list[Message]
+    prompt: list[int]
+    n_predict: int
+    sampler: Sampler
+    rendered: str
+    think: bool
+
+
+class Runtime:
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        t0, read0 = time.perf_counter(), _storage_read_bytes()
+        # First: the device backends fix their offload threshold when the registry is first read.
+        self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
+            if config.prefill_device is not None else None
+        self.stream: StreamRuntime | None = open_streaming(config) if config.moe_stream else None
+        try:
+            self.model = LlamaModel(ModelLoadParams(
+                path=self.stream.load_path if self.stream is not None else config.model,
+                prefill_device=self.prefill_device, user_path=config.model))
+        except BaseException:
+            if self.stream is not None:
+                self.stream.close()
+            raise
+        self.ctx = LlamaContext(
+            self.model,
+            ContextParams(
+                n_ctx=config.n_ctx,
+                n_batch=config.n_batch,
+                n_ubatch=config.n_ubatch,
+                n_threads=config.threads,
+                n_threads_batch=config.threads,
+                flash_attn=config.flash_attn,
+                kv_f32=config.kv_f32,
+                offload_min_tokens=self.prefill_device.min_tokens if self.prefill_device is not None else None,
+            ),
+            eval_callback=self.stream.hook if self.stream is not None else None,
+        )
+        self.kv = KvCache(self.ctx)
+        if self.stream is not None and self.prefill_device is not None:
+            # The hook binds streamed experts when a CPU graph first reads them; a device graph
+            # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
+            self.kv.append([max(0, self.model.bos)])
+            self.kv.reset()
+        self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
+        eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
+        self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
+        self.history: list[Message] = []
+        self.load_s = time.perf_counter() - t0
+        self.load_read_bytes = _storage_read_bytes() - read0  # from flash while opening (dense weights)
+
+    # --- facts ------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def dense_resident_frac(self) -> float:
+        """Fraction of the dense (non-expert) weights in RAM; 0 where unmeasured (resident runs)."""
+        return self.stream.dense_resident_frac() if self.stream is not None else 0.0
+
+    def stream_stats(self) -> StreamStats:
+        """Cumulative streaming counters since open; all zero for a resident model."""
+        return self.stream.stats() if self.stream is not None else StreamStats()
+
+    # --- prompts ----------------------------------------------------------------------
+    def render(self, messages: list[Message], *, think: bool) -> str:
+        return self.chat.render(messages, think=think)
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokenize a rendered prompt: special tokens parsed, BOS as the model asks."""
+        add_bos = self.model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
+        toks = self.model.tokenize(text, add_special=False, parse_special=True)
+        return [self.model.bos] + toks if add_bos else toks
+
+    # --- generate ---------------------------------------------------------------------
+    def prepare(self, req: GenerateRequest) -> "Turn":
+        """Render and tokenize a turn, and refuse it (ContextOverflowError) before anything in
+        the KV changes."""
+        cfg = self.config
+        n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
+        think = cfg.think if req.think is None else req.think
+        history = [] if req.clear_kv else list(self.history)
+        messages = history + [Message("user", req.prompt)]
+        rendered = self.render(messages, think=think)
+        prompt = self.tokenize_prompt(rendered)
+        if len(prompt) + n_predict > self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt ({len(prompt)} tokens) plus n_predict ({n_predict}) exceeds the context (n_ctx {self.n_ctx})"
+            )
+        sampler = Sampler(
+            cfg.temperature if req.temperature is None else req.temperature,
+            cfg.top_p if req.top_p is None else req.top_p,
+            cfg.seed if req.seed is None else req.seed,
+        )
+        return Turn(req, messages, prompt, n_predict, sampler, rendered, think)
+
+    def run(self, turn: "Turn", cancel: threading.Event) -> Iterator[Step]:
+        """Yield a Step per generated token; return the GenerateResult. ``cancel`` is looked at
+        before each token, and a cancelled turn is rolled back as if it never happened."""
+        return (yield from self._run_turn(*turn, cancel))
+
+    def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, cancel) -> Iterator[Step]:
+        io0, (flt0, cpu0) = self.stream_stats(), _rusage()
+        plan = self.kv.align(prompt, reuse=not req.clear_kv)
+        n_keep_on_cancel = plan.n_reused
+        t0, dev0 = time.perf_counter(), self.ctx.n_dev_tokens
+        logits = self.kv.append(prompt[plan.n_reused :])
+        prefill_s = time.perf_counter() - t0
+        prefill_dev_tokens = self.ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
+        split = self.chat.think_ctl != "none" and think
+        stream = TextStream(split_think=split, in_reasoning=split and self.chat.opens_reasoning(rendered))
+        out: list[int] = []
+        kept: list[np.ndarray] = []
+        stop = "length"
+        t_dec = time.perf_counter()
+        while len(out) < n_predict:
+            if cancel.is_set():
+                stop = "cancelled"
+                break
+            ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
+            tok = sampler.sample(logits)
+            if req.keep_logits:
+                kept.append(logits)
+            if self.model.is_eog(tok):
+                stop = "eog"
+                break
+            out.append(tok)
+            d_text, d_reason = stream.push(self.model.token_bytes(tok))
+            if len(out) < n_predict:
+                if self.kv.n_past >= self.n_ctx:
+                    stop = "ctx"
+                    break
+                logits = self.kv.append([tok])
+            yield self._step(len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None)
+        tail_text, tail_reason = stream.finish()
+        decode_s = time.perf_counter() - t_dec
+        cancelled = stop == "cancelled"
+        if cancelled:
+            self.kv.rollback(n_keep_on_cancel)  # the turn never happened
+        else:
+            self.history = messages + [Message("assistant", stream.text)]
+        flt1, cpu1 = _rusage()
+        return GenerateResult(
+            id=req.id, text=stream.text, reasoning=stream.reasoning, tokens=tuple(out), cancelled=cancelled,
+            stop=stop, n_prompt=len(prompt) - plan.n_reused, n_reused=plan.n_reused, n_past=self.kv.n_past,
+            prefill_fallback=plan.fallback, prefill_s=prefill_s, decode_s=decode_s, load_s=self.load_s,
+            prefill_dev_tokens=prefill_dev_tokens,
+            io=self.stream_stats().minus(io0), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0, logits=tuple(kept),
+        )
+
+    def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits) -> Step:
+        wall_ms = (time.perf_counter() - ts) * 1000.0
+        now = self.stream_stats()
+        io = now.minus(io_before)
+        flt, cpu = _rusage()
+        io_ms, mgmt_ms, stall_ms = io.io_s * 1000.0, io.mgmt_s * 1000.0, io.stall_s * 1000.0
+        return Step(
+            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
+            mgmt_ms=mgmt_ms, stall_ms=stall_ms, compute_ms=max(0.0, wall_ms - stall_ms - mgmt_ms),
+            read_mb=io.read_bytes / 1e6, cache_hit_pct=now.hit_pct, majflt=flt - flt_before,
+            cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
+        )
+
+    # --- scoring ----------------------------------------------------------------------
+    def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:
+        """log-softmax of the next-token logits after ``tokens``, prefilled whole in a fresh KV."""
+        if not tokens or len(tokens) > self.n_ctx:
+            raise RequestError(f"tokens: need 1..{self.n_ctx} tokens, got {len(tokens)}")
+        self.kv.reset()
+        return log_softmax(self.kv.append(tokens))
+
+    def perplexity(self, text: str | None, tokens: list[int] | None, n_window: int | None,
+                   keep_logits: bool) -> PerplexityResult:
+        if (text is None) == (tokens is None):
+            raise RequestError("perplexity: give exactly one of text or tokens")
+        ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
+        return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
+
+    def close(self) -> None:
+        self.ctx.close()
+        if self.stream is not None:
+            self.stream.close()
+        self.model.close()
