@@ -97,11 +97,11 @@ for _ in range(a.reps):
         times[name].append(time.perf_counter() - t0)
 med = {k: statistics.median(v) for k, v in times.items()}
 out = {
-    "device": device, "description": dev.prefill_device.description, "model": str(model), "moe_stream": a.moe_stream,
+    "device": device, "description": dev.runtime.prefill_device.description, "model": str(model), "moe_stream": a.moe_stream,
     "min_tokens": a.min_tokens, "n_ubatch": a.ubatch, "max_abs_dlogp": d_logp, "max_abs_dlogit_decide": d_logit,
     "max_abs_dlogit_generate": d_gen, "same_best": same_best, "gen_tokens_equal": ga.tokens == gb.tokens,
     "gen_first_divergence": None if ga.tokens == gb.tokens else n_same, "prompt_tokens": a.prompt_tokens,
-    "prefill_dev_tokens": dev.ctx.n_dev_tokens, "prefill_s_device": med["device"], "prefill_s_cpu": med["cpu"],
+    "prefill_dev_tokens": dev.runtime.ctx.n_dev_tokens, "prefill_s_device": med["device"], "prefill_s_cpu": med["cpu"],
     "prefill_tps_device": a.prompt_tokens / med["device"], "prefill_tps_cpu": a.prompt_tokens / med["cpu"],
     "speedup": med["cpu"] / med["device"], "fails": fails,
 }

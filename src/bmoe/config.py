@@ -231,7 +231,9 @@ def add_session_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] 
             continue
         target: Any = parser
         if flag.group is not None:
-            target = groups.setdefault(flag.group, parser.add_mutually_exclusive_group())
+            if flag.group not in groups:
+                groups[flag.group] = parser.add_mutually_exclusive_group()
+            target = groups[flag.group]
         target.add_argument(*flag.names, dest=_dest(flag), **flag.kwargs)
 
 

@@ -35,7 +35,7 @@ def test_no_device_means_an_empty_list_not_null() -> None:
 
 def test_cpu_session_uses_no_device(tiny_models) -> None:
     with Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), n_ctx=128, n_threads=2)) as s:
-        assert s.prefill_device is None and s.ctx.n_dev_tokens == 0
+        assert s.runtime.prefill_device is None and s.runtime.ctx.n_dev_tokens == 0
 
 
 def test_missing_device_refused_by_name(tiny_models) -> None:

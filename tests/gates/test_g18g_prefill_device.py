@@ -23,7 +23,7 @@ import pytest
 import llama_cpp  # noqa: E402
 
 from bmoe.wire.records import decide_fields
-import bmoe.session as session_mod
+import bmoe.runtime.runtime as session_mod
 from bmoe.cli import main as cli_main
 from bmoe.config import SessionConfig
 from bmoe.decide.decider import DecidePolicy

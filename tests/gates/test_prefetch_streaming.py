@@ -60,9 +60,9 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
 
 def test_prefetch_is_refused_where_it_cannot_work(tiny_models, open_session, tmp_path) -> None:
     model = tiny_models("qwen3moe", "q8_0")
-    with pytest.raises(ConfigError, match="prefetch: .*--cache-mb 0"):
+    with pytest.raises(ConfigError, match="prefetch: .*needs cache_mb 0"):
         open_session(model, moe_stream=True, cache_mb=64, prefetch=True)
-    with pytest.raises(ConfigError, match="prefetch: .*needs --moe-stream"):
+    with pytest.raises(ConfigError, match="prefetch: .*needs moe_stream"):
         open_session(model, prefetch=True)
 
 

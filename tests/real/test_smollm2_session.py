@@ -90,7 +90,7 @@ def _by_hand(s, tokens: list[int], window: int) -> float:
     while scored < len(tokens):
         end = min(begin + window, len(tokens))
         s.kv.reset()
-        rows = s.ctx.decode(tokens[begin:end], 0, logits="all").astype(np.float64)
+        rows = s.runtime.ctx.decode(tokens[begin:end], 0, logits="all").astype(np.float64)
         for t in range(scored, end):
             row = rows[t - begin - 1]
             lse = row.max() + np.log(np.exp(row - row.max()).sum())

@@ -10,6 +10,10 @@ from bmoe.config import add_session_flags, config_from_flags, default_model, fla
 from bmoe.errors import BmoeError
 
 
+# bmoe-cli's modes mean nothing to a server: accepted by the parser only to be refused by name.
+_CLI_MODES = (("-p", "--prompt"), ("--session",), ("--progress",), ("--list-archs",), ("--list-devices",))
+
+
 def build_server_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bmoe-server",
@@ -24,10 +28,12 @@ def build_server_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-queue", type=int, default=8,
                    help="requests that may wait behind the running one; more get 503 (default 8)")
     g.add_argument("--max-body-kb", type=int, default=1024, help="largest request body in KiB; more get 413 (default 1024)")
-    d = g.add_mutually_exclusive_group()
+    d = p.add_mutually_exclusive_group()
     d.add_argument("--decide", action="store_true", help="accept /v1/decide (the default)")
     d.add_argument("--no-decide", action="store_true", help="refuse /v1/decide (decide is on by default in the server)")
     g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
+    for names in _CLI_MODES:
+        p.add_argument(*names, dest="cli_mode", action="append_const", const="/".join(names), help=argparse.SUPPRESS)
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info)")
     return p
@@ -35,7 +41,11 @@ def build_server_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_server_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.cli_mode:
+        parser.error(f"{args.cli_mode[0]} is a bmoe-cli mode; bmoe-server serves requests over HTTP")
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.max_queue < 0:
         parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_kb < 1:
