@@ -235,7 +235,7 @@ def run_bmoe(a: argparse.Namespace) -> Run:
     routes = spy_routes(session) if stream else []
     bmoe_generate(session, run, a.n_predict)
     if stream:
-        run.routing = routing_summary(routes, len(session.streaming.streamer.layout.layers))
+        run.routing = routing_summary(routes, len(session.streaming.layout.layers))
     run.peak_rss_mib = peak_rss_mib()
     session.close()
     return run

@@ -48,7 +48,7 @@ def record_routes(s) -> list[tuple[int, tuple[int, ...]]]:
 def expert_bytes(s) -> dict[int, int]:
     """Bytes of one expert (all projections) per layer, from the GGUF layout."""
     out: dict[int, int] = {}
-    for t in s.streaming.streamer.layout.experts:
+    for t in s.streaming.layout.experts:
         out[t.il] = out.get(t.il, 0) + t.nbytes // t.n_expert
     return out
 
@@ -115,7 +115,7 @@ def test_g3_reading_every_expert_equals_selective(kquant_variant) -> None:
     streamed = run(s)
     assert_same(resident, streamed)
     st = s.stream_stats()
-    n_expert = s.streaming.streamer.layout.n_expert
+    n_expert = s.streaming.layout.n_expert
     assert st.routed == len(routes) * n_expert
 
 

@@ -38,7 +38,7 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
     streamed = run(s)
     assert_same(resident, streamed)
     hook, st = s.streaming.hook, s.stream_stats()
-    layers = s.streaming.streamer.layout.layers
+    layers = s.streaming.layout.layers
     # Every decode token guesses every streamed layer but the first.
     n_decode = len(streamed[0].tokens) - 1
     assert hook.n_prefetches == len(guesses) >= n_decode * (len(layers) - 1)

@@ -46,6 +46,11 @@ class StreamRuntime:
     dense: PageResidency  # the dense weights' pages in the files llama.cpp maps
     _dense_frac: tuple[float, float] = field(default=(-1e9, 0.0))  # (when, value) of the last sample
 
+    @property
+    def layout(self):  # -> bmoe.stream.ModelLayout
+        """Where every expert lives in the user's GGUF (what the streamer reads)."""
+        return self.streamer.layout
+
     def stats(self) -> StreamStats:
         # io_s is how long reads were in flight; stall_s the part of it the graph waited for
         # (the rest overlapped compute: split-phase reads, docs/streaming.md).

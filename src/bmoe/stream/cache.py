@@ -19,6 +19,7 @@ from typing import Sequence
 
 from .layout import ExpertTensor, ModelLayout
 from .reader import ALIGN, ReadOp, Window
+from .stats import StreamStats
 
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = 0x4000  # Linux; not exported by Python's mmap module
@@ -28,15 +29,6 @@ _MAP_NORESERVE = 0x4000  # Linux; not exported by Python's mmap module
 class ExpertKey:
     layer: int
     expert: int
-
-
-@dataclass(frozen=True, slots=True)
-class CacheCounters:
-    hits: int
-    misses: int
-    evictions: int
-    resident_bytes: int   # bytes of experts held (cache on); 0 with the cache off
-    budget_bytes: int     # 0 = cache off
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +113,9 @@ class SharedBuffers:
     def commit(self, plan: Plan) -> None:
         self._routed += len(plan.misses)
 
-    def counters(self) -> CacheCounters:
-        return CacheCounters(hits=0, misses=self._routed, evictions=0, resident_bytes=0, budget_bytes=0)
+    def stats(self) -> StreamStats:
+        """The cache's part of the stream's counters: with the cache off every routed expert is a miss."""
+        return StreamStats(misses=self._routed)
 
     def close(self) -> None:
         for b in self._buffers.values():
@@ -177,8 +170,10 @@ class LruCache:
             self._resident += nbytes
         self._misses += len(plan.misses)
 
-    def counters(self) -> CacheCounters:
-        return CacheCounters(self._hits, self._misses, self._evictions, self._resident, self.budget_bytes)
+    def stats(self) -> StreamStats:
+        """The cache's part of the stream's counters: hits, misses, evictions, residency, budget."""
+        return StreamStats(hits=self._hits, misses=self._misses, evictions=self._evictions,
+                           resident_bytes=self._resident, budget_bytes=self.budget_bytes)
 
     def close(self) -> None:
         for b in self._buffers.values():

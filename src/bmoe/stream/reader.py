@@ -27,6 +27,7 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from .layout import FileId
+from .stats import StreamStats
 from bmoe.errors import EngineFailure
 
 ALIGN = max(4096, mmap.PAGESIZE)
@@ -61,16 +62,6 @@ class ReadOp:
     nbytes: int
     window: Window
     at: int          # file byte ``offset`` lands at ``window.view[at]``
-
-
-@dataclass(frozen=True, slots=True)
-class ReaderStats:
-    read_bytes: int     # bytes asked for (sum of ReadOp.nbytes): what the model needed
-    device_bytes: int   # bytes the kernel was asked to read, alignment overhead included
-    n_syscalls: int
-    io_s: float         # read time: per batch, wall time from its submit to its last read done (and seen
-                        # done by a waiter that was blocked on it)
-    stall_s: float      # time callers spent blocked in Batch.wait (reads not done yet)
 
 
 def stderr_warn(msg: str) -> None:
@@ -178,9 +169,13 @@ class ExpertReader:
     def error(self) -> StreamIOError | None:
         return self._error
 
-    def stats(self) -> ReaderStats:
+    def stats(self) -> StreamStats:
+        """The reader's part of the stream's counters: bytes, read calls, read and stall time.
+        ``io_s``: per batch, wall time from its submit to its last read done (and seen done by a
+        waiter that was blocked on it); ``stall_s``: time callers spent blocked in Batch.wait."""
         with self._lock:
-            return ReaderStats(self._read_bytes, self._device_bytes, self._n_syscalls, self._io_s, self._stall_s)
+            return StreamStats(read_bytes=self._read_bytes, device_bytes=self._device_bytes,
+                               n_syscalls=self._n_syscalls, io_s=self._io_s, stall_s=self._stall_s)
 
     def close(self) -> None:
         """Stop the lanes once they have finished what is queued, then close the files."""

@@ -1,6 +1,6 @@
 """StreamStats: the one record of what expert streaming did, from the streamer to every report.
 
-The streamer fills it; telemetry (BMOE_PROGRESS/LOAD/DONE/STATS/DECIDE), the server's metrics,
+The reader, the cache and the streamer each count their part of it, the streamer joins them; telemetry (BMOE_PROGRESS/LOAD/DONE/STATS/DECIDE), the server's metrics,
 the tests and the benchmarks read it. It is cumulative since the session opened: subtract two
 (``later.minus(earlier)``) for a token's, a request's or a benchmark phase's figures. A resident
 model's is all zero.
@@ -17,6 +17,7 @@ _GAUGE = {"gauge": True}
 class StreamStats:
     read_bytes: int = 0        # expert bytes read from the GGUF (sum of the slices read)
     device_bytes: int = 0      # bytes asked of the kernel, O_DIRECT alignment included
+    n_syscalls: int = 0        # read calls made (adjacent experts are read in one)
     io_s: float = 0.0          # read time: per route, wall time from queueing its reads to the last one done
     stall_s: float = 0.0       # time the graph (so compute) waited for reads not yet done
     mgmt_s: float = 0.0        # time in cache bookkeeping (plan, evict, commit), id handling, queueing reads
@@ -30,6 +31,12 @@ class StreamStats:
     wasted_bytes: int = 0      # ... bytes read for guesses the route did not pick (part of read_bytes)
     resident_bytes: int = field(default=0, metadata=_GAUGE)  # expert bytes the cache holds now
     budget_bytes: int = field(default=0, metadata=_GAUGE)    # the cache's budget; 0 = cache off
+
+    def plus(self, other: "StreamStats") -> "StreamStats":
+        """Field-wise sum: how the streamer joins what its parts count (the reader counts bytes and
+        time, the cache hits and residency, the streamer routes and guesses; each part leaves the
+        others' fields at zero)."""
+        return StreamStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def minus(self, before: "StreamStats") -> "StreamStats":
         """What happened between ``before`` and this snapshot (gauges keep this one's value)."""

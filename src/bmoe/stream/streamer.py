@@ -228,14 +228,11 @@ class Streamer:
             batch.abandon()
 
     def stats(self) -> StreamStats:
-        r = self.reader.stats()
-        c = self.cache.counters()
-        return StreamStats(
-            read_bytes=r.read_bytes, device_bytes=r.device_bytes, io_s=r.io_s, stall_s=r.stall_s, mgmt_s=self._mgmt_s,
-            hits=c.hits, misses=c.misses, routed=self._routed, evictions=c.evictions,
-            resident_bytes=c.resident_bytes, budget_bytes=c.budget_bytes, n_routes=self._n_routes,
-            guessed=self._guessed, guess_hits=self._guess_hits, wasted_bytes=self._wasted,
-        )
+        """Cumulative since open: the reader's and the cache's counts joined with the routes and
+        guesses counted here."""
+        own = StreamStats(mgmt_s=self._mgmt_s, routed=self._routed, n_routes=self._n_routes, guessed=self._guessed,
+                          guess_hits=self._guess_hits, wasted_bytes=self._wasted)
+        return self.reader.stats().plus(self.cache.stats()).plus(own)
 
     @property
     def error(self) -> StreamIOError | None:
