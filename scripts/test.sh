@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
+# The layering is a contract (pyproject.toml [tool.importlinter]); an import pointing the wrong way fails here.
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest -q tests "$@"
