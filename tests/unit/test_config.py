@@ -50,3 +50,53 @@ def test_missing_model_file(tmp_path: Path) -> None:
 def test_defaults_are_valid(model: Path) -> None:
     cfg = SessionConfig(model=model, cache_mb="auto")
     assert cfg.cache_mb == "auto" and cfg.threads >= 1
+
+
+# --- the one flag table ---------------------------------------------------------------------
+def test_every_session_flag_reaches_its_field(model: Path) -> None:
+    from bmoe.cli import build_parser
+    from bmoe.config import config_from_flags
+
+    args = build_parser().parse_args([
+        "-n", "7", "-c", "64", "-b", "32", "-ub", "16", "-t", "1", "--temp", "0.5", "--top-p", "0.9",
+        "--seed", "3", "--chatml", "--no-think", "--flash-attn", "off", "--kv-f32", "--moe-stream",
+        "--cache-mb", "auto", "--cache-ceil-mb", "9", "--cache-force", "--no-odirect", "--io-threads", "2",
+        "--stream-cache-dir", "/tmp/x", "--stream-read-all", "--decide", "--decide-prefix-cache", "on",
+        "--prefill-min-tokens", "5",
+    ])
+    cfg = config_from_flags(args, model)
+    assert (cfg.n_predict, cfg.n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.n_threads) == (7, 64, 32, 16, 1)
+    assert (cfg.temperature, cfg.top_p, cfg.seed, cfg.chat, cfg.think, cfg.flash_attn, cfg.kv_f32) == \
+        (0.5, 0.9, 3, "chatml", False, False, True)
+    assert (cfg.moe_stream, cfg.cache_mb, cfg.cache_ceil_mb, cfg.cache_force, cfg.odirect, cfg.io_threads) == \
+        (True, "auto", 9, True, False, 2)
+    assert (cfg.stream_cache_dir, cfg.stream_read_all, cfg.decide, cfg.decide_prefix_cache) == \
+        (Path("/tmp/x"), True, True, "on")
+    assert (cfg.prefill_device, cfg.prefill_min_tokens, cfg.prefetch) == (None, 5, False)
+    # and the defaults are SessionConfig's own
+    assert config_from_flags(build_parser().parse_args([]), model) == SessionConfig(model=model)
+
+
+def test_a_config_message_names_the_flag_at_a_command_line() -> None:
+    from bmoe.config import flag_message
+
+    assert flag_message("n_ctx: must be an integer >= 16, got 8") == "--ctx-size (n_ctx): must be an integer >= 16, got 8"
+    assert flag_message("cache_mb: 3 is below the floor") == "--cache-mb (cache_mb): 3 is below the floor"
+    assert flag_message("model: file not found: x.gguf") == "model: file not found: x.gguf"
+    assert flag_message("something else entirely") == "something else entirely"
+
+
+def test_the_cli_refuses_a_bad_setting_with_one_line(model: Path, capsys) -> None:
+    from bmoe.cli import main
+
+    assert main(["-m", str(model), "-c", "8", "-p", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err == "bmoe-cli: --ctx-size (n_ctx): must be an integer >= 16, got 8\n"
+    assert main(["-m", str(model), "-c", "8", "--session"]) == 1
+    out, err = capsys.readouterr()
+    assert out == 'BMOE_ERROR {"id":null,"fatal":true,"msg":"--ctx-size (n_ctx): must be an integer >= 16, got 8"}\n'
+
+
+def test_a_folder_is_not_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"model: {tmp_path} is a folder, not a .gguf file"):
+        SessionConfig(model=tmp_path)
