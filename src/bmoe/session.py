@@ -16,10 +16,13 @@ import numpy as np
 from .config import SessionConfig
 from .decide.types import DecideRequest, DecideResult
 from .errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
-from .runtime.chat import Message
+from .llama.model import LlamaModel
+from .runtime.chat import ChatRenderer, Message
 from .runtime.decide import DecideService
 from .runtime.results import GenerateRequest, GenerateResult, PerplexityResult, Step
+from .runtime.kv import KvCache
 from .runtime.runtime import Runtime
+from .runtime.streaming import StreamRuntime
 from .stream.stats import StreamStats
 from .wire.protocol import validate_generate
 
@@ -40,15 +43,15 @@ class Session:
 
     # --- facts ------------------------------------------------------------------------
     @property
-    def model(self):  # -> bmoe.llama.model.LlamaModel
+    def model(self) -> LlamaModel:
         return self.runtime.model
 
     @property
-    def kv(self):  # -> bmoe.runtime.kv.KvCache
+    def kv(self) -> KvCache:
         return self.runtime.kv
 
     @property
-    def chat(self):  # -> bmoe.runtime.chat.ChatRenderer
+    def chat(self) -> ChatRenderer:
         return self.runtime.chat
 
     @property
@@ -68,7 +71,7 @@ class Session:
         return self.runtime.load_read_bytes
 
     @property
-    def streaming(self):  # -> bmoe.runtime.streaming.StreamRuntime | None
+    def streaming(self) -> StreamRuntime | None:
         """The live expert streaming of a --moe-stream session (its layout, counters, hook); None
         for a resident model."""
         return self.runtime.stream

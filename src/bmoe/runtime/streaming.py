@@ -19,7 +19,7 @@ from ..llama.expert_hook import ExpertHook
 from ..llama.ggml_tensor import GgmlLayoutError
 from ..llama.residency import PageResidency
 from ..stream import (
-    CacheBudgetError, LayoutError, NothingToStreamError, StreamOptions, Streamer, TwinError,
+    CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamOptions, Streamer, TwinError,
     UnsupportedArchError, dense_twin, lookup, read_layout,
 )
 from ..stream.stats import StreamStats
@@ -47,7 +47,7 @@ class StreamRuntime:
     _dense_frac: tuple[float, float] = field(default=(-1e9, 0.0))  # (when, value) of the last sample
 
     @property
-    def layout(self):  # -> bmoe.stream.ModelLayout
+    def layout(self) -> ModelLayout:
         """Where every expert lives in the user's GGUF (what the streamer reads)."""
         return self.streamer.layout
 
@@ -82,6 +82,8 @@ def stream_overlap(config: SessionConfig) -> bool:
 
 
 def open_streaming(config: SessionConfig) -> StreamRuntime:
+    # read_layout comes first and checks that every tensor lies inside its file, so a truncated
+    # or malformed GGUF is refused here, naming it, before a dense twin of it is written.
     try:
         layout = read_layout(config.model)
         entry = lookup(layout.arch)
@@ -91,19 +93,29 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         )
         guess = RouterGuess.load(layout, entry) if config.prefetch else None
         streamer = Streamer(layout, options)
-    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError) as e:
-        raise StreamSetupError(f"--moe-stream: {e}") from e
+    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError) as e:
+        raise _setup_error(config, e) from e
     try:
         hook = ExpertHook(streamer, entry, overlap=stream_overlap(config), guess=guess)
     except GgmlLayoutError as e:
         streamer.close()
-        raise StreamSetupError(f"--moe-stream: {e}") from e
+        raise _setup_error(config, e) from e
     try:
-        load_path = dense_twin(layout, config.stream_cache_dir or default_cache_dir() / "twins")
-    except TwinError as e:
-        print(f"bmoe: {e}; loading the original file (its experts will be read once at load)", file=sys.stderr)
-        load_path = Path(config.model)
-    # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
-    shards = [load_path.parent / f.path.name for f in layout.files]
-    dense = PageResidency([(shards[i], dense_ranges(layout, i)) for i in range(len(layout.files))])
+        try:
+            load_path = dense_twin(layout, config.stream_cache_dir or default_cache_dir() / "twins")
+        except TwinError as e:
+            print(f"bmoe: {e}; loading the original file (its experts will be read once at load)", file=sys.stderr)
+            load_path = Path(config.model)
+        # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
+        shards = [load_path.parent / f.path.name for f in layout.files]
+        dense = PageResidency([(shards[i], dense_ranges(layout, i)) for i in range(len(layout.files))])
+    except BaseException:
+        streamer.close()
+        raise
     return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path, dense=dense)
+
+
+def _setup_error(config: SessionConfig, e: BaseException) -> StreamSetupError:
+    """``--moe-stream: <why>``, naming the user's model file unless ``why`` already does."""
+    why, model = str(e), str(config.model)
+    return StreamSetupError(f"--moe-stream: {why}" if model in why else f"--moe-stream: {model}: {why}")
