@@ -17,7 +17,7 @@ DECISION = {"prefix": "What is the capital of France?\n",
 
 @pytest.fixture()
 def client(make_app, smol_path):
-    with TestClient(make_app(smol_path)) as c:
+    with TestClient(make_app(smol_path), base_url="http://localhost") as c:
         yield c
 
 

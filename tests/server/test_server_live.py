@@ -122,8 +122,8 @@ def test_the_bmoe_server_command(smol_path) -> None:
            "--log-level", "warning"]
     bad = subprocess.run(cmd + ["-p", "hi"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bmoe-cli mode" in bad.stderr
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "BMOE_API_KEY": ""})
+    proc = subprocess.Popen(cmd + ["--allowed-hosts", "bmoe.test"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "BMOE_API_KEY": ""})
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -140,6 +140,10 @@ def test_the_bmoe_server_command(smol_path) -> None:
         assert info["decide"] is True and info["n_ctx"] >= 512 and info["config"]["n_predict"] == 4
         r = httpx.post(url + "/v1/decide", json={"prefix": "Q.\n", "suffix": "A or B?", "choices": ["A", "B"]})
         assert r.status_code == 200
+        # the Host allow-list: localhost always, --allowed-hosts' names, nothing else (DNS rebinding)
+        assert httpx.get(url + "/health", headers={"Host": f"bmoe.test:{port}"}).status_code == 200
+        r = httpx.get(url + "/health", headers={"Host": "rebound.example"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "host_not_allowed"
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -38,3 +38,8 @@ def test_refused_flags(argv, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "bmoe-server" in capsys.readouterr().err
+
+
+def test_a_model_that_is_a_folder(tmp_path, capsys) -> None:
+    assert main(["-m", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"bmoe-server: model: {tmp_path} is a folder, not a .gguf file\n"

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
 from server_helpers import hold_engine, metric
 
@@ -16,7 +19,7 @@ DECIDE = {"prefix": "Pick.\n", "suffix": "A or B?", "choices": ["A", "B"]}
 def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path) -> None:
     app = make_app(tiny_path, ServerSettings(max_queue=1))
     engine = app.state.engine
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         release = hold_engine(engine, extra_waiting=1)  # one running, one waiting: the queue is full
         try:
             for path, body in (("/v1/chat/completions", CHAT), ("/v1/decide", DECIDE),
@@ -34,7 +37,7 @@ def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path)
 
 def test_max_queue_zero_serves_one_at_a_time(make_app, tiny_path) -> None:
     app = make_app(tiny_path, ServerSettings(max_queue=0))
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         assert c.post("/v1/decide", json=DECIDE).status_code == 200  # idle: admitted
         release = hold_engine(app.state.engine)
         try:
@@ -59,6 +62,44 @@ def test_jobs_run_in_arrival_order_and_a_cancelled_waiter_is_dropped(make_app, t
     assert ran == [0, 1, 3]
 
 
+def test_a_dropped_waiter_counts_as_cancelled(make_app, tiny_path) -> None:
+    app = make_app(tiny_path, ServerSettings(max_queue=4))
+    engine = app.state.engine
+    release = hold_engine(engine)
+
+    async def scenario() -> None:
+        job = engine.submit(lambda s, j: None)
+        job.cancel()  # its client left while it waited
+        job.cancel()  # a second cancel of the same job counts nothing more
+        assert (await job.outcome()).kind == "error"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+    assert metric(app.state.metrics.render().decode(), "bmoe_cancelled_total") == 1
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/decide", DECIDE)])
+def test_a_client_that_leaves_while_queued_is_dropped_and_counted(make_app, tiny_path, live, path, body) -> None:
+    app = make_app(tiny_path, ServerSettings(max_queue=4))
+    server = live(app)
+    release = hold_engine(app.state.engine)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + path, json=body, timeout=0.5)  # waits behind the held job, then gives up
+        deadline = time.monotonic() + 10
+        while app.state.engine.depth() > 1:  # the server notices the client left and drops its request
+            assert time.monotonic() < deadline, "the queued request was not dropped"
+            time.sleep(0.05)
+    finally:
+        release.set()
+    m = httpx.get(server.url + "/metrics").text
+    assert metric(m, "bmoe_cancelled_total") == 1
+    assert not [line for line in m.splitlines()  # it never ran
+                if line.startswith(("bmoe_chat_completions_total{", "bmoe_decisions_total{"))]
+
+
 def test_a_cancelled_waiter_frees_its_slot(make_app, tiny_path) -> None:
     engine = make_app(tiny_path, ServerSettings(max_queue=1)).state.engine
     release = hold_engine(engine)
@@ -80,7 +121,7 @@ def test_an_unrecoverable_engine_error_shows_in_health(make_app, tiny_path) -> N
     from bmoe.errors import SessionClosedError
 
     app = make_app(tiny_path)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         assert c.get("/health").status_code == 200
 
         def broken(session, job):

@@ -14,7 +14,7 @@ OK_DECIDE = {"prefix": "Pick one.\n", "suffix": "A or B?", "choices": ["A", "B"]
 @pytest.fixture()
 def client(make_app, tiny_path):
     app = make_app(tiny_path, ServerSettings(max_body_bytes=4096), n_ctx=128)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         yield c
 
 
@@ -52,6 +52,37 @@ def test_chat_schema_refusals_name_the_field(client, body, param) -> None:
     e = err(r, 422)
     assert e["param"].startswith(param)
     assert param.split(".")[0] in e["message"]
+
+
+PARTS = [{"type": "text", "text": "x"}]
+
+
+@pytest.mark.parametrize("path, body, message", [
+    # a list over its limit in a field that also takes a string: the limit, not "a valid string"
+    ("/v1/chat/completions", {**OK_CHAT, "stop": ["x"] * 17}, "stop: at most 16 items, got 17"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PARTS * 257}]},
+     "messages.0.content: at most 256 items, got 257"),
+    ("/v1/chat/completions", {"messages": []}, "messages: at least 1 item, got 0"),
+    ("/v1/decide", [{"choices": []}] * 257, "body: at most 256 items, got 257"),
+    # JSON's NaN and Infinity (Python's json reads them): not a number in range, whatever the bound says
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+     "temperature: Input should be a finite number"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}',
+     "top_p: Input should be a finite number"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -Infinity}',
+     "temperature: Input should be a finite number"),
+    ("/v1/decide", b'{"choices": ["A"], "abstain_below": NaN}', "abstain_below: Input should be a finite number"),
+    # the item that is wrong, not the string the field could also have been
+    ("/v1/chat/completions", {**OK_CHAT, "stop": ["x", 5]}, "stop.1: Input should be a valid string"),
+])
+def test_refusal_messages_say_the_rule(make_app, tiny_path, path, body, message) -> None:
+    with TestClient(make_app(tiny_path), base_url="http://localhost") as c:
+        if isinstance(body, bytes):
+            r = c.post(path, content=body, headers={"Content-Type": "application/json"})
+        else:
+            r = c.post(path, json=body)
+        assert err(r, 422)["message"] == message
+        assert r.json()["detail"]  # FastAPI's own list is still there
 
 
 @pytest.mark.parametrize("body, param", [
@@ -122,14 +153,14 @@ def test_no_request_names_a_file(client) -> None:
 
 
 def test_decide_off(make_app, tiny_path) -> None:
-    with TestClient(make_app(tiny_path, decide=False)) as c:
+    with TestClient(make_app(tiny_path, decide=False), base_url="http://localhost") as c:
         e = err(c.post("/v1/decide", json=OK_DECIDE), 400)
         assert "decide is off" in e["message"]
         assert c.post("/v1/chat/completions", json=OK_CHAT).status_code == 200
 
 
 def test_auth_on(make_app, tiny_path) -> None:
-    with TestClient(make_app(tiny_path, ServerSettings(api_key="sekret"))) as c:
+    with TestClient(make_app(tiny_path, ServerSettings(api_key="sekret")), base_url="http://localhost") as c:
         for method, path, body in (("post", "/v1/chat/completions", OK_CHAT), ("post", "/v1/decide", OK_DECIDE),
                                    ("get", "/v1/models", None), ("get", "/v1/session", None), ("get", "/metrics", None)):
             r = c.request(method, path, json=body)

@@ -24,7 +24,7 @@ from .decide_route import DecideRoute
 from .engine import Engine, QueueFull
 from .errors import ApiError, error_response, install_handlers
 from .metrics import Metrics
-from .middleware import BodyLimit, CountRequests
+from .middleware import AllowedHosts, BodyLimit, CountRequests
 
 # The page's files; a fixed list, so no request path ever reaches the filesystem.
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -39,6 +39,8 @@ class ServerSettings:
     api_key: str | None = None  # None: no auth
     max_queue: int = 8  # requests that may wait behind the running one
     max_body_bytes: int = 1 << 20
+    # Host names answered besides localhost and loopback addresses ("*": every one); hosts.py.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def model_id(session: Session) -> str:
@@ -73,8 +75,8 @@ def _auth(settings: ServerSettings):
 
 
 def create_app(session: Session, settings: ServerSettings = ServerSettings()) -> FastAPI:
-    engine = Engine(session, settings.max_queue)
-    metrics = Metrics(engine.depth, lambda: engine.last_stats)
+    metrics = Metrics(lambda: engine.depth(), lambda: engine.last_stats)
+    engine = Engine(session, settings.max_queue, on_drop=metrics.cancelled.inc)  # a waiter whose client left
     app = FastAPI(title="bmoe-server", version="0.1.0",
                   description="OpenAI-compatible chat and bmoe decisions over one bmoe session.")
     app.state.engine, app.state.metrics, app.state.session = engine, metrics, session
@@ -124,6 +126,7 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
 
     started = time.time()
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowedHosts, allowed=settings.allowed_hosts)  # before the body is read; counted
     app.add_middleware(CountRequests, routes=lambda: ROUTES,
                        count=lambda route, status: metrics.requests.labels(route, str(status)).inc())
     return app

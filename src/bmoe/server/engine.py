@@ -80,11 +80,14 @@ class Job:
 
 
 class Engine:
-    def __init__(self, session: Session, max_queue: int) -> None:
+    def __init__(self, session: Session, max_queue: int, on_drop: Callable[[], None] = lambda: None) -> None:
+        """``on_drop`` is called (in the cancelling thread) for every job dropped before it ran
+        because its client left."""
         if max_queue < 0:
             raise ValueError(f"max_queue: must be >= 0, got {max_queue}")
         self.session = session
         self.max_queue = max_queue
+        self._on_drop = on_drop
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None
@@ -121,7 +124,8 @@ class Engine:
 
     def _cancel(self, job: Job) -> None:
         with self._cond:
-            if job in self._waiting:
+            dropped = job in self._waiting
+            if dropped:
                 self._waiting.remove(job)
                 job.finished = True
                 job.emit(ERROR, Cancelled("the client closed the request before it ran"))
@@ -129,6 +133,8 @@ class Engine:
                 # Under the lock: the worker cannot move on to the next job meanwhile, so this
                 # cancel cannot land on someone else's generation. Takes effect at the next token.
                 self.session.cancel()
+        if dropped:
+            self._on_drop()
 
     # --- worker side ------------------------------------------------------------------
     def _work(self) -> None:

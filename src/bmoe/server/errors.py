@@ -2,7 +2,8 @@
 
     {"error": {"message": "...", "type": "...", "param": "<field or null>", "code": "..."}}
 
-Schema violations keep FastAPI's status (422) and also carry FastAPI's ``detail`` list.
+Schema violations keep FastAPI's status (422) and also carry FastAPI's ``detail`` list; their
+message is "<field>: <rule>", the rule of the most specific error (``_rule``).
 """
 from __future__ import annotations
 
@@ -54,6 +55,25 @@ def _clean_loc(loc: tuple[Any, ...]) -> list[str]:
     return [str(p) for p in loc if p != "body" and not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
 
 
+def _is_type_error(err: dict[str, Any]) -> bool:
+    """pydantic's "<kind>_type" errors say the value is not of a type; in a union (a string or a
+    list) one comes from every member the value is not, so another error is the one that matters."""
+    return str(err.get("type", "")).endswith("_type")
+
+
+def _rule(err: dict[str, Any]) -> str:
+    """The error's rule in words; a list's length limit said as the limit, without pydantic's
+    "List should have at most 16 items after validation, not 17"."""
+    kind, ctx = err.get("type"), err.get("ctx") or {}
+    got = f", got {ctx['actual_length']}" if ctx.get("actual_length") is not None else ""
+    if kind == "too_long" and "max_length" in ctx:
+        return f"at most {ctx['max_length']} items{got}"
+    if kind == "too_short" and "min_length" in ctx:
+        n = ctx["min_length"]
+        return f"at least {n} item{'' if n == 1 else 's'}{got}"
+    return str(err.get("msg", ""))
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, e: ApiError) -> JSONResponse:
@@ -71,14 +91,16 @@ def install_handlers(app: FastAPI) -> None:
         # the rule are what a client needs.
         detail = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
                    "type": str(err.get("type", ""))} for err in e.errors()]
-        # With a union body (one decision or a list) the most specific error is the deepest one.
-        paths = [_clean_loc(tuple(err.get("loc", ()))) for err in e.errors()]
-        best = max(range(len(paths)), key=lambda i: len(paths[i]), default=None)
-        first = detail[best] if best is not None else {"msg": "invalid request"}
+        # With a union (one decision or a list, a string or a list) the most specific error is
+        # the deepest one, and at one depth one that is not "not this member's type".
+        errors = e.errors()
+        paths = [_clean_loc(tuple(err.get("loc", ()))) for err in errors]
+        best = max(range(len(paths)), key=lambda i: (len(paths[i]), not _is_type_error(errors[i])), default=None)
+        rule = _rule(errors[best]) if best is not None else "invalid request"
         param = ".".join(paths[best]) if best is not None and paths[best] else "body"
-        if first.get("type") == "json_invalid":  # its loc holds a character offset, not a field
+        if best is not None and errors[best].get("type") == "json_invalid":  # its loc is a character offset
             param = "body"
-        body = error_body(422, f"{param}: {first['msg']}", param, "validation_error")
+        body = error_body(422, f"{param}: {rule}", param, "validation_error")
         body["detail"] = detail
         return JSONResponse(body, status_code=422)
 

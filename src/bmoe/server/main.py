@@ -9,6 +9,8 @@ import sys
 from bmoe.config import add_session_flags, config_from_flags, default_model, flag_message
 from bmoe.errors import BmoeError
 
+from .hosts import bound_name, normalize, parse_allowed
+
 
 # bmoe-cli's modes mean nothing to a server: accepted by the parser only to be refused by name.
 _CLI_MODES = (("-p", "--prompt"), ("--session",), ("--progress",), ("--list-archs",), ("--list-devices",))
@@ -22,6 +24,10 @@ def build_server_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    g.add_argument("--allowed-hosts", metavar="H,H",
+                   help="Host header names answered besides localhost, loopback addresses and --host "
+                        "(names or addresses separated by commas, any port; * answers every host); "
+                        "other hosts get 400, against DNS rebinding (default: none)")
     g.add_argument("--api-key", default=os.environ.get("BMOE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health and the page "
                         "(default: $BMOE_API_KEY, else no auth)")
@@ -39,6 +45,15 @@ def build_server_parser() -> argparse.ArgumentParser:
     return p
 
 
+def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
+    """ServerSettings.allowed_hosts from --host and --allowed-hosts (ValueError on a bad entry)."""
+    extra = parse_allowed(args.allowed_hosts) if args.allowed_hosts is not None else ()
+    if extra == ("*",):
+        return extra
+    bound = bound_name(args.host)
+    return tuple(dict.fromkeys(((bound,) if bound else ()) + extra))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_server_parser()
     args, extra = parser.parse_known_args(argv)
@@ -50,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_kb < 1:
         parser.error(f"--max-body-kb must be >= 1, got {args.max_body_kb}")
+    try:
+        hosts = allowed_hosts(args)
+    except ValueError as e:
+        parser.error(f"--allowed-hosts: {e}")
     try:
         model = args.model
         if model is None:
@@ -73,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     from bmoe.server.app import ServerSettings, close_app, create_app
 
     app = create_app(session, ServerSettings(api_key=args.api_key or None, max_queue=args.max_queue,
-                                             max_body_bytes=args.max_body_kb * 1024))
+                                             max_body_bytes=args.max_body_kb * 1024, allowed_hosts=hosts))
     print(f"bmoe-server: {cfg.model} on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
+    if not hosts and normalize(args.host) in ("0.0.0.0", "::"):
+        print("bmoe-server: listening on every address, but answering only requests for localhost and loopback "
+              "addresses; name the others with --allowed-hosts", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:

@@ -1,4 +1,5 @@
-"""ASGI middleware: a hard cap on request bodies, and the per-route request counter.
+"""ASGI middleware: the Host allow-list, a hard cap on request bodies, and the per-route request
+counter.
 
 The body is read up front (it is small by construction) so an oversize one is refused with 413
 before any handler, validation or queueing sees it, whether or not it announced its length.
@@ -11,6 +12,7 @@ from collections.abc import Callable, Collection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_body
+from .hosts import HostCheck
 
 
 async def _send_json(send: Send, status: int, body: dict) -> None:
@@ -18,6 +20,30 @@ async def _send_json(send: Send, status: int, body: dict) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data})
+
+
+def host_refusal(header: str | None) -> dict:
+    shown = (header or "")[:100]
+    return error_body(400, f"Host {shown!r} is not allowed: bmoe-server answers only localhost, loopback addresses, "
+                           f"its --host and the names in --allowed-hosts", None, "host_not_allowed")
+
+
+class AllowedHosts:
+    """Refuse (400) a request whose Host header names no host this server answers (hosts.py)."""
+
+    def __init__(self, app: ASGIApp, allowed: tuple[str, ...]) -> None:
+        self.app, self.check = app, HostCheck(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.check.any:
+            await self.app(scope, receive, send)
+            return
+        hosts = [v for k, v in scope["headers"] if k.lower() == b"host"]
+        header = hosts[0].decode("latin-1") if len(hosts) == 1 else None
+        if not self.check.allows(header):
+            await _send_json(send, 400, host_refusal(header))
+            return
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:

@@ -3,7 +3,8 @@
 The chat request follows OpenAI's field names and ignores fields it does not know (OpenAI clients
 send more than bmoe uses); the decide request mirrors the session protocol's decide command and
 refuses unknown fields, as the protocol does, since a typo would silently change the decision.
-No field names a file: the model is the one the server was started with.
+No field names a file: the model is the one the server was started with. Numbers must be finite
+(JSON's NaN and Infinity, which Python's json reads, are refused as such, not as out of range).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = Field(None, description="ignored: the server serves the model it was started with")
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
@@ -68,7 +69,7 @@ class ChatCompletionRequest(BaseModel):
 class DecideBody(BaseModel):
     """One decision; the fields and rules of the session protocol's decide request."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     id: int = Field(0, ge=-(2**63), le=2**63 - 1)
     prefix: Text = Field("", description="the part of the prompt worth keeping for the next decision")
     suffix: Text = ""
