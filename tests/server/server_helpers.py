@@ -8,6 +8,7 @@ import time
 
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 
 from bmoe.server.engine import Engine
 from bmoe.session import Session
@@ -61,9 +62,33 @@ def hold_engine(engine: Engine, extra_waiting: int = 0) -> threading.Event:
     return release
 
 
-def metric(text: str, name: str) -> float:
-    """The value of one sample line (exact name with labels) in Prometheus text, 0 if absent."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+def _parse(text: str) -> tuple[set[str], list[tuple[str, dict[str, str], float]]]:
+    """The sample names the text declares (its ``# TYPE`` lines) and every sample in it."""
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    found = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+    return declared, found
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample ``name`` with exactly ``labels`` in Prometheus text.
+
+    Fails the test when there is no such sample (a misspelled name, a labelled counter asked for
+    without its labels, or a label set that has not been counted yet), naming the label sets that
+    do exist, so an assert built on it can never pass by reading a default of 0."""
+    if "{" in name:
+        raise TypeError(f"metric(): give the labels as keywords, not in the name: {name!r}")
+    _, found = _parse(text)
+    for n, got, value in found:
+        if n == name and got == labels:
+            return value
+    have = [got for n, got, _ in found if n == name]
+    raise AssertionError(f"no sample {name}{labels or ''} in the metrics; that name has {have or 'no samples'}")
+
+
+def label_sets(text: str, name: str) -> list[dict[str, str]]:
+    """The label sets of every sample ``name`` in the text ([] when a labelled counter has counted
+    nothing yet). Fails the test when the text does not declare ``name`` at all (a misspelling)."""
+    declared, found = _parse(text)
+    if name not in declared:
+        raise AssertionError(f"the metrics declare no {name}")
+    return [got for n, got, _ in found if n == name]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
-from server_helpers import metric
+from server_helpers import label_sets, metric
 
 Q1 = "Name three fruits."
 DECISION = {"prefix": "What is the capital of France?\n",
@@ -133,8 +133,13 @@ def test_metrics_move(client) -> None:
     client.post("/v1/decide", json=DECISION)
     after = client.get("/metrics").text
     for name in ("bmoe_completion_tokens_total", "bmoe_prompt_tokens_total", "bmoe_prefill_seconds_total",
-                 "bmoe_decode_seconds_total", 'bmoe_decisions_total{reuse="stored"}',
-                 'bmoe_http_requests_total{route="/v1/chat/completions",status="200"}'):
+                 "bmoe_decode_seconds_total"):
         assert metric(after, name) > metric(before, name), name
     assert metric(after, "bmoe_completion_tokens_total") - metric(before, "bmoe_completion_tokens_total") == 5
+    # the labelled counters: nothing counted before, exactly this chat turn and decision after
+    assert label_sets(before, "bmoe_chat_completions_total") == label_sets(before, "bmoe_decisions_total") == []
+    assert metric(after, "bmoe_chat_completions_total", finish_reason="length") == 1
+    assert metric(after, "bmoe_decisions_total", reuse="stored") == 1
+    assert metric(after, "bmoe_http_requests_total", route="/v1/chat/completions", status="200") == 1
+    assert metric(after, "bmoe_http_requests_total", route="/v1/decide", status="200") == 1
     assert "bmoe_flash_read_mib_total" in after and "bmoe_expert_cache_hit_percent -1.0" in after

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import metric
+from server_helpers import label_sets, metric
 
 from bmoe.server import ServerSettings
 
@@ -75,8 +75,10 @@ def test_disconnect_cancels_and_the_session_stays_usable(make_app, tiny_path, li
         assert time.monotonic() < deadline, "the generation was not cancelled"
         time.sleep(0.1)
     text = httpx.get(server.url + "/metrics").text
-    assert metric(text, 'bmoe_chat_completions_total{finish_reason="cancelled"}') == 1
-    assert metric(text, "bmoe_completion_tokens_total") < LONG["max_tokens"]
+    assert metric(text, "bmoe_chat_completions_total", finish_reason="cancelled") == 1
+    assert label_sets(text, "bmoe_chat_completions_total") == [{"finish_reason": "cancelled"}]  # the only turn
+    # the client saw tokens before it left, and the generation stopped long before max_tokens
+    assert 0 < metric(text, "bmoe_completion_tokens_total") < LONG["max_tokens"]
     assert session.history == history  # the turn was rolled back
     r = client_for(server.url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                        max_tokens=4)
@@ -94,6 +96,8 @@ def test_a_non_streamed_client_that_gives_up_cancels_too(make_app, tiny_path, li
         time.sleep(0.1)
     assert app.state.session.history == []
     m = httpx.get(server.url + "/metrics").text
+    assert label_sets(m, "bmoe_chat_completions_total") == [{"finish_reason": "cancelled"}]  # stopped while it ran
+    assert metric(m, "bmoe_chat_completions_total", finish_reason="cancelled") == 1
     assert metric(m, "bmoe_completion_tokens_total") < LONG["max_tokens"]
     assert httpx.get(server.url + "/health").json()["queue"] == 0
 

@@ -17,11 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bmoe.errors import BmoeError, RequestError
+from bmoe.errors import SessionClosedError, StreamFailedError
 from bmoe.session import Session
 
 # Event kinds a job sends: zero or more "step", then exactly one "result" or "error".
 STEP, RESULT, ERROR = "step", "result", "error"
+
+# The session's sticky errors: once one is raised, the session raises it for every later call, so
+# the server is broken until it is restarted. Any other error (a refused request, a failed
+# llama_decode) fails only the request that met it.
+STICKY = (StreamFailedError, SessionClosedError)
 
 
 class Cancelled(Exception):
@@ -93,7 +98,7 @@ class Engine:
         self._running: Job | None = None
         self._closing = False
         self._durations: deque[float] = deque(maxlen=16)
-        self.broken: str | None = None  # set by an engine failure the session cannot recover from
+        self.broken: str | None = None  # the message of a STICKY error a job raised; None while healthy
         self.last_stats: dict[str, object] = session.stats()  # refreshed by the worker only
         self._thread = threading.Thread(target=self._work, name="bmoe-engine", daemon=True)
         self._thread.start()
@@ -151,8 +156,8 @@ class Engine:
                 event = Event(RESULT, job.fn(self.session, job))
             except BaseException as e:  # every failure goes back to the request that caused it
                 event = Event(ERROR, e)
-                if isinstance(e, BmoeError) and not isinstance(e, RequestError):
-                    self.broken = str(e)  # e.g. a sticky streaming read error: /health reports it
+                if isinstance(e, STICKY):
+                    self.broken = str(e)  # every later request would fail the same way: /health reports it
             try:
                 self.last_stats = self.session.stats()
             except Exception:  # a closed session: keep the last figures
