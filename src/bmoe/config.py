@@ -52,6 +52,7 @@ class SessionConfig:
     # decide (docs/decide.md)
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
+    decide_batch: int = 1  # decisions of one decide_batch prefilled together at most (1: one by one)
     # prefill device (docs/prefill-device.md): None = everything on the CPU
     prefill_device: str | None = None
     prefill_min_tokens: int = 32  # ubatches at least this wide run on the device
@@ -118,6 +119,11 @@ def validate(cfg: SessionConfig) -> None:
             raise ConfigError(f"prefetch: cannot be on here: {why}")
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
+    _int_at_least(cfg, "decide_batch", 1)
+    if cfg.decide_batch > 1 and not cfg.decide:
+        raise ConfigError(f"decide_batch: {cfg.decide_batch} needs decide on")
+    if cfg.decide_batch > 255:
+        raise ConfigError(f"decide_batch: at most 255 (llama.cpp's sequence limit), got {cfg.decide_batch}")
 
 
 # --- the default model ----------------------------------------------------------------
@@ -211,6 +217,9 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--decide", field="decide", action="store_true", help="accept decide requests (docs/decide.md)"),
     _flag("--decide-prefix-cache", field="decide_prefix_cache", choices=list(PREFIX_CACHE_MODES), default="auto",
           help="keep the state after a decision's prefix"),
+    _flag("--decide-batch", field="decide_batch", type=int, default=1, metavar="N",
+          help="prefill up to N decisions of a decide_batch together, each on its own KV stream of "
+               "--ctx-size tokens (memory: N+1 times the KV; default 1: one by one)"),
     # prefill device
     _flag("--prefill-device", field="prefill_device", default=None, metavar="DEV",
           help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)"),

@@ -77,9 +77,11 @@ class ScriptedBackend:
     """Implements DecideBackend; records every call that touches the sequence."""
 
     def __init__(
-        self, *, n_ctx: int = 512, template: bool = True, bos: bool = True, streaming: bool = False
+        self, *, n_ctx: int = 512, template: bool = True, bos: bool = True, streaming: bool = False,
+        batch: int = 1,
     ) -> None:
         self._n_ctx = n_ctx
+        self.batch = batch
         self.template = template
         self.bos = bos
         self.streaming = streaming
@@ -155,6 +157,19 @@ class ScriptedBackend:
         self.calls.append(("load_state", (), state.n_tokens))
         self._maybe_fail("load_state")
         self.pieces = [tuple(p) for p in json.loads(state.data)]
+
+    def max_batch(self) -> int:
+        return self.batch
+
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+        self.calls.append(("prefill_batch", tuple(len(s) for s in suffixes), n_past))
+        self._maybe_fail("prefill_batch")
+        assert n_past == self.n_past and 0 < len(suffixes) <= self.batch
+        # each suffix continues its own copy of the sequence, in one piece; the sequence stays
+        rows = [logits_of(self.pieces + [tuple(s)]) for s in suffixes]
+        n = sum(len(s) for s in suffixes)
+        return rows, PrefillCost(n_tokens=n, prefill_s=0.1 * n, read_mb=2.0 * n if self.streaming else None,
+                                 cache_hit_pct=50.0 if self.streaming else None)
 
     def touched(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -679,3 +694,76 @@ def test_a_miss_drops_the_kept_state_before_clearing() -> None:
     assert result.reuse.startswith("miss: prefix differs at token")
     assert seen == [None]  # nothing kept while the sequence was cleared: no copy to make
     assert cache.kept is not None and cache.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches: decide_many over a backend that prefills several suffixes together
+
+
+def sequential(requests: list[DecideRequest], policy: DecidePolicy = ON) -> tuple[list[DecideResult], LastPrefixCache]:
+    cache = LastPrefixCache()
+    return run_many(ScriptedBackend(), cache, requests, policy), cache
+
+
+def scores_of(results: list[DecideResult]) -> list[object]:
+    return [(r.id, r.error, r.scores, r.n_tokens) for r in results]
+
+
+BATCH = [req("Task: wifi. ", " Screen 1.", id=1), req("Task: wifi. ", " Screen two, longer.", id=2),
+         req("Task: bt. ", " Screen 3.", id=3), req("Task: wifi. ", " Screen 4!", id=4),
+         req("Task: wifi. ", " Screen 5.", id=5, choices=("A", "Apple")),  # refused: first tokens collide
+         req("Task: wifi. ", " Screen 6.", id=6, reuse_prefix=False)]
+
+
+@pytest.mark.parametrize("cap", [2, 3, 8])
+def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
+    alone, alone_cache = sequential(BATCH)
+    b, cache = ScriptedBackend(batch=cap), LastPrefixCache()
+    batched = run_many(b, cache, BATCH, ON)
+    assert scores_of(batched) == scores_of(alone)
+    assert [r.id for r in batched] == [1, 2, 3, 4, 5, 6]  # request order
+    assert batched[4].refused and batched[4].batch is None  # refused up front, spoiling nothing
+    # the wifi decisions that keep a prefix went in batches of at most cap, after one prefix piece
+    sizes = [c[1] for c in b.calls if c[0] == "prefill_batch"]
+    assert sum(len(s) for s in sizes) == 3 and all(len(s) <= cap for s in sizes)
+    assert [len(s) for s in sizes] == ([2, 1] if cap == 2 else [3])
+    assert [r.batch.size if r.batch else None for r in batched] == \
+        ([2, 2, None, 1, None, None] if cap == 2 else [3, 3, None, 3, None, None])
+    assert batched[2].batch is None and batched[5].batch is None  # alone in their group / opted out
+    # the state kept at the end is the one the last request left
+    assert cache.kept is not None and alone_cache.kept is not None
+    assert cache.kept.tokens == alone_cache.kept.tokens
+
+
+def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> None:
+    b = ScriptedBackend(batch=8, streaming=True)
+    rs = run_many(b, LastPrefixCache(), [BATCH[0], BATCH[1], BATCH[3]], ON)
+    assert [r.reuse for r in rs] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED]
+    share = rs[0].batch
+    assert share is not None and all(r.batch == share for r in rs) and share.size == 3
+    suffix_tokens = [r.n_tokens - rs[1].n_reused for r in rs]
+    assert share.n_tokens == sum(suffix_tokens)
+    assert share.prefill_s == pytest.approx(0.1 * share.n_tokens) and share.read_mb == pytest.approx(2.0 * share.n_tokens)
+    prefix_piece = 0.25 * rs[1].n_reused  # the scripted prefill's cost for the prefix
+    assert rs[0].prefill_s == pytest.approx(prefix_piece + 0.1 * suffix_tokens[0])
+    assert [r.prefill_s for r in rs[1:]] == pytest.approx([0.1 * n for n in suffix_tokens[1:]])
+    assert sum(r.read_mb for r in rs) == pytest.approx(share.read_mb + 1.5 * rs[1].n_reused)
+    out = decide_fields(rs[1])
+    assert (out["batch_id"], out["batch_size"], out["batch_tokens"]) == (share.id, 3, share.n_tokens)
+    assert out["batch_prefill_s"] == share.prefill_s and out["batch_read_mb"] == share.read_mb
+    assert "batch_id" not in decide_fields(fresh(BATCH[0]))
+
+
+def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_on() -> None:
+    b = ScriptedBackend(batch=8)
+    b.fail_on = "prefill_batch"
+    rs = run_many(b, LastPrefixCache(), BATCH[:4], ON)
+    assert [r.error is not None for r in rs] == [True, True, False, True]
+    assert all("scripted failure in prefill_batch" in (r.error or "") for r in (rs[0], rs[1], rs[3]))
+    assert rs[2].scores is not None
+
+
+def test_no_batching_without_the_prefix_cache_or_a_batching_backend() -> None:
+    for backend, policy in ((ScriptedBackend(batch=1), ON), (ScriptedBackend(batch=8), OFF)):
+        run_many(backend, LastPrefixCache(), BATCH, policy)
+        assert "prefill_batch" not in backend.touched()

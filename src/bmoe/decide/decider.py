@@ -5,9 +5,15 @@ prefilled as [prefix piece][rest piece], whether or not a state was restored. A 
 one that restored the same prefix therefore run the same rest-piece graph over the same state, and
 their logits agree bit for bit. Without the cache (off, opted out) the prompt is prefilled whole,
 as one piece, which is what perplexity() over the same text computes.
+
+Batches (``run_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
+same prefix share one prefix piece, and their rest pieces go into one ``prefill_batch`` call, each
+on its own copy of the prefix state. Each rest piece is the same piece the decision would prefill
+alone after its restored prefix.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +24,7 @@ from bmoe.decide.errors import DecideBackendError, DecideRefusal
 from bmoe.decide.port import DecideBackend, PrefillCost
 from bmoe.decide.prefix_cache import PrefixCache
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
-from bmoe.decide.types import DecideRequest, DecideResult, check_abstain_below
+from bmoe.decide.types import BatchShare, ChoiceScores, DecideRequest, DecideResult, check_abstain_below
 
 # What happened to the kept prefix state, as BMOE_DECIDE's "reuse" says it.
 REUSE_RESTORED = "restored"  # the kept state was exactly this prefix: restored, nothing stored
@@ -67,12 +73,22 @@ def run_decide(
         return DecideResult.failed(request.id, str(exc), exc)
     except Exception as exc:  # a backend failure while rendering or tokenizing
         return DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
+    return _run_planned(backend, cache, request, policy, plan)
+
+
+def _run_planned(
+    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy, plan: _Plan
+) -> DecideResult:
     try:
         done = _prefill(backend, cache, request, policy, plan.prompt)
         scores = score_choices(backend.last_logits(), plan.first, request.abstain_below)
     except Exception as exc:
         return DecideResult.failed(request.id, _failure_message("running the prompt", exc), exc)
+    return _result(request, plan, done, scores, cache)
 
+
+def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, cache: PrefixCache,
+            batch: BatchShare | None = None) -> DecideResult:
     prefill_s = sum(c.prefill_s for c in done.costs)
     # The engine reports the hit rate cumulatively, so the last piece's value is the current one.
     hit_pcts = [c.cache_hit_pct for c in done.costs if c.cache_hit_pct is not None]
@@ -91,6 +107,7 @@ def run_decide(
         store_s=done.store_s,
         restore_s=done.restore_s,
         reuse=done.reuse,
+        batch=batch,
     )
 
 
@@ -100,8 +117,80 @@ def run_many(
     requests: Sequence[DecideRequest],
     policy: DecidePolicy,
 ) -> list[DecideResult]:
-    """Answer requests in order, each one seeing the prefix state the previous ones kept."""
-    return [run_decide(backend, cache, r, policy) for r in requests]
+    """Answer requests, each as if answered alone in order after the ones before it.
+
+    With a backend that batches (``max_batch() > 1``) and the prefix cache on, the requests that
+    keep a prefix are grouped by it, and each group's rest pieces are prefilled together, at most
+    ``max_batch()`` per call. Every request is checked first: a refused one is answered at once
+    and spoils nothing. Groups run in the order of their last request, so the state kept at the
+    end is the one the last request would have left. Results come back in request order."""
+    cap = backend.max_batch() if policy.prefix_cache else 1
+    if cap <= 1 or len(requests) < 2:
+        return [run_decide(backend, cache, r, policy) for r in requests]
+    results: list[DecideResult | None] = [None] * len(requests)
+    units: dict[object, list[tuple[int, _Plan]]] = {}
+    for i, request in enumerate(requests):
+        try:
+            plan = _plan(backend, request)
+        except DecideRefusal as exc:
+            results[i] = DecideResult.failed(request.id, str(exc), exc)
+            continue
+        except Exception as exc:
+            results[i] = DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
+            continue
+        # Only decisions that keep a prefix can share one; the others run alone, in order.
+        key: object = plan.prompt.prefix_tokens if request.reuse_prefix and plan.prompt.n_prefix else ("alone", i)
+        units.setdefault(key, []).append((i, plan))
+    for members in sorted(units.values(), key=lambda m: m[-1][0]):
+        if len(members) == 1:
+            i, plan = members[0]
+            results[i] = _run_planned(backend, cache, requests[i], policy, plan)
+            continue
+        for start in range(0, len(members), cap):
+            chunk = members[start : start + cap]
+            for i, result in zip((i for i, _ in chunk), _run_batch(backend, cache, requests, chunk)):
+                results[i] = result
+    return [r for r in results if r is not None]
+
+
+_batch_ids = itertools.count(1)  # BatchShare.id: batches prefilled in this process
+
+
+def _run_batch(
+    backend: DecideBackend, cache: PrefixCache, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]]
+) -> list[DecideResult]:
+    """Prefill the members' rest pieces together after their shared prefix (kept, restored or
+    computed and stored, as ``_prefill`` does for one decision)."""
+    first = members[0][1].prompt
+    try:
+        head = _prefix_piece(backend, cache, first)
+        n_prefix = first.n_prefix
+        rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix)
+    except Exception as exc:
+        msg = _failure_message("running the prompt", exc)
+        return [DecideResult.failed(requests[i].id, msg, exc) for i, _ in members]
+    share = BatchShare(id=next(_batch_ids), size=len(members), n_tokens=cost.n_tokens, prefill_s=cost.prefill_s,
+                       read_mb=cost.read_mb)
+    out: list[DecideResult] = []
+    for k, ((i, plan), row) in enumerate(zip(members, rows)):
+        request = requests[i]
+        part = (plan.prompt.n_tokens - n_prefix) / max(1, cost.n_tokens)
+        mine = PrefillCost(
+            n_tokens=plan.prompt.n_tokens - n_prefix, prefill_s=cost.prefill_s * part,
+            read_mb=None if cost.read_mb is None else cost.read_mb * part, cache_hit_pct=cost.cache_hit_pct,
+            prefill_dev_tokens=None if cost.prefill_dev_tokens is None else round(cost.prefill_dev_tokens * part),
+        )
+        # The first member pays for the prefix piece, as it would alone; the others find it kept.
+        done = _Prefilled(costs=head.costs + (mine,), n_reused=head.n_reused, restore_s=head.restore_s,
+                          store_s=head.store_s, reuse=head.reuse) if k == 0 else \
+            _Prefilled(costs=(mine,), n_reused=n_prefix, restore_s=0.0, store_s=0.0, reuse=REUSE_RESTORED)
+        try:
+            scores = score_choices(row, plan.first, request.abstain_below)
+        except Exception as exc:
+            out.append(DecideResult.failed(request.id, _failure_message("scoring", exc), exc))
+            continue
+        out.append(_result(request, plan, done, scores, cache, batch=share))
+    return out
 
 
 def _plan(backend: DecideBackend, request: DecideRequest) -> _Plan:
@@ -131,6 +220,17 @@ def _prefill(
         cost = backend.prefill(tokens, 0)
         return _Prefilled(costs=(cost,), n_reused=0, restore_s=0.0, store_s=store_s, reuse=reuse)
 
+    head = _prefix_piece(backend, cache, prompt)
+    costs = list(head.costs)
+    costs.append(backend.prefill(tokens[prompt.n_prefix:], prompt.n_prefix))
+    return _Prefilled(costs=tuple(costs), n_reused=head.n_reused, restore_s=head.restore_s,
+                      store_s=head.store_s, reuse=head.reuse)
+
+
+def _prefix_piece(backend: DecideBackend, cache: PrefixCache, prompt: SplitPrompt) -> _Prefilled:
+    """Bring the sequence to exactly the prompt's prefix: the kept state restored, extended or
+    replaced (then stored). ``costs`` holds the prefix piece's prefill when one ran."""
+    tokens = prompt.tokens
     n_prefix = prompt.n_prefix
     lookup = cache.lookup(prompt.prefix_tokens)
     restore_s = store_s = 0.0
@@ -155,7 +255,6 @@ def _prefill(
         store_s += time.perf_counter() - t0
         # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
         cache.store(prompt.prefix_tokens, state)
-    costs.append(backend.prefill(tokens[n_prefix:], n_prefix))
     return _Prefilled(
         costs=tuple(costs), n_reused=n_past, restore_s=restore_s, store_s=store_s, reuse=reuse
     )

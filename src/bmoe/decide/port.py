@@ -110,3 +110,16 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
     def load_state(self, state: KeptState) -> None:
         """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
         ...
+
+    def max_batch(self) -> int:
+        """How many suffixes one ``prefill_batch`` call takes at most; 1 when the backend cannot
+        prefill several together (then decisions are answered one by one)."""
+        ...
+
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+        """Prefill each of ``suffixes`` after the ``n_past`` tokens the sequence holds, each as if
+        it were the only one: every suffix continues its own copy of the sequence, in one piece.
+        Returns ``float32 [n_vocab]`` logits after each suffix's last token, in order, and what the
+        whole call cost (its ``n_tokens``: the suffixes' tokens). The sequence itself is left
+        holding its ``n_past`` tokens, unchanged."""
+        ...

@@ -34,6 +34,18 @@ class ChoiceScores:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchShare:
+    """A decision prefilled together with others (``decide_many`` with a batching backend): the
+    whole batch's prefill, of which the decision's own figures are its share by tokens."""
+
+    id: int  # the batch's number in this session, from 1
+    size: int  # decisions prefilled together
+    n_tokens: int  # suffix tokens of all of them
+    prefill_s: float  # the whole batch's prefill time
+    read_mb: float | None = None  # the whole batch's expert reads (streamed models only)
+
+
+@dataclass(frozen=True, slots=True)
 class DecideResult:
     """Everything BMOE_DECIDE reports about one request.
 
@@ -56,6 +68,7 @@ class DecideResult:
     store_s: float = 0.0
     restore_s: float = 0.0
     reuse: str = ""
+    batch: BatchShare | None = None  # set when prefilled together with other decisions
     cause: Exception | None = field(default=None, compare=False, repr=False)
 
     @classmethod

@@ -1,7 +1,12 @@
-"""LlamaContext: one llama.cpp context over a loaded model, one sequence (seq 0).
+"""LlamaContext: one llama.cpp context over a loaded model; its main sequence is seq 0.
 
 It knows positions and logits, nothing of chats or decisions: the session owns which
 tokens are in the KV; this class only appends, trims, saves and restores them.
+
+A context opened with ``n_seq > 1`` also holds ``n_seq - 1`` side sequences, each with its own
+KV stream of ``n_ctx`` cells (``kv_unified`` off): batched decisions fork seq 0 into them
+(``fork``), prefill one suffix on each in the same ``llama_decode`` (``decode_seqs``) and drop
+them (``drop``). Each stream computes exactly as a one-sequence context would.
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ class ContextParams:
     kv_f32: bool = False
     # With a prefill device: ubatches at least this wide run there (op_offload); None: CPU only.
     offload_min_tokens: int | None = None
+    # Sequences the context holds: seq 0 and n_seq - 1 side sequences, each n_ctx cells.
+    n_seq: int = 1
 
 
 class EvalCallback(Protocol):
@@ -58,10 +65,11 @@ class EvalCallback(Protocol):
 class LlamaContext:
     def __init__(self, model: LlamaModel, params: ContextParams, eval_callback: EvalCallback | None = None) -> None:
         cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = params.n_ctx
+        cp.n_ctx = params.n_ctx * params.n_seq  # each stream gets n_ctx cells
         cp.n_batch = params.n_batch
         cp.n_ubatch = params.n_ubatch
-        cp.n_seq_max = 1
+        cp.n_seq_max = params.n_seq
+        cp.kv_unified = False  # one KV stream per sequence: a side sequence computes as seq 0 would
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads_batch
         cp.no_perf = True
@@ -87,7 +95,8 @@ class LlamaContext:
         self.ptr = ptr
         self.model = model
         self.params = params
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(ptr))  # what one sequence can hold
+        self.n_seq = int(llama_cpp.llama_n_seq_max(ptr))
         self.n_batch = int(llama_cpp.llama_n_batch(ptr))
         self.mem = llama_cpp.llama_get_memory(ptr)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -135,6 +144,39 @@ class LlamaContext:
             return self._row(-1)
         return None
 
+    def decode_seqs(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One ``llama_decode`` over several side sequences: ``items`` are ``(seq, tokens, pos0,
+        out)``, each ``tokens`` appended to ``seq`` at ``pos0..``. Returns the logits after each
+        item's token ``out`` (an index into its tokens) ``# [n_vocab]`` each, in item order. All
+        tokens must fit one batch (n_batch)."""
+        n = sum(len(t) for _, t, _, _ in items)
+        if n == 0 or n > self.n_batch or any(not 0 <= out < len(t) for _, t, _, out in items):
+            raise ContextError(f"decode_seqs takes 1..{self.n_batch} tokens and an output inside each item; got {n}")
+        if any(not 0 < seq < self.n_seq for seq, _, _, _ in items):
+            raise ContextError(f"decode_seqs: side sequences are 1..{self.n_seq - 1}")
+        b = self._batch
+        b.n_tokens = n
+        k, outs = 0, []
+        for seq, tokens, pos0, out in items:
+            for i, tok in enumerate(tokens):
+                b.token[k] = int(tok)
+                b.pos[k] = pos0 + i
+                b.n_seq_id[k] = 1
+                b.seq_id[k][0] = seq
+                b.logits[k] = 1 if i == out else 0
+                if i == out:
+                    outs.append(k)
+                k += 1
+        rc = llama_cpp.llama_decode(self.ptr, b)
+        if self._eval_callback is not None:
+            self._eval_callback.raise_if_failed()
+        if rc != 0:
+            raise ContextError(f"llama_decode of {len(items)} sequences failed with code {rc}")
+        self.n_dev_tokens += self._device_tokens(n)
+        if self.params.offload_min_tokens is not None:
+            llama_cpp.llama_synchronize(self.ptr)
+        return [self._row(i) for i in outs]
+
     def _device_tokens(self, n_chunk: int) -> int:
         """Tokens of one llama_decode call that the prefill device ran: its ubatches at least
         offload_min_tokens wide (the threshold open_prefill_device checked the device keeps)."""
@@ -158,6 +200,14 @@ class LlamaContext:
     def trim(self, n_keep: int) -> bool:
         """Drop positions >= n_keep. False where the memory cannot be cut (recurrent layers)."""
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, SEQ, n_keep, -1))
+
+    def fork(self, dst: int) -> None:
+        """Make side sequence ``dst`` a copy of seq 0 (its whole KV and recurrent state)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, SEQ, dst, -1, -1)
+
+    def drop(self, seq: int) -> None:
+        """Empty side sequence ``seq``."""
+        llama_cpp.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     def state_size(self) -> int:
         return int(llama_cpp.llama_state_seq_get_size(self.ptr, SEQ))

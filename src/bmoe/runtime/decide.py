@@ -118,6 +118,54 @@ class LlamaDecideBackend:
             prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if with_device else None,
         )
 
+    def max_batch(self) -> int:
+        return max(1, self._rt.ctx.n_seq - 1)
+
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+        """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
+        left as it is). A call packs as many suffixes as fit one ubatch when all are padded to the
+        longest of them: with its own KV stream and its tokens in one piece, each suffix computes
+        what it would alone, and the ubatch reads each routed expert once for all of them. The pad
+        tokens come after a suffix's last token, so by causality they change nothing before it;
+        their positions are dropped with the side sequence."""
+        ctx, kv = self._rt.ctx, self._rt.kv
+        if n_past != kv.n_past:
+            raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
+        if not 0 < len(suffixes) <= self.max_batch() or any(not s for s in suffixes):
+            raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
+        io0, dev0 = self._rt.stream_stats(), ctx.n_dev_tokens
+        t0 = time.perf_counter()
+        rows: list[np.ndarray] = []
+        for call in _pack([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch):
+            width = max(len(suffixes[i]) for i in call)
+            items = []
+            for seq, i in enumerate(call, start=1):
+                toks = list(suffixes[i])
+                ctx.fork(seq)
+                items.append((seq, toks + [toks[-1]] * (width - len(toks)), n_past, len(toks) - 1))
+            try:
+                if width > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
+                    (seq, toks, _, _), = items
+                    for at in range(0, len(toks), ctx.n_batch):
+                        piece = toks[at : at + ctx.n_batch]
+                        row = ctx.decode_seqs([(seq, piece, n_past + at, len(piece) - 1)])
+                    rows.extend(row)
+                else:
+                    rows.extend(ctx.decode_seqs(items))
+            finally:
+                for seq in range(1, len(call) + 1):
+                    ctx.drop(seq)
+        prefill_s = time.perf_counter() - t0
+        streaming = self._rt.stream is not None
+        io = self._rt.stream_stats()
+        return rows, PrefillCost(
+            n_tokens=sum(len(s) for s in suffixes),
+            prefill_s=prefill_s,
+            read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
+            cache_hit_pct=io.hit_pct if streaming else None,
+            prefill_dev_tokens=ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
+        )
+
     def last_logits(self) -> np.ndarray:
         if self._logits is None:
             raise DecideBackendError("decide: no logits: nothing was prefilled")
@@ -202,6 +250,25 @@ class LlamaDecideBackend:
         kv.tokens = list(kept.tokens) if kept is not None and kept.state is state else [UNKNOWN_TOKEN] * n
         self._logits = None
         self._hold(state)
+
+
+def _pack(lengths: Sequence[int], n_ubatch: int, n_batch: int) -> list[list[int]]:
+    """Split suffixes (by index, in order) into llama_decode calls: each call's suffixes, padded
+    to the longest of them, fill at most one ubatch (one graph: every routed expert read once),
+    and never more than one batch. A suffix longer than a ubatch goes alone."""
+    calls: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
+    for i, n in enumerate(lengths):
+        w = max(width, n)
+        if cur and (w * (len(cur) + 1) > min(n_ubatch, n_batch)):
+            calls.append(cur)
+            cur, w = [], n
+        cur.append(i)
+        width = w
+    if cur:
+        calls.append(cur)
+    return calls
 
 
 def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:

@@ -86,6 +86,8 @@ class Runtime:
                 flash_attn=config.flash_attn,
                 kv_f32=config.kv_f32,
                 offload_min_tokens=self.prefill_device.min_tokens if self.prefill_device is not None else None,
+                # seq 0, and one side sequence per decision a batch prefills together
+                n_seq=config.decide_batch + 1 if config.decide and config.decide_batch > 1 else 1,
             ),
             eval_callback=self.stream.hook if self.stream is not None else None,
         )

@@ -107,6 +107,13 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
     out["store_s"] = r.store_s
     out["restore_s"] = r.restore_s
     out["reuse"] = r.reuse
+    if r.batch is not None:  # prefilled together with other decisions: the batch as a whole
+        out["batch_id"] = r.batch.id
+        out["batch_size"] = r.batch.size
+        out["batch_tokens"] = r.batch.n_tokens
+        out["batch_prefill_s"] = r.batch.prefill_s
+        if r.batch.read_mb is not None:
+            out["batch_read_mb"] = r.batch.read_mb
     return out
 
 

@@ -1,0 +1,90 @@
+"""G19: a batch of decisions prefilled together answers what each decision answers alone.
+
+``decide_many`` on a session opened with ``decide_batch`` > 1 puts the decisions that keep the same
+prefix side by side in one llama_decode, each suffix on its own KV stream forked from the kept
+prefix. Compared here with the same decisions answered one by one (``decide``) in a session of the
+same settings: the prefix piece is the same, and each suffix is one piece on a stream laid out as
+the main sequence's is.
+
+What is bit for bit: the tiny models in Q8_0 and F32, whose matmul kernels compute each row the
+same however many rows a ubatch holds. What is not: K-quants (Q4_K_M). Their CPU kernels round a
+row differently depending on how many rows the ubatch holds, as they do for a suffix prefilled in
+two pieces instead of one (docs/decide.md "What is exact"); on these random tiny models the small
+difference can flip a near-tied expert choice and move a log-prob by tenths of a nat. There the
+gate checks what holds: the same choices scored, the same token counts, log-probs within 1 nat.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bmoe.decide.types import DecideRequest
+
+from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
+
+SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
+
+
+def requests() -> list[DecideRequest]:
+    out = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate(SUFFIXES)]
+    out.insert(3, DecideRequest(id=90, prefix=P2, suffix=S3, choices=ABC))  # another prefix, alone
+    out.insert(5, DecideRequest(id=91, prefix=P1, suffix=S1, choices=("A", "A")))  # refused: collide
+    out.append(DecideRequest(id=92, prefix=P1, suffix=S2, choices=ABC, reuse_prefix=False))  # opted out
+    return out
+
+
+def answers(results):
+    """What a decision answers. (How it got its prefix, ``reuse``/``n_reused``, may differ: a batch
+    runs its prefix groups in the order of their last request, not of their first.)"""
+    return [(r.id, r.error, None if r.scores is None else (r.scores.choice_logp, r.scores.p_outside, r.scores.best),
+             r.n_tokens) for r in results]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode: str) -> None:
+    model = tiny_models(arch, "q8_0")
+    batched = open_session(model, decide=True, decide_batch=4, **MODES[mode])
+    alone = open_session(model, decide=True, decide_batch=4, **MODES[mode])
+    reqs = requests()
+    got = batched.decide_many(reqs)
+    want = [alone.decide(r) for r in reqs]
+    assert answers(got) == answers(want)
+    # six decisions keep P1: a batch of 4, then one of 2 (decide_batch caps the sequences of a batch)
+    sizes = sorted({(r.batch.id, r.batch.size) for r in got if r.batch is not None})
+    assert [s for _, s in sizes] == [4, 2]
+    assert got[5].refused and got[3].batch is None and got[-1].batch is None
+    # afterwards both sessions keep the same prefix state: the next decision restores it the same
+    nxt = DecideRequest(id=99, prefix=P1, suffix=" Screen: Lock.", choices=ABC)
+    b_next, a_next = batched.decide(nxt), alone.decide(nxt)
+    assert answers([b_next]) == answers([a_next]) and b_next.reuse == a_next.reuse == "restored"
+    if MODES[mode]:
+        # streamed: the four suffixes of a batch read each routed expert once, not four times
+        s_batch = [r for r in got if r.batch is not None and r.batch.size == 4]
+        s_alone = [w for w, r in zip(want, got) if r.batch is not None and r.batch.size == 4]
+        assert s_batch[0].batch.read_mb < sum(w.read_mb for w in s_alone[1:]) + s_alone[0].read_mb
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_g19_k_quants_agree_within_what_their_kernels_allow(tiny_models, open_session, arch: str) -> None:
+    model = tiny_models(arch, "q4_k_m")
+    batched = open_session(model, decide=True, decide_batch=8)
+    alone = open_session(model, decide=True, decide_batch=8)
+    reqs = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate(SUFFIXES)]
+    got = batched.decide_many(reqs)
+    want = [alone.decide(r) for r in reqs]
+    assert [(r.id, r.n_tokens, r.n_reused) for r in got] == [(r.id, r.n_tokens, r.n_reused) for r in want]
+    assert all(r.batch is not None and r.batch.size == len(reqs) for r in got)
+    diff = max(float(np.max(np.abs(np.subtract(a.scores.choice_logp, b.scores.choice_logp)))) for a, b in zip(got, want))
+    assert diff < 1.0
+
+
+def test_g19_decide_batch_refusals(tiny_models) -> None:
+    from bmoe.config import SessionConfig
+    from bmoe.errors import ConfigError
+
+    model = tiny_models("qwen3moe", "q8_0")
+    with pytest.raises(ConfigError, match="decide_batch: 4 needs decide on"):
+        SessionConfig(model=model, decide_batch=4)
+    with pytest.raises(ConfigError, match="decide_batch: must be an integer >= 1, got 0"):
+        SessionConfig(model=model, decide=True, decide_batch=0)
