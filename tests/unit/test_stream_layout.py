@@ -182,3 +182,83 @@ def test_a_truncated_header_is_a_layout_error(tmp_path: Path) -> None:
     (tmp_path / "bad.gguf").write_bytes(b"GGUX" + data[4:])
     with pytest.raises(LayoutError, match="bad magic"):
         read_layout(tmp_path / "bad.gguf")
+
+
+def test_a_tensor_past_the_end_of_its_file_is_refused_by_name(tmp_path: Path) -> None:
+    tensors = _moe_tensors(np.random.default_rng(7), range(2))
+    data = _write(tmp_path / "m.gguf", "qwen3moe", tensors).read_bytes()
+    last = max(read_layout(tmp_path / "m.gguf").experts, key=lambda t: t.offset)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:last.offset + last.nbytes - 1])  # one byte short of the last expert
+    with pytest.raises(LayoutError, match=rf"^GGUF {cut} is truncated or damaged: tensor {last.name} needs "
+                                          rf"bytes {last.offset}\.\.{last.offset + last.nbytes} but the file "
+                                          rf"has {last.offset + last.nbytes - 1} bytes$"):
+        read_layout(cut)
+
+
+def test_a_truncated_shard_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    p1 = _write(tmp_path / "m-00001-of-00002.gguf", "qwen3moe", _moe_tensors(rng, range(0, 1)), {"split.count": 2})
+    p2 = _write(tmp_path / "m-00002-of-00002.gguf", "qwen3moe", _moe_tensors(rng, range(1, 2)), {"split.count": 2})
+    p2.write_bytes(p2.read_bytes()[:-4096])
+    with pytest.raises(LayoutError, match=rf"^GGUF {p2} is truncated or damaged"):
+        read_layout(p1)
+
+
+def test_an_empty_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "e.gguf").write_bytes(b"")
+    with pytest.raises(LayoutError, match=rf"^cannot read GGUF {tmp_path / 'e.gguf'}: the file is empty"):
+        read_layout(tmp_path / "e.gguf")
+
+
+def _small_gguf(path: Path) -> Path:
+    """Every kind of header item (strings, arrays of strings and numbers, nested arrays) and
+    tensors small enough that every prefix of the file can be tried."""
+    rng = np.random.default_rng(9)
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_uint32("qwen3moe.expert_used_count", 2)
+    w.add_array("test.strings", ["a", "bc", ""])
+    w.add_array("test.nested", [[1, 2], [3]])
+    w.add_string("test.s", "hello")
+    w.add_tensor("token_embd.weight", rng.standard_normal((3, 8)).astype(np.float32))
+    w.add_tensor("blk.0.ffn_up_exps.weight", rng.standard_normal((4, 2, 8)).astype(np.float32))
+    w.add_tensor("blk.0.ffn_down_exps.weight", rng.standard_normal((4, 8, 2)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_every_prefix_of_a_gguf_is_refused_by_name_or_read_whole(tmp_path: Path) -> None:
+    data = _small_gguf(tmp_path / "m.gguf").read_bytes()
+    experts = read_layout(tmp_path / "m.gguf").experts
+    start, end = min(t.offset for t in experts), max(t.offset + t.nbytes for t in experts)
+    cut = tmp_path / "cut.gguf"
+    for n in [*range(start), *range(start, len(data), 7)]:  # every header byte, then a sample
+        cut.write_bytes(data[:n])
+        if n >= end:  # only alignment padding is missing: nothing the layout needs
+            read_layout(cut)
+            continue
+        with pytest.raises(LayoutError, match=f"GGUF {cut}"):
+            read_layout(cut)
+
+
+def test_damaged_header_bytes_raise_only_model_file_errors(tmp_path: Path) -> None:
+    # Whatever a damaged byte turns into (a huge count, an unknown type, a zero alignment), the
+    # layout either reads or is refused with a ModelFileError; never a stray ValueError/IndexError.
+    from bmoe.errors import ModelFileError
+
+    data = _small_gguf(tmp_path / "m.gguf").read_bytes()
+    header_end = min(t.offset for t in read_layout(tmp_path / "m.gguf").experts)
+    rng = np.random.default_rng(10)
+    bad = tmp_path / "bad.gguf"
+    for _ in range(400):
+        b = bytearray(data)
+        for pos in rng.integers(0, header_end, size=int(rng.integers(1, 4))):
+            b[pos] = int(rng.integers(0, 256))
+        bad.write_bytes(bytes(b))
+        try:
+            read_layout(bad)
+        except ModelFileError as e:
+            assert str(bad) in str(e) or "architecture" in str(e), str(e)

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fatal(args: argparse.Namespace, msg: str, exc: BaseException) -> int:
+    """A session that could not open: one line on stderr (and one fatal BMOE_ERROR line on stdout
+    with --session), exit 1; the traceback only with --debug."""
+    msg = " ".join(part.strip() for part in msg.splitlines() if part.strip())  # one line, always
     if args.debug:
         import traceback
 

@@ -35,12 +35,30 @@ class ModelLoadParams:
     user_path: Path | None = None
 
 
+def _refuse_early(path: Path, named: Path) -> None:
+    """The failures llama.cpp would only log: a missing, empty or non-GGUF file, refused by name.
+
+    ``named`` is what the message names: the user's file even when ``path`` is its dense twin."""
+    if path.is_dir():
+        raise ModelLoadError(f"model: {named} is a folder, not a .gguf file")
+    if not path.is_file():  # also what is no regular file (a FIFO would block the read below)
+        raise ModelLoadError(f"model: file not found: {named}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"model: cannot read {named}: {e.strerror or e}") from None
+    if not magic:
+        raise ModelLoadError(f"model: {named} is empty (0 bytes), not a GGUF model")
+    if magic != b"GGUF":
+        raise ModelLoadError(f"model: {named} is not a GGUF file (it does not start with the bytes 'GGUF')")
+
+
 class LlamaModel:
     def __init__(self, params: ModelLoadParams) -> None:
         ensure_backend()
         path = Path(params.path)
-        if not path.is_file():
-            raise ModelLoadError(f"model: file not found: {params.user_path or path}")
+        _refuse_early(path, params.user_path or path)
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = 0
         mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if params.mmap else llama_cpp.LLAMA_LOAD_MODE_NONE

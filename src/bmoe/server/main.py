@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         msg = flag_message(str(e)) if isinstance(e, BmoeError) else \
             f"internal error while opening the model: {type(e).__name__}: {e}"
+        msg = " ".join(part.strip() for part in msg.splitlines() if part.strip())  # one line, always
         print(f"bmoe-server: {msg}", file=sys.stderr)
         return 1
     import uvicorn

@@ -176,30 +176,41 @@ def read_header(path: Path) -> GgufHeader:
     """Walk a GGUF's header: scalar metadata and tensor infos, skipping arrays by length.
 
     gguf.GGUFReader decodes every array too (a 49k-token vocabulary costs seconds in Python);
-    this touches only the header pages. Raises ValueError/struct.error on a malformed file.
+    this touches only the header pages. Raises ValueError on a malformed or truncated header
+    (OSError when the file cannot be opened). It does not check that the tensors' data lies
+    inside the file: read_layout does.
     """
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError("not a GGUF file (bad magic)")
-        c = _Cursor(buf)
-        c.pos = 4
-        version = c.u32()
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version} is not supported")
-        n_tensors, n_kv = c.u64(), c.u64()
-        fields: dict[str, object] = {}
-        for _ in range(n_kv):
-            key = c.string()
-            v = c.value(c.u32())
-            if v is not None:
-                fields[key] = v
-        infos: list[tuple[str, tuple[int, ...], int, int]] = []
-        for _ in range(n_tensors):
-            name = c.string()
-            ne = tuple(c.u64() for _ in range(c.u32()))
-            infos.append((name, ne, c.u32(), c.u64()))
-        align = int(fields.get("general.alignment", 32))  # type: ignore[arg-type]
-        data_start = -(-c.pos // align) * align
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ValueError("the file is empty (0 bytes)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise ValueError(f"not a GGUF file (bad magic {bytes(buf[:4])!r}, expected b'GGUF')")
+            c = _Cursor(buf)
+            c.pos = 4
+            try:
+                version = c.u32()
+                if version not in (2, 3):
+                    raise ValueError(f"GGUF version {version} is not supported")
+                n_tensors, n_kv = c.u64(), c.u64()
+                fields: dict[str, object] = {}
+                for _ in range(n_kv):
+                    key = c.string()
+                    v = c.value(c.u32())
+                    if v is not None:
+                        fields[key] = v
+                infos: list[tuple[str, tuple[int, ...], int, int]] = []
+                for _ in range(n_tensors):
+                    name = c.string()
+                    ne = tuple(c.u64() for _ in range(c.u32()))
+                    infos.append((name, ne, c.u32(), c.u64()))
+            except (struct.error, IndexError, OverflowError):
+                raise ValueError(f"the header runs past the end of the file ({len(buf)} bytes): "
+                                 "the file is truncated or damaged") from None
+            align = fields.get("general.alignment", 32)
+            if not isinstance(align, int) or isinstance(align, bool) or align <= 0:
+                raise ValueError(f"general.alignment is {align!r}, not a positive integer")
+            data_start = -(-c.pos // align) * align
     tensors = []
     for name, ne, ggml_type, rel in infos:
         try:
@@ -213,10 +224,36 @@ def read_header(path: Path) -> GgufHeader:
     return GgufHeader(fields, tuple(tensors))
 
 
+# What reading a malformed or truncated GGUF can raise: each becomes a LayoutError naming the file.
+_READ_ERRORS = (OSError, ValueError, struct.error, IndexError, KeyError, ArithmeticError, MemoryError)
+
+
+def _read_shard(p: Path) -> tuple[FileId, GgufHeader]:
+    """One shard's identity and header, with every tensor's data checked to lie inside the file.
+
+    The bounds check comes first, before anything uses the layout: a dense twin written from a
+    truncated file would copy past its end, and the streamer would read experts that are not there.
+    """
+    try:
+        file_id = FileId.of(p)
+        header = read_header(p)
+    except _READ_ERRORS as exc:
+        raise LayoutError(f"cannot read GGUF {p}: {exc}") from exc
+    for t in header.tensors:
+        end = t.offset + t.nbytes
+        if end > file_id.size:
+            raise LayoutError(
+                f"GGUF {p} is truncated or damaged: tensor {t.name} needs bytes {t.offset}..{end} "
+                f"but the file has {file_id.size} bytes"
+            )
+    return file_id, header
+
+
 def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout:
     """Read tensor offsets of every shard. ``entry`` defaults to the registry's for the file's arch.
 
-    Raises LayoutError for missing/unreadable shards, UnsupportedArchError for an arch without an
+    Raises LayoutError (naming the shard) for missing, unreadable, malformed or truncated shards,
+    before anything else is looked at; UnsupportedArchError for an arch without an
     entry, and NothingToStreamError for a model without expert tensors.
     """
     paths = shard_paths(Path(path))
@@ -228,11 +265,8 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     arch = None
     n_expert_used = 0
     for idx, p in enumerate(paths):
-        files.append(FileId.of(p))
-        try:
-            header = read_header(p)
-        except (OSError, ValueError, struct.error) as exc:
-            raise LayoutError(f"cannot read GGUF {p}: {exc}") from exc
+        file_id, header = _read_shard(p)
+        files.append(file_id)
         if idx == 0:
             arch_field = header.fields.get("general.architecture")
             if not isinstance(arch_field, str):
@@ -246,7 +280,7 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     # Dense before arch: SmolLM2 (llama) must hear "nothing to stream", not "unsupported arch".
     if not any("_exps." in name for _, name, _, _, _ in tensors):
         raise NothingToStreamError(
-            f"{paths[0].name} ({arch}) has no expert tensors: it is a dense model and there is "
+            f"{paths[0]} ({arch}) has no expert tensors: it is a dense model and there is "
             "nothing to stream; run it without --moe-stream"
         )
     if entry is None:
@@ -260,20 +294,20 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
             continue
         n_expert = ne[2] if len(ne) >= 3 else 0
         if n_expert <= 0 or nbytes % n_expert:
-            raise LayoutError(f"expert tensor {name} has shape {list(ne)}; expected [.., .., n_expert]")
+            raise LayoutError(f"{paths[idx]}: expert tensor {name} has shape {list(ne)}; expected [.., .., n_expert]")
         experts.append(ExpertTensor(
             name=name, il=int(m["il"]), proj=m["suffix"].removesuffix(".weight"),
             file_index=idx, offset=offset, nbytes=nbytes, n_expert=n_expert,
         ))
     if not experts:
-        raise LayoutError(f"{paths[0].name} names no tensor of {entry.expert_tensors} although it has experts")
+        raise LayoutError(f"{paths[0]} names no tensor of {entry.expert_tensors} although it has experts")
     experts.sort(key=lambda t: (t.il, t.proj))
     n_experts = {t.n_expert for t in experts}
     if len(n_experts) != 1:
-        raise LayoutError(f"expert tensors disagree on n_expert: {sorted(n_experts)}")
+        raise LayoutError(f"{paths[0]}: expert tensors disagree on n_expert: {sorted(n_experts)}")
     n_expert = n_experts.pop()
     if not 0 < n_expert_used <= n_expert:
-        raise LayoutError(f"{arch}.expert_used_count={n_expert_used} is not in 1..{n_expert}")
+        raise LayoutError(f"{paths[0]}: {arch}.expert_used_count={n_expert_used} is not in 1..{n_expert}")
     return ModelLayout(
         arch=arch, files=tuple(files), experts=tuple(experts), n_expert=n_expert,
         n_expert_used=n_expert_used, dense_nbytes=dense,

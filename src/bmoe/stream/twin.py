@@ -13,6 +13,7 @@ file (keyed by its size, mtime and inode) and replaced atomically.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -78,29 +79,37 @@ def twin_dir(layout: ModelLayout, cache_dir: Path) -> Path:
 def dense_twin(layout: ModelLayout, cache_dir: Path) -> Path:
     """Path of the first shard of the dense twin (written now if missing or stale)."""
     out = twin_dir(layout, cache_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TwinError(f"cannot make the dense twin's folder {out}: {exc.strerror or exc}") from exc
     for idx, f in enumerate(layout.files):
         dst = out / f.path.name
         stamp = out / (f.path.name + ".source.json")
         if dst.is_file() and stamp.is_file() and stamp.read_text() == _stamp(f) and dst.stat().st_size == f.size:
             continue
         tmp = dst.with_suffix(".tmp")
-        src_fd = os.open(f.path, os.O_RDONLY)
-        dst_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(dst_fd, f.size)  # all holes; only the dense ranges get blocks
-            for a, b in dense_ranges(layout, idx):
-                _copy(src_fd, dst_fd, a, b)
-            os.fsync(dst_fd)
+            src_fd = os.open(f.path, os.O_RDONLY)
+            try:
+                dst_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.ftruncate(dst_fd, f.size)  # all holes; only the dense ranges get blocks
+                    for a, b in dense_ranges(layout, idx):
+                        _copy(src_fd, dst_fd, a, b)
+                    os.fsync(dst_fd)
+                finally:
+                    os.close(dst_fd)
+            finally:
+                os.close(src_fd)
+            os.replace(tmp, dst)
+            stamp.write_text(_stamp(f))
         except OSError as exc:
-            os.close(dst_fd)
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(exc, TwinError):
+                raise
             raise TwinError(f"cannot write the dense twin of {f.path} in {out}: {exc}") from exc
-        finally:
-            os.close(src_fd)
-        os.close(dst_fd)
-        os.replace(tmp, dst)
-        stamp.write_text(_stamp(f))
     return out / layout.files[0].path.name
 
 
