@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         hosts = allowed_hosts(args)
     except ValueError as e:
         parser.error(f"--allowed-hosts: {e}")
+    try:  # the server extra, before the model is opened: a missing one is one line, not a traceback
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        print(f"bmoe-server: the server extra is not installed ({e.name} is missing): "
+              "pip install 'bmoe[server]'", file=sys.stderr)
+        return 1
     try:
         model = args.model
         if model is None:

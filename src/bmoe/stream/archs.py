@@ -94,8 +94,8 @@ def lookup(arch: str) -> ArchEntry:
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise UnsupportedArchError(
-            f"--moe-stream does not support architecture '{arch}' (supported: {known}); "
-            "run without --moe-stream to load it resident"
+            f"expert streaming does not support architecture '{arch}' (supported: {known}); "
+            "open it without moe_stream to load it resident"
         ) from None
 
 
