@@ -5,7 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.wire.protocol import Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, parse_line
+from bmoe.wire.protocol import (
+    MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
+)
 from bmoe.runtime.results import GenerateRequest
 
 
@@ -28,6 +30,19 @@ from bmoe.runtime.results import GenerateRequest
         ('{"cmd":"decide","choices":["A"],"abstain_below":2}', "decide: field 'abstain_below' must be a number in [0, 1], got 2"),
         ('{"cmd":"decide_batch","requests":[]}', "decide_batch: field 'requests' must be a list of decide objects, got []"),
         ('{"cmd":"decide_batch","requests":[3]}', "decide_batch: requests[0] must be an object"),
+        # one unknown-field rule for every command
+        ('{"cmd":"close","x":1}', "close: unknown field(s) 'x'"),
+        ('{"cmd":"cancel","x":1}', "cancel: unknown field(s) 'x'"),
+        ('{"cmd":"cancel","id":"a"}', "cancel: field 'id' must be an integer, got \"a\""),
+        ('{"cmd":"stats","x":1}', "stats: unknown field(s) 'x'"),
+        ('{"cmd":"decide_batch","requests":[{"cmd":"decide","choices":["A"]}]}',
+         "decide_batch: requests[0]: unknown field(s) 'cmd'"),
+        # strings must be valid Unicode: JSON can spell a lone surrogate, UTF-8 cannot carry it
+        ('{"cmd":"generate","prompt":"ab\\ud800"}', "generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 2"),
+        ('{"cmd":"generate","prompt":"\\udfff\\ud83d"}', "generate: field 'prompt' is not valid Unicode: a lone surrogate \\udfff at index 0"),
+        ('{"cmd":"decide","prefix":"\\udc00","choices":["A"]}', "decide: field 'prefix' is not valid Unicode: a lone surrogate \\udc00 at index 0"),
+        ('{"cmd":"decide","choices":["A","B\\ud800"]}',
+         "decide: field 'choices' is not valid Unicode: a lone surrogate \\ud800 at index 1 of item 1"),
     ],
 )
 def test_refusals_name_the_problem(line: str, message: str) -> None:
@@ -36,17 +51,47 @@ def test_refusals_name_the_problem(line: str, message: str) -> None:
     assert str(e.value).startswith(message)
 
 
-def test_refusal_carries_the_request_id() -> None:
+@pytest.mark.parametrize("line", [
+    '{"cmd":"generate","id":42}', '{"cmd":"generate","id":42,"prompt":"\\ud800"}', '{"cmd":"close","id":42,"x":1}',
+    '{"cmd":"cancel","id":42,"x":1}', '{"cmd":"decide_batch","id":42,"requests":[{"cmd":"decide","choices":["A"]}]}',
+])
+def test_refusal_carries_the_request_id(line: str) -> None:
     with pytest.raises(ProtocolError) as e:
-        parse_line('{"cmd":"generate","id":42}')
+        parse_line(line)
     assert e.value.request_id == 42
+
+
+def test_a_paired_surrogate_is_one_character() -> None:
+    assert parse_line('{"cmd":"generate","prompt":"\\ud83d\\ude00"}') == GenerateRequest(prompt="\U0001F600")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\xff", "request line is not valid UTF-8: byte 0xff at offset 0 (invalid start byte)"),
+        (b'{"p":"\xc3(', "request line is not valid UTF-8: byte 0xc3 at offset 6 (invalid continuation byte)"),
+        (b"ab\xe2\x82", "request line is not valid UTF-8: byte 0xe2 at offset 2 (unexpected end of data)"),
+        (b"\xed\xa0\x80", "request line is not valid UTF-8: byte 0xed at offset 0 (invalid continuation byte)"),  # an encoded surrogate
+    ],
+)
+def test_bytes_that_are_not_utf8_are_refused(raw: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError) as e:
+        decode_line(raw)
+    assert str(e.value) == message and e.value.request_id is None
+
+
+def test_the_line_limit_is_named_in_its_refusal() -> None:
+    assert MAX_LINE_BYTES == 1 << 20
+    assert str(line_too_long()) == "request line is longer than the limit of 1048576 bytes (1 MiB); it was skipped"
 
 
 def test_valid_commands() -> None:
     g = parse_line('{"cmd":"generate","id":3,"prompt":"hi","n_predict":5,"think":false,"clear_kv":false}')
     assert g == GenerateRequest(prompt="hi", id=3, n_predict=5, think=False, clear_kv=False)
     assert parse_line('{"cmd":"cancel"}') == Cancel()
+    assert parse_line('{"cmd":"cancel","id":4}') == Cancel(id=4)
     assert parse_line('{"cmd":"close"}') == Close()
+    assert parse_line('{"cmd":"close","id":4}') == Close()
     assert parse_line('{"cmd":"stats","id":9}') == Stats(id=9)
     d = parse_line('{"cmd":"decide","id":1,"prefix":"p","suffix":"s","choices":["A","B"]}')
     assert isinstance(d, Decide) and d.id == 1 and d.fields["choices"] == ["A", "B"]
@@ -76,6 +121,28 @@ def test_any_line_parses_or_is_refused_cleanly(line: str) -> None:
         assert str(e)
 
 
+# text with lone surrogates in it (st.text leaves them out)
+odd_text = st.lists(st.characters() | st.integers(0xD800, 0xDFFF).map(chr), max_size=12).map("".join)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=60),
+    odd_text.map(lambda t: json.dumps({"cmd": "generate", "prompt": t}).encode()),  # surrogates as \\uXXXX
+    odd_text.map(lambda t: json.dumps({"cmd": "generate", "prompt": t}, ensure_ascii=False)
+                 .encode("utf-8", "surrogatepass")),  # surrogates as (invalid) UTF-8 bytes
+))
+def test_any_bytes_decode_and_parse_or_are_refused_cleanly(raw: bytes) -> None:
+    """Whatever passes both steps is a command whose strings UTF-8 can carry (a BMOE line can echo them)."""
+    try:
+        cmd = parse_line(decode_line(raw))
+    except ProtocolError as e:
+        assert str(e)
+        return
+    if isinstance(cmd, GenerateRequest):
+        cmd.prompt.encode("utf-8")
+
+
 def test_python_requests_get_the_same_rules() -> None:
     from bmoe.wire.protocol import validate_generate
 
@@ -84,3 +151,5 @@ def test_python_requests_get_the_same_rules() -> None:
         validate_generate(GenerateRequest(prompt=12))  # type: ignore[arg-type]
     with pytest.raises(ProtocolError, match=r"^generate: field 'top_p' must be a number in \(0, 1\], got 0$"):
         validate_generate(GenerateRequest(prompt="x", top_p=0))
+    with pytest.raises(ProtocolError, match=r"^generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 0$"):
+        validate_generate(GenerateRequest(prompt="\ud800", id=2))

@@ -2,11 +2,15 @@
 
 Every refusal is a ProtocolError whose message names what was wrong (and the request id
 when one could be read), so the loop can answer BMOE_ERROR {"fatal":false} and go on.
+A line is bytes: at most MAX_LINE_BYTES of them (decode_line refuses what is not UTF-8),
+then one JSON object whose fields are checked against its command's table (one rule for
+every command: a field not in the table is refused).
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -21,9 +25,30 @@ class ProtocolError(RequestError):
         self.request_id = request_id
 
 
+# The longest request line, in bytes, not counting its newline. 1 MiB holds a prompt that fills
+# a 128k-token context in any text (English is ~4 bytes a token; CJK escaped as \uXXXX is 6
+# bytes a character, about one token), far past the contexts a CPU edge session runs, and it
+# bounds what one line can cost before its refusal: reading it, JSON, and tokenizing a prompt
+# that cannot fit (about 1.5 s for 1 MiB of whitespace on a 2-core machine, the slowest text
+# measured). A fixed number, so that a client knows it without asking the session.
+MAX_LINE_BYTES = 1 << 20
+
+
+def line_too_long() -> ProtocolError:
+    return ProtocolError(f"request line is longer than the limit of {MAX_LINE_BYTES} bytes (1 MiB); it was skipped")
+
+
+def decode_line(raw: bytes) -> str:
+    """A request line's bytes as text; bytes that are not UTF-8 are refused, never replaced."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"request line is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} ({e.reason})") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    pass
+    id: int | None = None  # None: the oldest unfinished generate read before the cancel
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +108,32 @@ DECIDE_FIELDS: Spec = {
 }
 
 
+ID_ONLY: Spec = {"id": (_INT, False)}  # stats, cancel, close
+DECIDE_BATCH_FIELDS: Spec = {
+    "id": (_INT, False),
+    "requests": (("a list of decide objects", lambda v: isinstance(v, list) and len(v) > 0), True),
+}
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uD800-\uDFFF escapes not paired into one character
+
+
+def _lone_surrogate(value: object) -> str | None:
+    """Where ``value`` (a string or a list of strings) holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        m = _SURROGATE.search(value)
+        return None if m is None else f"a lone surrogate \\u{ord(m.group()):04x} at index {m.start()}"
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            where = _lone_surrogate(v)
+            if where is not None:
+                return f"{where} of item {i}"
+    return None
+
+
 def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
-    unknown = sorted(set(obj) - set(spec) - {"cmd"})
+    """``obj`` (the request without its "cmd") against its command's table: every field known,
+    the required ones present, each of its type, every string valid Unicode."""
+    unknown = sorted(set(obj) - set(spec))
     if unknown:
         raise ProtocolError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}", rid)
     for name, ((tname, ok), required) in spec.items():
@@ -94,7 +143,10 @@ def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
             continue
         if not ok(obj[name]):
             raise ProtocolError(f"{what}: field {name!r} must be {tname}, got {json.dumps(obj[name])[:60]}", rid)
-    return {k: v for k, v in obj.items() if k != "cmd"}
+        where = _lone_surrogate(obj[name])
+        if where is not None:
+            raise ProtocolError(f"{what}: field {name!r} is not valid Unicode: {where}", rid)
+    return dict(obj)
 
 
 def validate_generate(req: GenerateRequest) -> None:
@@ -121,20 +173,22 @@ def parse_line(line: str) -> Command:
         raise ProtocolError("request has no 'cmd' field", rid)
     if not isinstance(cmd, str):
         raise ProtocolError(f"field 'cmd' must be a string, got {json.dumps(cmd)[:60]}", rid)
+    body = {k: v for k, v in obj.items() if k != "cmd"}
     if cmd == "generate":
-        f = _check(obj, GENERATE_FIELDS, "generate", rid)
-        return GenerateRequest(**f)
+        return GenerateRequest(**_check(body, GENERATE_FIELDS, "generate", rid))
     if cmd == "cancel":
-        return Cancel()
+        _check(body, ID_ONLY, "cancel", rid)
+        return Cancel(id=rid)
     if cmd == "close":
+        _check(body, ID_ONLY, "close", rid)
         return Close()
     if cmd == "stats":
-        _check(obj, {"id": (_INT, False)}, "stats", rid)
+        _check(body, ID_ONLY, "stats", rid)
         return Stats(id=rid or 0)
     if cmd == "decide":
-        return Decide(id=rid or 0, fields=_check(obj, DECIDE_FIELDS, "decide", rid))
+        return Decide(id=rid or 0, fields=_check(body, DECIDE_FIELDS, "decide", rid))
     if cmd == "decide_batch":
-        _check(obj, {"id": (_INT, False), "requests": (("a list of decide objects", lambda v: isinstance(v, list) and len(v) > 0), True)}, "decide_batch", rid)
+        _check(body, DECIDE_BATCH_FIELDS, "decide_batch", rid)
         items = []
         for i, r in enumerate(obj["requests"]):
             if not isinstance(r, dict):
