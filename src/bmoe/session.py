@@ -102,8 +102,9 @@ class Session:
 
     def cancel(self) -> None:
         """Interrupt the generation in flight at its next decode boundary (no-op when idle)."""
+        event = self._cancel  # the event of the run in flight, or of one that ended: never the next one's
         if self._running:
-            self._cancel.set()
+            event.set()
 
     def generate(self, request: GenerateRequest, on_step: Callable[[Step], None] | None = None) -> GenerateResult:
         it = self.generate_iter(request)
@@ -115,21 +116,24 @@ class Session:
             if on_step is not None:
                 on_step(step)
 
-    def generate_iter(self, request: GenerateRequest) -> Iterator[Step]:
-        """Yield one Step per generated token; the generator's return value is the result."""
+    def generate_iter(self, request: GenerateRequest, *, cancel: threading.Event | None = None) -> Iterator[Step]:
+        """Yield one Step per generated token; the generator's return value is the result.
+
+        ``cancel``: an event of the caller's, one per request, that cancels this request when it
+        is set, even before the request starts (it then stops before its first token); cancel()
+        sets it too. Without one, only cancel() does."""
         self._check_open()
         with self._lock, self._engine():
             validate_generate(request)
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
-            self._cancel.clear()
+            self._cancel = cancel if cancel is not None else threading.Event()  # a cancel() of an earlier run cannot reach it
             self._running = True
             try:
                 return (yield from self.runtime.run(turn, self._cancel))
             finally:
                 self._running = False
-                self._cancel.clear()
 
     # --- scoring ----------------------------------------------------------------------
     def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:

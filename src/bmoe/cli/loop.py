@@ -1,44 +1,133 @@
 """The --session loop: JSON requests on stdin, BMOE_* lines on stdout.
 
-A reader thread parses lines as they arrive, so a cancel takes effect while a generation
-runs; every other command is queued and served in order by the main thread, which is the
-only writer of stdout. Nothing a client sends ends the loop except close or EOF.
+A reader thread reads stdin as bytes, one line of at most MAX_LINE_BYTES at a time (the rest of
+a longer line is read in chunks and dropped), decodes and parses it, and queues it; a cancel is
+acted on there and then, so it reaches a generation that is running or still queued. The main
+thread serves the queue in order and is the only writer of stdout. Nothing a client sends ends
+the loop except close or end of input; a reader that cannot read stdin says so and ends it too.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import traceback
-from typing import TextIO
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator, TextIO
 
-from bmoe.errors import BmoeError, RequestError, SessionClosedError, StreamFailedError
+from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.wire import records as telemetry
-from bmoe.wire.protocol import Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, parse_line
+from bmoe.wire.protocol import (
+    MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
+)
 
 DECIDE_OFF = "decide is off in this session: start it with --decide"
+SKIP_CHUNK = 1 << 16  # the rest of an over-long line is read and dropped this many bytes at a time
+JSON_SPACE = " \t\r\n"  # a line of only these is skipped unanswered
 
 _EOF = object()
 
 
-def _reader(stream: TextIO, session: Session, q: "queue.Queue[object]") -> None:
-    for raw in stream:
-        line = raw.strip()
-        if not line:
-            continue
-        try:
-            cmd = parse_line(line)
-        except ProtocolError as e:
-            q.put(e)
-            continue
-        if isinstance(cmd, Cancel):
-            session.cancel()
-            continue
-        q.put(cmd)
-        if isinstance(cmd, Close):
+@dataclass(eq=False)
+class _Job:
+    """A generate request as read, with the event a cancel line sets."""
+    req: GenerateRequest
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class _Live:
+    """The generate requests read and not yet finished, oldest first: what a cancel can reach.
+    A cancel takes the oldest of them (of its id, when it names one) that no cancel took yet;
+    a request read after the cancel is never among them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: list[_Job] = []
+
+    def add(self, req: GenerateRequest) -> _Job:
+        job = _Job(req)
+        with self._lock:
+            self._jobs.append(job)
+        return job
+
+    def finished(self, job: _Job) -> None:
+        with self._lock:
+            self._jobs.remove(job)
+
+    def cancel(self, rid: int | None) -> None:
+        with self._lock:
+            for job in self._jobs:
+                if not job.cancel.is_set() and (rid is None or job.req.id == rid):
+                    job.cancel.set()
+                    return
+
+
+@dataclass
+class _Internal:
+    """A line whose parsing hit a bug: answered as an internal error, the loop goes on."""
+    exc: Exception
+
+
+@dataclass
+class _ReadFailed:
+    """Reading stdin raised: nothing more can be read, the loop ends."""
+    exc: BaseException
+
+
+def _lines(stream: TextIO | BinaryIO) -> Iterator[bytes | None]:
+    """Each line's bytes without its newline, or None for a line over MAX_LINE_BYTES (of which
+    no more than MAX_LINE_BYTES + SKIP_CHUNK bytes are held). Reads stdin's bytes where it has
+    them; a text stream without (io.StringIO) is read as text and encoded back."""
+    src = getattr(stream, "buffer", stream)
+    while True:
+        chunk = src.readline(MAX_LINE_BYTES + 1)
+        if not chunk:
             return
-    q.put(_EOF)
+        nl = "\n" if isinstance(chunk, str) else b"\n"
+        if not chunk.endswith(nl) and len(chunk) > MAX_LINE_BYTES:
+            yield None
+            while True:
+                rest = src.readline(SKIP_CHUNK)
+                if not rest or rest.endswith(nl):
+                    break
+            continue
+        chunk = chunk.removesuffix(nl)
+        raw = chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else bytes(chunk)
+        yield raw if len(raw) <= MAX_LINE_BYTES else None
+
+
+def _read_one(raw: bytes | None, live: _Live) -> object | None:
+    """One line -> what the main thread serves (None: nothing to answer)."""
+    try:
+        if raw is None:
+            raise line_too_long()
+        text = decode_line(raw).strip(JSON_SPACE)
+        if not text:
+            return None
+        cmd = parse_line(text)
+        if isinstance(cmd, Cancel):
+            live.cancel(cmd.id)
+            return None
+        return live.add(cmd) if isinstance(cmd, GenerateRequest) else cmd
+    except ProtocolError as e:
+        return e
+    except Exception as e:  # a bug must not kill the reader: the line is answered, reading goes on
+        return _Internal(e)
+
+
+def _reader(stream: TextIO | BinaryIO, live: _Live, q: "queue.Queue[object]") -> None:
+    try:
+        for raw in _lines(stream):
+            item = _read_one(raw, live)
+            if item is not None:
+                q.put(item)
+            if isinstance(item, Close):
+                return
+    except BaseException as e:  # reading stdin failed: say so and end the loop, never hang it
+        q.put(_ReadFailed(e))
+    finally:
+        q.put(_EOF)
 
 
 class _Out:
@@ -50,7 +139,18 @@ class _Out:
         self.out.flush()
 
 
-def run_session(session: Session, stdin: TextIO, stdout: TextIO) -> int:
+def _request_id(item: object) -> int | None:
+    """The id the errors of ``item`` carry: the one its other answers carry (None: unknown)."""
+    if isinstance(item, ProtocolError):
+        return item.request_id
+    if isinstance(item, _Job):
+        return item.req.id
+    if isinstance(item, (Stats, Decide, DecideBatch)):
+        return item.id
+    return None
+
+
+def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> int:
     emit = _Out(stdout)
     m = session.model
     emit(telemetry.ready(
@@ -58,30 +158,38 @@ def run_session(session: Session, stdin: TextIO, stdout: TextIO) -> int:
         n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
         decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
     ))
+    live = _Live()
     q: "queue.Queue[object]" = queue.Queue()
-    threading.Thread(target=_reader, args=(stdin, session, q), daemon=True, name="bmoe-stdin").start()
+    threading.Thread(target=_reader, args=(stdin, live, q), daemon=True, name="bmoe-stdin").start()
     while True:
         item = q.get()
         if item is _EOF or isinstance(item, Close):
             return 0
+        if isinstance(item, _ReadFailed):
+            emit(telemetry.error(None, f"reading stdin failed: {type(item.exc).__name__}: {item.exc}", fatal=True))
+            return 1
+        rid = _request_id(item)
         try:
             _serve(session, item, emit)
-        except RequestError as e:
-            emit(telemetry.error(getattr(e, "request_id", None), str(e), fatal=False))
         except (StreamFailedError, SessionClosedError) as e:  # sticky: the session cannot go on
-            emit(telemetry.error(None, str(e), fatal=True))
+            emit(telemetry.error(rid, str(e), fatal=True))
             return 1
-        except BmoeError as e:  # this request failed; the session stays usable
-            emit(telemetry.error(getattr(e, "request_id", None), str(e), fatal=False))
+        except BmoeError as e:  # this request was refused or failed; the session stays usable
+            emit(telemetry.error(rid, str(e), fatal=False))
         except Exception as e:  # a bug must not take the session down with it
             traceback.print_exc()
-            emit(telemetry.error(None, f"internal error: {type(e).__name__}: {e}", fatal=False))
+            emit(telemetry.error(rid, f"internal error: {type(e).__name__}: {e}", fatal=False))
+        finally:
+            if isinstance(item, _Job):
+                live.finished(item)
 
 
 def _serve(session: Session, item: object, emit: _Out) -> None:
     if isinstance(item, ProtocolError):
         raise item
-    if isinstance(item, GenerateRequest):
+    if isinstance(item, _Internal):
+        raise item.exc
+    if isinstance(item, _Job):
         _generate(session, item, emit)
     elif isinstance(item, Stats):
         emit(telemetry.line("STATS", {"id": item.id, **session.stats()}))
@@ -101,9 +209,10 @@ def _decide(session: Session, cmd: Decide | DecideBatch, emit: _Out) -> None:
         emit(telemetry.decide(r))
 
 
-def _generate(session: Session, req: GenerateRequest, emit: _Out) -> None:
+def _generate(session: Session, job: _Job, emit: _Out) -> None:
+    req = job.req
     steps = req.n_predict or session.config.n_predict
-    it = session.generate_iter(req)
+    it = session.generate_iter(req, cancel=job.cancel)
     started = False
     while True:
         try:
@@ -113,9 +222,6 @@ def _generate(session: Session, req: GenerateRequest, emit: _Out) -> None:
                 emit(telemetry.begin(req.id))
             emit(telemetry.done(stop.value))
             return
-        except RequestError as e:
-            e.request_id = req.id  # type: ignore[attr-defined]
-            raise
         if not started:
             emit(telemetry.begin(req.id))
             started = True
