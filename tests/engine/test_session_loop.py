@@ -192,7 +192,7 @@ def test_a_cancel_right_behind_its_generate_cancels_it(tiny) -> None:
 def test_a_request_cancelled_before_it_starts_stops_before_its_first_token(tiny) -> None:
     from bmoe.runtime.results import GenerateRequest
 
-    history = list(tiny.history)
+    history, kv = list(tiny.history), list(tiny.kv.tokens)
     cancel = threading.Event()
     cancel.set()
     it = tiny.generate_iter(GenerateRequest(prompt="Tell a story", n_predict=400, clear_kv=False), cancel=cancel)
@@ -200,6 +200,8 @@ def test_a_request_cancelled_before_it_starts_stops_before_its_first_token(tiny)
         next(it)
     r = stop.value.value
     assert r.cancelled and r.stop == "cancelled" and r.n_tokens == 0 and tiny.history == history
+    # nothing was prefilled: the KV holds what it held
+    assert r.n_prompt == 0 and r.prefill_s == 0.0 and tiny.kv.tokens == kv
     tiny.cancel()  # idle: a no-op that must not reach the next request
     assert not tiny.generate(GenerateRequest(prompt="Hi", n_predict=3)).cancelled
 

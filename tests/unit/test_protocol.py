@@ -153,3 +153,12 @@ def test_python_requests_get_the_same_rules() -> None:
         validate_generate(GenerateRequest(prompt="x", top_p=0))
     with pytest.raises(ProtocolError, match=r"^generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 0$"):
         validate_generate(GenerateRequest(prompt="\ud800", id=2))
+
+
+def test_a_record_with_a_lone_surrogate_is_still_writable_utf8() -> None:
+    from bmoe.wire.records import line
+
+    out = line("READY", {"model": "/models/bad\udcff.gguf"})
+    out.encode("utf-8")  # a strict UTF-8 stdout takes it
+    assert out == 'BMOE_READY {"model":"/models/bad\\udcff.gguf"}'
+    assert line("READY", {"model": "é"}) == 'BMOE_READY {"model":"é"}'  # others stay as they are

@@ -7,6 +7,7 @@ in the session changes, so a refused turn leaves it as it was.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from bmoe.runtime.chat import Message
@@ -70,15 +71,16 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         raise ApiError(499, "the client closed the request", None, "cancelled")
     if prior != session.history:
         session.set_history(prior)
+    cancel = threading.Event()  # this turn's own: set before it starts, it still takes effect
     it = session.generate_iter(GenerateRequest(
         prompt=user.content, n_predict=n_predict, think=think, clear_kv=False,
         temperature=turn.temperature, top_p=turn.top_p, seed=turn.seed,
-    ))
+    ), cancel=cancel)
     stops = StopMatcher(turn.stops)
     seen_text, seen_reasoning = "", ""
     while True:
         if job.cancelled.is_set():
-            session.cancel()  # the request is running now, so this cannot miss it
+            cancel.set()  # before the first token too: the turn then stops before its prefill
         try:
             step = next(it)
         except StopIteration as done:

@@ -17,7 +17,12 @@ MIB = 2**20
 
 
 def line(tag: str, obj: dict) -> str:
-    return f"BMOE_{tag} " + json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (e.g. an undecodable byte of a path): escape it
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return f"BMOE_{tag} " + text
 
 
 def _r(x: float, nd: int = 4) -> float:
