@@ -18,8 +18,41 @@ def build_parser() -> argparse.ArgumentParser:
     a("--progress", action="store_true", help="one-shot: print BMOE_PROGRESS lines too")
     a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
     a("--list-devices", action="store_true", help="print the devices this llama-cpp-python provides and exit")
+    a("--gc-twins", nargs="?", const=True, default=False, type=_gc_budget, metavar="MAX_MB",
+      help="remove the dense twins (--stream-cache-dir) of model files that are gone or changed, then, with "
+           "MAX_MB, the least recently used ones until the rest take at most MAX_MB MiB; print them and exit")
     a("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     return p
+
+
+def _gc_budget(text: str) -> int:
+    try:
+        mib = int(text)
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise argparse.ArgumentTypeError(f"MAX_MB must be an integer >= 0 (MiB), got {text!r}")
+    return mib
+
+
+def gc_twins_main(args: argparse.Namespace) -> int:
+    """--gc-twins: one line per removed twin, then a summary line; exit 0 (1 if one cannot be removed)."""
+    from bmoe.stream.twin import default_twin_dir, gc_twins
+
+    cache = args.stream_cache_dir or default_twin_dir()
+    budget = None if args.gc_twins is True else args.gc_twins << 20
+    try:
+        report = gc_twins(cache, budget)
+    except BmoeError as e:
+        print(f"bmoe-cli: --gc-twins: {e}", file=sys.stderr)
+        return 1
+    for e in report.removed:
+        print(f"removed {e.path} ({e.why}, {e.nbytes / 2**20:.1f} MiB)")
+    freed, left = sum(e.nbytes for e in report.removed), sum(e.nbytes for e in report.kept)
+    n = len(report.removed)
+    print(f"bmoe-cli: --gc-twins: removed {n} twin{'' if n == 1 else 's'} ({freed / 2**20:.1f} MiB), "
+          f"kept {len(report.kept)} ({left / 2**20:.1f} MiB) in {cache}")
+    return 0
 
 
 def model_from_args(args: argparse.Namespace, prog: str) -> Path:
@@ -43,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(format_devices(list_devices()))
         return 0
+    if args.gc_twins is not False:
+        return gc_twins_main(args)
     if not args.session and args.prompt is None:
         print("bmoe-cli: give -p PROMPT for one answer, or --session for the line protocol", file=sys.stderr)
         return 2

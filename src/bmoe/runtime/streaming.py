@@ -20,11 +20,13 @@ from ..llama.ggml_tensor import GgmlLayoutError
 from ..llama.residency import PageResidency
 from ..stream import (
     CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamOptions, Streamer, TwinError,
-    UnsupportedArchError, dense_twin, lookup, read_layout,
+    UnsupportedArchError, lookup, read_layout,
 )
 from ..stream.stats import StreamStats
+from ..stream.content import ContentSample
 from ..stream.prefetch import PrefetchError, RouterGuess
-from ..stream.twin import dense_ranges
+from ..stream.reader import StreamIOError
+from ..stream.twin import default_twin_dir, dense_ranges, open_twin
 
 
 class StreamSetupError(BmoeError):
@@ -87,6 +89,10 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
     try:
         layout = read_layout(config.model)
         entry = lookup(layout.arch)
+        # The content sample of the file as it is now: the twin must have been made from the same
+        # bytes, and the reader compares it again on a schedule (an overwrite in place that kept
+        # size, mtime and inode becomes the sticky FileChangedError).
+        content = ContentSample.take(layout)
         options = StreamOptions(
             cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
             odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
@@ -102,10 +108,14 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         raise _setup_error(config, e) from e
     try:
         try:
-            load_path = dense_twin(layout, config.stream_cache_dir or default_cache_dir() / "twins")
+            load_path = open_twin(layout, config.stream_cache_dir or default_twin_dir(), content).path
         except TwinError as e:
             print(f"bmoe: {e}; loading the original file (its experts will be read once at load)", file=sys.stderr)
             load_path = Path(config.model)
+        try:
+            streamer.reader.watch_content(content)
+        except StreamIOError as e:  # the file changed while it was being opened
+            raise _setup_error(config, e) from e
         # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
         shards = [load_path.parent / f.path.name for f in layout.files]
         dense = PageResidency([(shards[i], dense_ranges(layout, i)) for i in range(len(layout.files))])

@@ -26,6 +26,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
+from .content import CHECK_EVERY_S, COST_SHARE, ContentSample
 from .layout import FileId
 from .stats import StreamStats
 from bmoe.errors import EngineFailure
@@ -40,7 +41,7 @@ class StreamIOError(EngineFailure):
 
 
 class FileChangedError(StreamIOError):
-    """A GGUF shard changed (size, mtime or inode) while a session streams from it."""
+    """A GGUF shard changed (size, mtime or inode, or its sampled content) while a session streams from it."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -101,6 +102,10 @@ class ExpertReader:
         self.odirect = False
         self._fds: list[int] = []
         self._retired: list[int] = []
+        self._content: ContentSample | None = None  # see watch_content
+        self._content_due = 0.0
+        self.content_checks = 0    # content checks done, and the seconds they took
+        self.content_s = 0.0
         self.verify_files()
         if odirect:
             try:
@@ -149,7 +154,8 @@ class ExpertReader:
         return batch
 
     def verify_files(self) -> None:
-        """Raise FileChangedError (sticky) if a shard's size, mtime or inode changed."""
+        """Raise FileChangedError (sticky) if a shard's size, mtime or inode changed, or, when its
+        content sample is watched and a check is due, if the sampled bytes changed."""
         self.raise_if_failed()
         for f in self.files:
             try:
@@ -160,6 +166,37 @@ class ExpertReader:
             if now != f:
                 self.fail(FileChangedError(f"model file {f.path} changed while streaming (size/mtime/inode differ "
                                             "from when it was opened); reopen the session"))
+        if self._content is not None and time.monotonic() >= self._content_due:
+            self.check_content()
+
+    def watch_content(self, sample: ContentSample) -> None:
+        """From now on, ``verify_files`` also compares the shards' sampled bytes with ``sample``
+        (taken from these files when the session opened), every ``CHECK_EVERY_S`` seconds at most
+        and at most ``COST_SHARE`` of the time. Checks now."""
+        if len(sample.digests) != len(self.files):
+            raise ValueError(f"a content sample of {len(sample.digests)} shards for {len(self.files)} files")
+        self._content = sample
+        self.check_content()
+
+    def check_content(self) -> None:
+        """Compare the sampled bytes now; raise FileChangedError (sticky) naming the shard that differs."""
+        self.raise_if_failed()
+        if self._content is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            bad = self._content.changed([f.path for f in self.files])
+        except OSError as exc:
+            self.fail(FileChangedError(f"model file {exc.filename or self.files[0].path} could not be read for its "
+                                        f"content check ({exc.strerror or exc}); reopen the session"))
+        cost = time.perf_counter() - t0
+        self.content_checks += 1
+        self.content_s += cost
+        self._content_due = time.monotonic() + max(CHECK_EVERY_S, cost / COST_SHARE)
+        if bad is not None:
+            self.fail(FileChangedError(
+                f"model file {self.files[bad].path} changed while streaming: its sampled bytes differ from when "
+                "it was opened although size, mtime and inode did not (overwritten in place); reopen the session"))
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
