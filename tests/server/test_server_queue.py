@@ -32,6 +32,9 @@ def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path)
             assert metric(c.get("/metrics").text, "bmoe_queue_rejected_total") == 3
         finally:
             release.set()
+        deadline = time.monotonic() + 30  # the held job and the waiting one finish first
+        while engine.depth() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # the session still answers
 
 
