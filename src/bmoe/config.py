@@ -208,7 +208,7 @@ SESSION_FLAGS: tuple[Flag, ...] = (
           help="read experts through the page cache instead of O_DIRECT"),
     _flag("--io-threads", field="io_threads", type=int, default=4, help="parallel read lanes (default 4)"),
     _flag("--stream-cache-dir", field="stream_cache_dir", type=Path, default=None,
-          help="folder for dense twins (default $BMOE_CACHE_DIR or ~/.cache/bmoe)"),
+          help="folder for dense twins (default $BMOE_CACHE_DIR/twins or ~/.cache/bmoe/twins)"),
     _flag("--stream-read-all", field="stream_read_all", action="store_true",
           help="verification: read every expert at every layer, not just the routed ones"),
     _flag("--prefetch", field="prefetch", action="store_true",

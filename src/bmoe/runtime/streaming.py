@@ -33,11 +33,6 @@ class StreamSetupError(BmoeError):
     """Streaming cannot be set up for this model or these settings (refused at startup)."""
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("BMOE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "bmoe"
-
-
 @dataclass
 class StreamRuntime:
     """The live streaming parts a session holds, behind the few calls the session makes."""
