@@ -1,0 +1,197 @@
+"""Benchmark: 16 decisions prefilled together (``decide_many`` with ``--decide-batch 16``) against the
+same 16 answered one after another, sharing a kept prefix.
+
+Streamed, on the synthetic Qwen3-30B-A3B-shaped model (bench/synthetic_moe.py, ~5.5 GB) under a
+cgroup-v1 memory limit (default 2.5 GiB), page cache dropped before each process:
+    cache off: batched, then one by one            (each configuration in its own process)
+    --cache-mb N: batched, then one by one
+Resident, on SmolLM2-135M-Instruct, in one process, rounds alternating batched and one by one.
+
+Every process first makes one decision to keep the ~340-token prefix (not timed), then the 16
+decisions (suffixes of about 30 tokens, different lengths). Reported: total wall time, expert
+bytes read (bmoe's own count, StreamStats.read_bytes), bytes per decision, and whether the
+answers agree (best choice, max |d logp|). Targets (printed PASS/FAIL, never asserted: the machine
+is shared and noisy): streamed cache off, batched time <= 1/4 and bytes <= 1/8 of one by one;
+resident SmolLM2, batched no slower than one by one (median of rounds).
+
+    .venv/bin/python bench/decide_batch.py [--work bench/out] [--limit-gib 2.5] [--cache-mb 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+N_DECISIONS = 16
+CHOICES = ("A", "B", "C", "D")
+PREFIX = (
+    "You control an Android phone for the user. Each turn you see the current screen and four "
+    "options, and you answer with the letter of the option that moves the task forward. "
+    "Task: turn on Wi-Fi, then check that the phone is connected to the home network. History: "
+    + " ".join(f"step {i}: opened {s}." for i, s in enumerate(
+        ["Home", "Settings", "Network", "Display", "Battery", "Sound", "Apps", "Storage", "Bluetooth",
+         "Hotspot", "Accessibility", "Privacy", "Location", "Security", "Home", "Settings", "Network",
+         "Wi-Fi", "Saved networks", "Home network", "Details", "Back", "Network", "Internet", "Home",
+         "Settings", "Network", "Wi-Fi", "Details"]))
+)
+SCREENS = ("Home", "Settings", "Network", "Display", "Battery", "Sound", "Apps", "Storage",
+           "Bluetooth", "Hotspot", "Accessibility", "Privacy", "Location", "Security", "Wi-Fi", "Internet")
+OPTIONS = ("Turn Wi-Fi on", "Go back", "Open Bluetooth", "Open Network settings", "Open Display",
+           "Search settings", "Open Internet", "Forget network")
+
+
+def suffixes() -> list[str]:
+    """16 screens of about 30 tokens, of different lengths."""
+    out = []
+    for i, screen in enumerate(SCREENS[:N_DECISIONS]):
+        opts = [OPTIONS[(i + k) % len(OPTIONS)] for k in range(4)]
+        extra = " It shows a banner." * (i % 3)
+        out.append(f" Screen: {screen}.{extra} Options: A) {opts[0]} B) {opts[1]} C) {opts[2]} D) {opts[3]}. "
+                   "Answer with the letter.")
+    return out
+
+
+def requests(first_id: int = 0):
+    from bmoe.decide.types import DecideRequest
+
+    return [DecideRequest(id=first_id + i, prefix=PREFIX, suffix=s, choices=CHOICES) for i, s in enumerate(suffixes())]
+
+
+def child(a: argparse.Namespace) -> int:
+    """One configuration in this process: keep the prefix, then the 16 decisions, batched or not."""
+    from bmoe import Session, SessionConfig
+    from bmoe.decide.types import DecideRequest
+
+    kw = dict(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
+              decide=True, decide_batch=N_DECISIONS)
+    if a.cache_mb is not None:
+        kw.update(moe_stream=True, cache_mb=a.cache_mb, io_threads=8)
+    with Session(SessionConfig(**kw)) as s:
+        warm = s.decide(DecideRequest(id=-1, prefix=PREFIX, suffix=" Screen: Lock. Answer with the letter.",
+                                      choices=CHOICES))
+        assert warm.error is None, warm.error
+        io0 = s.stream_stats()
+        t0 = time.perf_counter()
+        rs = s.decide_many(requests()) if a.batched else [s.decide(r) for r in requests()]
+        wall = time.perf_counter() - t0
+        io = s.stream_stats().minus(io0)
+    assert all(r.error is None for r in rs), [r.error for r in rs]
+    out = {"batched": a.batched, "cache_mb": a.cache_mb, "wall_s": wall, "read_bytes": io.read_bytes,
+           "hit_pct": io.hit_pct,
+           "batches": sorted({(r.batch.id, r.batch.size) for r in rs if r.batch is not None}),
+           "suffix_tokens": [r.n_tokens - r.n_reused for r in rs],
+           "logp": [list(r.scores.choice_logp) for r in rs], "best": [r.scores.best for r in rs]}
+    a.out.write_text(json.dumps(out))
+    return 0
+
+
+def compare(b: dict, s: dict) -> str:
+    import numpy as np
+
+    same = sum(x == y for x, y in zip(b["best"], s["best"]))
+    diff = max(float(np.max(np.abs(np.subtract(x, y)))) for x, y in zip(b["logp"], s["logp"]))
+    return f"same best {same}/{len(b['best'])}, max |d logp| {diff:.3g}"
+
+
+def streamed(a: argparse.Namespace, model: Path) -> list[dict]:
+    from cgroup_run import run_limited
+
+    rows = []
+    for cache_mb in (0, a.cache_mb):
+        runs = {}
+        for batched in (True, False):
+            out = a.work / f"decide_batch_{cache_mb}_{int(batched)}.json"
+            cmd = [sys.executable, __file__, "child", "--model", str(model), "--out", str(out), "--cache-mb",
+                   str(cache_mb), "--threads", str(a.threads), "--n-ctx", str(a.n_ctx), "--ubatch", str(a.ubatch)]
+            cmd += ["--batched"] if batched else []
+            o = run_limited(cmd, int(a.limit_gib * 2**30), timeout_s=1800, tag=f"db{cache_mb}{int(batched)}")
+            if o.returncode != 0:
+                print(f"# cache {cache_mb} batched={batched}: rc {o.returncode} {o.stderr_tail[-400:]}")
+                continue
+            r = json.loads(out.read_text())
+            r["max_usage_mib"] = o.max_usage_mib
+            runs[batched] = r
+        if len(runs) == 2:
+            b, s = runs[True], runs[False]
+            rows.append({"cache_mb": cache_mb, "batched": b, "one_by_one": s})
+            print(f"| streamed, cache {cache_mb or 'off'} | {b['wall_s']:.2f} s | {s['wall_s']:.2f} s | "
+                  f"{s['wall_s'] / b['wall_s']:.2f}x | {b['read_bytes'] / 2**20:.0f} MiB | {s['read_bytes'] / 2**20:.0f} MiB | "
+                  f"{s['read_bytes'] / max(1, b['read_bytes']):.1f}x | {b['read_bytes'] / N_DECISIONS / 2**20:.0f} / "
+                  f"{s['read_bytes'] / N_DECISIONS / 2**20:.0f} MiB | {b['batches']} | {compare(b, s)} |", flush=True)
+    return rows
+
+
+def resident(a: argparse.Namespace) -> dict:
+    from bmoe import Session, SessionConfig
+    from bmoe.config import default_model
+    from bmoe.decide.types import DecideRequest
+
+    kw = dict(model=default_model(), n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
+              decide=True, decide_batch=N_DECISIONS)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with Session(SessionConfig(**kw)) as s:
+        warm = DecideRequest(id=-1, prefix=PREFIX, suffix=" Screen: Lock.", choices=CHOICES)
+        s.decide(warm)
+        for rnd in range(a.rounds):
+            for batched in ((True, False) if rnd % 2 == 0 else (False, True)):
+                t0 = time.perf_counter()
+                rs = s.decide_many(requests()) if batched else [s.decide(r) for r in requests()]
+                times[batched].append(time.perf_counter() - t0)
+                assert all(r.error is None for r in rs)
+    b, o = statistics.median(times[True]), statistics.median(times[False])
+    print(f"| resident SmolLM2 | {b:.3f} s | {o:.3f} s | {o / b:.2f}x | - | - | - | - | rounds {a.rounds}: "
+          f"batched {[round(t, 3) for t in times[True]]}, one by one {[round(t, 3) for t in times[False]]} | |", flush=True)
+    return {"batched_s": times[True], "one_by_one_s": times[False], "median_ratio": o / b}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", nargs="?", default="all", choices=("all", "child", "resident", "streamed"))
+    ap.add_argument("--work", type=Path, default=HERE / "out")
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--batched", action="store_true")
+    ap.add_argument("--cache-mb", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--ubatch", type=int, default=1024, help="n_batch = n_ubatch: 16 suffixes of ~30 tokens fit one")
+    ap.add_argument("--limit-gib", type=float, default=2.5)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args(argv)
+    if a.mode == "child":
+        return child(a)
+    a.work.mkdir(parents=True, exist_ok=True)
+    if a.cache_mb is None:
+        a.cache_mb = 1024
+    print(f"# {N_DECISIONS} decisions, kept prefix, suffixes {min(map(len, suffixes()))}-{max(map(len, suffixes()))} chars; "
+          f"threads {a.threads}, n_ubatch {a.ubatch}, load {open('/proc/loadavg').read().split()[:3]}")
+    print("| run | batched | one by one | speed-up | read batched | read one by one | bytes saved | "
+          "per decision | batches | answers |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    report: dict[str, object] = {}
+    if a.mode in ("all", "resident"):
+        report["resident"] = res = resident(a)
+        print(f"# target resident: batched no slower: {'PASS' if res['median_ratio'] >= 1.0 else 'FAIL'}")
+    if a.mode in ("all", "streamed"):
+        from synthetic_moe import write_synthetic
+
+        model = write_synthetic(a.work)
+        report["streamed"] = rows = streamed(a, model)
+        off = next((r for r in rows if r["cache_mb"] == 0), None)
+        if off is not None:
+            t = off["one_by_one"]["wall_s"] / off["batched"]["wall_s"]
+            by = off["one_by_one"]["read_bytes"] / max(1, off["batched"]["read_bytes"])
+            print(f"# target streamed cache off: time >= 4x: {'PASS' if t >= 4 else 'FAIL'} ({t:.2f}x); "
+                  f"bytes >= 8x: {'PASS' if by >= 8 else 'FAIL'} ({by:.1f}x)")
+    (a.work / "decide_batch.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
