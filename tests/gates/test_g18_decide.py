@@ -79,11 +79,17 @@ def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, o
 
 
 def test_g18c_whole_prefill_equals_perplexity(decider) -> None:
+    """Both sides are one prefill of the prompt into an empty KV, so the scored row has the same
+    tokens, positions and ubatch start; perplexity's piece is one token longer and keeps every
+    row. The kernels used here compute that row the same either way (checked on the AVX2 and the
+    AVX-512 builds, docs/testing.md). The premise is asserted: with a prompt of n_ubatch tokens,
+    perplexity's extra token would go into a second ubatch."""
     s = decider()
     whole = s.decide(req(1, P2, S3, reuse_prefix=False))
     assert whole.reuse == "opted out" and whole.n_reused == 0
     prompt = s.tokenize_prompt(s.decider.backend.render_user(P2 + S3))
     assert len(prompt) == whole.n_tokens
+    assert len(prompt) + 1 <= min(s.config.n_batch, s.config.n_ubatch)  # one ubatch on both sides
     for i, choice in enumerate(ABC):
         first = s.model.tokenize(choice, add_special=False, parse_special=False)[0]
         pp = s.perplexity(tokens=prompt + [first], n_window=len(prompt) + 1)
