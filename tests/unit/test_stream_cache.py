@@ -1,4 +1,5 @@
-"""Cache policy, budgets and page release, over a synthetic layout (no llama.cpp needed)."""
+"""The expert cache's buffers, budgets and page release, over a synthetic layout (no llama.cpp
+needed). Which experts stay (the policy) is tested on keys alone in test_stream_policy.py."""
 from __future__ import annotations
 
 import mmap
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from bmoe.stream import CacheBudgetError, ExpertKey, StreamOptions, Streamer
-from bmoe.stream.cache import LruCache, SharedBuffers
+from bmoe.stream.cache import ExpertCache, SharedBuffers
 from bmoe.stream.layout import ExpertTensor, FileId, ModelLayout
 from bmoe.stream.options import MIB, Budget, resolve_budget
 
@@ -35,7 +36,8 @@ def _expert_bytes_in_buffer(streamer: Streamer, t: ExpertTensor, e: int) -> byte
     b = streamer.binding(t.name)
     assert b is not None
     # Read back through the buffer the tensor is bound to (its mapping's own memoryview).
-    buf = streamer.cache._buffers[(t.il, t.proj)] if isinstance(streamer.cache, LruCache) else streamer.cache._buffers[t.proj]
+    cache = streamer.cache
+    buf = cache._buffers[(t.il, t.proj)] if isinstance(cache, ExpertCache) else cache._buffers[t.proj]
     start = b.data_addr - buf.window.addr + e * t.slice_nbytes
     return bytes(buf.window.view[start:start + t.slice_nbytes])
 
@@ -110,7 +112,7 @@ def test_eviction_returns_pages_to_the_os(tmp_path: Path) -> None:
     assert grown >= 8 * per - MIB
     s.on_route(1, np.arange(8).reshape(1, 8))  # evicts all of layer 0
     assert s.stats().evictions == 8
-    assert isinstance(s.cache, LruCache)
+    assert isinstance(s.cache, ExpertCache)
     assert s.cache.released_bytes >= 8 * per - 3 * 2 * 4096  # all but shared boundary pages
     assert _rss_anon() - before <= grown + 2 * MIB  # layer 1 came in, layer 0 went out
     s.close()
@@ -126,6 +128,23 @@ def test_page_shared_with_a_resident_neighbour_is_kept(tmp_path: Path) -> None:
     assert s.cache.is_resident(ExpertKey(0, 4)) and not s.cache.is_resident(ExpertKey(0, 3))
     for t in layout.layer_tensors(0):
         assert _expert_bytes_in_buffer(s, t, 4) == data[t.slice_offset(4):][:t.slice_nbytes]
+    s.close()
+
+
+def test_neighbours_evicted_together_release_their_shared_page_once(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path, n_expert=8, slice_nbytes=6528)  # slices straddle pages
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(), budget=Budget(2 * per, 0, "fixed"))
+    s.on_route(0, np.array([[3, 4]]))
+    s.on_route(0, np.array([[6, 7]]))  # evicts 3 and 4 in one plan
+    assert s.stats().evictions == 2
+    expected = 0
+    for t in layout.layer_tensors(0):
+        start = t.offset % 4096 + 3 * t.slice_nbytes
+        end = start + 2 * t.slice_nbytes
+        expected += -(-end // mmap.PAGESIZE) * mmap.PAGESIZE - (start // mmap.PAGESIZE) * mmap.PAGESIZE
+    assert isinstance(s.cache, ExpertCache)
+    assert s.cache.released_bytes == expected  # the page 3 and 4 share is released, and counted, once
     s.close()
 
 

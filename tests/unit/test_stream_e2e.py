@@ -1,6 +1,6 @@
 """End to end on the tiny random MoE fixtures (bmoe.testing): streamed == resident, bit for bit.
 
-Every arch/quant of the fixtures: the cache off, and an LRU that evicts on every token, must give
+Every arch/quant of the fixtures: the cache off, and a cache that evicts on every token, must give
 the same greedy tokens and the same logits as the plain mmap run with the same load parameters
 (mmap, no repacked buffers), so both run the same kernels. Counts are exact: bytes read with the
 cache off equal the routed experts' slice bytes; with the cache, hits + misses = routed.
@@ -19,7 +19,9 @@ import llama_cpp  # noqa: E402
 
 from bmoe.llama.expert_hook import ExpertHook  # noqa: E402
 from bmoe.stream import StreamOptions, Streamer, lookup, read_layout  # noqa: E402
+from bmoe.stream.cache import DEFAULT_POLICY  # noqa: E402
 from bmoe.stream.options import Budget  # noqa: E402
+from bmoe.stream.policy import Uses  # noqa: E402
 from bmoe.stream.twin import allocated_bytes, dense_twin  # noqa: E402
 
 PROMPT = [1, 17, 42, 99, 3, 250, 7, 64, 128, 300, 5, 77, 1000, 4242]
@@ -33,6 +35,7 @@ class Recorder:
     def __init__(self, inner: Streamer, sabotage: bool = False) -> None:
         self.inner = inner
         self.unions: list[tuple[int, tuple[int, ...]]] = []
+        self.ids: list[np.ndarray] = []  # each route's [n_tokens, k] ids, as the router gave them
         self.sabotage = sabotage
 
     def __getattr__(self, name: str):  # noqa: ANN204 - the rest of StreamerPort (bindings, waits, ...)
@@ -40,6 +43,7 @@ class Recorder:
 
     def on_route(self, il: int, ids: np.ndarray) -> None:
         self.unions.append((il, tuple(np.unique(ids).tolist())))
+        self.ids.append(np.array(ids))
         if not self.sabotage:
             self.inner.on_route(il, ids)
 
@@ -91,29 +95,20 @@ def run(path: Path, hook: ExpertHook | None, n_ubatch: int = 512) -> tuple[list[
     return tokens, np.stack(rows)
 
 
-def reference_lru(layout, budget: int, unions: list[tuple[int, tuple[int, ...]]]) -> tuple[int, int, int, int]:
-    """An independent model of the policy: (hits, misses, evictions, bytes read) for these routes."""
-    lru: dict[tuple[int, int], int] = {}  # insertion order = recency
-    hits = misses = evictions = read = 0
-    for il, experts in unions:
-        size = layout.expert_nbytes_in_layer(il)
-        want = [(il, e) for e in experts]
-        new = [k for k in want if k not in lru]
-        for k in want:
-            if k in lru:
-                hits += 1
-                lru[k] = lru.pop(k)
-        for k in list(lru):
-            if sum(lru.values()) + size * len(new) <= budget:
-                break
-            if k not in want:
-                del lru[k]
-                evictions += 1
-        for k in new:
-            lru[k] = size
-        misses += len(new)
-        read += size * len(new)
-    return hits, misses, evictions, read
+def reference_counts(layout, budget: int, rec: Recorder) -> tuple[int, int, int, int]:
+    """(hits, misses, evictions, bytes read) of the cache's policy replayed on the recorded routes
+    without buffers or reads: the streamer must count exactly what its policy decides. The token
+    counts and last rows are worked out here, not with the streamer's helper."""
+    policy = DEFAULT_POLICY({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget)
+    read = 0
+    for (il, experts), ids in zip(rec.unions, rec.ids, strict=True):
+        rows = [list(r) for r in ids.reshape(-1, ids.shape[-1])]
+        counts = [sum(e in r for r in rows) for e in experts]
+        last = [max(i for i, r in enumerate(rows) if e in r) for e in experts]
+        _, misses, _ = policy.plan(il, list(experts), Uses(len(rows), counts, last))
+        policy.admit(il, misses)
+        read += len(misses) * layout.expert_nbytes_in_layer(il)
+    return policy.hits, policy.misses, policy.evictions, read
 
 
 _plain_cache: dict[Path, tuple[list[int], np.ndarray]] = {}
@@ -157,7 +152,7 @@ def test_cache_off_is_bit_identical_and_reads_exactly_the_routed_slices(
 
 
 @pytest.mark.parametrize("arch,quant", MODELS)
-def test_evicting_lru_is_bit_identical(tiny_models: Callable[[str, str], Path], arch: str, quant: str) -> None:
+def test_evicting_cache_is_bit_identical(tiny_models: Callable[[str, str], Path], arch: str, quant: str) -> None:
     path = tiny_models(arch, quant)
     layout = read_layout(path)
     one = layout.expert_nbytes_in_layer(layout.layers[0])
@@ -171,7 +166,7 @@ def test_evicting_lru_is_bit_identical(tiny_models: Callable[[str, str], Path], 
         s = streamer.stats()
         assert s.hits + s.misses == s.routed == sum(len(u) for _, u in rec.unions)
         assert s.evictions > 0 and s.hits > 0
-        assert (s.hits, s.misses, s.evictions, s.read_bytes) == reference_lru(layout, budget, rec.unions)
+        assert (s.hits, s.misses, s.evictions, s.read_bytes) == reference_counts(layout, budget, rec)
         assert s.resident_bytes <= s.budget_bytes
     finally:
         streamer.close()

@@ -1,4 +1,4 @@
-"""Where streamed experts live: the buffers the expert matmuls read, and the LRU over them.
+"""Where streamed experts live: the buffers the expert matmuls read, and the cache over them.
 
 Every buffer is an anonymous mapping laid out like the file: a tensor whose file offset is
 ``off`` starts at ``base + off % ALIGN``, so an expert slice sits at the same offset modulo the
@@ -7,28 +7,23 @@ committed only when first written, so a full-size mapping costs address space, n
 
 - SharedBuffers (cache off): one buffer per projection, shared by all layers (layers run one
   after another), every routed slice read again at every route.
-- LruCache (cache on): one buffer per (layer, projection); one LRU over ExpertKey(layer, expert)
-  with a byte budget; an evicted expert's pages go back to the OS with MADV_DONTNEED.
+- ExpertCache (cache on): one buffer per (layer, projection); a policy (policy.py, by default
+  NextUsePolicy) decides under a byte budget which ExpertKey(layer, expert) stay; an evicted
+  expert's pages go back to the OS with MADV_DONTNEED.
 """
 from __future__ import annotations
 
 import mmap
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from .layout import ExpertTensor, ModelLayout
+from .policy import CachePolicy, ExpertKey, NextUsePolicy, Uses
 from .reader import ALIGN, ReadOp, Window
 from .stats import StreamStats
 
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = 0x4000  # Linux; not exported by Python's mmap module
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ExpertKey:
-    layer: int
-    expert: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +100,7 @@ class SharedBuffers:
     def data_addr(self, t: ExpertTensor) -> int:
         return self._buffers[t.proj].data_addr(t)
 
-    def plan(self, il: int, experts: Sequence[int]) -> Plan:
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None) -> Plan:
         ops = tuple(by_expert[e] for _, by_expert in self._ops[il] for e in experts)
         projs = tuple(p for p, _ in self._ops[il] for _ in experts)
         return Plan(ops, 0, tuple(ExpertKey(il, e) for e in experts), projs)
@@ -122,95 +117,83 @@ class SharedBuffers:
             b.close()
 
 
-class LruCache:
-    """Cache on: one global LRU over (layer, expert) under ``budget_bytes`` of expert bytes."""
+PolicyFactory = Callable[[Mapping[int, int], int], CachePolicy]
+DEFAULT_POLICY: PolicyFactory = NextUsePolicy  # what every cache-on streamer runs (and bench/cache_replay.py)
 
-    def __init__(self, layout: ModelLayout, budget_bytes: int) -> None:
+
+class ExpertCache:
+    """Cache on: (layer, expert) slices kept under ``budget_bytes`` of expert bytes, chosen by a
+    policy (``policy(expert_bytes_per_layer, budget_bytes)``, NextUsePolicy by default)."""
+
+    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY) -> None:
         if budget_bytes <= 0:
-            raise ValueError("LruCache needs a positive budget; use SharedBuffers for cache off")
+            raise ValueError("ExpertCache needs a positive budget; use SharedBuffers for cache off")
         self.layout = layout
         self.budget_bytes = budget_bytes
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
-        self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
+        self.policy: CachePolicy = policy({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget_bytes)
         self._buffers = {(t.il, t.proj): TensorBuffer([t]) for t in layout.experts}
-        self._lru: OrderedDict[ExpertKey, int] = OrderedDict()  # oldest first; value = bytes
-        self._resident = self._hits = self._misses = self._evictions = 0
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
 
     def data_addr(self, t: ExpertTensor) -> int:
         return self._buffers[(t.il, t.proj)].data_addr(t)
 
     def is_resident(self, key: ExpertKey) -> bool:
-        return key in self._lru
+        return self.policy.is_resident(key)
 
-    def plan(self, il: int, experts: Sequence[int]) -> Plan:
-        """Touch hits, evict to make room (never this route's experts), return reads for misses."""
-        pinned = {ExpertKey(il, e) for e in experts}
-        misses = []
-        hits = 0
-        for key in sorted(pinned):
-            if key in self._lru:
-                self._lru.move_to_end(key)
-                hits += 1
-            else:
-                misses.append(key)
-        need = len(misses) * self._expert_bytes[il]
-        self._evict_until(self.budget_bytes - need, pinned)
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None) -> Plan:
+        """Count hits, evict to make room (never this route's experts), return reads for misses.
+        ``uses``: how the ubatch's tokens used ``experts`` (None: one token). A prefill ubatch may
+        route more of one layer than the budget holds: those experts still have to be present for
+        the matmul, so the cache runs over budget until the next route evicts back under it."""
+        hits, misses, victims = self.policy.plan(il, experts, uses)
+        self._release_all(victims)
         ops = tuple(self._buffers[(t.il, t.proj)].read_op(t, k.expert) for k in misses for t in self._tensors[il])
         projs = tuple(t.proj for _ in misses for t in self._tensors[il])
-        self._hits += hits
         return Plan(ops, hits, tuple(misses), projs)
 
     def commit(self, plan: Plan) -> None:
         """Record the misses of ``plan`` as resident, once all their reads have succeeded (the
         streamer commits only after the route's last wait: nothing of it is in flight then)."""
-        for key in plan.misses:
-            nbytes = self._expert_bytes[key.layer]
-            self._lru[key] = nbytes
-            self._resident += nbytes
-        self._misses += len(plan.misses)
+        if plan.misses:
+            self.policy.admit(plan.misses[0].layer, plan.misses)
 
     def stats(self) -> StreamStats:
         """The cache's part of the stream's counters: hits, misses, evictions, residency, budget."""
-        return StreamStats(hits=self._hits, misses=self._misses, evictions=self._evictions,
-                           resident_bytes=self._resident, budget_bytes=self.budget_bytes)
+        p = self.policy
+        return StreamStats(hits=p.hits, misses=p.misses, evictions=p.evictions,
+                           resident_bytes=p.resident_bytes, budget_bytes=self.budget_bytes)
 
     def close(self) -> None:
         for b in self._buffers.values():
             b.close()
-        self._lru.clear()
-        self._resident = 0
+        self.policy.clear()
 
-    # A prefill ubatch may route more of one layer than the budget holds: those experts still
-    # have to be present for the matmul, so the cache runs over budget until the next route.
-    def _evict_until(self, target: int, pinned: set[ExpertKey]) -> None:
-        if self._resident <= target:
-            return
-        for key in list(self._lru):
-            if self._resident <= target:
-                break
-            if key in pinned:
-                continue
-            self._resident -= self._lru.pop(key)
-            self._evictions += 1
-            self._release(key)
+    def _release_all(self, victims: Sequence[ExpertKey]) -> None:
+        """Give the victims' pages back, one after another: a page shared with a victim not yet
+        released counts as in use, so each shared page is released (and counted) once."""
+        pending = set(victims)
+        for key in victims:
+            pending.discard(key)
+            self._release(key, pending)
 
-    def _release(self, key: ExpertKey) -> None:
+    def _release(self, key: ExpertKey, pending: set[ExpertKey]) -> None:
         for t in self._tensors[key.layer]:
             buf = self._buffers[(t.il, t.proj)]
             start = _pad(t) + key.expert * t.slice_nbytes
             end = start + t.slice_nbytes
             # A page shared with a still-resident neighbour stays; only free pages go back.
             lo = (start // PAGE) * PAGE
-            if lo < start and self._page_in_use(t, key, lo):
+            if lo < start and self._page_in_use(t, key, lo, pending):
                 lo += PAGE
             hi = _round_up(end, PAGE)
-            if hi > end and self._page_in_use(t, key, hi - PAGE):
+            if hi > end and self._page_in_use(t, key, hi - PAGE, pending):
                 hi -= PAGE
             self.released_bytes += buf.release(lo, hi)
 
-    def _page_in_use(self, t: ExpertTensor, key: ExpertKey, page: int) -> bool:
+    def _page_in_use(self, t: ExpertTensor, key: ExpertKey, page: int, pending: set[ExpertKey]) -> bool:
         s, pad = t.slice_nbytes, _pad(t)
         first = max(0, (page - pad) // s)
         last = min(t.n_expert - 1, (page + PAGE - 1 - pad) // s)
-        return any(ExpertKey(key.layer, e) in self._lru for e in range(first, last + 1) if e != key.expert)
+        return any(self.policy.is_resident(k) or k in pending
+                   for k in (ExpertKey(key.layer, e) for e in range(first, last + 1) if e != key.expert))

@@ -29,9 +29,10 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import ExpertKey, LruCache, Plan, SharedBuffers
+from .cache import ExpertCache, ExpertKey, Plan, SharedBuffers
 from .layout import ExpertTensor, ModelLayout
 from .options import Budget, StreamOptions, resolve_budget
+from .policy import Uses
 from .reader import Batch, ExpertReader, StreamIOError, stderr_warn
 from .stats import StreamStats
 
@@ -58,8 +59,8 @@ class Streamer:
         self.budget = budget if budget is not None else resolve_budget(options, layout, warn=warn)
         self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
                                    io_threads=options.io_threads, warn=warn)
-        self.cache: LruCache | SharedBuffers = (
-            LruCache(layout, self.budget.budget_bytes) if self.budget.budget_bytes > 0 else SharedBuffers(layout)
+        self.cache: ExpertCache | SharedBuffers = (
+            ExpertCache(layout, self.budget.budget_bytes) if self.budget.budget_bytes > 0 else SharedBuffers(layout)
         )
         self._layers = frozenset(layout.layers)
         self._first_layer = layout.layers[0]
@@ -105,14 +106,14 @@ class Streamer:
         self._drain_route()
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
-        experts = np.unique(np.asarray(expert_ids, dtype=np.int64))  # the ubatch's union, ascending
+        experts, uses = _union(expert_ids)  # the ubatch's union, ascending, and how its tokens used it
         if experts.size and (experts[0] < 0 or experts[-1] >= self.layout.n_expert):
             self._fail_route(f"router of layer {il} picked expert ids {experts.tolist()} outside "
                              f"0..{self.layout.n_expert - 1}")
         if il not in self._layers:
             self._fail_route(f"layer {il} routed experts but the GGUF has no expert tensors for it")
         if self.options.read_all:  # verification mode: the routed subset must not matter
-            experts = np.arange(self.layout.n_expert, dtype=np.int64)
+            experts, uses = np.arange(self.layout.n_expert, dtype=np.int64), None
         if self._ahead is not None and self._ahead.il != il:
             self._finish_ahead()  # a guess for another layer: nothing of it serves this route
         if il == self._first_layer:
@@ -121,7 +122,7 @@ class Streamer:
         ahead, self._ahead = self._ahead, None
         try:
             if ahead is None:
-                plan = self.cache.plan(il, experts.tolist())
+                plan = self.cache.plan(il, experts.tolist(), uses)
                 parts: tuple[tuple[Batch, tuple[str, ...]], ...] = (
                     (self.reader.submit([plan.ops_of(p) for p in order]), order),)
             else:
@@ -252,6 +253,19 @@ class Streamer:
             self.reader.fail(err)
         except StreamIOError:
             raise err from None
+
+
+def _union(expert_ids: np.ndarray) -> tuple[np.ndarray, Uses]:
+    """The distinct experts of a route, ascending, and for each how many of the ubatch's tokens
+    (rows of ``[n_tokens, k]`` ids; a 1-D array is one token) picked it and the last row that did."""
+    ids = np.asarray(expert_ids, dtype=np.int64)
+    if ids.size == 0:
+        return ids.reshape(0), Uses(1, [], [])
+    rows = ids.reshape(1, -1) if ids.ndim < 2 else ids.reshape(-1, ids.shape[-1])
+    experts, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
+    last = np.full(experts.size, -1, dtype=np.int64)
+    np.maximum.at(last, inverse.reshape(-1), np.repeat(np.arange(rows.shape[0], dtype=np.int64), rows.shape[1]))
+    return experts, Uses(rows.shape[0], counts.tolist(), last.tolist())
 
 
 @dataclass(slots=True)
