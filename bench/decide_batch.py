@@ -42,18 +42,16 @@ PREFIX = (
 )
 SCREENS = ("Home", "Settings", "Network", "Display", "Battery", "Sound", "Apps", "Storage",
            "Bluetooth", "Hotspot", "Accessibility", "Privacy", "Location", "Security", "Wi-Fi", "Internet")
-OPTIONS = ("Turn Wi-Fi on", "Go back", "Open Bluetooth", "Open Network settings", "Open Display",
-           "Search settings", "Open Internet", "Forget network")
+OPTIONS = ("Wi-Fi on", "Back", "Bluetooth", "Network", "Display", "Search", "Internet", "Forget")
 
 
 def suffixes() -> list[str]:
-    """16 screens of about 30 tokens, of different lengths."""
+    """16 screens of 25-35 tokens (with the chat template's tail), of different lengths."""
     out = []
     for i, screen in enumerate(SCREENS[:N_DECISIONS]):
         opts = [OPTIONS[(i + k) % len(OPTIONS)] for k in range(4)]
-        extra = " It shows a banner." * (i % 3)
-        out.append(f" Screen: {screen}.{extra} Options: A) {opts[0]} B) {opts[1]} C) {opts[2]} D) {opts[3]}. "
-                   "Answer with the letter.")
+        extra = " Banner shown." * (i % 3)
+        out.append(f" Screen: {screen}.{extra} A) {opts[0]} B) {opts[1]} C) {opts[2]} D) {opts[3]}. Letter?")
     return out
 
 

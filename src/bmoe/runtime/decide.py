@@ -123,11 +123,14 @@ class LlamaDecideBackend:
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
-        left as it is). A call packs as many suffixes as fit one ubatch when all are padded to the
-        longest of them: with its own KV stream and its tokens in one piece, each suffix computes
-        what it would alone, and the ubatch reads each routed expert once for all of them. The pad
-        tokens come after a suffix's last token, so by causality they change nothing before it;
-        their positions are dropped with the side sequence."""
+        left as it is), all in as few llama_decode calls as fit.
+
+        Streamed, every ubatch reads its routed experts, so a call packs as many suffixes as fit
+        one ubatch padded to the longest of them: one graph, each routed expert read once for all.
+        The pad tokens come after a suffix's last token, so by causality they change nothing before
+        it; their positions are dropped with the side sequence. Resident, reads cost nothing and
+        padding only costs compute: the suffixes go in as they are, and llama.cpp splits the call
+        into ubatches that take as many tokens from each sequence."""
         ctx, kv = self._rt.ctx, self._rt.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
@@ -136,13 +139,15 @@ class LlamaDecideBackend:
         io0, dev0 = self._rt.stream_stats(), ctx.n_dev_tokens
         t0 = time.perf_counter()
         rows: list[np.ndarray] = []
-        for call in _pack([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch):
-            width = max(len(suffixes[i]) for i in call)
+        pad = self._rt.stream is not None
+        for call in _pack([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
+            width = max(len(suffixes[i]) for i in call) if pad else 0
             items = []
             for seq, i in enumerate(call, start=1):
                 toks = list(suffixes[i])
                 ctx.fork(seq)
                 items.append((seq, toks + [toks[-1]] * (width - len(toks)), n_past, len(toks) - 1))
+            width = max(len(t) for _, t, _, _ in items)
             try:
                 if width > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
                     (seq, toks, _, _), = items
@@ -252,20 +257,21 @@ class LlamaDecideBackend:
         self._hold(state)
 
 
-def _pack(lengths: Sequence[int], n_ubatch: int, n_batch: int) -> list[list[int]]:
-    """Split suffixes (by index, in order) into llama_decode calls: each call's suffixes, padded
-    to the longest of them, fill at most one ubatch (one graph: every routed expert read once),
-    and never more than one batch. A suffix longer than a ubatch goes alone."""
+def _pack(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True) -> list[list[int]]:
+    """Split suffixes (by index, in order) into llama_decode calls. ``pad``: each call's suffixes,
+    padded to the longest of them, fill at most one ubatch (one graph: every routed expert read
+    once); else a call holds at most one batch of tokens. A suffix longer than that goes alone."""
     calls: list[list[int]] = []
     cur: list[int] = []
-    width = 0
+    width = total = 0
     for i, n in enumerate(lengths):
         w = max(width, n)
-        if cur and (w * (len(cur) + 1) > min(n_ubatch, n_batch)):
+        full = w * (len(cur) + 1) > min(n_ubatch, n_batch) if pad else total + n > n_batch
+        if cur and full:
             calls.append(cur)
-            cur, w = [], n
+            cur, w, total = [], n, 0
         cur.append(i)
-        width = w
+        width, total = w, total + n
     if cur:
         calls.append(cur)
     return calls
