@@ -12,7 +12,9 @@ decisions (suffixes of about 30 tokens, different lengths). Reported: total wall
 bytes read (bmoe's own count, StreamStats.read_bytes), bytes per decision, and whether the
 answers agree (best choice, max |d logp|). Targets (printed PASS/FAIL, never asserted: the machine
 is shared and noisy): streamed cache off, batched time <= 1/4 and bytes <= 1/8 of one by one;
-resident SmolLM2, batched no slower than one by one (median of rounds).
+resident SmolLM2, batched no slower than one by one (median of rounds). The compute floor (the
+same batch with the model in RAM, warm, no limit) says how much of the time is compute: a batch
+cannot be faster than it, whatever it reads.
 
     .venv/bin/python bench/decide_batch.py [--work bench/out] [--limit-gib 2.5] [--cache-mb 1024]
 """
@@ -122,6 +124,18 @@ def streamed(a: argparse.Namespace, model: Path) -> list[dict]:
                   f"{s['wall_s'] / b['wall_s']:.2f}x | {b['read_bytes'] / 2**20:.0f} MiB | {s['read_bytes'] / 2**20:.0f} MiB | "
                   f"{s['read_bytes'] / max(1, b['read_bytes']):.1f}x | {b['read_bytes'] / N_DECISIONS / 2**20:.0f} / "
                   f"{s['read_bytes'] / N_DECISIONS / 2**20:.0f} MiB | {b['batches']} | {compare(b, s)} |", flush=True)
+    # The compute floor: the same batch with every weight in RAM (no limit, warm), so no read waits.
+    out = a.work / "decide_batch_floor.json"
+    cmd = [sys.executable, __file__, "child", "--model", str(model), "--out", str(out), "--threads", str(a.threads),
+           "--n-ctx", str(a.n_ctx), "--ubatch", str(a.ubatch), "--batched"]
+    o = run_limited(cmd, None, timeout_s=1800, cold=False, tag="dbfloor")
+    if o.returncode == 0 and rows:
+        floor = json.loads(out.read_text())["wall_s"]
+        off = rows[0]
+        print(f"| compute floor (resident, warm, batched) | {floor:.2f} s | | | | | | | | streamed batched / floor "
+              f"{off['batched']['wall_s'] / floor:.2f}; best speed-up this floor allows "
+              f"{off['one_by_one']['wall_s'] / floor:.2f}x |", flush=True)
+        rows.append({"compute_floor_s": floor})
     return rows
 
 
@@ -181,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model = write_synthetic(a.work)
         report["streamed"] = rows = streamed(a, model)
-        off = next((r for r in rows if r["cache_mb"] == 0), None)
+        off = next((r for r in rows if r.get("cache_mb") == 0), None)
         if off is not None:
             t = off["one_by_one"]["wall_s"] / off["batched"]["wall_s"]
             by = off["one_by_one"]["read_bytes"] / max(1, off["batched"]["read_bytes"])
