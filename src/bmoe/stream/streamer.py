@@ -106,7 +106,10 @@ class Streamer:
         self._drain_route()
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
-        experts, uses = _union(expert_ids)  # the ubatch's union, ascending, and how its tokens used it
+        if isinstance(self.cache, ExpertCache):  # the ubatch's union, ascending, and how its tokens used it
+            experts, uses = _union(expert_ids)
+        else:  # cache off: only the union (the per-token uses cost ~1 ms a token for nothing)
+            experts, uses = np.unique(np.asarray(expert_ids, dtype=np.int64)), None
         if experts.size and (experts[0] < 0 or experts[-1] >= self.layout.n_expert):
             self._fail_route(f"router of layer {il} picked expert ids {experts.tolist()} outside "
                              f"0..{self.layout.n_expert - 1}")
