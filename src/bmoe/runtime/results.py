@@ -54,11 +54,12 @@ class GenerateResult:
     prefill_s: float
     decode_s: float
     load_s: float
-    io: StreamStats  # this request's streaming counters
+    io: StreamStats  # this request's streaming counters (prefill and decode)
     majflt: int
     cpu_s: float
     logits: tuple[np.ndarray, ...] = field(default=())
     prefill_dev_tokens: int | None = None  # prompt tokens the prefill device ran; None without one
+    decode_io: StreamStats = field(default_factory=StreamStats)  # the decode steps' part of ``io``
 
     @property
     def n_tokens(self) -> int:

@@ -173,7 +173,7 @@ class Runtime:
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"
-        t_dec = time.perf_counter()
+        t_dec, io_dec = time.perf_counter(), self.stream_stats()
         while len(out) < n_predict:
             if cancel.is_set():
                 stop = "cancelled"
@@ -201,12 +201,14 @@ class Runtime:
         else:
             self.history = messages + [Message("assistant", stream.text)]
         flt1, cpu1 = _rusage()
+        io_end = self.stream_stats()
         return GenerateResult(
             id=req.id, text=stream.text, reasoning=stream.reasoning, tokens=tuple(out), cancelled=cancelled,
             stop=stop, n_prompt=len(prompt) - plan.n_reused, n_reused=plan.n_reused, n_past=self.kv.n_past,
             prefill_fallback=plan.fallback, prefill_s=prefill_s, decode_s=decode_s, load_s=self.load_s,
             prefill_dev_tokens=prefill_dev_tokens,
-            io=self.stream_stats().minus(io0), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0, logits=tuple(kept),
+            io=io_end.minus(io0), decode_io=io_end.minus(io_dec), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0,
+            logits=tuple(kept),
         )
 
     def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits) -> Step:
