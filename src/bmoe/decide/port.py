@@ -1,7 +1,7 @@
 """The port between the decide policy and the engine that runs the model.
 
 The policy only ever sees token ids, one logit row and an opaque saved state; everything
-llama.cpp-specific lives in the one adapter (``llama_backend.py``) that implements
+llama.cpp-specific lives in the one adapter (``bmoe.runtime.decide``) that implements
 ``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
 without a model.
 """
