@@ -15,6 +15,18 @@ from bmoe.llama.context import ContextError
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
+def chat_through_a_failing_run(c: TestClient, monkeypatch, error: BaseException):
+    """One chat request through the real session whose model run raises ``error`` (the patch is
+    gone afterwards); the response."""
+    def failing_run(turn, cancel):
+        raise error
+        yield  # a generator, as Runtime.run is
+
+    with monkeypatch.context() as m:
+        m.setattr(c.app.state.session.runtime, "run", failing_run)
+        return c.post("/v1/chat/completions", json=CHAT)
+
+
 def run_failing_job(app, error: BaseException) -> BaseException:
     """Run one job that raises ``error`` on the engine's worker; the error its request got back."""
     def fail(session, job):
@@ -56,17 +68,8 @@ def test_any_other_error_fails_only_its_request(make_app, tiny_path, error) -> N
 def test_a_failed_llama_decode_answers_500_and_the_server_stays_ok(make_app, tiny_path, monkeypatch) -> None:
     """Through the real session: a ContextError out of the model run is a plain BmoeError, not the
     session's sticky error, so the next request is served."""
-    app = make_app(tiny_path)
-    session = app.state.session
-
-    def failing_run(turn, cancel):
-        raise ContextError("llama_decode failed with code 1 at position 0")
-        yield  # a generator, as Runtime.run is
-
-    with TestClient(app, base_url="http://localhost") as c:
-        with monkeypatch.context() as m:
-            m.setattr(session.runtime, "run", failing_run)
-            r = c.post("/v1/chat/completions", json=CHAT)
+    with TestClient(make_app(tiny_path), base_url="http://localhost") as c:
+        r = chat_through_a_failing_run(c, monkeypatch, ContextError("llama_decode failed with code 1 at position 0"))
         assert r.status_code == 500, r.text
         e = r.json()["error"]
         assert e["code"] == "engine_error" and "ContextError: llama_decode failed" in e["message"]
@@ -77,17 +80,8 @@ def test_a_failed_llama_decode_answers_500_and_the_server_stays_ok(make_app, tin
 def test_a_streaming_failure_breaks_the_session_and_health_says_so(make_app, tiny_path, monkeypatch) -> None:
     """Through the real session: an EngineFailure becomes its sticky StreamFailedError, which every
     later request meets too, so /health answers 503 with it (a supervisor restarts the server)."""
-    app = make_app(tiny_path)
-    session = app.state.session
-
-    def failing_run(turn, cancel):
-        raise EngineFailure("expert read failed: EIO")
-        yield  # a generator, as Runtime.run is
-
-    with TestClient(app, base_url="http://localhost") as c:
-        with monkeypatch.context() as m:
-            m.setattr(session.runtime, "run", failing_run)
-            r = c.post("/v1/chat/completions", json=CHAT)
+    with TestClient(make_app(tiny_path), base_url="http://localhost") as c:
+        r = chat_through_a_failing_run(c, monkeypatch, EngineFailure("expert read failed: EIO"))
         assert r.status_code == 500, r.text
         assert "StreamFailedError: expert streaming failed: expert read failed: EIO" in r.json()["error"]["message"]
         h = c.get("/health")
