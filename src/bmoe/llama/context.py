@@ -11,8 +11,9 @@ them (``drop``). Each stream computes exactly as a one-sequence context would.
 from __future__ import annotations
 
 import ctypes
+import itertools
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Iterable, Literal, Protocol, Sequence
 
 import llama_cpp
 import numpy as np
@@ -116,24 +117,14 @@ class LlamaContext:
         if n == 0:
             raise ContextError("decode called with no tokens")
         rows: list[np.ndarray] = []
-        b = self._batch
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             last_chunk = start + len(chunk) == n
-            b.n_tokens = len(chunk)
-            for i, tok in enumerate(chunk):
-                b.token[i] = int(tok)
-                b.pos[i] = pos0 + start + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = SEQ
-                want = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
-                b.logits[i] = 1 if want else 0
-            rc = llama_cpp.llama_decode(self.ptr, b)
-            if self._eval_callback is not None:
-                self._eval_callback.raise_if_failed()  # an aborted decode's logits are garbage
-            if rc != 0:
-                raise ContextError(f"llama_decode failed with code {rc} at position {pos0 + start}")
-            self.n_dev_tokens += self._device_tokens(len(chunk))
+            self._submit(
+                ((tok, pos0 + start + i, SEQ,
+                  logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1))
+                 for i, tok in enumerate(chunk)),
+                len(chunk), f"llama_decode failed with code {{rc}} at position {pos0 + start}")
             if logits == "all":
                 rows.extend(self._row(i) for i in range(len(chunk)))
         if self.params.offload_min_tokens is not None:
@@ -154,28 +145,32 @@ class LlamaContext:
             raise ContextError(f"decode_seqs takes 1..{self.n_batch} tokens and an output inside each item; got {n}")
         if any(not 0 < seq < self.n_seq for seq, _, _, _ in items):
             raise ContextError(f"decode_seqs: side sequences are 1..{self.n_seq - 1}")
-        b = self._batch
-        b.n_tokens = n
-        k, outs = 0, []
-        for seq, tokens, pos0, out in items:
-            for i, tok in enumerate(tokens):
-                b.token[k] = int(tok)
-                b.pos[k] = pos0 + i
-                b.n_seq_id[k] = 1
-                b.seq_id[k][0] = seq
-                b.logits[k] = 1 if i == out else 0
-                if i == out:
-                    outs.append(k)
-                k += 1
-        rc = llama_cpp.llama_decode(self.ptr, b)
-        if self._eval_callback is not None:
-            self._eval_callback.raise_if_failed()
-        if rc != 0:
-            raise ContextError(f"llama_decode of {len(items)} sequences failed with code {rc}")
-        self.n_dev_tokens += self._device_tokens(n)
+        self._submit(((tok, pos0 + i, seq, i == out) for seq, tokens, pos0, out in items
+                      for i, tok in enumerate(tokens)),
+                     n, f"llama_decode of {len(items)} sequences failed with code {{rc}}")
         if self.params.offload_min_tokens is not None:
             llama_cpp.llama_synchronize(self.ptr)
-        return [self._row(i) for i in outs]
+        # the output rows are the items' outputs, in batch order
+        outs = list(itertools.accumulate((len(t) for _, t, _, _ in items), initial=0))
+        return [self._row(start + out) for start, (_, _, _, out) in zip(outs, items)]
+
+    def _submit(self, entries: Iterable[tuple[int, int, int, bool]], n: int, failure: str) -> None:
+        """Fill the batch with ``n`` entries ``(token, pos, seq, wants_logits)`` and run one
+        llama_decode; ``failure`` (with ``{rc}``) is the message when llama.cpp refuses it."""
+        b = self._batch
+        b.n_tokens = n
+        for k, (tok, pos, seq, want) in enumerate(entries):
+            b.token[k] = int(tok)
+            b.pos[k] = pos
+            b.n_seq_id[k] = 1
+            b.seq_id[k][0] = seq
+            b.logits[k] = 1 if want else 0
+        rc = llama_cpp.llama_decode(self.ptr, b)
+        if self._eval_callback is not None:
+            self._eval_callback.raise_if_failed()  # an aborted decode's logits are garbage
+        if rc != 0:
+            raise ContextError(failure.format(rc=rc))
+        self.n_dev_tokens += self._device_tokens(n)
 
     def _device_tokens(self, n_chunk: int) -> int:
         """Tokens of one llama_decode call that the prefill device ran: its ubatches at least
