@@ -27,6 +27,7 @@ from ..decide.errors import DecideBackendError
 from ..decide.port import KeptState, PrefillCost
 from ..decide.prefix_cache import KeptPrefix, LastPrefixCache, resolve_prefix_cache
 from ..decide.types import DecideRequest, DecideResult
+from ..stream.stats import StreamStats
 from .chat import Message
 from .runtime import Runtime
 
@@ -103,19 +104,26 @@ class LlamaDecideBackend:
         kv = self._rt.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: prefill at position {n_past} but the sequence holds {kv.n_past} tokens")
-        io0, dev0 = self._rt.stream_stats(), self._rt.ctx.n_dev_tokens
-        t0 = time.perf_counter()
+        start = self._mark()
         self._logits = kv.append(list(tokens))
+        return self._cost_since(start, len(tokens))
+
+    def _mark(self) -> tuple[float, StreamStats, int]:
+        io0, dev0 = self._rt.stream_stats(), self._rt.ctx.n_dev_tokens  # before the clock starts
+        return time.perf_counter(), io0, dev0
+
+    def _cost_since(self, start: tuple[float, StreamStats, int], n_tokens: int) -> PrefillCost:
+        """What the prefill since ``start`` (a ``_mark()``) cost, with the keys of BMOE_DONE."""
+        t0, io0, dev0 = start
         prefill_s = time.perf_counter() - t0
-        with_device = self._rt.prefill_device is not None
         io = self._rt.stream_stats()
         streaming = self._rt.stream is not None
         return PrefillCost(
-            n_tokens=len(tokens),
+            n_tokens=n_tokens,
             prefill_s=prefill_s,
             read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
             cache_hit_pct=io.hit_pct if streaming else None,
-            prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if with_device else None,
+            prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
         )
 
     def max_batch(self) -> int:
@@ -136,20 +144,18 @@ class LlamaDecideBackend:
             raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
         if not 0 < len(suffixes) <= self.max_batch() or any(not s for s in suffixes):
             raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
-        io0, dev0 = self._rt.stream_stats(), ctx.n_dev_tokens
-        t0 = time.perf_counter()
+        start = self._mark()
         rows: list[np.ndarray] = []
         pad = self._rt.stream is not None
         for call in _pack([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
-            width = max(len(suffixes[i]) for i in call) if pad else 0
+            longest = max(len(suffixes[i]) for i in call)
             items = []
             for seq, i in enumerate(call, start=1):
                 toks = list(suffixes[i])
                 ctx.fork(seq)
-                items.append((seq, toks + [toks[-1]] * (width - len(toks)), n_past, len(toks) - 1))
-            width = max(len(t) for _, t, _, _ in items)
+                items.append((seq, toks + [toks[-1]] * ((longest - len(toks)) if pad else 0), n_past, len(toks) - 1))
             try:
-                if width > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
+                if longest > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
                     (seq, toks, _, _), = items
                     for at in range(0, len(toks), ctx.n_batch):
                         piece = toks[at : at + ctx.n_batch]
@@ -160,16 +166,7 @@ class LlamaDecideBackend:
             finally:
                 for seq in range(1, len(call) + 1):
                     ctx.drop(seq)
-        prefill_s = time.perf_counter() - t0
-        streaming = self._rt.stream is not None
-        io = self._rt.stream_stats()
-        return rows, PrefillCost(
-            n_tokens=sum(len(s) for s in suffixes),
-            prefill_s=prefill_s,
-            read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
-            cache_hit_pct=io.hit_pct if streaming else None,
-            prefill_dev_tokens=ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
-        )
+        return rows, self._cost_since(start, sum(len(s) for s in suffixes))
 
     def last_logits(self) -> np.ndarray:
         if self._logits is None:

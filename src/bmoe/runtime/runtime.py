@@ -155,13 +155,13 @@ class Runtime:
         return (yield from self._run_turn(*turn, cancel))
 
     def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, cancel) -> Iterator[Step]:
-        io0, (flt0, cpu0) = self.stream_stats(), _rusage()
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             return GenerateResult(
                 id=req.id, text="", reasoning="", tokens=(), cancelled=True, stop="cancelled", n_prompt=0,
                 n_reused=0, n_past=self.kv.n_past, prefill_fallback="", prefill_s=0.0, decode_s=0.0,
                 load_s=self.load_s, io=StreamStats(), majflt=0, cpu_s=0.0,
                 prefill_dev_tokens=0 if self.prefill_device is not None else None)
+        io0, (flt0, cpu0) = self.stream_stats(), _rusage()
         plan = self.kv.align(prompt, reuse=not req.clear_kv)
         n_keep_on_cancel = plan.n_reused
         t0, dev0 = time.perf_counter(), self.ctx.n_dev_tokens
