@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from .errors import ConfigError
+from .errors import BmoeError, ConfigError
 
 ChatMode = Literal["template", "chatml", "none"]
 PrefixCacheMode = Literal["auto", "on", "off"]
@@ -263,3 +264,20 @@ def flag_message(msg: str) -> str:
     field, sep, rest = msg.partition(": ")
     flag = next((f.names[-1] for f in SESSION_FLAGS if f.field == field), None) if sep else None
     return f"{flag} ({field}): {rest}" if flag is not None and field != "model" else msg
+
+
+def model_from_flags(args: argparse.Namespace, prog: str) -> Path:
+    """-m, or the default model (named on stderr, so a user knows which file answers)."""
+    if args.model is not None:
+        return args.model
+    model = default_model()
+    print(f"{prog}: no -m given, using the default model {model}", file=sys.stderr)
+    return model
+
+
+def opening_failure(exc: BaseException) -> str:
+    """What a person at a command line reads when a session could not open: one line, naming the
+    flag of a refused setting (``flag_message``); anything not a BmoeError is named as a bug."""
+    msg = flag_message(str(exc)) if isinstance(exc, BmoeError) else \
+        f"internal error while opening the model: {type(exc).__name__}: {exc}"
+    return " ".join(part.strip() for part in msg.splitlines() if part.strip())

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from bmoe.config import add_session_flags, config_from_flags, default_model, flag_message
+from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
 
 
@@ -55,15 +54,6 @@ def gc_twins_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def model_from_args(args: argparse.Namespace, prog: str) -> Path:
-    """-m, or the default model (named on stderr, so a user knows which file answers)."""
-    if args.model is not None:
-        return args.model
-    model = default_model()
-    print(f"{prog}: no -m given, using the default model {model}", file=sys.stderr)
-    return model
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_archs:
@@ -82,14 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print("bmoe-cli: give -p PROMPT for one answer, or --session for the line protocol", file=sys.stderr)
         return 2
     try:
-        cfg = config_from_flags(args, model_from_args(args, "bmoe-cli"))
+        cfg = config_from_flags(args, model_from_flags(args, "bmoe-cli"))
         from bmoe.session import Session
 
         session = Session(cfg)
-    except BmoeError as e:
-        return _fatal(args, flag_message(str(e)), e)
-    except Exception as e:  # a bug: still one line, the traceback only with --debug
-        return _fatal(args, f"internal error while opening the model: {type(e).__name__}: {e}", e)
+    except Exception as e:  # a bug too: still one line, the traceback only with --debug
+        return _fatal(args, e)
     with session:
         if args.session:
             from bmoe.cli.loop import run_session
@@ -104,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
 
-def _fatal(args: argparse.Namespace, msg: str, exc: BaseException) -> int:
+def _fatal(args: argparse.Namespace, exc: BaseException) -> int:
     """A session that could not open: one line on stderr (and one fatal BMOE_ERROR line on stdout
     with --session), exit 1; the traceback only with --debug."""
-    msg = " ".join(part.strip() for part in msg.splitlines() if part.strip())  # one line, always
+    msg = opening_failure(exc)
     if args.debug:
         import traceback
 

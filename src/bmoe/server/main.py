@@ -6,8 +6,7 @@ import argparse
 import os
 import sys
 
-from bmoe.config import add_session_flags, config_from_flags, default_model, flag_message
-from bmoe.errors import BmoeError
+from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
 
 from .hosts import bound_name, normalize, parse_allowed
 
@@ -77,11 +76,7 @@ def main(argv: list[str] | None = None) -> int:
               "pip install 'bmoe[server]'", file=sys.stderr)
         return 1
     try:
-        model = args.model
-        if model is None:
-            model = default_model()
-            print(f"bmoe-server: no -m given, using the default model {model}", file=sys.stderr)
-        cfg = config_from_flags(args, model, decide=not args.no_decide)
+        cfg = config_from_flags(args, model_from_flags(args, "bmoe-server"), decide=not args.no_decide)
         from bmoe.session import Session
 
         session = Session(cfg)
@@ -90,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exception(e)
-        msg = flag_message(str(e)) if isinstance(e, BmoeError) else \
-            f"internal error while opening the model: {type(e).__name__}: {e}"
-        msg = " ".join(part.strip() for part in msg.splitlines() if part.strip())  # one line, always
-        print(f"bmoe-server: {msg}", file=sys.stderr)
+        print(f"bmoe-server: {opening_failure(e)}", file=sys.stderr)
         return 1
     import uvicorn
 
