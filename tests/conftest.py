@@ -9,15 +9,23 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
-    """``tiny_models(arch, quant) -> Path`` of a tiny fixture GGUF (bmoe.testing), written once per
-    test session, or reused across sessions from ``$BMOE_TINY_DIR`` when that is set."""
-    from bmoe.testing import write_tiny
-
+def tiny_dir(request: pytest.FixtureRequest) -> Path:
+    """Where tiny models are written: ``$BMOE_TINY_DIR`` when set, else pytest's cache folder
+    (kept between runs; every file is reused only while its recipe hash is unchanged)."""
     env = os.environ.get("BMOE_TINY_DIR")
-    out_dir = Path(env) if env else tmp_path_factory.mktemp("tiny")
+    return Path(env) if env else request.config.cache.mkdir("bmoe-tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dir: Path) -> Callable[[str, str], Path]:
+    """``tiny_models(arch, quant) -> Path`` of a tiny fixture GGUF: the hand-written qwen3moe and
+    qwen35moe (bmoe.testing.write_tiny) or a converted model of a real architecture
+    (bmoe.testing.write_hf_arch, docs/tiny-models.md)."""
+    from bmoe.testing import HF_ARCHS, write_hf_arch, write_tiny
 
     def tiny_model(arch: str, quant: str = "f32") -> Path:
-        return write_tiny(arch, quant, out_dir)
+        if arch in HF_ARCHS:
+            return write_hf_arch(arch, quant, tiny_dir)
+        return write_tiny(arch, quant, tiny_dir)
 
     return tiny_model

@@ -1,6 +1,8 @@
 """The agent prompts and session modes the decide gates (G18a-g) share."""
+from bmoe.testing import HF_ARCHS
 
-ARCHS = ["qwen3moe", "qwen35moe"]
+# The hand-written fixtures, then every converted tiny model of a real architecture.
+ARCHS = ["qwen3moe", "qwen35moe", *sorted(HF_ARCHS)]
 MODES = {
     "resident": {},
     "stream-nocache": {"moe_stream": True, "cache_mb": 0},

@@ -2,7 +2,8 @@
 
 "==" is the same greedy tokens and the same float32 logit rows over a 64-token generate,
 and the same logit rows over a perplexity run, on the tiny qwen3moe and hybrid qwen35moe in
-F32, Q8_0 and Q4_K_M. The resident reference loads with the same model parameters as the
+F32, Q8_0 and Q4_K_M, and on every converted tiny model of a real architecture
+(bmoe.testing.HF_ARCHS) in the quantizations its recipe names. The resident reference loads with the same model parameters as the
 streamed runs (mmap, no repacked buffers), so both run the same kernels.
 """
 from collections.abc import Callable
@@ -11,8 +12,10 @@ import numpy as np
 import pytest
 
 from bmoe.runtime.results import GenerateRequest
+from bmoe.testing import HF_ARCHS
 
-VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "q4_k_m")]
+HF_VARIANTS = [(a, q) for a in sorted(HF_ARCHS) for q in HF_ARCHS[a].quants]
+VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "q4_k_m")] + HF_VARIANTS
 GEN = GenerateRequest(prompt="Tell me about the sea and the ships on it.", n_predict=64, keep_logits=True)
 TEXT = ("The harbour was quiet at dawn. Fishing boats rocked against the pier while gulls circled "
         "overhead, waiting for the first catch of the day to be unloaded onto the stones.")
@@ -75,8 +78,12 @@ def variant(request, tiny_models, open_session, tmp_path) -> tuple[Callable, tup
 
 
 # Reading all 16 experts of every layer is 8x the routed bytes: the K-quant files keep G3 and G4
-# quick, and they are the files whose per-layer expert sizes differ (Q4_K and Q6_K).
-@pytest.fixture(params=[v for v in VARIANTS if v[1] == "q4_k_m"], ids=lambda v: f"{v[0]}-{v[1]}")
+# quick, and they are the files whose per-layer expert sizes differ (Q4_K and Q6_K). The converted
+# models run them on their first quantization.
+G34_VARIANTS = [v for v in VARIANTS if v[1] == "q4_k_m"] + [(a, HF_ARCHS[a].quants[0]) for a in sorted(HF_ARCHS)]
+
+
+@pytest.fixture(params=G34_VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}")
 def kquant_variant(request, tiny_models, open_session, tmp_path) -> tuple[Callable, tuple]:
     return opener(request.param, tiny_models, open_session, tmp_path)
 

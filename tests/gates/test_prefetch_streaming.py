@@ -8,10 +8,16 @@ import numpy as np
 import pytest
 
 from bmoe.errors import ConfigError
+from bmoe.runtime.streaming import StreamSetupError
+from bmoe.stream import lookup
 from test_g1_g4_streaming import VARIANTS, assert_same, expert_bytes, opener, record_routes, run
 
+# --prefetch runs where the registry allows it; the others must refuse it, naming the reason.
+PREFETCH = [v for v in VARIANTS if lookup(v[0]).can_prefetch]
+REFUSED = sorted({a for a, _ in VARIANTS if not lookup(a).can_prefetch})
 
-@pytest.fixture(params=VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}")
+
+@pytest.fixture(params=PREFETCH, ids=lambda v: f"{v[0]}-{v[1]}")
 def variant(request, tiny_models, open_session, tmp_path):
     return opener(request.param, tiny_models, open_session, tmp_path)
 
@@ -56,6 +62,15 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
     assert st.routed == sum(len(ex) for _, ex in routes) and st.hits == 0
     # The guess is good but not perfect on these models: both paths (taken over, read anew) ran.
     assert 0 < st.guess_hits < st.guessed
+
+
+@pytest.mark.skipif(not REFUSED, reason="every gated architecture allows --prefetch")
+@pytest.mark.parametrize("arch", REFUSED)
+def test_prefetch_is_refused_for_an_arch_whose_routing_the_guess_does_not_model(arch, tiny_models,
+                                                                                open_session, tmp_path) -> None:
+    with pytest.raises(StreamSetupError, match=f"cannot guess the routing of architecture '{arch}': .+"):
+        open_session(tiny_models(arch, "q8_0"), moe_stream=True, cache_mb=0, prefetch=True,
+                      stream_cache_dir=tmp_path / "twins")
 
 
 def test_prefetch_is_refused_where_it_cannot_work(tiny_models, open_session, tmp_path) -> None:

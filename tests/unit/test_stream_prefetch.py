@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bmoe.stream import StreamOptions, Streamer, lookup, read_layout
+from bmoe.stream.archs import _entry
 from bmoe.stream.options import Budget
 from bmoe.stream.prefetch import PrefetchError, RouterGuess
 from bmoe.stream.reader import StreamIOError
@@ -59,10 +60,12 @@ def test_guess_weights_are_the_gguf_router_times_its_norm(tiny_models, arch: str
         assert np.array_equal(g.weights[il], want)
 
 
-def test_an_arch_without_a_router_entry_is_refused(tiny_models) -> None:
+def test_an_arch_without_a_router_entry_is_refused_with_its_reason(tiny_models) -> None:
     layout = read_layout(tiny_models("qwen3moe", "q8_0"))
-    with pytest.raises(PrefetchError, match="does not know how architecture 'qwen3moe' routes"):
-        RouterGuess.load(layout, lookup("olmoe"))  # olmoe has no router entry in the registry
+    entry = _entry("qwen3moe", "router", no_prefetch="its routing adds a bias the guess leaves out")
+    with pytest.raises(PrefetchError, match="cannot guess the routing of architecture 'qwen3moe': "
+                                            "its routing adds a bias the guess leaves out"):
+        RouterGuess.load(layout, entry)
 
 
 # --- a route taking a prefetch over --------------------------------------------------------------

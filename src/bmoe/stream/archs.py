@@ -34,10 +34,11 @@ class ArchEntry:
     resident: str                   # what stays in RAM besides the dense weights, for people
     # Speculative prefetch (--prefetch): the router weight and the RMS-norm weight right before it,
     # per layer "blk.<il>.<name>", and the node that ends a layer ("l_out-<il>"). None: the guess
-    # is not known to be right for this arch, so --prefetch is refused for it.
+    # is not right for this arch's routing, and ``no_prefetch`` says why.
     router: str | None = None       # [n_embd, n_expert] in ggml order
     router_norm: str | None = None  # [n_embd]: what scales the router's input, element-wise
     out_node: str = "l_out"
+    no_prefetch: str = ""           # why --prefetch is refused (empty where it is allowed)
 
     @property
     def can_prefetch(self) -> bool:
@@ -50,41 +51,44 @@ class ArchEntry:
         return tensor_suffix in self.expert_tensors
 
 
-def _entry(arch: str, resident: str, *, fused: bool = False, norm: str | None = None) -> ArchEntry:
-    names = SPLIT_EXPERTS + ((FUSED_GATE_UP,) if fused else ())
-    return ArchEntry(arch=arch, route_node=ROUTE_NODE, expert_tensors=names, resident=resident,
-                     router=ROUTER if norm else None, router_norm=norm)
-
-
 # The router (build_moe_ffn's gate_inp) of every registry arch is "blk.<il>.ffn_gate_inp.weight".
 # --prefetch guesses layer l+1's experts as the top n_expert_used of router . (l_out-<l> * norm):
 # right only where the router's input is rms_norm(x) * norm with no bias, and the pick is the top
-# k of softmax(logits) (the same as the top k of the logits). Checked in src/models/<arch>.cpp:
-# qwen3moe: ffn_norm, then build_moe_ffn(..., SOFTMAX) without exp_probs_b or gate_inp_b.
-# qwen35moe: attn_post_norm ("post_attention_norm"), then build_layer_ffn -> build_moe_ffn(SOFTMAX).
-# The others are left out: not checked (qwen3next, olmoe, lfm2moe), or their routing has a bias
-# (gpt-oss: gate_inp_b; lfm2moe: exp_probs_b).
+# k of softmax(logits) (the same as the top k of the logits). Each entry below that allows it was
+# checked against src/models/<arch>.cpp of the vendored llama.cpp (0.3.36) and runs the prefetch
+# gate (tests/gates/test_prefetch_streaming.py); the others give the reason they refuse.
 ROUTER = "ffn_gate_inp.weight"
 
 
-# Checked against src/models/<arch>.cpp of the vendored llama.cpp (0.3.36): every entry
-# creates blk.<il>.ffn_{gate,up,down}_exps.weight and builds its MoE with build_moe_ffn.
+def _entry(arch: str, resident: str, *, fused: bool = False, norm: str | None = None,
+           no_prefetch: str = "") -> ArchEntry:
+    if (norm is None) == (not no_prefetch):
+        raise ValueError(f"{arch}: give either the router's norm or the reason --prefetch is refused")
+    names = SPLIT_EXPERTS + ((FUSED_GATE_UP,) if fused else ())
+    return ArchEntry(arch=arch, route_node=ROUTE_NODE, expert_tensors=names, resident=resident,
+                     router=ROUTER if norm else None, router_norm=norm, no_prefetch=no_prefetch)
+
+
+# An architecture is listed only when its gates run in the suite (streamed == resident bit for
+# bit, decisions; tests/gates, on a tiny model of it: docs/tiny-models.md). Every entry creates
+# blk.<il>.ffn_{gate,up,down}_exps.weight and builds its MoE with build_moe_ffn.
 _REGISTRY: dict[str, ArchEntry] = {
     e.arch: e
     for e in (
+        # qwen3moe: ffn_norm, then build_moe_ffn(..., SOFTMAX) without exp_probs_b or gate_inp_b.
         _entry("qwen3moe", "router", norm="ffn_norm.weight"),
+        # qwen35moe: attn_post_norm ("post_attention_norm"), then build_layer_ffn -> build_moe_ffn(SOFTMAX).
         _entry("qwen35moe", "router, shared expert, linear-attention state", fused=True,
                norm="post_attention_norm.weight"),
-        _entry("qwen3next", "router, shared expert, linear-attention state", fused=True),
-        _entry("qwen2moe", "router, shared expert (ffn_*_shexp) and its gate"),
-        _entry("olmoe", "router"),
-        # gpt-oss adds per-expert biases (ffn_*_exps.bias, [n_ff, n_expert]); they are a few
-        # KiB per layer, applied with ggml_add_id after the matmul, and stay resident.
-        _entry("gpt-oss", "router and expert biases (ffn_*_exps.bias)"),
-        # lfm2moe's first n_layer_dense_lead layers are dense; the layout finds which carry experts.
-        _entry("lfm2moe", "router, leading dense layers, short convolutions"),
+        # qwen2moe: ffn_norm, then build_moe_ffn(SOFTMAX); the shared expert runs beside it.
+        _entry("qwen2moe", "router, shared expert (ffn_*_shexp) and its gate", norm="ffn_norm.weight"),
+        # olmoe: ffn_norm, then build_moe_ffn(SOFTMAX).
+        _entry("olmoe", "router", norm="ffn_norm.weight"),
     )
 }
+# Not listed until a tiny model of each runs the gates (issue #13): qwen3next, gpt-oss (routing
+# adds gate_inp_b; per-expert biases stay resident), lfm2moe (sigmoid routing with exp_probs_b;
+# leading dense layers), and the rest of docs/streaming.md's list.
 
 
 def lookup(arch: str) -> ArchEntry:

@@ -73,8 +73,8 @@ class RouterGuess:
         """Read every streamed layer's router and norm weight; PrefetchError if one is missing.
         ``k``: experts guessed per layer (default: GUESS_SHARE of n_expert_used, rounded up)."""
         if not entry.can_prefetch:
-            raise PrefetchError(f"--prefetch does not know how architecture '{layout.arch}' routes "
-                                "(no router in the registry: bmoe-cli --list-archs)")
+            raise PrefetchError(f"--prefetch cannot guess the routing of architecture '{layout.arch}': "
+                                f"{entry.no_prefetch}")
         want = {entry.router: "router", entry.router_norm: "norm"}
         found: dict[tuple[int, str], tuple[Path, TensorInfo]] = {}
         for f in layout.files:
