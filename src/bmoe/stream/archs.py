@@ -84,6 +84,9 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("qwen2moe", "router, shared expert (ffn_*_shexp) and its gate", norm="ffn_norm.weight"),
         # olmoe: ffn_norm, then build_moe_ffn(SOFTMAX).
         _entry("olmoe", "router", norm="ffn_norm.weight"),
+        # -- group A: gpt-oss, lfm2moe, granite --
+        # -- group B: gemma4, mixtral, qwen3next --
+        # -- group C: deepseek2, glm4moe, then the stretch list --
     )
 }
 # Not listed until a tiny model of each runs the gates (issue #13): qwen3next, gpt-oss (routing

@@ -69,6 +69,9 @@ HF_ARCHS: dict[str, HfArch] = {
                       "shared_expert_intermediate_size": 128, "num_experts": 32,
                       "num_experts_per_tok": 4, "num_key_value_heads": 2, "decoder_sparse_step": 1,
                       "mlp_only_layers": []}),
+        # -- group A: gpt-oss, lfm2moe, granite --
+        # -- group B: gemma4, mixtral, qwen3next --
+        # -- group C: deepseek2, glm4moe, then the stretch list --
     )
 }
 
