@@ -68,6 +68,34 @@ def test_offsets_and_sizes_match_the_written_bytes(tmp_path: Path) -> None:
     assert layout.files[0].size == path.stat().st_size
 
 
+def test_nextn_blocks_after_the_trunk_neither_stream_nor_count_as_dense(tmp_path: Path) -> None:
+    """A GLM-4.5-style GGUF: block_count 4 of which the last is a NextN (MTP) block with experts.
+    llama.cpp's trunk computes layers 0..2 only and skips loading blk.3, so the layout streams
+    layers 0..2, counts blk.3 as neither dense nor expert bytes, and the twin holes it."""
+    from bmoe.stream.content import dense_ranges
+
+    rng = np.random.default_rng(3)
+    tensors = {"token_embd.weight": rng.standard_normal((10, N_EMBD)).astype(np.float32), **_moe_tensors(rng, range(4)),
+               "blk.3.nextn.eh_proj.weight": rng.standard_normal((N_EMBD, 2 * N_EMBD)).astype(np.float32)}
+    path = _write(tmp_path / "m.gguf", "glm4moe", tensors,
+                  {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 1})
+    layout = read_layout(path)
+    assert layout.layers == (0, 1, 2)
+    nextn = {n: a for n, a in tensors.items() if n.startswith("blk.3.")}
+    assert len(layout.unloaded) == len(nextn) == 6
+    assert sum(n for _, _, n in layout.unloaded) == sum(a.nbytes for a in nextn.values())
+    assert layout.dense_nbytes == sum(a.nbytes for n, a in tensors.items()
+                                      if not n.startswith("blk.3.") and "_exps.weight" not in n)
+    kept = dense_ranges(layout, 0)
+    for _, off, n in layout.unloaded:
+        assert not any(a < off + n and off < b for a, b in kept)
+    # Without the key every layer is the trunk's.
+    assert read_layout(_write(tmp_path / "all.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4})).layers == (0, 1, 2, 3)
+    bad = _write(tmp_path / "bad.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 4})
+    with pytest.raises(LayoutError, match="nextn_predict_layers=4 leaves no trunk"):
+        read_layout(bad)
+
+
 def test_split_gguf_streams_from_its_shards(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     first = _moe_tensors(rng, range(0, 2))
@@ -101,6 +129,16 @@ def test_dense_model_has_nothing_to_stream(tmp_path: Path) -> None:
         read_layout(path)
 
 
+def test_llama_streams_only_when_the_file_has_experts(tmp_path: Path) -> None:
+    """Mixtral is general.architecture "llama" with experts; Llama and Mistral are "llama" without."""
+    rng = np.random.default_rng(6)
+    moe = read_layout(_write(tmp_path / "mixtral.gguf", "llama", _moe_tensors(rng, range(2))))
+    assert moe.arch == "llama" and moe.layers == (0, 1) and moe.n_expert == N_EXPERT
+    dense = _write(tmp_path / "llama.gguf", "llama", {"blk.0.ffn_up.weight": np.zeros((4, 8), np.float32)})
+    with pytest.raises(NothingToStreamError, match=r"\(llama\) has no expert tensors"):
+        read_layout(dense)
+
+
 def test_smollm2_dense_says_nothing_to_stream() -> None:
     from bmoe.testing.smollm2 import smollm2_gguf_path
 
@@ -111,7 +149,9 @@ def test_smollm2_dense_says_nothing_to_stream() -> None:
 
 def test_registry_lists_the_required_archs() -> None:
     names = {e.arch for e in list_archs()}
-    assert {"qwen3moe", "qwen35moe", "qwen2moe", "olmoe"} <= names
+    # issue #13's "must" list: each runs its gates on a tiny model (tests/gates/test_arch_registry.py)
+    assert {"qwen3moe", "qwen35moe", "qwen2moe", "olmoe", "gpt-oss", "gemma4", "qwen3next", "lfm2moe",
+            "deepseek2", "glm4moe", "llama", "granitehybrid"} <= names
     text = format_archs()
     assert all(a in text for a in names) and "ffn_moe_topk" in text
     assert lookup("qwen35moe").streams("ffn_gate_up_exps.weight")

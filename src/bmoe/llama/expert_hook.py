@@ -6,8 +6,10 @@ answering True for a node makes it compute everything up to that node, synchroni
 
 - answers True only for the routing nodes ``ffn_moe_topk-<il>``; on their data call it reads
   the selected expert ids ``# [n_tokens, n_expert_used]`` and calls ``streamer.on_route``;
-- on the ask call of an expert matmul node (``ffn_moe_*``), which comes before that node is
-  computed, rebinds the stacked expert weight among its sources (``src[0]`` of MUL_MAT_ID)
+- on the ask call of an expert matmul node (``ffn_moe_*``, or any MUL_MAT_ID: where an arch
+  scales an expert's output, as gemma4's ``ffn_down_exps.scale``, the builder gives the name to
+  the scaling MUL and leaves the matmul unnamed), which comes before that node is computed,
+  rebinds the stacked expert weight among its sources (``src[0]`` of MUL_MAT_ID)
   onto the streamer's buffer. Weight tensors belong to the model, so a rebind lasts for the
   model's life and later graphs (any ubatch size) reuse it.
 
@@ -52,6 +54,18 @@ from bmoe.errors import EngineFailure
 _MOE_PREFIX = b"ffn_moe_"
 GGML_TYPE_F32 = 0
 _N_SRC_CHECKED = 3  # MUL_MAT_ID: weights, activations, ids
+_OP_OFFSET = GgmlTensor.op.offset
+
+
+def _op_code(lib: ctypes.CDLL, name: bytes) -> int:
+    """ggml's enum value of the op called ``name`` (ggml_op_name walks the enum until NULL)."""
+    for i in range(512):
+        n = lib.ggml_op_name(i)
+        if n is None:
+            break
+        if n == name:
+            return i
+    raise HookError(f"ggml has no op named {name.decode()}")
 
 
 class StreamerPort(Protocol):
@@ -86,6 +100,7 @@ class ExpertHook:
         lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         self.streamer = streamer
         self.entry = entry
+        self._mul_mat_id = _op_code(lib, b"MUL_MAT_ID")
         self._route_prefix = (entry.route_node + "-").encode()
         self._name_probe = max(len(self._route_prefix), len(_MOE_PREFIX))
         self._checked: set[int] = set()          # weight pointers already looked at
@@ -163,7 +178,7 @@ class ExpertHook:
                 if self._next and head.startswith(self._out_prefix) and self._wants_prefetch(t):
                     self._out_node = t
                     return True
-                if head.startswith(_MOE_PREFIX):
+                if head.startswith(_MOE_PREFIX) or ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id:
                     self._bind_sources(t)
                     if self._learning or self._stops:
                         self._consumer(t, prev)

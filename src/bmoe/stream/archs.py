@@ -84,14 +84,70 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("qwen2moe", "router, shared expert (ffn_*_shexp) and its gate", norm="ffn_norm.weight"),
         # olmoe: ffn_norm, then build_moe_ffn(SOFTMAX).
         _entry("olmoe", "router", norm="ffn_norm.weight"),
-        # -- group A: gpt-oss, lfm2moe, granite --
-        # -- group B: gemma4, mixtral, qwen3next --
-        # -- group C: deepseek2, glm4moe, then the stretch list --
+        # gpt-oss (openai-moe.cpp): post_attention_norm, then build_moe_ffn(SOFTMAX_WEIGHT) with
+        # ffn_gate_inp.bias added to the router's logits and a bias per expert and projection
+        # (ffn_{gate,up,down}_exps.bias, [n, n_expert]): those biases are small and stay resident.
+        _entry("gpt-oss", "router and its bias, per-expert biases (ffn_*_exps.bias), attention sinks",
+               no_prefetch="its router adds a bias (ffn_gate_inp.bias) to the logits, which the guess "
+                           "leaves out"),
+        # lfm2moe (lfm2.cpp): ffn_norm, then build_moe_ffn with SIGMOID gating (the GGUF's
+        # expert_gating_func) and exp_probs_b added to the probabilities before the pick; the
+        # leading dense layers (leading_dense_block_count) carry no experts and load whole.
+        _entry("lfm2moe", "router and its per-expert bias (exp_probs_b), leading dense layers, "
+                          "short-convolution state",
+               no_prefetch="its routing is a sigmoid plus a per-expert bias (exp_probs_b) the guess "
+                           "leaves out"),
+        # granitehybrid (granite-hybrid.cpp): ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX)
+        # without exp_probs_b or gate_inp_b; the shared expert (ffn_*_shexp) runs beside it.
+        _entry("granitehybrid", "router, shared expert (ffn_*_shexp), Mamba2 state",
+               norm="ffn_norm.weight"),
+        # qwen3next: post_attention_norm, then build_layer_ffn -> build_moe_ffn(SOFTMAX) without
+        # exp_probs_b or gate_inp_b; the sigmoid-gated shared expert runs beside it. Split or
+        # fused gate_up experts (create_tensor_gate_up_exps takes either).
+        _entry("qwen3next", "router, shared expert (ffn_*_shexp) and its sigmoid gate, "
+               "linear-attention (gated DeltaNet) state", fused=True, norm="post_attention_norm.weight"),
+        # llama with experts (Mixtral; llama.cpp's src/models/llama.cpp): ffn_norm, then
+        # build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b. A llama GGUF without expert
+        # tensors (Llama, Mistral, SmolLM2) never reaches the registry: read_layout refuses it as
+        # dense first, so this entry only ever streams a file that has experts.
+        _entry("llama", "router (Mixtral; a llama file without experts is dense: nothing to stream)",
+               norm="ffn_norm.weight"),
+        # gemma4 (src/models/gemma4.cpp): the router's input is rms_norm(attn_out) / sqrt(n_embd) *
+        # ffn_gate_inp.scale, no bias, and build_moe_ffn(SOFTMAX) picks the top k of those logits:
+        # a positive constant apart, the guess's rms_norm(x) * norm with ffn_gate_inp.scale as the
+        # norm. The per-expert output scale (ffn_down_exps.scale) weighs the picks, not the choice.
+        # Experts are written with gate and up fused.
+        _entry("gemma4", "router and its input scale (ffn_gate_inp.scale), per-expert output scales "
+               "(ffn_down_exps.scale), the dense GELU MLP every layer runs beside its experts",
+               fused=True, norm="ffn_gate_inp.scale"),
+        # deepseek2: ffn_norm, then build_moe_ffn with exp_probs_b and hparams' gating function
+        # (sigmoid for V3/Kimi/Moonlight, softmax for V2) over group-limited top-k; shared expert beside.
+        _entry("deepseek2", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) and keeps only "
+               "the best expert groups, which the guess leaves out"),
+        # glm4moe: post_attention_norm, then build_moe_ffn(SIGMOID) with exp_probs_b; shared expert
+        # beside. The NextN block after the last layer is never computed (layout.py leaves it out).
+        _entry("glm4moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # dots1: ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid); shared experts beside.
+        _entry("dots1", "router, selection bias (exp_probs_b), shared experts (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # minimax-m2: ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid); no shared expert.
+        _entry("minimax-m2", "router, selection bias (exp_probs_b)",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
-# Not listed until a tiny model of each runs the gates (issue #13): qwen3next, gpt-oss (routing
-# adds gate_inp_b; per-expert biases stay resident), lfm2moe (sigmoid routing with exp_probs_b;
-# leading dense layers), and the rest of docs/streaming.md's list.
+# Not listed, for want of a tiny model the pinned converter and transformers can make here:
+# hunyuan-moe and ernie4_5-moe (their converters want a tiktoken or sentencepiece tokenizer),
+# smallthinker and bailingmoe (no transformers model), llama4 and deepseek4 (not tried yet).
 
 
 def lookup(arch: str) -> ArchEntry:
@@ -116,5 +172,5 @@ def format_archs() -> str:
     for e in list_archs():
         names = ", ".join(n.removesuffix(".weight") for n in e.expert_tensors)
         pre = "  prefetch" if e.can_prefetch else ""
-        lines.append(f"{e.arch:<10} route={e.route_node}-<il>  streams={names}  resident: {e.resident}{pre}")
+        lines.append(f"{e.arch:<13} route={e.route_node}-<il>  streams={names}  resident: {e.resident}{pre}")
     return "\n".join(lines)

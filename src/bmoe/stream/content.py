@@ -31,8 +31,10 @@ SCHEME = f"blake2b-16/{BLOCK}x{PER_REGION}"  # what a recorded sample was taken 
 
 
 def expert_ranges(layout: ModelLayout, file_index: int) -> list[tuple[int, int]]:
-    """The shard's expert tensors as byte ranges, adjacent ones merged."""
-    ranges = sorted((t.offset, t.offset + t.nbytes) for t in layout.experts if t.file_index == file_index)
+    """The shard's byte ranges the twin leaves as holes, adjacent ones merged: its expert tensors
+    and the tensors llama.cpp does not load (``ModelLayout.unloaded``, NextN blocks)."""
+    ranges = sorted([(t.offset, t.offset + t.nbytes) for t in layout.experts if t.file_index == file_index]
+                    + [(off, off + n) for fi, off, n in layout.unloaded if fi == file_index])
     merged: list[tuple[int, int]] = []
     for a, b in ranges:
         if merged and a <= merged[-1][1]:

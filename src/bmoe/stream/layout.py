@@ -69,6 +69,10 @@ class ModelLayout:
     n_expert_used: int
     dense_nbytes: int                   # every non-expert tensor: what a streamed load reads
     expert_nbytes: int                  # every expert tensor, all layers
+    # Tensors of the multi-token-prediction (NextN) blocks after the trunk, experts included, as
+    # (file index, offset, nbytes): llama.cpp skips them unless it is asked to load them, and its
+    # trunk never computes them, so they neither stream nor count as dense; the twin holes them.
+    unloaded: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -264,6 +268,7 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     tensors: list[tuple[int, str, int, int, tuple[int, ...]]] = []  # (shard, name, offset, nbytes, ne)
     arch = None
     n_expert_used = 0
+    trunk: int | None = None  # layers from here on are NextN blocks
     for idx, p in enumerate(paths):
         file_id, header = _read_shard(p)
         files.append(file_id)
@@ -274,6 +279,7 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
             arch = arch_field
             used = header.fields.get(f"{arch}.expert_used_count")
             n_expert_used = int(used) if isinstance(used, int) else 0
+            trunk = _trunk_layers(header.fields, arch)
         for t in header.tensors:
             tensors.append((idx, t.name, t.offset, t.nbytes, t.ne))
     assert arch is not None
@@ -286,9 +292,13 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     if entry is None:
         entry = lookup(arch)
     experts: list[ExpertTensor] = []
+    unloaded: list[tuple[int, int, int]] = []
     dense = 0
     for idx, name, offset, nbytes, ne in tensors:
         m = _BLK_RE.match(name)
+        if m and trunk is not None and int(m["il"]) >= trunk:
+            unloaded.append((idx, offset, nbytes))
+            continue
         if not (m and entry.streams(m["suffix"])):
             dense += nbytes
             continue
@@ -311,5 +321,17 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     return ModelLayout(
         arch=arch, files=tuple(files), experts=tuple(experts), n_expert=n_expert,
         n_expert_used=n_expert_used, dense_nbytes=dense,
-        expert_nbytes=sum(t.nbytes for t in experts),
+        expert_nbytes=sum(t.nbytes for t in experts), unloaded=tuple(unloaded),
     )
+
+
+def _trunk_layers(fields: dict[str, object], arch: str) -> int | None:
+    """How many layers llama.cpp's trunk computes when the GGUF names NextN blocks after them
+    (``<arch>.nextn_predict_layers``: block_count - nextn, as llama_hparams::n_layer()), else None.
+    (granite-switch reuses the key for a layer its trunk does compute; it is not in the registry.)"""
+    n_block, n_nextn = fields.get(f"{arch}.block_count"), fields.get(f"{arch}.nextn_predict_layers")
+    if not (isinstance(n_block, int) and isinstance(n_nextn, int)) or n_nextn <= 0:
+        return None
+    if n_nextn >= n_block:
+        raise LayoutError(f"{arch}.nextn_predict_layers={n_nextn} leaves no trunk of the {n_block} layers")
+    return n_block - n_nextn

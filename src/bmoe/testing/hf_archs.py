@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bmoe.testing.ggml_rounding import GELU_FP16
+
 _VOCAB = 49152
 
 # Fields most recipes share: two layers is enough to route twice per token; 64-wide rows are whole
@@ -49,6 +51,26 @@ class HfArch:
     reference_config: dict[str, Any] = field(default_factory=dict)
     # Parity bound for max |d log-softmax| between llama.cpp (F32) and transformers.
     parity_tol: float = 1e-3
+    # Parameters or buffers (name suffixes) that transformers starts at a constant, e.g. a zero
+    # routing bias, and the recipe fills with seeded N(0, initializer_range) values instead, so
+    # the path they feed is exercised (hf_convert.write_hf_model).
+    random_init: tuple[str, ...] = ()
+    # Special tokens appended to SmolLM2's tokenizer (ids from 49152 on; the config's vocab_size
+    # must cover them), for a converter that looks up its architecture's own tokens by name.
+    special_tokens: tuple[str, ...] = ()
+    # Multi-token-prediction (NextN) blocks after the last layer, as the real checkpoints carry
+    # them and the converter writes them (hf_mtp.py); llama.cpp's trunk never computes them.
+    mtp_layers: int = 0
+    # Extra options to convert_hf_to_gguf.py, e.g. "--no-mtp" for a model the converter expects
+    # to carry multi-token-prediction weights that transformers does not build.
+    converter_args: tuple[str, ...] = ()
+    # The tokenizer's form (hf_tokenizer.write_hf_tokenizer): "smollm", SmolLM2's own byte-level
+    # BPE, or "spm-bpe", the same vocabulary as a Llama-style byte-fallback BPE.
+    tokenizer: str = "smollm"
+    # Keys of the saved config.json rewritten after transformers writes it, where the converter
+    # reads a spelling the real checkpoints carry and transformers no longer writes (it reads
+    # both), e.g. Granite 4's legacy layer_types "mamba"/"attention".
+    saved_config: dict[str, Any] = field(default_factory=dict)
 
     def hf_config(self) -> dict[str, Any]:
         return {**_SMALL, **self.config}
@@ -69,9 +91,136 @@ HF_ARCHS: dict[str, HfArch] = {
                       "shared_expert_intermediate_size": 128, "num_experts": 32,
                       "num_experts_per_tok": 4, "num_key_value_heads": 2, "decoder_sparse_step": 1,
                       "mlp_only_layers": []}),
-        # -- group A: gpt-oss, lfm2moe, granite --
-        # -- group B: gemma4, mixtral, qwen3next --
-        # -- group C: deepseek2, glm4moe, then the stretch list --
+        # gpt-oss: the experts stay unquantized in the HF folder (the converter only warns), and
+        # llama.cpp's quantizer writes the MXFP4 the real models ship in. head_dim must be given
+        # (its default is 64 whatever the width). An 8-token sliding window on every other layer
+        # makes the parity prompt cross it. llama.cpp always rounds YaRN's correction range
+        # (transformers' truncate=True); the real config says False, so the reference says True.
+        # Experts of 192: at 128 the MXFP4 experts (0.8 MB) would fit the eviction gate's 1 MiB.
+        _arch("gpt-oss", "gpt_oss", 103, "gpt-oss-20b, gpt-oss-120b",
+              config={"intermediate_size": 192, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "head_dim": 16, "num_key_value_heads": 2, "sliding_window": 8,
+                      "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                          "original_max_position_embeddings": 4096}},
+              quants=("q8_0", "mxfp4_moe"),
+              reference_config={"rope_parameters": {
+                  "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                  "beta_slow": 1.0, "truncate": True, "original_max_position_embeddings": 4096}}),
+        # lfm2moe: one leading dense layer, then MoE on a full-attention layer and on a
+        # short-convolution layer, so the model routes twice and both layer kinds stream. Tied
+        # embeddings as in the real models: the converter has no name for an lm_head.
+        _arch("lfm2moe", "lfm2_moe", 104, "LFM2-8B-A1B, LFM2-24B-A2B",
+              config={"tie_word_embeddings": True, "num_hidden_layers": 3, "num_dense_layers": 1,
+                      "layer_types": ["conv", "full_attention", "conv"], "conv_L_cache": 3,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4},
+              # transformers starts the routing bias at zero; a random one makes exp_probs_b count.
+              random_init=("feed_forward.expert_bias",)),
+        # granitehybrid (Granite 4 "H"): an attention layer (no RoPE, as in the hybrid models),
+        # then a Mamba2 layer, each with routed experts and a shared expert, and Granite's
+        # residual/attention/logit multipliers at the real models' values. The embedding one is 4,
+        # not the real 12: at 12 the random embeddings swamp what the layers add and the prefetch
+        # guess is never wrong, so its gate could not see both paths. The converter finds
+        # attention layers by the layer_types name "attention" the real config.json carries;
+        # transformers writes "full_attention" and reads both.
+        _arch("granitehybrid", "granitemoehybrid", 105, "Granite-4.0-H-Tiny, Granite-4.0-H-Small",
+              config={"layer_types": ["full_attention", "linear_attention"], "intermediate_size": 128,
+                      "shared_intermediate_size": 128, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_d_conv": 4,
+                      "mamba_expand": 2, "embedding_multiplier": 4.0, "residual_multiplier": 0.22,
+                      "attention_multiplier": 0.0625, "logits_scaling": 4.0},
+              saved_config={"layer_types": ["attention", "mamba"]}),
+        # qwen3next: one gated-DeltaNet layer, then one gated full-attention layer (the real model
+        # repeats 3 + 1); a shared expert with a sigmoid gate beside the routed ones. The linear
+        # attention keeps Qwen3-Next's ratio of 2 key heads to 4 value heads; llama.cpp needs key
+        # and value head dims equal. transformers builds no multi-token-prediction block, which the
+        # converter otherwise insists on finding: "--no-mtp".
+        _arch("qwen3next", "qwen3_next", 121, "Qwen3-Next-80B-A3B",
+              config={"intermediate_size": 128, "moe_intermediate_size": 128,
+                      "shared_expert_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+                      "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                      "linear_num_value_heads": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                      "layer_types": ["linear_attention", "full_attention"]},
+              converter_args=("--no-mtp",)),
+        # Mixtral: the converter writes it as general.architecture "llama" with experts, so the
+        # recipe (and the registry) is keyed "llama"; a llama GGUF without experts is dense and is
+        # refused as such. GQA 4:2 as Mixtral's 32:8; rope theta 1e6 as Mixtral's.
+        _arch("llama", "mixtral", 122, "Mixtral-8x7B, Mixtral-8x22B",
+              config={"intermediate_size": 128, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "num_key_value_heads": 2,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+        # gemma4 (the 26B-A4B form): every layer runs a dense GELU MLP and 32 routed experts side by
+        # side; the router reads its own scaled RMS norm (router.scale) and each expert's output has
+        # a scale (per_expert_scale), both random here (transformers starts them at one). One
+        # sliding-window layer (window 8, crossed by the parity prompt), then a full-attention one
+        # whose keys double as values (attention_k_eq_v). The converter takes only a Llama-style
+        # byte-fallback BPE with "<mask>" among its special tokens: SmolLM2's vocabulary in that
+        # form, plus "<mask>" (vocab 49153). llama.cpp's CPU GELU goes through an fp16 table
+        # (ggml_rounding.py); the reference does the same instead of the bound growing to ~5e-3.
+        _arch("gemma4", "gemma4_text", 123, "Gemma-4-26B-A4B",
+              config={"vocab_size": _VOCAB + 1, "tie_word_embeddings": True, "num_key_value_heads": 2,
+                      "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+                      "attention_k_eq_v": True, "layer_types": ["sliding_attention", "full_attention"],
+                      "sliding_window": 8, "enable_moe_block": True, "num_experts": 32,
+                      "top_k_experts": 4, "moe_intermediate_size": 128, "intermediate_size": 128,
+                      "hidden_size_per_layer_input": 0, "final_logit_softcapping": 30.0},
+              special_tokens=("<mask>",), tokenizer="spm-bpe",
+              random_init=("router.scale", "router.per_expert_scale"),
+              reference_config={"hidden_activation": GELU_FP16}),
+        # deepseek2 in its DeepSeek-V3 form (transformers' deepseek_v3; the converter writes both
+        # V2 and V3 as deepseek2): MLA attention, one shared expert, a leading dense layer, and
+        # sigmoid routing with a per-expert selection bias over group-limited top-k (8 groups of
+        # 4, the best 2 kept). llama.cpp reads q_lora_rank unless the model has 26/27 layers
+        # ("Lite"), so the tiny one has it. transformers' deepseek_v3 always routes by sigmoid,
+        # but the converter writes the gating function only from config.json's scoring_func (as
+        # the real V3 configs carry it; without it llama.cpp routes by softmax). transformers
+        # starts the selection bias at zero: the recipe randomises it so exp_probs_b is compared.
+        _arch("deepseek2", "deepseek_v3", 131, "DeepSeek-V3/R1, Kimi K2, Moonlight-16B-A3B, DeepSeek-V2(-Lite)",
+              config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "intermediate_size": 128,
+                      "moe_intermediate_size": 128, "n_routed_experts": 32, "num_experts_per_tok": 4,
+                      "n_shared_experts": 1, "n_group": 8, "topk_group": 2, "norm_topk_prob": True,
+                      "routed_scaling_factor": 2.5, "q_lora_rank": 32, "kv_lora_rank": 32,
+                      "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+              random_init=("e_score_correction_bias",)),
+        # glm4moe: a leading dense layer, one shared expert, sigmoid routing with a per-expert
+        # selection bias (randomised, as above), attention with q/k/v biases and RoPE on half of
+        # each head, and the NextN block (blk.3, experts included) the real GGUFs carry. The
+        # converter names GLM's own special tokens as BOS/EOT/EOM.
+        _arch("glm4moe", "glm4_moe", 132, "GLM-4.5-Air, GLM-4.5, GLM-4.6",
+              config={"vocab_size": _VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_shared_experts": 1, "num_key_value_heads": 2,
+                      "attention_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                          "partial_rotary_factor": 0.5}},
+              random_init=("e_score_correction_bias",),
+              special_tokens=("[gMASK]", "<|user|>", "<|observation|>"), mtp_layers=1),
+        # dots1: DeepSeek-V3-style routing (sigmoid, randomised selection bias, normalised and
+        # scaled weights) with two shared experts, a leading dense layer and q/k norms. As for
+        # deepseek2, the converter takes the gating function from config.json's scoring_func.
+        # llama.cpp's dots1 sizes K and V by n_head: n_head_kv must equal n_head (as in dots.llm1).
+        _arch("dots1", "dots1", 133, "dots.llm1 (142B-A14B)",
+              config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "intermediate_size": 128,
+                      "moe_intermediate_size": 128, "n_routed_experts": 32, "num_experts_per_tok": 4,
+                      "n_shared_experts": 2, "norm_topk_prob": True,
+                      "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+                      "layer_types": ["full_attention"] * 3},
+              random_init=("e_score_correction_bias",)),
+        # minimax-m2: sigmoid routing with a per-expert selection bias (randomised), no shared
+        # expert, q/k norms over all heads, RoPE on half of each head. The converter reads the
+        # rotary width from rotary_dim and the gating function from scoring_func (as the real
+        # config.json carries them); transformers from partial_rotary_factor.
+        _arch("minimax-m2", "minimax_m2", 134, "MiniMax-M2, MiniMax-M2.1",
+              config={"intermediate_size": 128, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 8,
+                      "scoring_func": "sigmoid",
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                          "partial_rotary_factor": 0.5}},
+              random_init=("e_score_correction_bias",)),
     )
 }
 

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -64,13 +65,41 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
 
     from bmoe.testing.hf_tokenizer import write_hf_tokenizer
 
-    ids = write_hf_tokenizer(out)
+    ids = write_hf_tokenizer(out, a.special_tokens, a.tokenizer)
+    cfg = a.hf_config()
+    n_layer = cfg["num_hidden_layers"]
+    if a.mtp_layers:  # built as ordinary trailing layers, then made NextN blocks (hf_mtp.py)
+        cfg["num_hidden_layers"] = n_layer + a.mtp_layers
     config = AutoConfig.for_model(a.model_type, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                                  pad_token_id=ids["pad"], **a.hf_config())
+                                  pad_token_id=ids["pad"], **cfg)
     torch.manual_seed(a.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize(model, a.random_init, float(config.initializer_range))
     model.save_pretrained(out)
+    if a.saved_config:
+        saved = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**saved, **a.saved_config}, indent=2))
+    if a.mtp_layers:
+        from bmoe.testing.hf_mtp import add_mtp_block
+
+        add_mtp_block(out, n_layer, a.mtp_layers, a.seed)
     return out
+
+
+def _randomize(model, suffixes: tuple[str, ...], std: float) -> None:
+    """Fill the recipe's ``random_init`` tensors (constants at init) with seeded normal values."""
+    import torch
+
+    if not suffixes:
+        return
+    named = [*model.named_parameters(), *model.named_buffers()]
+    hit = [(n, t) for n, t in named if n.endswith(suffixes)]
+    missing = [s for s in suffixes if not any(n.endswith(s) for n, _ in hit)]
+    if missing:
+        raise ValueError(f"random_init names no tensor of the model: {missing}")
+    with torch.no_grad():
+        for _, t in hit:
+            t.normal_(0.0, std)
 
 
 def load_reference(arch: str, out_dir: Path):
@@ -79,6 +108,9 @@ def load_reference(arch: str, out_dir: Path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from bmoe.testing import ggml_rounding
+
+    ggml_rounding.register()  # activations a recipe's reference_config may name
     a = hf_arch(arch)
     folder = hf_dir(arch, out_dir)
     config = AutoConfig.from_pretrained(folder)
@@ -99,7 +131,8 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"tiny-{arch}-{quant}.gguf"
     recipe = _recipe(a, quant)
-    if _is_current(path, recipe) and (hf_dir(arch, out_dir) / "config.json").is_file():
+    folder = _current_hf_folder(a, out_dir)
+    if _is_current(path, recipe):
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
@@ -108,11 +141,7 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
 
             quantize_gguf(write_hf_arch(arch, "f32", out_dir), tmp, _QUANTIZER_TYPES[quant])
         else:
-            folder = hf_dir(arch, out_dir)
-            if not ((folder / "config.json").is_file()
-                    and _is_current(out_dir / f"tiny-{arch}-f32.gguf", _recipe(a, "f32"))):
-                write_hf_model(a, folder)
-            _convert(folder, tmp, quant)
+            _convert(folder, tmp, quant, a.converter_args)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -120,8 +149,33 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
     return path
 
 
-def _convert(folder: Path, dst: Path, outtype: str) -> None:
-    cmd = [sys.executable, str(converter_path()), str(folder), "--outtype", outtype, "--outfile", str(dst)]
+def _current_hf_folder(a: HfArch, out_dir: Path) -> Path:
+    """The HF folder of recipe ``a``, rebuilt unless its stamp names this recipe. It is built under
+    a temporary name and renamed into place, stamp included, so a folder is never half-written
+    or stamped with a recipe it was not made from (two test runs may share the folder)."""
+    folder = hf_dir(a.arch, out_dir)
+    recipe = _recipe(a, "hf")
+    stamp = folder / "bmoe-recipe.json"
+    try:
+        if json.loads(stamp.read_text()).get("recipe") == recipe:
+            return folder
+    except (OSError, ValueError):
+        pass
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_hf_model(a, tmp)
+    (tmp / "bmoe-recipe.json").write_text(json.dumps({"recipe": recipe}) + "\n")
+    old = folder.with_name(f"{folder.name}.old{os.getpid()}")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _convert(folder: Path, dst: Path, outtype: str, extra: tuple[str, ...] = ()) -> None:
+    cmd = [sys.executable, str(converter_path()), str(folder), "--outtype", outtype, "--outfile", str(dst),
+           *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 or not dst.is_file():
         tail = "\n".join((r.stderr or r.stdout).splitlines()[-25:])

@@ -9,28 +9,47 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from gguf.vocab import bytes_to_unicode
 
 from bmoe.testing.smollm2 import smollm2_tokenizer_fields
 
 _CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 
 
-def write_hf_tokenizer(out_dir: Path) -> dict[str, int]:
+def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind: str = "smollm") -> dict[str, int]:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``out_dir``; return the special
-    token ids (``bos``, ``eos``, ``pad``) a model config names."""
+    token ids (``bos``, ``eos``, ``pad``) a model config names. ``extra_special`` are special
+    tokens appended after SmolLM2's vocabulary (ids 49152, ...), for a converter that looks up
+    its architecture's own special tokens by name.
+
+    ``kind`` "smollm" is SmolLM2's own byte-level BPE; "spm-bpe" is the same vocabulary made
+    SentencePiece-style (see _spm_style) for a converter that accepts only a Llama-style
+    byte-fallback BPE (Gemma 4's)."""
     f = {m.key.removeprefix("tokenizer."): m.value for m in smollm2_tokenizer_fields()}
     tokens: list[str] = f["ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in f["ggml.merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
+    if kind == "spm-bpe":
+        tokens, merges = _spm_style(tokens, f["ggml.token_type"], merges)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
+                                   unk_token=tokens[f["ggml.unknown_token_id"]]))
+        tok.normalizer = normalizers.Replace(" ", _SPACE)
+        tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    elif kind == "smollm":
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+        tok.decoder = decoders.ByteLevel()
+    else:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; known: smollm, spm-bpe")
     special = [t for t, kind in zip(tokens, f["ggml.token_type"]) if kind == _CONTROL]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     ids = {"bos": f["ggml.bos_token_id"], "eos": f["ggml.eos_token_id"], "pad": f["ggml.padding_token_id"]}
@@ -46,3 +65,37 @@ def write_hf_tokenizer(out_dir: Path) -> dict[str, int]:
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return ids
+
+
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def _spm_style(tokens: list[str], types: list[int], merges: list[tuple[str, ...]]
+               ) -> tuple[list[str], list[tuple[str, str]]]:
+    """SmolLM2's vocabulary as a SentencePiece-style BPE: every token keeps its id, spelled as the
+    raw UTF-8 text it stands for with spaces as U+2581 (what llama.cpp's gemma4 tokenizer merges
+    over). A lone byte that is not UTF-8 by itself becomes the byte-fallback token ``<0xXX>``; the
+    few longer tokens that end inside a character keep an unused placeholder name. A merge is kept
+    where both halves and their join are still text tokens."""
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+    out: list[str] = []
+    text: set[int] = set()  # ids spelled as text (can take part in merges)
+    for i, (t, kind) in enumerate(zip(tokens, types)):
+        raw = bytes(to_byte[c] for c in t) if kind != _CONTROL and all(c in to_byte for c in t) else None
+        if raw is None:
+            out.append(t)
+            continue
+        try:
+            out.append(raw.decode("utf-8").replace(" ", _SPACE))
+            text.add(i)
+        except UnicodeDecodeError:
+            out.append(f"<0x{raw[0]:02X}>" if len(raw) == 1 else f"<unused_bytes_{i}>")
+    if len(set(out)) != len(out):
+        raise ValueError("the SentencePiece-style spelling of SmolLM2's vocabulary is not one-to-one")
+    ids = {t: i for i, t in enumerate(tokens)}
+    kept = []
+    for a, b in merges:
+        ia, ib, ij = ids.get(a), ids.get(b), ids.get(a + b)
+        if {ia, ib, ij} <= text and out[ia] + out[ib] == out[ij]:
+            kept.append((out[ia], out[ib]))
+    return out, kept
