@@ -19,7 +19,7 @@ from .errors import EngineFailure, RequestError, SessionClosedError, StreamFaile
 from .llama.model import LlamaModel
 from .runtime.chat import ChatRenderer, Message
 from .runtime.decide import DecideService
-from .runtime.results import GenerateRequest, GenerateResult, PerplexityResult, Step
+from .runtime.results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step
 from .runtime.kv import KvCache
 from .runtime.runtime import Runtime
 from .runtime.streaming import StreamRuntime
@@ -148,6 +148,22 @@ class Session:
         self._check_open()
         with self._lock, self._engine():
             return self.runtime.perplexity(text, tokens, n_window, keep_logits)
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        """log p of every prompt token given the ones before it (and the top alternatives), and
+        optionally one picked next token. Consecutive requests sharing a prefix reuse its KV and
+        its scores (runtime/scoring.py); ``request.reuse=False`` prefills from an empty KV."""
+        self._check_open()
+        with self._lock, self._engine():
+            self.runtime.scorer.check(request)  # refuse before the decide state is dropped
+            if self.decider is not None:
+                self.decider.drop()  # as for a generation: the kept decision state is only worth its RAM between decisions
+            return self.runtime.score(request)
+
+    def check_score(self, request: ScoreRequest) -> None:
+        """Raise the RequestError score() would refuse ``request`` with; change nothing."""
+        self._check_open()
+        self.runtime.scorer.check(request)
 
     # --- decide -----------------------------------------------------------------------
     def decide(self, request: DecideRequest) -> DecideResult:

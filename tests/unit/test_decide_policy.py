@@ -656,7 +656,7 @@ def test_streaming_counters_pass_through() -> None:
 def test_to_json_keys() -> None:
     out = decide_fields(fresh(req("Task: x. ")))
     assert list(out) == [
-        "id", "best", "choice_logp", "p_outside", "abstained", "n_tokens", "n_reused",
+        "id", "best", "choice_logp", "p_outside", "abstained", "scoring", "best_by", "n_tokens", "n_reused",
         "prefill_s", "prefill_tps", "prefix_state_mib", "store_s", "restore_s", "reuse",
     ]
     json.dumps(out)

@@ -28,6 +28,8 @@ from bmoe.runtime.results import GenerateRequest
         ('{"cmd":"decide","choices":"AB"}', "decide: field 'choices' must be a list of strings, got \"AB\""),
         ('{"cmd":"decide","prefix":"x"}', "decide: missing field 'choices'"),
         ('{"cmd":"decide","choices":["A"],"abstain_below":2}', "decide: field 'abstain_below' must be a number in [0, 1], got 2"),
+        ('{"cmd":"decide","choices":["A"],"scoring":1}', "decide: field 'scoring' must be a string, got 1"),
+        ('{"cmd":"decide","choices":["A"],"unconditional":null}', "decide: field 'unconditional' must be a string, got null"),
         ('{"cmd":"decide_batch","requests":[]}', "decide_batch: field 'requests' must be a list of decide objects, got []"),
         ('{"cmd":"decide_batch","requests":[3]}', "decide_batch: requests[0] must be an object"),
         # one unknown-field rule for every command
@@ -97,6 +99,10 @@ def test_valid_commands() -> None:
     assert isinstance(d, Decide) and d.id == 1 and d.fields["choices"] == ["A", "B"]
     b = parse_line('{"cmd":"decide_batch","id":2,"requests":[{"id":5,"choices":["A"]}]}')
     assert isinstance(b, DecideBatch) and b.requests[0].id == 5
+    assert (d.request.scoring, d.request.best_by, d.request.unconditional) == ("first", "sum", None)
+    f = parse_line('{"cmd":"decide","choices":["A b"],"scoring":"full","best_by":"norm","unconditional":"Q:"}')
+    assert isinstance(f, Decide)
+    assert (f.request.scoring, f.request.best_by, f.request.unconditional) == ("full", "norm", "Q:")
 
 
 json_values = st.recursive(

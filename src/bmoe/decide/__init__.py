@@ -4,7 +4,14 @@ This package is policy over token ids and one logit row; it imports nothing of t
 ``bmoe.runtime.decide`` is the one adapter that implements ``DecideBackend`` over a loaded model;
 nothing here imports it.
 """
-from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices
+from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
+from bmoe.decide.continuations import (
+    UNCOND_CACHED,
+    UNCOND_RESTORED,
+    UNCOND_STORED,
+    NeutralCache,
+    continuation_logps,
+)
 from bmoe.decide.decider import (
     REUSE_MISS,
     REUSE_NO_PREFIX,
@@ -19,12 +26,14 @@ from bmoe.decide.decider import (
 )
 from bmoe.decide.errors import (
     ChoiceCollisionError,
+    ChoiceTooLongError,
     DecideBackendError,
     DecideRefusal,
     DecideRequestError,
     EmptyChoiceError,
     EmptyPromptError,
     NoChoicesError,
+    NoSideSequenceError,
     PromptTooLongError,
 )
 from bmoe.decide.port import DecideBackend, KeptState, PrefillCost
@@ -36,9 +45,31 @@ from bmoe.decide.prefix_cache import (
     resolve_prefix_cache,
 )
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
+from bmoe.decide.scoring_modes import (
+    BEST_BY,
+    DEFAULT_NEUTRAL,
+    SCORING_FIRST,
+    SCORING_FULL,
+    SCORING_MODES,
+    full_scores,
+)
 from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult
 
 __all__ = [
+    "BEST_BY",
+    "DEFAULT_NEUTRAL",
+    "SCORING_FIRST",
+    "SCORING_FULL",
+    "SCORING_MODES",
+    "UNCOND_CACHED",
+    "UNCOND_RESTORED",
+    "UNCOND_STORED",
+    "ChoiceTooLongError",
+    "NeutralCache",
+    "NoSideSequenceError",
+    "continuation_logps",
+    "full_scores",
+    "tokenize_choices",
     "REUSE_MISS",
     "REUSE_NO_PREFIX",
     "REUSE_OFF",

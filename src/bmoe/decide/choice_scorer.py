@@ -22,23 +22,31 @@ from bmoe.decide.types import ChoiceScores
 from bmoe.numerics import log_softmax
 
 
-def first_tokens(tokenizer: ChoiceTokenizer, choices: Sequence[str]) -> tuple[int, ...]:
-    """Each choice's first token, refusing an empty list, an empty choice and a collision."""
+def tokenize_choices(tokenizer: ChoiceTokenizer, choices: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """Each choice's tokens, refusing an empty list and a choice with no tokens."""
     if not choices:
         raise NoChoicesError("decide: choices is empty; give at least one choice, e.g. [\"A\",\"B\"]")
-    firsts: list[int] = []
-    owner: dict[int, int] = {}  # first token -> index of the choice that has it
+    out: list[tuple[int, ...]] = []
     for i, choice in enumerate(choices):
-        tokens = tokenizer.tokenize_choice(choice)
+        tokens = tuple(tokenizer.tokenize_choice(choice))
         if not tokens:
             raise EmptyChoiceError(
                 f"decide: choice {i} ({choice!r}) tokenizes to no tokens; give it a non-empty label"
             )
+        out.append(tokens)
+    return tuple(out)
+
+
+def first_tokens(tokenizer: ChoiceTokenizer, choices: Sequence[str]) -> tuple[int, ...]:
+    """Each choice's first token, refusing an empty list, an empty choice and a collision."""
+    firsts: list[int] = []
+    owner: dict[int, int] = {}  # first token -> index of the choice that has it
+    for i, tokens in enumerate(tokenize_choices(tokenizer, choices)):
         first = tokens[0]
         if first in owner:
             j = owner[first]
             raise ChoiceCollisionError(
-                f"decide: choices {j} ({choices[j]!r}) and {i} ({choice!r}) both start with token "
+                f"decide: choices {j} ({choices[j]!r}) and {i} ({choices[i]!r}) both start with token "
                 f"{first} ({tokenizer.token_piece(first)!r}); a choice is scored by its first "
                 f"token, so they cannot be told apart: give labels that start differently (A, B, C, ...)"
             )
@@ -70,11 +78,7 @@ def score_choices(
     idx = np.asarray(first, dtype=np.int64)
     choice_logp = logp[idx]  # [n_choices]
     best = int(np.argmax(choice_logp))
-    # Summing the other tokens (rather than 1 - sum over the choices) keeps a tiny outside mass
-    # exact instead of losing it to cancellation, and it can never come out negative.
-    outside = np.ones(logp.shape[-1], dtype=bool)
-    outside[idx] = False
-    p_outside = float(np.sum(np.exp(logp[outside])))
+    p_outside = mass_outside(logp, idx)
     abstained = abstain_below is not None and float(np.exp(choice_logp[best])) < abstain_below
     return ChoiceScores(
         choice_logp=tuple(float(x) for x in choice_logp),
@@ -82,3 +86,13 @@ def score_choices(
         p_outside=p_outside,
         abstained=abstained,
     )
+
+
+def mass_outside(logp: np.ndarray, tokens: np.ndarray) -> float:
+    """Probability of every token but ``tokens``, from one log-softmax row ``# [n_vocab]``.
+
+    Summing the other tokens (rather than 1 - sum over the choices) keeps a tiny outside mass
+    exact instead of losing it to cancellation, and it can never come out negative."""
+    outside = np.ones(logp.shape[-1], dtype=bool)
+    outside[tokens] = False
+    return float(np.sum(np.exp(logp[outside])))

@@ -10,6 +10,11 @@ Batches (``run_many`` over a backend whose ``max_batch()`` is above 1): decision
 same prefix share one prefix piece, and their rest pieces go into one ``prefill_batch`` call, each
 on its own copy of the prefix state. Each rest piece is the same piece the decision would prefill
 alone after its restored prefix.
+
+Full scoring (``scoring="full"``, docs/decide.md "Scoring modes"): after the prompt is in the
+sequence, every choice's tokens are prefilled on their own forked copies of it (``continuations``);
+the sequence and the kept prefix state are exactly as after a first-token decision. Such a
+request is not batched with others: its choices already fill the side sequences.
 """
 from __future__ import annotations
 
@@ -19,12 +24,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices
-from bmoe.decide.errors import DecideBackendError, DecideRefusal
+import numpy as np
+
+from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
+from bmoe.decide.continuations import NeutralCache, continuation_logps
+from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
 from bmoe.decide.port import DecideBackend, PrefillCost
 from bmoe.decide.prefix_cache import PrefixCache
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
+from bmoe.decide.scoring_modes import (
+    SCORING_FULL,
+    check_choices_fit,
+    check_scoring_fields,
+    full_scores,
+    neutral_text,
+)
 from bmoe.decide.types import BatchShare, ChoiceScores, DecideRequest, DecideResult, check_abstain_below
+from bmoe.numerics import log_softmax
 
 # What happened to the kept prefix state, as BMOE_DECIDE's "reuse" says it.
 REUSE_RESTORED = "restored"  # the kept state was exactly this prefix: restored, nothing stored
@@ -49,6 +65,17 @@ class _Plan:
 
     prompt: SplitPrompt
     first: tuple[int, ...]  # [n_choices] first token of each choice
+    tokens: tuple[tuple[int, ...], ...] | None = None  # scoring "full": every token of each choice
+    neutral: tuple[int, ...] | None = None  # scoring "full" with a neutral prompt: its tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    """What scoring the choices cost beyond the prompt (scoring "full" only)."""
+
+    costs: tuple[PrefillCost, ...] = ()
+    uncond_reuse: str | None = None
+    uncond_state_mib: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,32 +90,60 @@ class _Prefilled:
 
 
 def run_decide(
-    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy
+    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy,
+    neutral: NeutralCache | None = None,
 ) -> DecideResult:
     """Answer one request. Never raises for a bad request or a backend failure: the result then
-    carries ``error``, and the kept prefix state is still a valid state for its own tokens."""
+    carries ``error``, and the kept prefix state is still a valid state for its own tokens.
+    ``neutral`` keeps the neutral prompt's side between requests (a new one each call without)."""
     try:
         plan = _plan(backend, request)
     except DecideRefusal as exc:
         return DecideResult.failed(request.id, str(exc), exc)
     except Exception as exc:  # a backend failure while rendering or tokenizing
         return DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
-    return _run_planned(backend, cache, request, policy, plan)
+    return _run_planned(backend, cache, request, policy, plan, neutral)
 
 
 def _run_planned(
-    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy, plan: _Plan
+    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy, plan: _Plan,
+    neutral: NeutralCache | None = None,
 ) -> DecideResult:
     try:
         done = _prefill(backend, cache, request, policy, plan.prompt)
-        scores = score_choices(backend.last_logits(), plan.first, request.abstain_below)
+        row = backend.last_logits()
     except Exception as exc:
         return DecideResult.failed(request.id, _failure_message("running the prompt", exc), exc)
-    return _result(request, plan, done, scores, cache)
+    try:
+        if plan.tokens is None:
+            scores, scored = score_choices(row, plan.first, request.abstain_below), _Scored()
+        else:
+            scores, scored = _score_full(backend, neutral or NeutralCache(), request, plan, row)
+    except Exception as exc:
+        return DecideResult.failed(request.id, _failure_message("scoring the choices", exc), exc)
+    return _result(request, plan, done, scores, cache, scored=scored)
+
+
+def _score_full(
+    backend: DecideBackend, neutral: NeutralCache, request: DecideRequest, plan: _Plan, row: np.ndarray
+) -> tuple[ChoiceScores, _Scored]:
+    """Every token of every choice after the prompt (the sequence holds it, ``row`` is its last
+    logits), and after the neutral prompt when the request wants that."""
+    assert plan.tokens is not None
+    per_token, costs = continuation_logps(backend, row, plan.tokens, plan.prompt.n_tokens)
+    per_token_neutral = None
+    how = None
+    if plan.neutral is not None:
+        per_token_neutral, more, how = neutral.logps(backend, plan.neutral, plan.tokens)
+        costs = costs + more
+    scores = full_scores(request.choices, plan.first, log_softmax(row), per_token, request.best_by,
+                         request.abstain_below, per_token_neutral)
+    return scores, _Scored(costs=tuple(costs), uncond_reuse=how,
+                           uncond_state_mib=None if how is None else neutral.kept_mib)
 
 
 def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, cache: PrefixCache,
-            batch: BatchShare | None = None) -> DecideResult:
+            batch: BatchShare | None = None, scored: _Scored = _Scored()) -> DecideResult:
     prefill_s = sum(c.prefill_s for c in done.costs)
     # The engine reports the hit rate cumulatively, so the last piece's value is the current one.
     hit_pcts = [c.cache_hit_pct for c in done.costs if c.cache_hit_pct is not None]
@@ -108,6 +163,11 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
         restore_s=done.restore_s,
         reuse=done.reuse,
         batch=batch,
+        score_tokens=sum(c.n_tokens for c in scored.costs),
+        score_s=sum(c.prefill_s for c in scored.costs),
+        score_read_mb=_sum_or_none([c.read_mb for c in scored.costs]),
+        uncond_reuse=scored.uncond_reuse,
+        uncond_state_mib=scored.uncond_state_mib,
     )
 
 
@@ -116,6 +176,7 @@ def run_many(
     cache: PrefixCache,
     requests: Sequence[DecideRequest],
     policy: DecidePolicy,
+    neutral: NeutralCache | None = None,
 ) -> list[DecideResult]:
     """Answer requests, each as if answered alone in order after the ones before it.
 
@@ -123,10 +184,12 @@ def run_many(
     keep a prefix are grouped by it, and each group's rest pieces are prefilled together, at most
     ``max_batch()`` per call. Every request is checked first: a refused one is answered at once
     and spoils nothing. Groups run in the order of their last request, so the state kept at the
-    end is the one the last request would have left. Results come back in request order."""
+    end is the one the last request would have left. Results come back in request order.
+    Full-scored requests run alone (their choices take the side sequences)."""
+    neutral = neutral or NeutralCache()
     cap = backend.max_batch() if policy.prefix_cache else 1
     if cap <= 1 or len(requests) < 2:
-        return [run_decide(backend, cache, r, policy) for r in requests]
+        return [run_decide(backend, cache, r, policy, neutral) for r in requests]
     results: list[DecideResult | None] = [None] * len(requests)
     units: dict[object, list[tuple[int, _Plan]]] = {}
     for i, request in enumerate(requests):
@@ -138,13 +201,14 @@ def run_many(
         except Exception as exc:
             results[i] = DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
             continue
-        # Only decisions that keep a prefix can share one; the others run alone, in order.
-        key: object = plan.prompt.prefix_tokens if request.reuse_prefix and plan.prompt.n_prefix else ("alone", i)
+        # Only first-token decisions that keep a prefix can share one; the others run alone, in order.
+        shares = request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None
+        key: object = plan.prompt.prefix_tokens if shares else ("alone", i)
         units.setdefault(key, []).append((i, plan))
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:
             i, plan = members[0]
-            results[i] = _run_planned(backend, cache, requests[i], policy, plan)
+            results[i] = _run_planned(backend, cache, requests[i], policy, plan, neutral)
             continue
         for start in range(0, len(members), cap):
             chunk = members[start : start + cap]
@@ -196,10 +260,37 @@ def _run_batch(
 def _plan(backend: DecideBackend, request: DecideRequest) -> _Plan:
     """Every check that can refuse the request; touches no model state."""
     check_abstain_below(request.abstain_below)
+    check_scoring_fields(request)
+    if request.scoring == SCORING_FULL:
+        return _plan_full(backend, request)
     first = first_tokens(backend, request.choices)
     prompt = split_prompt(backend, request.prefix, request.suffix)
     check_prompt_fits(prompt.n_tokens, backend.n_ctx())
     return _Plan(prompt=prompt, first=first)
+
+
+def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
+    """The checks of a full-scored request: every choice's tokens fit after the prompt (and after
+    the neutral prompt), on side sequences the backend has."""
+    tokens = tokenize_choices(backend, request.choices)  # first tokens may collide: all are scored
+    prompt = split_prompt(backend, request.prefix, request.suffix)
+    n_ctx = backend.n_ctx()
+    check_prompt_fits(prompt.n_tokens, n_ctx)
+    if backend.max_forks() < 1:
+        raise NoSideSequenceError(
+            'decide: "scoring": "full" scores each choice on a side sequence and this session has none: '
+            "open it with --decide-batch 2 or more (SessionConfig.decide_batch)")
+    check_choices_fit(request.choices, tokens, prompt.n_tokens, n_ctx)
+    neutral: tuple[int, ...] | None = None
+    text = neutral_text(request)
+    if text is not None:
+        neutral = tuple(backend.tokenize_prompts([backend.render_user(text)])[0])
+        if not neutral:
+            raise DecideRequestError(
+                'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral '
+                'text, e.g. "Answer:"', field="unconditional")
+        check_choices_fit(request.choices, tokens, len(neutral), n_ctx, before="unconditional prompt")
+    return _Plan(prompt=prompt, first=tuple(t[0] for t in tokens), tokens=tokens, neutral=neutral)
 
 
 def _prefill(

@@ -14,7 +14,19 @@ class DecideRefusal(RequestError):
 
 
 class DecideRequestError(DecideRefusal):
-    """A request field is missing, of the wrong type or out of range."""
+    """A request field is missing, of the wrong type or out of range; ``field`` names it."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class NoSideSequenceError(DecideRefusal):
+    """Full scoring needs side sequences to score the choices on, and the session has none."""
+
+
+class ChoiceTooLongError(DecideRefusal):
+    """A choice's tokens do not fit in the context after the prompt."""
 
 
 class NoChoicesError(DecideRefusal):

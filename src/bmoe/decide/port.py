@@ -123,3 +123,25 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         whole call cost (its ``n_tokens``: the suffixes' tokens). The sequence itself is left
         holding its ``n_past`` tokens, unchanged."""
         ...
+
+    def max_forks(self) -> int:
+        """How many continuations one ``prefill_forks`` call takes at most: the side sequences
+        the backend can fork the sequence into; 0 when it has none (no full scoring then)."""
+        ...
+
+    def prefill_forks(
+        self, continuations: Sequence[Sequence[int]], n_past: int, base: KeptState | None = None
+    ) -> tuple[list[np.ndarray], PrefillCost]:
+        """Prefill each of ``continuations`` on its own copy of a base: the ``n_past`` tokens the
+        sequence holds (``base`` None), or the saved state ``base`` (from ``prefill_apart``; then
+        ``n_past`` is its ``n_tokens``). Each continuation goes in as one piece, as it would alone
+        (where the backend packs several into one call, it pads them so that they still are).
+        Returns ``float32 [len(c), n_vocab]`` per continuation: the logits after each of its tokens,
+        and what the whole call cost. The sequence itself is left unchanged."""
+        ...
+
+    def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
+        """Prefill ``tokens`` from position 0 apart from the sequence (which is left unchanged):
+        returns the ``float32 [n_vocab]`` logits after the last one, the state after them as a
+        copy that ``prefill_forks`` takes as its ``base``, and what it cost."""
+        ...

@@ -21,16 +21,36 @@ class DecideRequest:
     reuse_prefix: bool = True
     # best is -1 (abstained) when the best choice's probability is under this.
     abstain_below: float | None = None
+    # "first": each choice scored by its first token; "full": by all its tokens (docs/decide.md
+    # "Scoring modes"). Checked by the decider, so a bad value is a refusal of this request only.
+    scoring: str = "first"
+    best_by: str = "sum"  # which score picks best: sum, mean, norm or uncond (full only but sum)
+    # full only: the neutral prompt (one user message) choices are also scored after; None with
+    # best_by "uncond" means the default neutral prompt, an empty user message.
+    unconditional: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ChoiceScores:
-    """The answer read from one logit row."""
+    """The answer: per choice, its log-probability and the scores derived from it.
+
+    Under ``scoring="first"`` only the first four fields are set, and ``choice_logp`` is the first
+    token's log-probability. Under ``"full"`` ``choice_logp`` is the sum over all the choice's
+    tokens, and the ``choice_*`` tuples below are filled (``choice_logp_neutral`` and
+    ``choice_logp_uncond`` only when the choices were also scored after a neutral prompt)."""
 
     choice_logp: tuple[float, ...]  # [n_choices], normalised over the whole vocabulary
     best: int  # -1 when abstained
-    p_outside: float  # probability mass on tokens that start no choice
+    p_outside: float  # probability mass on first tokens that start no choice
     abstained: bool
+    scoring: str = "first"
+    best_by: str = "sum"  # which of the scores picked best
+    choice_tokens: tuple[int, ...] | None = None  # [n_choices] tokens scored per choice
+    choice_logp_mean: tuple[float, ...] | None = None  # choice_logp / choice_tokens
+    choice_logp_norm: tuple[float, ...] | None = None  # choice_logp / characters of the choice text
+    choice_token_logp: tuple[tuple[float, ...], ...] | None = None  # [n_choices][n_tokens_i]
+    choice_logp_neutral: tuple[float, ...] | None = None  # summed log-prob after the neutral prompt
+    choice_logp_uncond: tuple[float, ...] | None = None  # choice_logp - choice_logp_neutral
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +89,13 @@ class DecideResult:
     restore_s: float = 0.0
     reuse: str = ""
     batch: BatchShare | None = None  # set when prefilled together with other decisions
+    # scoring "full": what scoring the choices cost beyond the prompt (their tokens on side
+    # sequences, and the neutral prompt when it was prefilled), and how the neutral side was got.
+    score_tokens: int = 0
+    score_s: float = 0.0
+    score_read_mb: float | None = None
+    uncond_reuse: str | None = None  # "stored", "restored" or "cached"; None without unconditional
+    uncond_state_mib: float | None = None  # the kept neutral prompt state's size after this request
     cause: Exception | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -85,5 +112,5 @@ def check_abstain_below(value: float | None) -> None:
     """Refuse a threshold that is not a probability (NaN included)."""
     if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
         raise DecideRequestError(
-            f'decide: "abstain_below" is {value}; give a probability between 0 and 1'
+            f'decide: "abstain_below" is {value}; give a probability between 0 and 1', field="abstain_below"
         )

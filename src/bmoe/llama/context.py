@@ -154,6 +154,23 @@ class LlamaContext:
         outs = list(itertools.accumulate((len(t) for _, t, _, _ in items), initial=0))
         return [self._row(start + out) for start, (_, _, _, out) in zip(outs, items)]
 
+    def decode_seqs_rows(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Like ``decode_seqs``, but the 4th field of an item is ``n_out``: the logits after each of
+        its first ``n_out`` tokens come back, ``# [n_out, n_vocab]`` per item (a multi-token choice
+        is scored at every one of its positions; padding after it is not read)."""
+        n = sum(len(t) for _, t, _, _ in items)
+        if n == 0 or n > self.n_batch or any(not 0 < n_out <= len(t) for _, t, _, n_out in items):
+            raise ContextError(f"decode_seqs_rows takes 1..{self.n_batch} tokens and 1..len outputs per item; got {n}")
+        if any(not 0 < seq < self.n_seq for seq, _, _, _ in items):
+            raise ContextError(f"decode_seqs_rows: side sequences are 1..{self.n_seq - 1}")
+        self._submit(((tok, pos0 + i, seq, i < n_out) for seq, tokens, pos0, n_out in items
+                      for i, tok in enumerate(tokens)),
+                     n, f"llama_decode of {len(items)} sequences failed with code {{rc}}")
+        if self.params.offload_min_tokens is not None:
+            llama_cpp.llama_synchronize(self.ptr)
+        starts = itertools.accumulate((len(t) for _, t, _, _ in items), initial=0)  # batch index of each item
+        return [np.stack([self._row(start + j) for j in range(n_out)]) for start, (_, _, _, n_out) in zip(starts, items)]
+
     def _submit(self, entries: Iterable[tuple[int, int, int, bool]], n: int, failure: str) -> None:
         """Fill the batch with ``n`` entries ``(token, pos, seq, wants_logits)`` and run one
         llama_decode; ``failure`` (with ``{rc}``) is the message when llama.cpp refuses it."""
@@ -199,6 +216,21 @@ class LlamaContext:
     def fork(self, dst: int) -> None:
         """Make side sequence ``dst`` a copy of seq 0 (its whole KV and recurrent state)."""
         llama_cpp.llama_memory_seq_cp(self.mem, SEQ, dst, -1, -1)
+
+    def side_state_bytes(self, seq: int) -> np.ndarray:
+        """The whole state of side sequence ``seq`` ``# [nbytes] uint8``, in new memory."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ptr, seq))
+        buf = np.empty(size, dtype=np.uint8)
+        written = int(llama_cpp.llama_state_seq_get_data(self.ptr, _u8_ptr(buf), size, seq))
+        if written != size:
+            raise ContextError(f"side sequence {seq} state copy wrote {written} of {size} bytes")
+        return buf
+
+    def load_side_state(self, seq: int, state: np.ndarray) -> None:
+        """Replace side sequence ``seq`` with a state ``side_state_bytes`` saved (seq 0 untouched)."""
+        self.drop(seq)
+        if int(llama_cpp.llama_state_seq_set_data(self.ptr, _u8_ptr(state), state.nbytes, seq)) == 0:
+            raise ContextError(f"llama.cpp refused the saved state for side sequence {seq}")
 
     def drop(self, seq: int) -> None:
         """Empty side sequence ``seq``."""

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..decide.continuations import NeutralCache
 from ..decide.decider import DecidePolicy, run_decide, run_many
 from ..decide.errors import DecideBackendError
 from ..decide.port import KeptState, PrefillCost
@@ -29,6 +30,7 @@ from ..decide.prefix_cache import KeptPrefix, LastPrefixCache, resolve_prefix_ca
 from ..decide.types import DecideRequest, DecideResult
 from ..stream.stats import StreamStats
 from .chat import Message
+from .forks import decode_forks, pack_calls, prefill_apart
 from .runtime import Runtime
 
 UNKNOWN_TOKEN = -1
@@ -147,7 +149,7 @@ class LlamaDecideBackend:
         start = self._mark()
         rows: list[np.ndarray] = []
         pad = self._rt.stream is not None
-        for call in _pack([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
+        for call in pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
             longest = max(len(suffixes[i]) for i in call)
             items = []
             for seq, i in enumerate(call, start=1):
@@ -167,6 +169,27 @@ class LlamaDecideBackend:
                 for seq in range(1, len(call) + 1):
                     ctx.drop(seq)
         return rows, self._cost_since(start, sum(len(s) for s in suffixes))
+
+    def max_forks(self) -> int:
+        return self._rt.ctx.n_seq - 1
+
+    def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
+                      base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
+        """Each continuation on a side sequence (``bmoe.runtime.forks``), always padded so that each
+        goes in one piece: the same graph shapes resident and streamed."""
+        if base is None and n_past != self._rt.kv.n_past:
+            raise DecideBackendError(f"decide: choices at position {n_past} but the sequence holds {self._rt.kv.n_past} tokens")
+        data = None if base is None else saved_bytes(base)
+        if base is not None and not isinstance(data, np.ndarray):
+            raise DecideBackendError("decide: a neutral prompt state this adapter did not save")
+        start = self._mark()
+        rows = decode_forks(self._rt.ctx, continuations, n_past, data)
+        return rows, self._cost_since(start, sum(len(c) for c in continuations))
+
+    def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
+        start = self._mark()
+        row, state = prefill_apart(self._rt.ctx, tokens)
+        return row, KeptState(data=state, n_tokens=len(tokens)), self._cost_since(start, len(tokens))
 
     def last_logits(self) -> np.ndarray:
         if self._logits is None:
@@ -254,26 +277,6 @@ class LlamaDecideBackend:
         self._hold(state)
 
 
-def _pack(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True) -> list[list[int]]:
-    """Split suffixes (by index, in order) into llama_decode calls. ``pad``: each call's suffixes,
-    padded to the longest of them, fill at most one ubatch (one graph: every routed expert read
-    once); else a call holds at most one batch of tokens. A suffix longer than that goes alone."""
-    calls: list[list[int]] = []
-    cur: list[int] = []
-    width = total = 0
-    for i, n in enumerate(lengths):
-        w = max(width, n)
-        full = w * (len(cur) + 1) > min(n_ubatch, n_batch) if pad else total + n > n_batch
-        if cur and full:
-            calls.append(cur)
-            cur, w, total = [], n, 0
-        cur.append(i)
-        width, total = w, total + n
-    if cur:
-        calls.append(cur)
-    return calls
-
-
 def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:
     """The bytes of a state this adapter saved: its copy, or None while it lives only in the
     sequence."""
@@ -290,12 +293,15 @@ class DecideService:
             runtime.config.decide_prefix_cache, prefill_device=runtime.config.prefill_device is not None))
         self.cache = LastPrefixCache()
         self.backend = LlamaDecideBackend(runtime, kept=lambda: self.cache.kept)
+        # The neutral prompt's side of full scoring: kept for the session's life (a generate()
+        # does not touch it: it lives in a copy, not in the sequence).
+        self.neutral = NeutralCache()
 
     def decide(self, request: DecideRequest) -> DecideResult:
-        return run_decide(self.backend, self.cache, request, self.policy)
+        return run_decide(self.backend, self.cache, request, self.policy, self.neutral)
 
     def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        return run_many(self.backend, self.cache, requests, self.policy)
+        return run_many(self.backend, self.cache, requests, self.policy, self.neutral)
 
     def drop(self) -> None:
         self.cache.drop()

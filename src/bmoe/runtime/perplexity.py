@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import RequestError
 from .kv import KvCache
-from ..numerics import log_softmax
 from .results import PerplexityResult
+from .scoring import row_logprobs
 
 
 def perplexity(kv: KvCache, tokens: list[int], n_window: int, *, keep_logits: bool = False) -> PerplexityResult:
@@ -34,8 +34,7 @@ def perplexity(kv: KvCache, tokens: list[int], n_window: int, *, keep_logits: bo
         # logits row j predicts token begin+j+1
         first = scored_to - begin - 1
         targets = np.asarray(tokens[scored_to:end], dtype=np.int64)
-        lp = log_softmax(logits[first : end - begin - 1])
-        logps.append(lp[np.arange(len(targets)), targets])
+        logps.append(row_logprobs(logits[first : end - begin - 1], targets)[0])
         if keep_logits:
             rows.append(logits[first : end - begin - 1])
         scored_to = end

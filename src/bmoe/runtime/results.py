@@ -82,3 +82,33 @@ class PerplexityResult:
     n_window: int
     token_logprobs: np.ndarray  # [n_scored] float64 log p of each scored token
     logits: np.ndarray | None = None  # [n_scored, n_vocab] when asked for
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRequest:
+    """Score a token list position by position (runtime/scoring.py), optionally pick one more."""
+
+    tokens: tuple[int, ...]
+    echo: bool = True  # score every prompt position; False: only the picked token, if any
+    top_n: int = 0  # most likely alternatives reported per scored position (0..scoring.TOP_CAP)
+    n_predict: int = 0  # 0: score only; 1: also pick the next token
+    temperature: float = 0.0  # for the picked token: 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    reuse: bool = True  # False: prefill from an empty KV, keeping nothing of earlier requests
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    tokens: tuple[int, ...]  # the prompt, then the picked token (if any)
+    n_prompt: int
+    token_logprobs: np.ndarray  # [len(tokens)] float64 log p(token j | tokens before j); nan where not scored
+    top_ids: np.ndarray  # [len(tokens), top_n] int64, most likely first (rows of unscored positions: 0)
+    top_logprobs: np.ndarray  # [len(tokens), top_n] float64
+    generated: tuple[int, ...]  # () or the one picked token
+    eog: bool  # the picked token ends generation (end of text / turn)
+    n_reused: int  # prompt tokens whose KV (and scores) came from the previous request
+    n_prefilled: int  # prompt tokens prefilled for this request
+    prefill_s: float
+    prefill_fallback: str  # "" or why the KV prefix could not be reused
+    io: StreamStats = field(default_factory=StreamStats)  # this request's streaming counters

@@ -7,6 +7,7 @@ requests from other threads or of failures that outlive a call: the Session adds
 """
 from __future__ import annotations
 
+import dataclasses
 import resource
 import threading
 import time
@@ -24,8 +25,9 @@ from ..stream.stats import StreamStats
 from .chat import ChatRenderer, Message
 from .kv import KvCache
 from .perplexity import perplexity as _perplexity
-from .results import GenerateRequest, GenerateResult, PerplexityResult, Step
+from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step
 from .sampling import Sampler
+from .scoring import PromptScorer
 from .streaming import StreamRuntime, open_streaming
 from .textstream import TextStream
 
@@ -92,6 +94,7 @@ class Runtime:
             eval_callback=self.stream.hook if self.stream is not None else None,
         )
         self.kv = KvCache(self.ctx)
+        self.scorer = PromptScorer(self.kv, self.model)
         if self.stream is not None and self.prefill_device is not None:
             # The hook binds streamed experts when a CPU graph first reads them; a device graph
             # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
@@ -238,6 +241,11 @@ class Runtime:
             raise RequestError("perplexity: give exactly one of text or tokens")
         ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
         return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
+
+    def score(self, req: ScoreRequest) -> ScoreResult:
+        """Score a token list position by position on the session's KV (runtime/scoring.py)."""
+        io0 = self.stream_stats()
+        return dataclasses.replace(self.scorer.score(req), io=self.stream_stats().minus(io0))
 
     def close(self) -> None:
         self.ctx.close()

@@ -20,18 +20,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from bmoe.session import Session
 
 from .chat_route import ChatRoute
+from .completions_route import CompletionsRoute
 from .decide_route import DecideRoute
 from .engine import Engine, QueueFull
 from .errors import ApiError, error_response, install_handlers
 from .metrics import Metrics
 from .middleware import AllowedHosts, BodyLimit, CountRequests
+from .tokenizer_route import tokenizer_router
 
 # The page's files; a fixed list, so no request path ever reaches the filesystem.
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "style.css": "text/css; charset=utf-8"}
 # Paths the request counter names; anything else counts as "other" (a fuzzer makes many).
 ROUTES = frozenset({"/", "/health", "/metrics", "/v1/models", "/v1/session", "/v1/chat/completions",
-                    "/v1/decide", "/openapi.json", "/docs"})
+                    "/v1/decide", "/openapi.json", "/docs", "/v1/completions", "/tokenize", "/detokenize",
+                    "/tokenizer_info"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,10 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
                       summary="OpenAI chat completion (stream=true for SSE)", responses=busy)
     api.add_api_route("/v1/decide", DecideRoute(engine, metrics), methods=["POST"],
                       summary="One decision, or a list answered in order", responses=busy)
+    api.add_api_route("/v1/completions", CompletionsRoute(engine, metrics, model_id(session)), methods=["POST"],
+                      summary="OpenAI legacy completion for scoring prompts: echo, logprobs, max_tokens 0 or 1",
+                      responses=busy)
+    api.include_router(tokenizer_router(engine))
 
     @api.get("/v1/models", summary="The one model this server serves")
     async def models() -> dict[str, Any]:

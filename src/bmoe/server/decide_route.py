@@ -26,15 +26,19 @@ from .schemas import DecideBatch, DecideBody
 _PARAM = {
     derr.NoChoicesError: "choices", derr.EmptyChoiceError: "choices", derr.ChoiceCollisionError: "choices",
     derr.EmptyPromptError: "suffix", derr.PromptTooLongError: "prefix", derr.DecideRequestError: "abstain_below",
+    derr.ChoiceTooLongError: "choices", derr.NoSideSequenceError: "scoring",
 }
 
 
 def to_request(b: DecideBody) -> DecideRequest:
     return DecideRequest(id=b.id, prefix=b.prefix, suffix=b.suffix, choices=tuple(b.choices),
-                         reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below)
+                         reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below,
+                         scoring=b.scoring, best_by=b.best_by, unconditional=b.unconditional)
 
 
 def _param(r: DecideResult) -> str | None:
+    if isinstance(r.cause, derr.DecideRequestError) and r.cause.field is not None:
+        return r.cause.field  # the field whose value was refused
     return next((p for t, p in _PARAM.items() if isinstance(r.cause, t)), None)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from bmoe.decide.types import DecideResult
-from bmoe.runtime.results import GenerateResult
+from bmoe.runtime.results import GenerateResult, ScoreResult
 
 MIB = 2**20
 
@@ -27,7 +27,7 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("bmoe_http_requests", "HTTP requests answered", ["route", "status"], registry=r)
         self.chat = Counter("bmoe_chat_completions", "Chat turns finished", ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("bmoe_prompt_tokens", "Prompt tokens prefilled (chat and decide)", registry=r)
+        self.prompt_tokens = Counter("bmoe_prompt_tokens", "Prompt tokens prefilled (chat, decide and completions)", registry=r)
         self.reused_tokens = Counter("bmoe_reused_tokens", "Prompt tokens reused from the KV or a kept prefix state", registry=r)
         self.completion_tokens = Counter("bmoe_completion_tokens", "Tokens generated", registry=r)
         self.prefill_seconds = Counter("bmoe_prefill_seconds", "Seconds spent prefilling", registry=r)
@@ -59,6 +59,15 @@ class Metrics:
             self.reused_tokens.inc(r.n_reused)
             self.prefill_seconds.inc(r.prefill_s)
             self.read_mib.inc((r.read_mb or 0.0) * 1e6 / MIB)
+
+    def completion(self, results: list[ScoreResult]) -> None:
+        """The prompts of one /v1/completions request, scored."""
+        for r in results:
+            self.prompt_tokens.inc(r.n_prefilled)
+            self.reused_tokens.inc(r.n_reused)
+            self.completion_tokens.inc(len(r.generated))
+            self.prefill_seconds.inc(r.prefill_s)
+            self.read_mib.inc(r.io.read_bytes / MIB)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+
+from bmoe.runtime.scoring import TOP_CAP
 
 
 def _utf8(v: str) -> str:
@@ -76,6 +78,58 @@ class DecideBody(BaseModel):
     choices: Annotated[list[Text], Field(max_length=1024)]
     reuse_prefix: bool = True
     abstain_below: float | None = Field(None, ge=0.0, le=1.0)
+    # Values are checked by decide itself, so that one bad item of a list spoils only itself.
+    scoring: Text = Field("first", description='"first" (first token of each choice) or "full" (all its tokens)')
+    best_by: Text = Field("sum", description='which score picks best: "sum", "mean", "norm" or "uncond"')
+    unconditional: Text | None = Field(None, description="scoring full: a neutral prompt to score the choices after too")
 
 
 DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256)]
+
+
+# --- /v1/completions and the tokenizer routes (completions_route.py, tokenizer_route.py) ---------
+
+TokenId = Annotated[int, Strict()]  # a JSON integer: true, 1.0 or "1" are not token ids
+TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)]
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI's legacy completion request, as far as prompt scoring goes: ``max_tokens`` 0 or 1.
+
+    OpenAI fields that would change the answer but are not implemented (``stream``, ``n``,
+    ``best_of``, ``suffix``, ``stop``, ``logit_bias``, penalties) are refused by the route when
+    set to anything but their neutral value; other unknown fields are ignored, as on the chat route.
+    """
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model: str | None = Field(None, description="ignored: the server serves the model it was started with")
+    prompt: (Text | Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)]
+             | Annotated[list[Text], Field(min_length=1, max_length=256)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=256)])
+    max_tokens: int | None = Field(None, ge=0, le=1 << 20, description="0 or 1 here (default 1)")
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=TOP_CAP)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    n: int | None = Field(None, ge=1, le=1 << 10)
+    best_of: int | None = Field(None, ge=1, le=1 << 10)
+    stream: bool = False
+    suffix: Text | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = Field(None, description="ignored")
+    prompt: Text
+    add_special_tokens: bool = Field(True, description="add BOS (and EOS) as the model asks")
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = Field(None, description="ignored")
+    tokens: Annotated[list[TokenId], Field(max_length=1 << 20)]

@@ -73,6 +73,7 @@ class Decide:
             id=self.id, prefix=f.get("prefix", ""), suffix=f.get("suffix", ""), choices=tuple(f["choices"]),
             reuse_prefix=f.get("reuse_prefix", True),
             abstain_below=None if f.get("abstain_below") is None else float(f["abstain_below"]),
+            scoring=f.get("scoring", "first"), best_by=f.get("best_by", "sum"), unconditional=f.get("unconditional"),
         )
 
 
@@ -105,6 +106,8 @@ GENERATE_FIELDS: Spec = {
 DECIDE_FIELDS: Spec = {
     "id": (_INT, False), "prefix": (_STR, False), "suffix": (_STR, False), "choices": (_STR_LIST, True),
     "reuse_prefix": (_BOOL, False), "abstain_below": (_PROB, False),
+    # values checked by decide (a refusal of that request only): docs/decide.md "Scoring modes"
+    "scoring": (_STR, False), "best_by": (_STR, False), "unconditional": (_STR, False),
 }
 
 

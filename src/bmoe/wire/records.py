@@ -11,7 +11,7 @@ import math
 from bmoe.decide.types import DecideResult
 from bmoe.runtime.results import GenerateResult, Step
 
-JsonValue = None | bool | int | float | str | list[float]
+JsonValue = None | bool | int | float | str | list[float] | list[int] | list[list[float]]
 
 MIB = 2**20
 
@@ -96,6 +96,11 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
         "choice_logp": list(r.scores.choice_logp),
         "p_outside": r.scores.p_outside,
         "abstained": r.scores.abstained,
+        "scoring": r.scores.scoring,
+        "best_by": r.scores.best_by,
+    }
+    out.update(_full_scores(r))
+    out |= {
         "n_tokens": r.n_tokens,
         "n_reused": r.n_reused,
         "prefill_s": r.prefill_s,
@@ -112,6 +117,14 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
     out["store_s"] = r.store_s
     out["restore_s"] = r.restore_s
     out["reuse"] = r.reuse
+    if r.scores.scoring == "full":  # what scoring the choices cost beyond the prompt
+        out["score_tokens"] = r.score_tokens
+        out["score_s"] = r.score_s
+        if r.score_read_mb is not None:
+            out["score_read_mb"] = r.score_read_mb
+        if r.uncond_reuse is not None:
+            out["uncond_reuse"] = r.uncond_reuse
+            out["uncond_state_mib"] = r.uncond_state_mib
     if r.batch is not None:  # prefilled together with other decisions: the batch as a whole
         out["batch_id"] = r.batch.id
         out["batch_size"] = r.batch.size
@@ -119,6 +132,24 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
         out["batch_prefill_s"] = r.batch.prefill_s
         if r.batch.read_mb is not None:
             out["batch_read_mb"] = r.batch.read_mb
+    return out
+
+
+def _full_scores(r: DecideResult) -> dict[str, JsonValue]:
+    """The per-choice keys of scoring "full" (none under "first"); the neutral prompt's two only
+    when the choices were scored after one."""
+    sc = r.scores
+    if sc is None or sc.scoring != "full":
+        return {}
+    out: dict[str, JsonValue] = {
+        "choice_tokens": list(sc.choice_tokens or ()),
+        "choice_logp_mean": list(sc.choice_logp_mean or ()),
+        "choice_logp_norm": list(sc.choice_logp_norm or ()),
+        "choice_token_logp": [list(t) for t in sc.choice_token_logp or ()],
+    }
+    if sc.choice_logp_neutral is not None and sc.choice_logp_uncond is not None:
+        out["choice_logp_neutral"] = list(sc.choice_logp_neutral)
+        out["choice_logp_uncond"] = list(sc.choice_logp_uncond)
     return out
 
 
