@@ -1,0 +1,115 @@
+"""An evaluation data set: JSONL, one decision per line with its gold answer (docs/eval.md).
+
+Each line's decide fields go through the session line protocol's own parser (``parse_line`` with
+``"cmd":"decide"``), so a field the protocol gains later flows through here unchanged. Only the
+evaluation's own fields are taken off first: ``gold`` (required), ``id`` and ``split``.
+A line that cannot be used is skipped with its line number and the reason; the others run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from bmoe.decide.types import DecideRequest
+from bmoe.errors import ConfigError
+from bmoe.wire.protocol import MAX_LINE_BYTES, Decide, ProtocolError, decode_line, parse_line
+
+EVAL_FIELDS = ("gold", "id", "split")
+
+
+class BadRow(ValueError):
+    """A data line that cannot be evaluated; the message says why (without the line number)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    line: int  # 1-based line number in the data file; also the decision's request id
+    request: DecideRequest
+    gold: int
+    data_id: str | int | None = None
+    split: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    path: Path
+    sha256: str
+    rows: tuple[Row, ...]
+    skipped: tuple[tuple[int, str], ...]  # (line, why) of each line that was left out
+
+
+def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
+    """One data line -> a Row; ``defaults`` (decide fields: bmoe-eval's --abstain-below and
+    --scoring) fill in the fields the line does not set itself."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise BadRow(f"not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise BadRow(f"must be a JSON object, got {type(obj).__name__}")
+    if obj.pop("cmd", "decide") != "decide":
+        raise BadRow('"cmd" may only be "decide" here (or left out)')
+    gold, data_id, split = obj.pop("gold", None), obj.pop("id", None), obj.pop("split", None)
+    if gold is None:
+        raise BadRow('missing field "gold" (the index of the right choice)')
+    if isinstance(gold, bool) or not isinstance(gold, int):
+        raise BadRow(f'"gold" must be an integer index into "choices", got {json.dumps(gold)[:60]}')
+    if data_id is not None and (isinstance(data_id, bool) or not isinstance(data_id, (int, str))):
+        raise BadRow(f'"id" must be a string or an integer, got {json.dumps(data_id)[:60]}')
+    if split is not None and not isinstance(split, str):
+        raise BadRow(f'"split" must be a string, got {json.dumps(split)[:60]}')
+    for name, value in (defaults or {}).items():
+        obj.setdefault(name, value)
+    try:
+        cmd = parse_line(json.dumps({"cmd": "decide", "id": line, **obj}))
+    except ProtocolError as e:
+        raise BadRow(str(e)) from None
+    assert isinstance(cmd, Decide)
+    request = cmd.request
+    if not 0 <= gold < len(request.choices):
+        raise BadRow(f'"gold" is {gold} but there are {len(request.choices)} choices (0..{len(request.choices) - 1})')
+    return Row(line=line, request=request, gold=gold, data_id=data_id, split=split)
+
+
+def load(path: Path, defaults: dict | None = None) -> Dataset:
+    """Read and check every line; raises ConfigError only when the file itself cannot be read."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"data: file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"data: {path} is a folder, not a JSONL file") from None
+    except OSError as e:
+        raise ConfigError(f"data: cannot read {path}: {e.strerror or e}") from None
+    rows: list[Row] = []
+    skipped: list[tuple[int, str]] = []
+    for n, chunk in enumerate(raw.split(b"\n"), start=1):
+        try:
+            if len(chunk.rstrip(b"\r")) > MAX_LINE_BYTES:
+                raise BadRow(f"longer than the protocol's limit of {MAX_LINE_BYTES} bytes")
+            text = decode_line(chunk)
+            if not text.strip():
+                continue
+            rows.append(parse_row(text, n, defaults))
+        except (BadRow, ProtocolError) as e:
+            skipped.append((n, str(e)))
+    return Dataset(path=path, sha256=hashlib.sha256(raw).hexdigest(), rows=tuple(rows), skipped=tuple(skipped))
+
+
+def _data_folder() -> Path:
+    return Path(str(resources.files("bmoe.eval").joinpath("data")))
+
+
+def shipped_sets() -> dict[str, Path]:
+    """The data sets that ship with bmoe (``bmoe-eval --set NAME``), by name."""
+    return {p.stem: p for p in sorted(_data_folder().glob("*.jsonl"))}
+
+
+def shipped_set(name: str) -> Path:
+    sets = shipped_sets()
+    if name not in sets:
+        raise ConfigError(f"--set: no shipped set named {name!r}; the sets are {', '.join(sets)}")
+    return sets[name]

@@ -1,0 +1,247 @@
+"""bmoe-eval: a data set of decisions with gold answers through a session; metrics, a report and
+two pictures in an output folder (docs/eval.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.errors import BmoeError
+
+if TYPE_CHECKING:  # the heavy parts load only when a run needs them
+    from bmoe.config import SessionConfig
+    from bmoe.eval.dataset import Dataset, Row
+    from bmoe.eval.runner import RunCounts
+    from bmoe.eval.store import ResultStore
+
+PROG = "bmoe-eval"
+# Session flags that only steer generation: a decision generates nothing, so bmoe-eval has none of
+# them; --decide is always on.
+SKIPPED_FLAGS = ("--decide", "--n-predict", "--temp", "--top-p", "--seed", "--no-think")
+EXTRA = ("tqdm", "matplotlib", "scipy")
+EXIT_INTERRUPTED = 130
+
+
+def _probability(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"takes a probability between 0 and 1, got {text!r}")
+    return v
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Run a JSONL file of decisions with gold answers through a bmoe session and "
+                               "report accuracy and calibration (docs/eval.md).")
+    p.add_argument("data", nargs="?", type=Path, metavar="DATA.jsonl", help="the data set (or --set NAME)")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--set", metavar="NAME", help="a data set shipped with bmoe instead of DATA (see --list-sets)")
+    g.add_argument("--list-sets", action="store_true", help="print the shipped data sets and exit")
+    g.add_argument("--out", type=Path, metavar="DIR", help="output folder (made if missing; a rerun resumes)")
+    g.add_argument("--batch", type=_positive, default=None, metavar="N",
+                   help="rows per Session.decide_many call (default: --decide-batch)")
+    g.add_argument("--abstain-below", type=_probability, default=None, metavar="T",
+                   help="abstain_below for every row that does not set its own; reports the session's "
+                        "accuracy/coverage with it")
+    g.add_argument("--scoring", choices=["first", "full"], default=None,
+                   help='the decide field "scoring" for every row that does not set its own (docs/decide.md)')
+    g.add_argument("--fit-temperature", action="store_true",
+                   help="fit a temperature on the rows of --calib-split, report the other rows before and after")
+    g.add_argument("--calib-split", default="calib", metavar="NAME",
+                   help="the split --fit-temperature fits on (default calib)")
+    g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
+    add_session_flags(p, skip=SKIPPED_FLAGS)
+    return p
+
+
+def _say(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list_sets:
+        from bmoe.eval.dataset import load, shipped_sets
+
+        for name, path in shipped_sets().items():
+            print(f"{name}\t{len(load(path).rows)} rows\t{path}")
+        return 0
+    if (args.data is None) == (args.set is None):
+        parser.error("give the data set: a DATA.jsonl path or --set NAME (one of the two)")
+    if args.out is None:
+        parser.error("--out DIR is required: the folder for results.jsonl, metrics.json, report.md and the pictures")
+    if args.calib_split != "calib" and not args.fit_temperature:
+        parser.error("--calib-split needs --fit-temperature")
+    for name in EXTRA:  # before the model opens: a missing one is one line, not a traceback later
+        try:
+            __import__(name)
+        except ImportError:
+            _say(f"the eval extra is not installed ({name} is missing): pip install 'bmoe[eval]'")
+            return 1
+    try:
+        return _evaluate(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as e:  # a refusal, or a bug: one line either way, the traceback only with --debug
+        if args.debug:
+            import traceback
+
+            traceback.print_exception(e)
+        _say(str(e) if isinstance(e, BmoeError) else f"internal error: {type(e).__name__}: {e}")
+        return 1
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from bmoe.errors import ConfigError
+    from bmoe.eval.dataset import load, shipped_set
+
+    path = shipped_set(args.set) if args.set else args.data
+    defaults = {k: v for k, v in (("abstain_below", args.abstain_below), ("scoring", args.scoring)) if v is not None}
+    ds = load(path, defaults)
+    for line, why in ds.skipped:
+        _say(f"{path} line {line} skipped: {why}")
+    if not ds.rows:
+        raise ConfigError(f"data: no usable row in {path}")
+    if args.fit_temperature:
+        n_calib = sum(r.split == args.calib_split for r in ds.rows)
+        if n_calib == 0 or n_calib == len(ds.rows):
+            raise ConfigError(
+                f'--fit-temperature: {n_calib} of the {len(ds.rows)} rows have "split":"{args.calib_split}"; '
+                f"it needs some to fit on and some to report on (mark the fitting rows with that split, or name "
+                f"theirs with --calib-split)")
+    try:
+        cfg = config_from_flags(args, model_from_flags(args, PROG), decide=True)
+    except BmoeError as e:
+        raise ConfigError(opening_failure(e)) from e
+    from bmoe.eval.store import ResultStore, identity
+
+    store = ResultStore(args.out)
+    ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
+                     abstain_below=args.abstain_below, scoring=args.scoring)
+    done = store.open(ident, {"data": str(path), "rows": len(ds.rows)})
+    # a refused row is asked again: a refusal costs nothing, and it may have come from the
+    # session's settings (scoring "full" without --decide-batch) rather than the row
+    todo = [r for r in ds.rows if r.line not in done or "error" in done[r.line]]
+    if done:
+        _say(f"resuming: {len(ds.rows) - len(todo)} of {len(ds.rows)} rows are already in {store.results}")
+    try:
+        counts = _answer(args, cfg, store, todo, done)
+    finally:
+        store.close()
+    ordered = [done[r.line] for r in ds.rows if r.line in done]
+    store.finish(ordered)
+    return _write_outputs(args, ds, cfg.model, path, ordered, len(ds.rows) - len(todo), counts)
+
+
+def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
+            done: dict[int, dict]) -> RunCounts:
+    """Answer ``todo`` through one session, storing each answer as it comes; ``done`` gains them."""
+    from tqdm import tqdm
+
+    from bmoe.eval.runner import RunCounts, chunks, result_row, run
+
+    counts = RunCounts()
+    if not todo:
+        return counts
+    try:
+        from bmoe.session import Session
+
+        session = Session(cfg)
+    except Exception as e:
+        from bmoe.errors import ConfigError
+
+        raise ConfigError(opening_failure(e)) from e
+    size = args.batch or cfg.decide_batch
+    bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
+
+    def on_result(row, result) -> None:
+        if result.error is not None:
+            bar.write(f"{PROG}: line {row.line} {'refused' if result.refused else 'failed'}: {result.error}",
+                      file=sys.stderr)
+            if not result.refused:  # not stored: a rerun tries it again
+                bar.update(1)
+                return
+        out = result_row(row, result)
+        store.append(out)
+        done[row.line] = out
+        bar.set_postfix(kept_hits=counts.kept_hits, refresh=False)
+        bar.update(1)
+
+    saved = f"rerun the same command to resume (answered rows are in {store.results})"
+    try:
+        with session:
+            run(session, chunks(todo, size), on_result, counts)
+    except KeyboardInterrupt:
+        bar.close()
+        _say(f"interrupted after {counts.decided} decisions this run; {saved}")
+        raise
+    except BmoeError as e:
+        bar.close()
+        raise BmoeError(f"{e}; {saved}") from e
+    bar.close()
+    return counts
+
+
+def _write_outputs(args: argparse.Namespace, ds: Dataset, model: Path, path: Path, ordered: list[dict],
+                   resumed: int, counts: RunCounts) -> int:
+    from bmoe.eval import plots
+    from bmoe.eval.metrics import curves
+    from bmoe.eval.report import compute, markdown, scored
+
+    refused = [{"line": r["line"], "error": r["error"]} for r in ordered if "error" in r]
+    answered = [r for r in ordered if "error" not in r]
+    missing = len(ds.rows) - len(ordered)
+    if not answered:
+        _say(f"no row was answered ({len(refused)} refused, {missing} failed); no metrics written")
+        return 1
+    doc: dict = {
+        "data": str(path), "data_sha256": ds.sha256, "model": str(model), "rows": len(ds.rows),
+        "answered": len(answered), "unanswered": missing,
+        "skipped_lines": [{"line": n, "why": why} for n, why in ds.skipped], "refused": refused,
+    }
+    doc.update(compute(answered, fit=args.fit_temperature, calib_split=args.calib_split,
+                       abstain_below=args.abstain_below))
+    doc["run"] = {"decided": counts.decided, "resumed": resumed, "seconds": round(counts.seconds, 3),
+                  "decisions_per_s": round(counts.per_s, 3), "batches": len(counts.batch_ids),
+                  "kept_state_hits": sum(r["n_reused"] > 0 for r in answered)}
+    out = args.out
+    (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
+    report = markdown(doc)
+    (out / "report.md").write_text(report)
+    t = doc["temperature"]
+    fitted = t is not None and "after" in t
+    evaluated = [r for r in answered if not fitted or r.get("split") != args.calib_split]
+    title = f"{path.name} on {model.name}"
+    series = [("T = 1", doc["metrics"]["ece_bins"])]
+    if fitted:
+        series.append((f"T = {t['temperature']:.3f}", t["after"]["ece_bins"]))
+    plots.reliability(out / "reliability.png", series, title)
+    a = doc["abstention"]
+    mark = (a["abstain_below"], a["coverage"], a["accuracy_answered"]) \
+        if a is not None and a["accuracy_answered"] is not None else None
+    plots.coverage(out / "coverage.png", curves(scored(evaluated)), title, mark)
+    print(report, end="")
+    if missing:
+        _say(f"{missing} rows failed and are not in the metrics; rerun the same command to retry them")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""DIR/results.jsonl and DIR/run.json: what a run answered, and what it answered it for.
+
+Rows are appended (and flushed) as they are answered, so an interrupted run loses nothing it
+finished; a rerun with the same data, model and settings skips the lines already there. run.json
+names that data, model and settings; a rerun that differs in any of them is refused before the
+model opens (docs/eval.md#resume).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from bmoe.errors import ConfigError
+
+RESULTS = "results.jsonl"
+RUN = "run.json"
+
+# run.json keys that must be equal for a rerun to resume, and how a mismatch is named
+IDENTITY = {
+    "data_sha256": "the data (sha256 of the file)",
+    "model": "the model file",
+    "model_size": "the model file's size",
+    "model_mtime_ns": "the model file's modification time",
+    "chat": "the chat template setting (--chatml / --no-chat)",
+    "flash_attn": "--flash-attn",
+    "kv_f32": "--kv-f32",
+    "abstain_below": "--abstain-below",
+    "scoring": "--scoring",
+}
+
+
+def identity(data_sha256: str, model: Path, *, chat: str, flash_attn: bool | None, kv_f32: bool,
+             abstain_below: float | None, scoring: str | None) -> dict[str, Any]:
+    st = model.stat()
+    return {"data_sha256": data_sha256, "model": str(model.resolve()), "model_size": st.st_size,
+            "model_mtime_ns": st.st_mtime_ns, "chat": chat, "flash_attn": flash_attn, "kv_f32": kv_f32,
+            "abstain_below": abstain_below, "scoring": scoring}
+
+
+class ResultStore:
+    """The results file of one output folder."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.results = out / RESULTS
+        self.run = out / RUN
+        self._fh: IO[str] | None = None
+
+    def open(self, ident: dict[str, Any], info: dict[str, Any]) -> dict[int, dict]:
+        """Make the folder, check a previous run's identity and return its rows by line number.
+
+        Raises ConfigError (nothing written) when the folder holds another run's results."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"--out: {self.out} is a file, not a folder")
+        self.out.mkdir(parents=True, exist_ok=True)
+        done: dict[int, dict] = {}
+        if self.results.exists() and self.results.read_text(encoding="utf-8", errors="replace").strip():
+            self._check_identity(ident)
+            done = self._read()
+        self.run.write_text(json.dumps({**ident, **info}, indent=1) + "\n")
+        return done
+
+    def _check_identity(self, ident: dict[str, Any]) -> None:
+        again = f"give another --out, or delete {self.results} to start over"
+        try:
+            before = json.loads(self.run.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"--out: {self.results} exists but {self.run} does not, so what it answered "
+                              f"cannot be checked; {again}") from None
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--out: {self.run} cannot be read ({e}); {again}") from None
+        for key, what in IDENTITY.items():
+            if before.get(key) != ident[key]:
+                raise ConfigError(f"--out: {self.results} holds the results of another run: {what} differs "
+                                  f"({key} was {json.dumps(before.get(key))}, now {json.dumps(ident[key])}); {again}")
+
+    def _read(self) -> dict[int, dict]:
+        """The rows already answered, by line; a last line cut short by an interruption is dropped."""
+        text = self.results.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        done: dict[int, dict] = {}
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                key = row["line"]
+            except (ValueError, KeyError, TypeError):
+                if i == len(lines) - 1:  # no newline after it: the write was interrupted
+                    self.results.write_text("\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""), encoding="utf-8")
+                    break
+                raise ConfigError(f"--out: {self.results} line {i + 1} is not a result row; "
+                                  f"delete the file to start over") from None
+            done[key] = row  # a row asked again (a refusal) replaces the earlier one
+        else:
+            if lines[-1].strip():  # a whole row without its newline: end the file before appending
+                with self.results.open("a", encoding="utf-8") as fh:
+                    fh.write("\n")
+        return done
+
+    def append(self, row: dict) -> None:
+        if self._fh is None:  # made on the first row: a run that answered nothing leaves no file
+            self._fh = self.results.open("a", encoding="utf-8")
+        self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def finish(self, rows: Iterable[dict]) -> None:
+        """Rewrite the file with ``rows`` (already in input order), atomically."""
+        self.close()
+        tmp = self.results.with_name(RESULTS + ".tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+        os.replace(tmp, self.results)

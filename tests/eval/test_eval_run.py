@@ -1,0 +1,179 @@
+"""bmoe-eval end to end on SmolLM2-135M-Instruct (the default model) over a few rows: the output
+files, batches through Session.decide_many, resuming after an interruption without recomputing a
+row, and the refusals."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmoe.eval import dataset
+from bmoe.eval.main import EXIT_INTERRUPTED, main
+from bmoe.session import Session
+
+FAST = ["-t", "1", "-c", "512"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight rows with two prefixes, interleaved (4 units, 4 arithmetic), four of them "calib"."""
+    sets = dataset.shipped_sets()
+    units = sets["units"].read_text().splitlines()[:4]
+    arith = sets["arithmetic"].read_text().splitlines()[:4]
+    path = tmp_path_factory.mktemp("data") / "mixed.jsonl"
+    path.write_text("\n".join(x for pair in zip(units, arith) for x in pair) + "\n")
+    return path
+
+
+@pytest.fixture()
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The request ids of every Session.decide_many call, in order."""
+    seen: list[list[int]] = []
+    real = Session.decide_many
+
+    def spy(self: Session, requests):  # type: ignore[no-untyped-def]
+        seen.append([r.id for r in requests])
+        return real(self, requests)
+
+    monkeypatch.setattr(Session, "decide_many", spy)
+    return seen
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_a_run_writes_every_output_from_batches(data: Path, tmp_path: Path, calls, capsys) -> None:
+    out = tmp_path / "out"
+    assert main([str(data), "--out", str(out), "--decide-batch", "4", "--fit-temperature", *FAST]) == 0
+    # grouped by prefix, 4 per call: the units rows (odd lines), then the arithmetic ones
+    assert calls == [[1, 3, 5, 7], [2, 4, 6, 8]]
+    rows = _results(out)
+    assert [r["line"] for r in rows] == list(range(1, 9)) == [r["id"] for r in rows]  # input order
+    golds = [json.loads(x)["gold"] for x in data.read_text().splitlines()]
+    assert [r["gold"] for r in rows] == golds
+    assert all(r["batch_size"] == 4 for r in rows) and len({r["batch_id"] for r in rows}) == 2
+    assert {"choice_logp", "p_outside", "n_reused", "reuse", "data_id", "split"} <= set(rows[0])
+    doc = json.loads((out / "metrics.json").read_text())
+    # the metrics agree with the rows they came from: T = 1 figures over the rows outside "calib"
+    test_rows = [r for r in rows if r["split"] != "calib"]
+    assert doc["metrics"]["n"] == len(test_rows) == 4
+    assert doc["metrics"]["accuracy"] == np.mean([np.argmax(r["choice_logp"]) == r["gold"] for r in test_rows])
+    assert doc["temperature"]["calib_n"] == 4 and doc["temperature"]["after"]["n"] == 4
+    assert doc["run"] == {**doc["run"], "decided": 8, "resumed": 0, "batches": 2}
+    assert doc["run"]["kept_state_hits"] == sum(r["n_reused"] > 0 for r in rows) >= 6
+    for name in ("reliability.png", "coverage.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr()
+    assert printed.out == (out / "report.md").read_text()
+    assert "| T = 1 | 4 |" in printed.out and "dec/s" in printed.err and "kept_hits" in printed.err
+
+
+def test_an_interrupted_run_resumes_without_recomputing_a_row(data: Path, tmp_path: Path, monkeypatch, calls,
+                                                               capsys) -> None:
+    out = tmp_path / "out"
+    real = Session.decide_many  # the spy of `calls`
+
+    def interrupted(self: Session, requests):  # type: ignore[no-untyped-def]
+        if len(calls) == 2:  # Ctrl-C during the third call, before it answered anything
+            raise KeyboardInterrupt
+        return real(self, requests)
+
+    monkeypatch.setattr(Session, "decide_many", interrupted)
+    assert main([str(data), "--out", str(out), "--batch", "3", *FAST]) == EXIT_INTERRUPTED
+    assert calls == [[1, 3, 5], [7]]
+    assert [r["line"] for r in _results(out)] == [1, 3, 5, 7]
+    assert "interrupted after 4 decisions this run; rerun the same command to resume" in capsys.readouterr().err
+    # a write cut short by the interruption: the partial last line is dropped, not an error
+    with (out / "results.jsonl").open("a") as fh:
+        fh.write('{"id":2,"best"')
+    monkeypatch.setattr(Session, "decide_many", real)
+    calls.clear()
+    assert main([str(data), "--out", str(out), "--batch", "3", *FAST]) == 0
+    assert calls == [[2, 4, 6], [8]]  # only what was missing
+    rows = _results(out)
+    assert [r["line"] for r in rows] == list(range(1, 9))
+    assert "resuming: 4 of 8 rows are already in" in capsys.readouterr().err
+    doc = json.loads((out / "metrics.json").read_text())
+    assert (doc["run"]["decided"], doc["run"]["resumed"], doc["metrics"]["n"]) == (4, 4, 8)
+    # and once more: nothing left to answer, the model is not even opened
+    calls.clear()
+    assert main([str(data), "--out", str(out), *FAST]) == 0
+    assert calls == [] and _results(out) == rows
+
+
+def test_another_data_set_or_setting_is_refused_before_the_model_opens(data: Path, tmp_path: Path, calls,
+                                                                        capsys) -> None:
+    out = tmp_path / "out"
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join(data.read_text().splitlines()[:2]) + "\n")
+    assert main([str(two), "--out", str(out), *FAST]) == 0
+    before = (out / "results.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main([str(data), "--out", str(out), *FAST]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"bmoe-eval: --out: {out / 'results.jsonl'} holds the results of another run: "
+                              "the data (sha256 of the file) differs (data_sha256 was ")
+    assert err[-1].endswith(f"give another --out, or delete {out / 'results.jsonl'} to start over")
+    assert main([str(two), "--out", str(out), "--abstain-below", "0.5", *FAST]) == 1
+    assert "--abstain-below differs (abstain_below was null, now 0.5)" in capsys.readouterr().err
+    assert main([str(two), "--out", str(out), "--chatml", *FAST]) == 1
+    assert "the chat template setting (--chatml / --no-chat) differs" in capsys.readouterr().err
+    assert (out / "results.jsonl").read_bytes() == before and len(calls) == 2  # the first run's two prefixes
+
+
+def test_bad_lines_and_refused_rows_are_reported_not_fatal(tmp_path: Path, calls, capsys) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 0}),
+        json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 2}),
+        "not json",
+        json.dumps({"suffix": "Is the sky green? " * 200, "choices": ["yes", "no"], "gold": 0}),
+    ]) + "\n")
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), *FAST]) == 0
+    err = capsys.readouterr().err
+    assert f'{path} line 2 skipped: "gold" is 2 but there are 2 choices (0..1)' in err
+    assert f"{path} line 3 skipped: not valid JSON: " in err
+    assert "bmoe-eval: line 4 refused: decide: the prompt is " in err
+    assert " tokens but the context holds 512; shorten the prefix or suffix" in err
+    assert "Traceback" not in err
+    rows = _results(out)
+    assert [r["line"] for r in rows] == [1, 4] and "error" in rows[1]
+    doc = json.loads((out / "metrics.json").read_text())
+    assert [s["line"] for s in doc["skipped_lines"]] == [2, 3] and [r["line"] for r in doc["refused"]] == [4]
+    assert doc["answered"] == doc["metrics"]["n"] == 1
+    # a rerun asks the refused row again (it may have been the session's settings), and only it
+    calls.clear()
+    assert main([str(path), "--out", str(out), *FAST]) == 0
+    assert calls == [[4]] and [r["line"] for r in _results(out)] == [1, 4]
+    assert "resuming: 1 of 2 rows are already in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--fit-temperature"], '--fit-temperature: 0 of the 8 rows have "split":"train"'),
+    (["-c", "8"], "--ctx-size (n_ctx): must be an integer >= 16, got 8"),
+    (["--set", "nope"], None),
+    (["-m", "BAD"], "model: llama.cpp could not load "),
+])
+def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args, msg, capsys) -> None:
+    argv = [str(data), "--out", str(tmp_path / "out"), *FAST, *args]
+    if args[0] == "--fit-temperature":
+        argv += ["--calib-split", "train"]
+    if args[0] == "-m":
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(b"GGUF\0\0\0\0")
+        argv[-1] = str(bad)
+    if args[0] == "--set":
+        with pytest.raises(SystemExit) as e:  # DATA and --set together: a usage error
+            main(argv)
+        assert e.value.code == 2
+        assert main(["--set", "nope", "--out", str(tmp_path / "out")]) == 1
+        msg = "--set: no shipped set named 'nope'; the sets are arithmetic, ordering, phone_agent, units"
+    else:
+        assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"bmoe-eval: {msg}") and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "out" / "results.jsonl").exists()
