@@ -1,7 +1,8 @@
 """lm-evaluation-harness (pinned 0.4.13) as a client: its `local-completions` model against a live
 bmoe-server on SmolLM2, on a multiple-choice task written here (a task YAML over a local JSONL
 file; nothing is downloaded). Its acc and acc_norm equal the ones computed independently from the
-session's own log-likelihoods (perplexity over context + continuation, prefilled whole)."""
+session's own log-likelihoods (perplexity over context + continuation, prefilled whole), and what
+`bmoe-eval --scoring full` reports on the same items (accuracy by "sum" and by "norm")."""
 from __future__ import annotations
 
 import json
@@ -121,4 +122,17 @@ def test_lm_eval_local_completions_against_bmoe_server(make_app, smol_path, live
           f"prefilled {metric(text, 'bmoe_prompt_tokens_total'):.0f}")
     assert metric(text, "bmoe_reused_tokens_total") > 0
     assert metric(text, "bmoe_http_requests_total", route="/v1/completions", status="200") == sum(len(c) for _, c, _ in ITEMS)
+
+    # bmoe-eval on the same items: the prompt raw (no chat template), every choice scored whole after
+    # it with lm-eval's delimiter in front; its accuracy by sum and by norm are lm-eval's acc, acc_norm
+    from bmoe.eval.main import main as bmoe_eval
+
+    data = tmp_path / "bmoe-eval.jsonl"
+    data.write_text("".join(json.dumps({"suffix": TEMPLATE.format(q=q), "choices": [" " + c for c in choices],
+                                        "gold": gold, "scoring": "full"}) + "\n" for q, choices, gold in ITEMS))
+    out_dir = tmp_path / "bmoe-eval"
+    assert bmoe_eval([str(data), "--out", str(out_dir), "-m", str(smol_path), "--no-chat", "--flash-attn", "off",
+                      "--decide-batch", "4", "-c", "512", "-t", "1"]) == 0
+    ours = json.loads((out_dir / "metrics.json").read_text())["accuracy_by"]
+    assert (ours["sum"], ours["norm"]) == (got["acc,none"], got["acc_norm,none"])
 

@@ -120,7 +120,8 @@ def test_full_scores_match_a_hand_computation() -> None:
         assert sc.choice_token_logp[i] == pytest.approx(want[i], abs=1e-9)
         assert sc.choice_logp[i] == pytest.approx(sum(want[i]), abs=1e-9)
         assert sc.choice_logp_mean[i] == pytest.approx(sum(want[i]) / len(want[i]), abs=1e-9)
-        assert sc.choice_logp_norm[i] == pytest.approx(sum(want[i]) / len(c), abs=1e-9)  # per character
+        # per character, leading whitespace not counted (lm-eval's acc_norm)
+        assert sc.choice_logp_norm[i] == pytest.approx(sum(want[i]) / len(c.lstrip()), abs=1e-9)
     assert sc.best == int(np.argmax(sc.choice_logp))
     assert sc.choice_logp_neutral is None and sc.choice_logp_uncond is None
     # p_outside: the next token's mass outside the choices' distinct first tokens (ab, Hello, c)
@@ -316,3 +317,9 @@ def test_best_by_uncond_without_a_prompt_uses_the_empty_user_message() -> None:
     r = decide(ForkingBackend(), full(best_by="uncond"))
     explicit = decide(ForkingBackend(), full(best_by="uncond", unconditional=""))
     assert r.scores == explicit.scores and r.scores.choice_logp_uncond is not None
+
+
+def test_norm_counts_the_choice_without_its_leading_whitespace_as_lm_eval_does() -> None:
+    from bmoe.decide.scoring_modes import norm_chars
+
+    assert [norm_chars(c) for c in (" Paris", "Paris", "\n two words", " ", "")] == [5, 5, 9, 1, 1]

@@ -20,6 +20,14 @@ from bmoe.decide.types import ChoiceScores, DecideRequest
 SCORING_FIRST = "first"
 SCORING_FULL = "full"
 SCORING_MODES = (SCORING_FIRST, SCORING_FULL)
+def norm_chars(choice: str) -> int:
+    """What ``choice_logp_norm`` divides by: the choice's characters without its leading whitespace
+    (at least 1). lm-evaluation-harness scores a continuation as its delimiter (a space by default)
+    plus the choice, and its ``acc_norm`` divides by the choice alone: a choice sent as " Paris"
+    counts 5 here as it does there."""
+    return max(1, len(choice.lstrip()))
+
+
 # best_by value -> the ChoiceScores field it ranks by
 BEST_BY = {"sum": "choice_logp", "mean": "choice_logp_mean", "norm": "choice_logp_norm", "uncond": "choice_logp_uncond"}
 # The neutral prompt when best_by is "uncond" and the request names none: an empty user message
@@ -105,7 +113,7 @@ def full_scores(
     fields: dict[str, tuple[float, ...] | None] = {
         "choice_logp": sums,
         "choice_logp_mean": tuple(s / n for s, n in zip(sums, counts)),
-        "choice_logp_norm": tuple(s / len(c) for s, c in zip(sums, choices)),
+        "choice_logp_norm": tuple(s / norm_chars(c) for s, c in zip(sums, choices)),
         "choice_logp_neutral": None,
         "choice_logp_uncond": None,
     }
