@@ -54,6 +54,7 @@ class SessionConfig:
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
     decide_batch: int = 1  # decisions of one decide_batch prefilled together at most (1: one by one)
+    decide_pride_sample: int = 8  # debias "pride": requests per label list that estimate the prior
     # prefill device (docs/prefill-device.md): None = everything on the CPU
     prefill_device: str | None = None
     prefill_min_tokens: int = 32  # ubatches at least this wide run on the device
@@ -121,6 +122,7 @@ def validate(cfg: SessionConfig) -> None:
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
     _int_at_least(cfg, "decide_batch", 1)
+    _int_at_least(cfg, "decide_pride_sample", 1)
     if cfg.decide_batch > 1 and not cfg.decide:
         raise ConfigError(f"decide_batch: {cfg.decide_batch} needs decide on")
     if cfg.decide_batch > 255:
@@ -221,6 +223,8 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--decide-batch", field="decide_batch", type=int, default=1, metavar="N",
           help="prefill up to N decisions of a decide_batch together, each on its own KV stream of "
                "--ctx-size tokens (memory: N+1 times the KV; default 1: one by one)"),
+    _flag("--decide-pride-sample", field="decide_pride_sample", type=int, default=8, metavar="K",
+          help='debias "pride": the first K requests of a label list estimate the prior (default 8)'),
     # prefill device
     _flag("--prefill-device", field="prefill_device", default=None, metavar="DEV",
           help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bmoe.decide.options import rendered
 from bmoe.eval import dataset
 from bmoe.eval.data import generate  # type: ignore[attr-defined]
 
@@ -85,11 +86,17 @@ def test_the_shipped_sets_are_what_the_generator_writes(tmp_path: Path) -> None:
         assert path.read_bytes() == SHIPPED[path.stem].read_bytes(), f"{path.stem}: rerun generate.py"
 
 
+def _text(row) -> str:
+    """The text after a row's prefix, as the model reads it (the structured form rendered)."""
+    return rendered(row.request).suffix if row.request.options is not None else row.request.suffix
+
+
 def _options(row) -> list[str]:
-    """The option texts of a row's suffix, in letter order."""
-    text = row.request.suffix.split(" Options: ")[1].removesuffix(". Answer with the letter.")
+    """The option texts of a row's rendered suffix, in letter order."""
+    text = _text(row).split(" Options: ")[1].removesuffix(". Answer with the letter.")
     parts = re.split(r"(?:^| )([A-E])\) ", text)[1:]
-    assert parts[0::2] == list(row.request.choices)
+    assert parts[0::2] == list(rendered(row.request).choices if row.request.options else row.request.choices)
+    assert row.request.options is None or parts[1::2] == list(row.request.options)
     return parts[1::2]
 
 
@@ -108,12 +115,12 @@ def test_every_shipped_gold_answer_checks_out() -> None:
         assert values[r.gold] > max(v for i, v in enumerate(values) if i != r.gold)
     for r in rows["ordering"]:
         opts = _options(r)
-        q = r.request.suffix
+        q = _text(r)
         key = (min if "smallest" in q or "alphabetical" in q else max)
         cast = str if "alphabetical" in q else int
         assert cast(opts[r.gold]) == key(map(cast, opts)) and len(set(opts)) == 4
     for r in rows["units"]:
-        k, big = re.search(r"are in (\d+) (\w+)\?", r.request.suffix).groups()
+        k, big = re.search(r"are in (\d+) (\w+)\?", _text(r)).groups()
         factor = {b: f for b, _, f in generate.CONVERSIONS}[big]
         opts = [int(o) for o in _options(r)]
         assert [i for i, o in enumerate(opts) if o == int(k) * factor] == [r.gold]
@@ -125,3 +132,12 @@ def test_every_shipped_gold_answer_checks_out() -> None:
         if right == f"Turn {verb}":
             assert screen == f"{switch} (now {'off' if verb == 'on' else 'on'})"
         assert _options(r)[r.gold] == right
+
+
+def test_a_structured_row_takes_debias_and_its_gold_indexes_the_options() -> None:
+    line = _line(suffix=..., choices=..., question="Q?", options=["x", "y", "z"], gold=2)
+    row = dataset.parse_row(line, 3, {"debias": "pride"})
+    assert (row.gold, row.request.options, row.request.debias, row.request.choices) == (2, ("x", "y", "z"), "pride", ())
+    assert dataset.parse_row(_line(debias="permute"), 1, {"debias": "pride"}).request.debias == "permute"
+    with pytest.raises(dataset.BadRow, match=r'"gold" is 3 but there are 3 options \(0..2\)'):
+        dataset.parse_row(_line(suffix=..., choices=..., question="Q?", options=["x", "y", "z"], gold=3), 1)

@@ -64,3 +64,21 @@ def test_a_field_the_protocol_gains_reaches_the_request_unchanged() -> None:
     # bmoe-eval --scoring fills it in where a line has none
     r = dataset.parse_row('{"suffix":"Q?","choices":["yes","no"],"gold":0}', 1, {"scoring": "full"}).request
     assert r.scoring == "full"
+
+
+def test_debiased_rows_are_scored_by_debiased_p_and_raw_keeps_choice_logp() -> None:
+    # raw prefers the first option on both rows; debiased picks the gold one on both
+    rows = [_result([math.log(0.6), math.log(0.2)], 1, debiased_p=[0.4, 0.6]),
+            _result([math.log(0.5), math.log(0.1)], 0, debiased_p=[0.7, 0.3])]
+    doc = report.compute(rows, fit=False, calib_split="calib", abstain_below=None)
+    assert doc["metrics"]["accuracy"] == 1.0
+    assert doc["metrics"]["nll"] == pytest.approx(-(math.log(0.6) + math.log(0.7)) / 2)
+    assert doc["positions"]["picked"] == [1, 1]
+    raw = doc["raw"]
+    assert raw["n_debiased"] == 2 and raw["metrics"]["accuracy"] == 0.5 and raw["positions"]["picked"] == [2, 0]
+    assert raw["metrics"]["nll"] == pytest.approx(-(math.log(0.25) + math.log(5 / 6)) / 2)
+    assert "Before debiasing (choice_logp, T = 1): accuracy 0.5000" in report.markdown({
+        **doc, "data": "x.jsonl", "model": "m.gguf", "data_sha256": "0" * 64, "answered": 2, "refused": [],
+        "skipped_lines": [], "run": {"decided": 2, "seconds": 1.0, "decisions_per_s": 2.0, "resumed": 0,
+                                     "kept_state_hits": 0, "batches": 0}})
+    assert report.compute([_result([0.0, -1.0], 0)], fit=False, calib_split="calib", abstain_below=None)["raw"] is None

@@ -12,6 +12,7 @@ from bmoe.decide.continuations import (
     NeutralCache,
     continuation_logps,
 )
+from bmoe.decide.debias import DebiasState, NoPriorError, decide_all
 from bmoe.decide.decider import (
     REUSE_MISS,
     REUSE_NO_PREFIX,
@@ -53,9 +54,19 @@ from bmoe.decide.scoring_modes import (
     SCORING_MODES,
     full_scores,
 )
-from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult
+from bmoe.decide.options import CONTENT_FREE, DEBIAS_MODES, render_block, rendered
+from bmoe.decide.types import ChoiceScores, DebiasScores, DecideRequest, DecideResult, RenderRule
 
 __all__ = [
+    "CONTENT_FREE",
+    "DEBIAS_MODES",
+    "DebiasScores",
+    "DebiasState",
+    "NoPriorError",
+    "RenderRule",
+    "decide_all",
+    "render_block",
+    "rendered",
     "BEST_BY",
     "DEFAULT_NEUTRAL",
     "SCORING_FIRST",

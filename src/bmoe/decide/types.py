@@ -6,6 +6,27 @@ from dataclasses import dataclass, field
 
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
 
+DEFAULT_TEMPLATE = "{question}\n{options}\n{cue}"
+DEFAULT_OPTION = "{label}) {text}"
+DEFAULT_JOINER = "\n"
+DEFAULT_CUE = "Answer with the letter."
+
+
+@dataclass(frozen=True, slots=True)
+class RenderRule:
+    """How the structured form's option list becomes text (docs/decide.md "Order debiasing").
+
+    The block ``template`` (with ``{question}``, ``{options}`` and ``{cue}`` replaced) is appended
+    to the request's ``suffix``; ``{options}`` is every option as ``option`` (``{label}``,
+    ``{text}``) joined by ``joiner``. ``labels`` None: A, B, C, ... as many as there are options."""
+
+    template: str = DEFAULT_TEMPLATE
+    option: str = DEFAULT_OPTION
+    joiner: str = DEFAULT_JOINER
+    cue: str = DEFAULT_CUE
+    labels: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class DecideRequest:
     """One decision: which of ``choices`` the model answers after ``prefix + suffix``.
@@ -28,6 +49,28 @@ class DecideRequest:
     # full only: the neutral prompt (one user message) choices are also scored after; None with
     # best_by "uncond" means the default neutral prompt, an empty user message.
     unconditional: str | None = None
+    # The structured form (docs/decide.md "Order debiasing"): bmoe renders ``question`` and
+    # ``options`` after ``suffix`` by ``render``, and the choices are the labels. ``choices`` is
+    # then empty. ``debias`` ("permute", "pride", "contextual") needs this form.
+    question: str | None = None
+    options: tuple[str, ...] | None = None
+    render: RenderRule | None = None
+    debias: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DebiasScores:
+    """What order debiasing adds to an answer: probabilities over the options (request order,
+    summing to 1) after the position bias was taken out, and what was taken out."""
+
+    mode: str  # "permute", "pride" or "contextual"
+    debiased_p: tuple[float, ...]  # [n_options]
+    best_raw: int  # argmax of choice_logp, the options in the request's order
+    prior: tuple[float, ...] | None = None  # [n_options] probability per label position, sums to 1
+    prior_samples: int | None = None  # pride: requests the session's prior is estimated from
+    decisions: int = 1  # decisions run for this answer (permutations, the content-free prompt)
+    prefill_s: float = 0.0  # their prefill (and scoring) seconds, all of them together
+    stage: str | None = None  # pride: "sample" (permuted, estimating) or "prior" (divided)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +139,7 @@ class DecideResult:
     score_read_mb: float | None = None
     uncond_reuse: str | None = None  # "stored", "restored" or "cached"; None without unconditional
     uncond_state_mib: float | None = None  # the kept neutral prompt state's size after this request
+    debias: DebiasScores | None = None  # set when the request asked for order debiasing
     cause: Exception | None = field(default=None, compare=False, repr=False)
 
     @classmethod

@@ -42,8 +42,8 @@ class Dataset:
 
 
 def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
-    """One data line -> a Row; ``defaults`` (decide fields: bmoe-eval's --abstain-below and
-    --scoring) fill in the fields the line does not set itself."""
+    """One data line -> a Row; ``defaults`` (decide fields: bmoe-eval's --abstain-below,
+    --scoring and --debias) fill in the fields the line does not set itself."""
     try:
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
@@ -69,8 +69,10 @@ def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
         raise BadRow(str(e)) from None
     assert isinstance(cmd, Decide)
     request = cmd.request
-    if not 0 <= gold < len(request.choices):
-        raise BadRow(f'"gold" is {gold} but there are {len(request.choices)} choices (0..{len(request.choices) - 1})')
+    # the structured form: gold indexes the options in their given order (the choices are their labels)
+    n, what = (len(request.choices), "choices") if request.options is None else (len(request.options), "options")
+    if not 0 <= gold < n:
+        raise BadRow(f'"gold" is {gold} but there are {n} {what} (0..{n - 1})')
     return Row(line=line, request=request, gold=gold, data_id=data_id, split=split)
 
 

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "accuracy/coverage with it")
     g.add_argument("--scoring", choices=["first", "full"], default=None,
                    help='the decide field "scoring" for every row that does not set its own (docs/decide.md)')
+    g.add_argument("--debias", choices=["permute", "pride", "contextual"], default=None,
+                   help='the decide field "debias" for every row that does not set its own; rows need the '
+                        'structured form (question, options). The report gives raw and debiased figures')
     g.add_argument("--fit-temperature", action="store_true",
                    help="fit a temperature on the rows of --calib-split, report the other rows before and after")
     g.add_argument("--calib-split", default="calib", metavar="NAME",
@@ -113,7 +116,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from bmoe.eval.dataset import load, shipped_set
 
     path = shipped_set(args.set) if args.set else args.data
-    defaults = {k: v for k, v in (("abstain_below", args.abstain_below), ("scoring", args.scoring)) if v is not None}
+    defaults = {k: v for k, v in (("abstain_below", args.abstain_below), ("scoring", args.scoring),
+                                  ("debias", args.debias)) if v is not None}
     ds = load(path, defaults)
     for line, why in ds.skipped:
         _say(f"{path} line {line} skipped: {why}")
@@ -134,7 +138,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     store = ResultStore(args.out)
     ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
-                     abstain_below=args.abstain_below, scoring=args.scoring)
+                     abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias)
     done = store.open(ident, {"data": str(path), "rows": len(ds.rows)})
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
     # session's settings (scoring "full" without --decide-batch) rather than the row

@@ -1,6 +1,7 @@
 """metrics.json and report.md from the result rows (docs/eval.md#output)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,8 +11,9 @@ from bmoe.eval import metrics as m
 from bmoe.eval.temperature import fit_temperature
 
 PROBABILITIES = ("the choices' probabilities renormalised to sum 1 (softmax of choice_logp, or of the score "
-                 "best_by names, divided by T when a temperature is applied); p_outside, the mass outside the "
-                 "choices, is reported on its own")
+                 "best_by names, or a debiased row's debiased_p; divided by T when a temperature is applied); "
+                 "p_outside, the mass outside the choices, is reported on its own")
+TINY = 1e-300  # a debiased probability's floor before its log
 # best_by (a BMOE_DECIDE key under scoring "full") -> the BMOE_DECIDE key of the score it ranks by
 SCORE_KEYS = {"sum": "choice_logp", "mean": "choice_logp_mean", "norm": "choice_logp_norm",
               "uncond": "choice_logp_uncond"}
@@ -22,9 +24,17 @@ def score_key(result: dict) -> str:
     return SCORE_KEYS.get(result.get("best_by", "sum"), "choice_logp")
 
 
-def scored(results: Sequence[dict]) -> list[m.Scored]:
-    return [m.Scored(logp=tuple(r[score_key(r)]), gold=r["gold"], p_outside=r["p_outside"],
-                     abstained=bool(r.get("abstained", False))) for r in results]
+def _logp(result: dict, raw: bool) -> tuple[float, ...]:
+    """The scores a row is evaluated by: its debiased probabilities (as logs) when it was debiased,
+    unless ``raw``; else the scores its best_by names."""
+    if not raw and result.get("debiased_p") is not None:
+        return tuple(math.log(max(p, TINY)) for p in result["debiased_p"])
+    return tuple(result[score_key(result)])
+
+
+def scored(results: Sequence[dict], raw: bool = False) -> list[m.Scored]:
+    return [m.Scored(logp=_logp(r, raw), gold=r["gold"], p_outside=r["p_outside"],
+                     abstained=bool(r.get("abstained", False)) and not raw) for r in results]
 
 
 def accuracy_by(results: Sequence[dict]) -> dict[str, float]:
@@ -72,6 +82,11 @@ def compute(answered: Sequence[dict], *, fit: bool, calib_split: str, abstain_be
     out["metrics"] = m.summary(s)
     out["accuracy_by"] = accuracy_by(rows)
     out["positions"] = positions(s)
+    # debiased rows: the same figures before debiasing, from choice_logp (the options in their given order)
+    debiased = [r for r in rows if r.get("debiased_p") is not None]
+    out["raw"] = None if not debiased else {
+        "n_debiased": len(debiased), "metrics": m.summary(scored(rows, raw=True)),
+        "positions": positions(scored(rows, raw=True))}
     thresholds = sorted(set(m.TRADEOFF_THRESHOLDS) | ({abstain_below} if abstain_below is not None else set()))
     out["tradeoff"] = m.tradeoff(s, thresholds)
     out["abstention"] = {"abstain_below": abstain_below, **m.abstention(s)} if abstain_below is not None else None
@@ -115,11 +130,19 @@ def markdown(doc: dict) -> str:
     pos = doc["positions"]
     lines += ["", "Choice positions (first, second, ...): picked " + " / ".join(map(str, pos["picked"]))
               + ", gold " + " / ".join(map(str, pos["gold"])) + "."]
+    raw = doc.get("raw")
+    if raw is not None:
+        r = raw["metrics"]
+        lines += ["", f"Debiased rows: {raw['n_debiased']}; the figures above use their debiased_p. Before "
+                      f"debiasing (choice_logp, T = 1): accuracy {_f(r['accuracy'])}, NLL {_f(r['nll'])}, Brier "
+                      f"{_f(r['brier'])}, ECE {_f(r['ece'])}; picked "
+                      + " / ".join(map(str, raw["positions"]["picked"])) + "."]
     q = fig["p_outside"]
     lines += ["", "p_outside (mass outside the choices): " + ", ".join(
         f"{k.replace('q0', 'min').replace('q100', 'max').replace('q50', 'median')} {_f(v)}" for k, v in q.items()) + "."]
+    whose = " (a debiased row's: its debiased_p of the best option)" if raw is not None else ""
     lines += ["", "Abstaining when the best choice's probability over the whole vocabulary is under a threshold "
-                  "(decide's `abstain_below` rule):", "",
+                  f"(decide's `abstain_below` rule){whose}:", "",
               "| threshold | coverage | accuracy of the answered |", "|---|---|---|"]
     lines += [f"| {r['threshold']:g} | {_f(r['coverage'], 3)} | {_f(r['accuracy'], 3)} |" for r in doc["tradeoff"]]
     a = doc["abstention"]

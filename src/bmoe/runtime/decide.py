@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from ..decide.continuations import NeutralCache
+from ..decide.debias import DebiasState, decide_all
 from ..decide.decider import DecidePolicy, run_decide, run_many
 from ..decide.errors import DecideBackendError
 from ..decide.port import KeptState, PrefillCost
@@ -296,12 +297,19 @@ class DecideService:
         # The neutral prompt's side of full scoring: kept for the session's life (a generate()
         # does not touch it: it lives in a copy, not in the sequence).
         self.neutral = NeutralCache()
+        # Order debiasing's per-session state: PriDe's priors, contextual calibration's layouts.
+        self.debias = DebiasState(pride_sample=runtime.config.decide_pride_sample)
+
+    def _run(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
+        if len(requests) == 1:
+            return [run_decide(self.backend, self.cache, requests[0], self.policy, self.neutral)]
+        return run_many(self.backend, self.cache, requests, self.policy, self.neutral)
 
     def decide(self, request: DecideRequest) -> DecideResult:
-        return run_decide(self.backend, self.cache, request, self.policy, self.neutral)
+        return decide_all(self._run, [request], self.debias)[0]
 
     def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        return run_many(self.backend, self.cache, requests, self.policy, self.neutral)
+        return decide_all(self._run, requests, self.debias)
 
     def drop(self) -> None:
         self.cache.drop()

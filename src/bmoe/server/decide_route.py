@@ -12,8 +12,10 @@ from typing import Any
 from fastapi import Request
 
 from bmoe.decide import errors as derr
+from bmoe.decide.debias import NoPriorError
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import RequestError
+from bmoe.wire.protocol import render_rule
 from bmoe.wire.records import decide_fields
 
 from .chat_route import cancel_on_disconnect
@@ -26,14 +28,17 @@ from .schemas import DecideBatch, DecideBody
 _PARAM = {
     derr.NoChoicesError: "choices", derr.EmptyChoiceError: "choices", derr.ChoiceCollisionError: "choices",
     derr.EmptyPromptError: "suffix", derr.PromptTooLongError: "prefix", derr.DecideRequestError: "abstain_below",
-    derr.ChoiceTooLongError: "choices", derr.NoSideSequenceError: "scoring",
+    derr.ChoiceTooLongError: "choices", derr.NoSideSequenceError: "scoring", NoPriorError: "debias",
 }
 
 
 def to_request(b: DecideBody) -> DecideRequest:
-    return DecideRequest(id=b.id, prefix=b.prefix, suffix=b.suffix, choices=tuple(b.choices),
+    render = None if b.render is None else render_rule(b.render.model_dump(exclude_none=True))
+    return DecideRequest(id=b.id, prefix=b.prefix, suffix=b.suffix, choices=tuple(b.choices or ()),
                          reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below,
-                         scoring=b.scoring, best_by=b.best_by, unconditional=b.unconditional)
+                         scoring=b.scoring, best_by=b.best_by, unconditional=b.unconditional,
+                         question=b.question, options=None if b.options is None else tuple(b.options),
+                         render=render, debias=b.debias)
 
 
 def _param(r: DecideResult) -> str | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from bmoe.runtime.scoring import TOP_CAP
 
@@ -68,20 +69,46 @@ class ChatCompletionRequest(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+class RenderBody(BaseModel):
+    """The structured form's rendering rule (docs/decide.md "Order debiasing"); left out: defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    template: Text | None = Field(None, description="the block after suffix: {question}, {options}, {cue}")
+    option: Text | None = Field(None, description="one option: {label} and {text}")
+    joiner: Text | None = Field(None, description="between options")
+    cue: Text | None = Field(None, description="the answer cue")
+    labels: Annotated[list[Text], Field(max_length=1024)] | None = None
+
+
 class DecideBody(BaseModel):
     """One decision; the fields and rules of the session protocol's decide request."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    # the schema says what the choices check enforces: choices, or options with question
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={
+        "anyOf": [{"required": ["choices"]}, {"required": ["question", "options"]}]})
     id: int = Field(0, ge=-(2**63), le=2**63 - 1)
     prefix: Text = Field("", description="the part of the prompt worth keeping for the next decision")
     suffix: Text = ""
-    choices: Annotated[list[Text], Field(max_length=1024)]
+    # the structured form (before choices, so that choices' check sees it): docs/decide.md "Order debiasing"
+    question: Text | None = Field(None, description="structured form: the question bmoe renders the options after")
+    options: Annotated[list[Text], Field(max_length=1024)] | None = Field(None, description="structured form: option texts")
+    render: RenderBody | None = None
+    debias: Text | None = Field(None, description='"permute", "pride" or "contextual" (needs question and options)')
+    # required unless options is given (decide refuses both)
+    choices: Annotated[list[Text], Field(max_length=1024)] | None = Field(None, validate_default=True)
     reuse_prefix: bool = True
     abstain_below: float | None = Field(None, ge=0.0, le=1.0)
     # Values are checked by decide itself, so that one bad item of a list spoils only itself.
     scoring: Text = Field("first", description='"first" (first token of each choice) or "full" (all its tokens)')
     best_by: Text = Field("sum", description='which score picks best: "sum", "mean", "norm" or "uncond"')
     unconditional: Text | None = Field(None, description="scoring full: a neutral prompt to score the choices after too")
+
+    @field_validator("choices")
+    @classmethod
+    def _choices_or_options(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if v is None and info.data.get("options") is None:
+            raise PydanticCustomError("missing", "Field required (or options, with question)")
+        return v
 
 
 DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256)]

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from bmoe.decide.types import DecideRequest
+from bmoe.decide.types import DEFAULT_CUE, DEFAULT_JOINER, DEFAULT_OPTION, DEFAULT_TEMPLATE, DecideRequest, RenderRule
 from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
 
@@ -70,11 +70,21 @@ class Decide:
     def request(self) -> DecideRequest:
         f = self.fields
         return DecideRequest(
-            id=self.id, prefix=f.get("prefix", ""), suffix=f.get("suffix", ""), choices=tuple(f["choices"]),
+            id=self.id, prefix=f.get("prefix", ""), suffix=f.get("suffix", ""), choices=tuple(f.get("choices", ())),
             reuse_prefix=f.get("reuse_prefix", True),
             abstain_below=None if f.get("abstain_below") is None else float(f["abstain_below"]),
             scoring=f.get("scoring", "first"), best_by=f.get("best_by", "sum"), unconditional=f.get("unconditional"),
+            question=f.get("question"), options=None if f.get("options") is None else tuple(f["options"]),
+            render=None if f.get("render") is None else render_rule(f["render"]), debias=f.get("debias"),
         )
+
+
+def render_rule(obj: dict) -> RenderRule:
+    """A checked ``render`` object as a RenderRule (what it leaves out takes the defaults)."""
+    labels = obj.get("labels")
+    return RenderRule(template=obj.get("template", DEFAULT_TEMPLATE), option=obj.get("option", DEFAULT_OPTION),
+                      joiner=obj.get("joiner", DEFAULT_JOINER), cue=obj.get("cue", DEFAULT_CUE),
+                      labels=None if labels is None else tuple(labels))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +114,18 @@ GENERATE_FIELDS: Spec = {
     "clear_kv": (_BOOL, False), "temperature": (_TEMP, False), "top_p": (_TOP_P, False), "seed": (_SEED, False),
 }
 DECIDE_FIELDS: Spec = {
-    "id": (_INT, False), "prefix": (_STR, False), "suffix": (_STR, False), "choices": (_STR_LIST, True),
+    # "choices" or "options" (with "question"): one of the two is required, checked by _check_decide
+    "id": (_INT, False), "prefix": (_STR, False), "suffix": (_STR, False), "choices": (_STR_LIST, False),
     "reuse_prefix": (_BOOL, False), "abstain_below": (_PROB, False),
     # values checked by decide (a refusal of that request only): docs/decide.md "Scoring modes"
     "scoring": (_STR, False), "best_by": (_STR, False), "unconditional": (_STR, False),
+    # the structured form and order debiasing: docs/decide.md "Order debiasing"
+    "question": (_STR, False), "options": (_STR_LIST, False),
+    "render": (("an object", lambda v: isinstance(v, dict)), False), "debias": (_STR, False),
+}
+RENDER_FIELDS: Spec = {
+    "template": (_STR, False), "option": (_STR, False), "joiner": (_STR, False), "cue": (_STR, False),
+    "labels": (_STR_LIST, False),
 }
 
 
@@ -152,6 +170,16 @@ def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
     return dict(obj)
 
 
+def _check_decide(obj: dict, what: str, rid: int | None) -> dict:
+    """A decide request's fields: the table, the render object's own table, and choices or options."""
+    fields = _check(obj, DECIDE_FIELDS, what, rid)
+    if "render" in fields:
+        fields["render"] = _check(fields["render"], RENDER_FIELDS, f"{what}: field 'render'", rid)
+    if "choices" not in fields and "options" not in fields:
+        raise ProtocolError(f"{what}: missing field 'choices'", rid)  # or 'options' (docs/protocol.md)
+    return fields
+
+
 def validate_generate(req: GenerateRequest) -> None:
     """The line protocol's rules applied to a request built in Python (Session.generate)."""
     fields = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
@@ -189,13 +217,13 @@ def parse_line(line: str) -> Command:
         _check(body, ID_ONLY, "stats", rid)
         return Stats(id=rid or 0)
     if cmd == "decide":
-        return Decide(id=rid or 0, fields=_check(body, DECIDE_FIELDS, "decide", rid))
+        return Decide(id=rid or 0, fields=_check_decide(body, "decide", rid))
     if cmd == "decide_batch":
         _check(body, DECIDE_BATCH_FIELDS, "decide_batch", rid)
         items = []
         for i, r in enumerate(obj["requests"]):
             if not isinstance(r, dict):
                 raise ProtocolError(f"decide_batch: requests[{i}] must be an object", rid)
-            items.append(Decide(id=_request_id(r) or 0, fields=_check(r, DECIDE_FIELDS, f"decide_batch: requests[{i}]", rid)))
+            items.append(Decide(id=_request_id(r) or 0, fields=_check_decide(r, f"decide_batch: requests[{i}]", rid)))
         return DecideBatch(id=rid or 0, requests=tuple(items))
     raise ProtocolError(f"unknown cmd {cmd[:40]!r} (expected generate, cancel, close, stats, decide, decide_batch)", rid)

@@ -100,6 +100,7 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
         "best_by": r.scores.best_by,
     }
     out.update(_full_scores(r))
+    out.update(_debias(r))
     out |= {
         "n_tokens": r.n_tokens,
         "n_reused": r.n_reused,
@@ -150,6 +151,22 @@ def _full_scores(r: DecideResult) -> dict[str, JsonValue]:
     if sc.choice_logp_neutral is not None and sc.choice_logp_uncond is not None:
         out["choice_logp_neutral"] = list(sc.choice_logp_neutral)
         out["choice_logp_uncond"] = list(sc.choice_logp_uncond)
+    return out
+
+
+def _debias(r: DecideResult) -> dict[str, JsonValue]:
+    """Order debiasing's keys (none without "debias"): docs/decide.md "Order debiasing"."""
+    d = r.debias
+    if d is None:
+        return {}
+    out: dict[str, JsonValue] = {"debias": d.mode, "debiased_p": list(d.debiased_p), "best_raw": d.best_raw}
+    if d.prior is not None:
+        out["prior"] = list(d.prior)
+    if d.stage is not None:
+        out["pride_stage"] = d.stage
+        out["prior_samples"] = d.prior_samples
+    out["debias_decisions"] = d.decisions
+    out["debias_prefill_s"] = d.prefill_s
     return out
 
 

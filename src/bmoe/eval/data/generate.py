@@ -4,8 +4,10 @@ files come out on every run, and every gold answer follows from how its item was
     python src/bmoe/eval/data/generate.py [OUT_DIR]    (default: this folder)
 
 Standard library only. Every row: ``id``, ``split`` (every third item, or every third task of the
-phone agent, is "calib", the rest "test"), the decide fields ``prefix``, ``suffix``, ``choices``
-(letters) and ``gold``, the index of the right letter.
+phone agent, is "calib", the rest "test") and ``gold``, the index of the right answer. The
+arithmetic, ordering and units rows are in decide's structured form (``prefix``, ``question``,
+``options``, ``render``: bmoe writes the lettered option list); the phone agent's are plain
+(``prefix``, ``suffix``, ``choices``: letters), its screen text written here.
 """
 from __future__ import annotations
 
@@ -26,10 +28,16 @@ def _options(texts: list[str]) -> str:
     return " ".join(f"{LETTERS[k]}) {t}" for k, t in enumerate(texts))
 
 
+# The structured form's rendering rule that writes " {question} Options: A) x B) y. Answer with the
+# letter.", the same text as the phone agent's hand-written suffixes (docs/decide.md "Order debiasing").
+RENDER = {"template": " {question} Options: {options}. {cue}", "joiner": " "}
+
+
 def _row(name: str, i: int, prefix: str, question: str, options: list[str], gold: int, split: str) -> dict:
-    return {"id": f"{name}-{i:03d}", "split": split, "prefix": prefix,
-            "suffix": f" {question} Options: {_options(options)}.{ASK}",
-            "choices": list(LETTERS[: len(options)]), "gold": gold}
+    """A row in the structured form: bmoe renders the options (labels A, B, ...), so --debias can
+    reorder them; gold indexes the options in this order."""
+    return {"id": f"{name}-{i:03d}", "split": split, "prefix": prefix, "question": question,
+            "options": options, "render": RENDER, "gold": gold}
 
 
 def arithmetic(n: int = 120) -> list[dict]:

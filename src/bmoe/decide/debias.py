@@ -1,0 +1,192 @@
+"""Order debiasing: taking a model's preference for option positions out of a decision.
+
+Works over any ``Runner`` (a function answering plain requests in order, as ``run_many`` does),
+so it is pure policy: a structured request becomes one or more plain decisions (the options in
+other orders, or the content-free prompt), all run in one ``Runner`` call so that they share the
+kept prefix and, with side sequences, are prefilled together; their answers are combined here.
+
+Probabilities are over the labels (each decision's choice log-probs renormalised to sum 1):
+
+* ``permute``: the n cyclic permutations; an option's debiased probability is the mean of its
+  probabilities at the n positions it was shown in (the cyclic-permutation baseline of PriDe).
+* ``pride`` (Zheng et al., ICLR 2024): the first K requests of a label list are permuted as above,
+  and each also gives an estimate of the prior over label positions, softmax of the mean over the
+  permutations of each position's log-probability; the session's prior is the mean of those
+  estimates. Later requests run once, in the given order, and divide the prior out.
+* ``contextual`` (Zhao et al., 2021): the same prompt with the question and every option text
+  replaced by ``CONTENT_FREE`` is scored once per layout (prefix, suffix, render rule, labels,
+  scoring) and kept; its label probabilities are divided out.
+
+A division is renormalised: ``debiased_p[o] = p[o] / prior[o] / sum_j p[j] / prior[j]``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from bmoe.decide.errors import DecideRefusal
+from bmoe.decide.options import check_structured, labels_of, rendered, rotation
+from bmoe.decide.types import DebiasScores, DecideRequest, DecideResult
+from bmoe.numerics import log_softmax
+
+Runner = Callable[[Sequence[DecideRequest]], list[DecideResult]]
+
+PRIDE_SAMPLE = 8  # default K: pride requests per label list that estimate the prior
+MAX_LAYOUTS = 256  # contextual calibrations kept per session, the oldest forgotten first
+
+
+class NoPriorError(DecideRefusal):
+    """A pride request planned to divide by the prior found none: every sample before it failed."""
+
+
+def label_logp(choice_logp: Sequence[float]) -> np.ndarray:
+    """Log of the labels' probabilities renormalised over the labels ``# [n]``."""
+    return log_softmax(np.asarray(choice_logp, dtype=np.float64))
+
+
+def permuted_p(runs: Sequence[Sequence[float]]) -> np.ndarray:
+    """Debiased probabilities by content from the n cyclic permutations' ``choice_logp``
+    (``runs[k]`` is permutation k, position i showing option (i + k) mod n)."""
+    n = len(runs)
+    p = np.exp(np.stack([label_logp(r) for r in runs]))  # [n perms, n positions]
+    return np.array([np.mean([p[k, (o - k) % n] for k in range(n)]) for o in range(n)])
+
+
+def sample_prior(runs: Sequence[Sequence[float]]) -> np.ndarray:
+    """PriDe's prior over label positions from one request's permutations: softmax over positions
+    of the mean over permutations of each position's log-probability."""
+    return np.exp(log_softmax(np.mean(np.stack([label_logp(r) for r in runs]), axis=0)))
+
+
+def divided_p(choice_logp: Sequence[float], prior: np.ndarray) -> np.ndarray:
+    """The labels' probabilities divided by ``prior`` (per position) and renormalised."""
+    tiny = np.finfo(np.float64).tiny
+    return np.exp(log_softmax(label_logp(choice_logp) - np.log(np.maximum(prior, tiny))))
+
+
+@dataclass
+class DebiasState:
+    """What a session keeps for debiasing: PriDe's sample priors per label list, and contextual
+    calibration's content-free probabilities per layout."""
+
+    pride_sample: int = PRIDE_SAMPLE
+    samples: dict[tuple[str, ...], list[np.ndarray]] = field(default_factory=dict)
+    content_free: OrderedDict[tuple, np.ndarray] = field(default_factory=OrderedDict)
+
+    def prior(self, labels: tuple[str, ...]) -> np.ndarray | None:
+        got = self.samples.get(labels)
+        return np.mean(np.stack(got), axis=0) if got else None
+
+    def remember(self, key: tuple, p: np.ndarray) -> None:
+        self.content_free[key] = p
+        self.content_free.move_to_end(key)
+        while len(self.content_free) > MAX_LAYOUTS:
+            self.content_free.popitem(last=False)
+
+
+@dataclass
+class _Plan:
+    request: DecideRequest
+    jobs: list[int]  # indexes into the runner's answers: the request's own decisions
+    stage: str | None = None  # pride: "sample" or "prior"
+    cf_key: tuple | None = None  # contextual: the layout
+    cf_job: int | None = None  # contextual: the content-free decision, when this request runs it
+
+
+def _layout(r: DecideRequest) -> tuple:
+    return (r.prefix, r.suffix, r.render, labels_of(r), r.scoring, r.unconditional)
+
+
+def decide_all(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
+    """Answer ``requests`` in order (plain, structured and debiased alike) with one ``run`` call."""
+    jobs: list[DecideRequest] = []
+    plans: list[_Plan | DecideResult] = []
+    planned_samples: dict[tuple[str, ...], int] = {}
+    planned_cf: set[tuple] = set()
+    for r in requests:
+        try:
+            check_structured(r)
+        except DecideRefusal as exc:
+            plans.append(DecideResult.failed(r.id, str(exc), exc))
+            continue
+        start = len(jobs)
+        if r.options is None:
+            jobs.append(r)
+            plans.append(_Plan(r, [start]))
+            continue
+        plan = _Plan(r, [])
+        labels = labels_of(r)
+        n = len(labels)
+        permute = r.debias == "permute"
+        if r.debias == "pride":
+            done = len(state.samples.get(labels, ())) + planned_samples.get(labels, 0)
+            plan.stage = "sample" if done < state.pride_sample else "prior"
+            permute = plan.stage == "sample"
+            planned_samples[labels] = planned_samples.get(labels, 0) + permute
+        debias = r.debias is not None
+        orders = [rotation(n, k) for k in range(n)] if permute else [None]
+        for order in orders:
+            plan.jobs.append(len(jobs))
+            jobs.append(rendered(r, order, keep_abstain=not debias))
+        if r.debias == "contextual":
+            plan.cf_key = _layout(r)
+            if plan.cf_key not in state.content_free and plan.cf_key not in planned_cf:
+                planned_cf.add(plan.cf_key)
+                plan.cf_job = len(jobs)
+                jobs.append(rendered(r, content_free=True, keep_abstain=False))
+        plans.append(plan)
+    answers = run(jobs) if jobs else []
+    return [p if isinstance(p, DecideResult) else _combine(p, answers, state) for p in plans]
+
+
+def _combine(plan: _Plan, answers: list[DecideResult], state: DebiasState) -> DecideResult:
+    r = plan.request
+    own = [answers[j] for j in plan.jobs]
+    cf = answers[plan.cf_job] if plan.cf_job is not None else None
+    if cf is not None and cf.error is None and cf.scores is not None and plan.cf_key is not None:
+        state.remember(plan.cf_key, np.exp(label_logp(cf.scores.choice_logp)))
+    failed = next((a for a in own + ([cf] if cf is not None else []) if a.error is not None or a.scores is None), None)
+    if failed is not None:
+        return failed if failed is own[0] else DecideResult.failed(r.id, failed.error or "", failed.cause or
+                                                                    RuntimeError(failed.error))
+    raw = own[0]
+    if r.debias is None:
+        return raw
+    assert raw.scores is not None
+    runs = [a.scores.choice_logp for a in own if a.scores is not None]
+    labels = labels_of(r)
+    prior: np.ndarray | None = None
+    samples: int | None = None
+    if r.debias == "permute" or plan.stage == "sample":
+        p = permuted_p(runs)
+        if plan.stage == "sample":
+            state.samples.setdefault(labels, []).append(sample_prior(runs))
+            prior, samples = state.prior(labels), len(state.samples[labels])
+    elif r.debias == "pride":
+        prior = state.prior(labels)
+        if prior is None:
+            exc = NoPriorError(f'decide: "debias": "pride" has no prior for the labels {", ".join(labels)} yet: '
+                               f'the sample requests before this one failed; send it again')
+            return DecideResult.failed(r.id, str(exc), exc)
+        samples = len(state.samples[labels])
+        p = divided_p(runs[0], prior)
+    else:
+        assert plan.cf_key is not None
+        prior = state.content_free.get(plan.cf_key)
+        if prior is None:  # the content-free decision of an earlier request of this call failed
+            exc = NoPriorError('decide: "debias": "contextual" has no content-free probabilities for this layout: '
+                               'the content-free decision of an earlier request failed; send it again')
+            return DecideResult.failed(r.id, str(exc), exc)
+        p = divided_p(runs[0], prior)
+    best = int(np.argmax(p))
+    abstained = r.abstain_below is not None and float(p[best]) < r.abstain_below
+    spent = own + ([cf] if cf is not None else [])
+    info = DebiasScores(
+        mode=r.debias, debiased_p=tuple(float(x) for x in p), best_raw=int(np.argmax(raw.scores.choice_logp)),
+        prior=None if prior is None else tuple(float(x) for x in prior), prior_samples=samples,
+        decisions=len(spent), prefill_s=sum(a.prefill_s + a.score_s for a in spent), stage=plan.stage)
+    scores = replace(raw.scores, best=-1 if abstained else best, abstained=abstained)
+    return replace(raw, scores=scores, debias=info)
