@@ -125,3 +125,25 @@ def test_bmoe_batch_on_the_cluster_writes_what_it_writes_without_ray(ray_cluster
     summary = done.stderr.strip().splitlines()[-1]
     assert summary.startswith(f"bmoe-batch: 61 rows ({refused} refused or failed)")
     assert f"on Ray ({ray_cluster.address}, 2 actor(s))" in summary
+
+
+def test_bmoe_eval_on_the_cluster_answers_what_it_answers_in_process(ray_cluster, cfg, tmp_path: Path,
+                                                                      capsys) -> None:
+    from bmoe.eval.dataset import shipped_set
+    from bmoe.eval.main import main as eval_main
+
+    data = tmp_path / "units.jsonl"
+    data.write_text("".join(shipped_set("units").read_text().splitlines(keepends=True)[:40]))
+    flags = ["-m", str(cfg.model), "-c", "512", "-t", "1", "--decide-batch", "4"]
+    assert eval_main([str(data), "--out", str(tmp_path / "here"), *flags]) == 0
+    assert eval_main([str(data), "--out", str(tmp_path / "ray"), "--ray", ray_cluster.address, "--actors", "2",
+                      *flags]) == 0
+    rows = {}
+    for side in ("here", "ray"):
+        rows[side] = [json.loads(x) for x in (tmp_path / side / "results.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in rows["ray"]] == [r["line"] for r in rows["here"]] == list(range(1, 41))
+    same = ("best", "choice_logp", "p_outside", "gold", "debiased_p")
+    assert [[r.get(k) for k in same] for r in rows["ray"]] == [[r.get(k) for k in same] for r in rows["here"]]
+    doc = json.loads((tmp_path / "ray" / "metrics.json").read_text())
+    assert doc["run"]["decided"] == 40 and doc["run"]["kept_state_hits"] > 20
+    assert doc["metrics"] == json.loads((tmp_path / "here" / "metrics.json").read_text())["metrics"]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bmoe.config import SessionConfig
-from bmoe.decide.types import DecideRequest
+from bmoe.decide.types import DecideRequest, RenderRule
 from bmoe.errors import ConfigError
 from bmoe.ray.data.rows import as_command_line
 from bmoe.ray.data import RayOptions, RowsLost, actor_sizing, answer_lines, answer_local, decide_line, in_order
@@ -63,6 +63,12 @@ def test_decide_line_round_trips() -> None:
     full = DecideRequest(id=4, prefix="", suffix="s", choices=("yes", "no"), scoring="full", best_by="uncond",
                          unconditional="Answer:")
     assert parse_line(decide_line(full)).request == full
+    structured = DecideRequest(id=5, prefix="p", suffix="s", choices=(), question="Which is larger?",
+                               options=("7", "12", "9"), debias="permute",
+                               render=RenderRule(cue="Answer:", labels=("1", "2", "3")))
+    assert parse_line(decide_line(structured)).request == structured
+    plain_structured = DecideRequest(id=6, prefix="", suffix="", choices=(), question="q", options=("a", "b"))
+    assert parse_line(decide_line(plain_structured)).request == plain_structured
 
 
 def test_in_order_finds_lost_and_duplicated_rows() -> None:

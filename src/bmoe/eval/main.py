@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit a temperature on the rows of --calib-split, report the other rows before and after")
     g.add_argument("--calib-split", default="calib", metavar="NAME",
                    help="the split --fit-temperature fits on (default calib)")
+    g.add_argument("--ray", metavar="ADDRESS|local", default=None,
+                   help="answer the rows on a Ray actor pool: a cluster's address, or local (docs/scale-out.md)")
+    g.add_argument("--actors", type=_positive, default=None, metavar="N",
+                   help="with --ray: actors, one session each (default 1)")
     g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     add_session_flags(p, skip=SKIPPED_FLAGS)
     return p
@@ -92,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out DIR is required: the folder for results.jsonl, metrics.json, report.md and the pictures")
     if args.calib_split != "calib" and not args.fit_temperature:
         parser.error("--calib-split needs --fit-temperature")
+    if args.actors is not None and args.ray is None:
+        parser.error("--actors needs --ray ADDRESS|local")
     for name in EXTRA:  # before the model opens: a missing one is one line, not a traceback later
         try:
             __import__(name)
@@ -164,6 +170,8 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
     counts = RunCounts()
     if not todo:
         return counts
+    if args.ray is not None:
+        return _answer_on_ray(args, cfg, store, todo, done, counts)
     try:
         from bmoe.session import Session
 
@@ -199,6 +207,39 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
     except BmoeError as e:
         bar.close()
         raise BmoeError(f"{e}; {saved}") from e
+    bar.close()
+    return counts
+
+
+def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
+                   done: dict[int, dict], counts: RunCounts) -> RunCounts:
+    """``_answer`` on a Ray actor pool: each answer is stored as its batch comes back (any order), so
+    an interruption keeps what came back. Refused and failed rows both come back as an error;
+    they are stored and, as refused rows are, asked again by a rerun."""
+    from tqdm import tqdm
+
+    from bmoe.eval.runner import answer_row, run_ray
+    from bmoe.ray.data import RayOptions
+
+    options = RayOptions(address=args.ray, actors=args.actors or 1, batch_rows=args.batch or max(cfg.decide_batch, 32))
+    bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
+
+    def on_answer(row: Row, answer: dict) -> None:
+        if "error" in answer:
+            bar.write(f"{PROG}: line {row.line}: {answer['error']}", file=sys.stderr)
+        out = answer_row(row, answer)
+        store.append(out)
+        done[row.line] = out
+        bar.set_postfix(kept_hits=counts.kept_hits, refresh=False)
+        bar.update(1)
+
+    try:
+        run_ray(todo, cfg, options, on_answer, counts)
+    except KeyboardInterrupt:
+        bar.close()
+        _say(f"interrupted after {counts.decided} decisions this run; rerun the same command to resume "
+             f"(answered rows are in {store.results})")
+        raise
     bar.close()
     return counts
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields as dataclass_fields
 from typing import Callable, Union
 
 from bmoe.decide.types import DEFAULT_CUE, DEFAULT_JOINER, DEFAULT_OPTION, DEFAULT_TEMPLATE, DecideRequest, RenderRule
@@ -85,6 +85,26 @@ def render_rule(obj: dict) -> RenderRule:
     return RenderRule(template=obj.get("template", DEFAULT_TEMPLATE), option=obj.get("option", DEFAULT_OPTION),
                       joiner=obj.get("joiner", DEFAULT_JOINER), cue=obj.get("cue", DEFAULT_CUE),
                       labels=None if labels is None else tuple(labels))
+
+
+def request_fields(request: DecideRequest) -> dict:
+    """The decide object of ``request``, the inverse of ``Decide.request``: ``id``, ``prefix``,
+    ``suffix``, then every field that differs from its default (``choices`` unless the request
+    is in the structured form), so that ``parse_line`` of it gives ``request`` back."""
+    out: dict = {"id": request.id, "prefix": request.prefix, "suffix": request.suffix}
+    if request.choices or request.options is None:
+        out["choices"] = list(request.choices)
+    for f in dataclass_fields(DecideRequest):
+        if f.name in out or f.name == "choices":
+            continue
+        value = getattr(request, f.name)
+        if value == f.default:
+            continue
+        if f.name == "render":
+            value = {r.name: list(v) if isinstance(v, tuple) else v
+                     for r in dataclass_fields(RenderRule) if (v := getattr(value, r.name)) != r.default}
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 @dataclass(frozen=True, slots=True)

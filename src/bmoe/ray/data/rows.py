@@ -20,7 +20,7 @@ from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError, SessionClosedError, StreamFailedError
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
-from bmoe.wire.protocol import Decide, ProtocolError, parse_line
+from bmoe.wire.protocol import Decide, ProtocolError, parse_line, request_fields
 from bmoe.wire.records import decide_fields, done_fields
 
 # A session that raised one of these cannot answer anything more: the caller must replace it.
@@ -41,18 +41,7 @@ def as_command_line(line: str) -> str:
 
 def decide_line(request: DecideRequest) -> str:
     """The protocol line of ``request`` (what a caller holding DecideRequests sends as a row)."""
-    obj: dict[str, object] = {"cmd": "decide", "id": request.id, "prefix": request.prefix,
-                              "suffix": request.suffix, "choices": list(request.choices),
-                              "reuse_prefix": request.reuse_prefix}
-    if request.abstain_below is not None:
-        obj["abstain_below"] = request.abstain_below
-    if request.scoring != "first":
-        obj["scoring"] = request.scoring
-    if request.best_by != "sum":
-        obj["best_by"] = request.best_by
-    if request.unconditional is not None:
-        obj["unconditional"] = request.unconditional
-    return json.dumps(obj, ensure_ascii=False)
+    return json.dumps({"cmd": "decide", **request_fields(request)}, ensure_ascii=False)
 
 
 def _parse(line: str) -> object:
