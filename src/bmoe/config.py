@@ -157,6 +157,21 @@ def default_model() -> Path:
 
 
 # --- the flag table -------------------------------------------------------------------
+def int_at_least(lo: int) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer >= ``lo``: every bmoe command refuses such a flag's bad
+    value with the same words (``takes an integer >= 1, got '0'``)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"takes an integer >= {lo}, got {text!r}")
+        return n
+
+    return parse
+
+
 def _cache_mb(v: str) -> int | str:
     if v == "auto":
         return v

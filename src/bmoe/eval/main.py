@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
 
 if TYPE_CHECKING:  # the heavy parts load only when a run needs them
@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the heavy parts load only when a run needs them
     from bmoe.eval.store import ResultStore
 
 PROG = "bmoe-eval"
+_positive = int_at_least(1)
 # Session flags that only steer generation: a decision generates nothing, so bmoe-eval has none of
 # them; --decide is always on.
 SKIPPED_FLAGS = ("--decide", "--n-predict", "--temp", "--top-p", "--seed", "--no-think")
@@ -32,16 +33,6 @@ def _probability(text: str) -> float:
         v = float("nan")
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"takes a probability between 0 and 1, got {text!r}")
-    return v
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {text!r}")
     return v
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
@@ -22,24 +22,8 @@ from .data.run import LOCAL, RayOptions, answer
 JSON_SPACE = " \t\r\n"
 
 
-def _positive(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {v!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {v!r}")
-    return n
-
-
-def _non_negative(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"takes an integer >= 0, got {v!r}")
-    return n
+_positive = int_at_least(1)
+_non_negative = int_at_least(0)
 
 
 def _cpus(v: str) -> float:

@@ -17,12 +17,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from bmoe.runtime.chat import Message
-from bmoe.errors import RequestError
 from bmoe.wire.records import done_fields
 
 from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
-from .engine import ERROR, RESULT, Cancelled, Engine, Event, Job, QueueFull
+from .engine import ERROR, RESULT, Engine, Event, Job
 from .errors import ApiError, error_body, from_request_error
+from .jobs import cancel_on_disconnect, job_error
 from .metrics import Metrics
 from .schemas import ChatCompletionRequest
 
@@ -58,26 +58,10 @@ def usage(outcome: TurnOutcome) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": r.n_reused}}
 
 
-async def cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2) -> None:
-    """Cancel the job when the client goes away, while it waits, prefills or decodes."""
-    while not job.finished:
-        if await request.is_disconnected():
-            job.cancel()
-            return
-        await asyncio.sleep(every_s)
-
-
 def raise_for(ev: Event) -> None:
     if ev.kind != ERROR:
         return
-    e = ev.value
-    if isinstance(e, (ApiError, QueueFull)):  # QueueFull: dropped by a server shutting down
-        raise e
-    if isinstance(e, Cancelled):
-        raise ApiError(499, str(e), None, "cancelled") from e
-    if isinstance(e, RequestError):
-        raise from_request_error(e, "messages") from e
-    raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e
+    raise job_error(ev.value, lambda e: from_request_error(e, "messages")) from ev.value
 
 
 class ChatRoute:

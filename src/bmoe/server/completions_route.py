@@ -9,7 +9,6 @@ prefilled (``bmoe.n_reused``). docs/server.md has the fields, the answer and eve
 """
 from __future__ import annotations
 
-import asyncio
 import codecs
 import math
 import time
@@ -23,9 +22,9 @@ from bmoe.errors import RequestError
 from bmoe.runtime.results import ScoreRequest, ScoreResult
 from bmoe.session import Session
 
-from .chat_route import cancel_on_disconnect
-from .engine import Cancelled, Engine, Job, QueueFull
+from .engine import Engine, Job
 from .errors import ApiError, from_request_error
+from .jobs import run_job
 from .metrics import Metrics
 from .schemas import CompletionRequest
 
@@ -129,27 +128,6 @@ def telemetry(results: list[ScoreResult]) -> dict[str, Any]:
             "prefill_s": sum(r.prefill_s for r in results), "prompts": per}
 
 
-async def run_job(engine: Engine, request: Request, fn: Callable[[Session, Job], Any]) -> Any:
-    """Queue ``fn`` on the worker and return its result; a client that leaves while it waits
-    drops it. A refusal raised by ``fn`` (ApiError) comes back as itself."""
-    job = engine.submit(fn)
-    watcher = asyncio.create_task(cancel_on_disconnect(request, job))
-    try:
-        ev = await job.outcome()
-    finally:
-        watcher.cancel()
-        if not job.finished:
-            job.cancel()
-    if ev.kind == "error":
-        e = ev.value
-        if isinstance(e, (ApiError, QueueFull)):  # QueueFull: dropped by a server shutting down
-            raise e
-        if isinstance(e, Cancelled):
-            raise ApiError(499, str(e), None, "cancelled") from e
-        if isinstance(e, RequestError):
-            raise from_request_error(e, None) from e
-        raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e
-    return ev.value
 
 
 def refusal(e: RequestError, param: str) -> ApiError:

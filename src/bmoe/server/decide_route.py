@@ -6,7 +6,6 @@ error names the field that made it unanswerable.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -14,13 +13,12 @@ from fastapi import Request
 from bmoe.decide import errors as derr
 from bmoe.decide.debias import NoPriorError
 from bmoe.decide.types import DecideRequest, DecideResult
-from bmoe.errors import RequestError
 from bmoe.wire.protocol import render_rule
 from bmoe.wire.records import decide_fields
 
-from .chat_route import cancel_on_disconnect
-from .engine import Cancelled, Engine, Job, QueueFull
+from .engine import Engine, Job
 from .errors import ApiError
+from .jobs import run_job
 from .metrics import Metrics
 from .schemas import DecideBatch, DecideBody
 
@@ -62,25 +60,11 @@ class DecideRoute:
     async def __call__(self, body: DecideBody | DecideBatch, request: Request) -> Any:
         batch = isinstance(body, list)
         items = body if isinstance(body, list) else [body]
-        job = self.engine.submit(self._fn([to_request(b) for b in items], batch))
         # A decision is not interrupted once it runs; one whose client left while it waited is dropped.
-        watcher = asyncio.create_task(cancel_on_disconnect(request, job))
-        try:
-            ev = await job.outcome()
-        finally:
-            watcher.cancel()
-            if not job.finished:
-                job.cancel()
-        if ev.kind == "error":
-            e = ev.value
-            if isinstance(e, QueueFull):  # dropped by a server shutting down
-                raise e
-            if isinstance(e, Cancelled):  # nobody is left to read this
-                raise ApiError(499, str(e), None, "cancelled") from e
-            if isinstance(e, RequestError):  # decide is off in this session
-                raise ApiError(400, str(e), None, "decide_off") from e
-            raise ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error") from e
-        results: list[DecideResult] = ev.value
+        # A RequestError from the session: decide is off in it.
+        results: list[DecideResult] = await run_job(
+            self.engine, request, self._fn([to_request(b) for b in items], batch),
+            request_error=lambda e: ApiError(400, str(e), None, "decide_off"))
         if batch:
             return [decide_fields(r) for r in results]
         r = results[0]

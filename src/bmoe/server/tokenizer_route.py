@@ -13,9 +13,9 @@ from fastapi import APIRouter, Request
 
 from bmoe.session import Session
 
-from .completions_route import run_job
 from .engine import Engine, Job
 from .errors import ApiError
+from .jobs import run_job
 from .schemas import DetokenizeBody, TokenizeBody
 
 
