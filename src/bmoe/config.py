@@ -50,6 +50,7 @@ class SessionConfig:
     stream_cache_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
     stream_read_all: bool = False  # verification: read every expert at every route (gate G3)
     prefetch: bool = False  # speculative prefetch of the next layer's guessed experts (cache off only)
+    prefetch_wide_tokens: int = 0  # prefill ubatches this wide read all of the next layer (0: the rule)
     # decide (docs/decide.md)
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
@@ -119,6 +120,12 @@ def validate(cfg: SessionConfig) -> None:
                else None)
         if why:
             raise ConfigError(f"prefetch: cannot be on here: {why}")
+    _int_at_least(cfg, "prefetch_wide_tokens", 0)
+    if cfg.prefetch_wide_tokens == 1:
+        raise ConfigError("prefetch_wide_tokens: must be 0 (the default rule) or at least 2 (a one-token "
+                          "ubatch is decode, which always guesses), got 1")
+    if cfg.prefetch_wide_tokens and not cfg.prefetch:
+        raise ConfigError("prefetch_wide_tokens: only means something with prefetch on")
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
     _int_at_least(cfg, "decide_batch", 1)
@@ -231,6 +238,9 @@ SESSION_FLAGS: tuple[Flag, ...] = (
           help="verification: read every expert at every layer, not just the routed ones"),
     _flag("--prefetch", field="prefetch", action="store_true",
           help="cache off: guess the next layer's experts from this layer's output and read them early"),
+    _flag("--prefetch-wide-tokens", field="prefetch_wide_tokens", type=int, default=0, metavar="N",
+          help="with --prefetch: prefill ubatches of at least N tokens read every expert of the next layer "
+               "ahead (default 0: 3 * n_expert / n_expert_used, not measured yet)"),
     # decide
     _flag("--decide", field="decide", action="store_true", help="accept decide requests (docs/decide.md)"),
     _flag("--decide-prefix-cache", field="decide_prefix_cache", choices=list(PREFIX_CACHE_MODES), default="auto",

@@ -10,7 +10,8 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
-from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
+from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
+from test_g1_g4_streaming import expert_bytes, record_routes
 
 
 def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:
@@ -21,11 +22,11 @@ def logits_of(s) -> np.ndarray:
     return s.decider.backend.last_logits().copy()
 
 
-@pytest.fixture(params=[(a, m) for a in ARCHS for m in MODES], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(params=[(a, m) for a in ARCHS for m in modes_of(a)], ids=lambda p: f"{p[0]}-{p[1]}")
 def decider(request, tiny_models, open_session):
     arch, mode = request.param
     model = tiny_models(arch, "q8_0")
-    return lambda **kw: open_session(model, decide=True, **MODES[mode], **kw)
+    return lambda **kw: open_session(model, decide=True, **modes_of(arch)[mode], **kw)
 
 
 def test_g18a_restored_prefix_equals_fresh(decider) -> None:
@@ -139,12 +140,18 @@ def test_g18d_resident_equals_streaming(arch, tiny_models, open_session, tmp_pat
     model = tiny_models(arch, "q8_0")
     seq = [req(1, P1, S1), req(2, P1, S2), req(3, P2, S3), req(4, P2, S3, reuse_prefix=False)]
     answers = {}
-    for mode, kw in MODES.items():
+    for mode, kw in modes_of(arch).items():
         s = open_session(model, decide=True, stream_cache_dir=tmp_path / "twins", **kw)
+        routes = record_routes(s) if kw.get("prefetch") else []
         results = s.decide_many(seq)
         answers[mode] = ([r.scores.choice_logp for r in results], [r.reuse for r in results], logits_of(s))
+        if kw.get("prefetch"):  # prefill read-ahead ran, and every byte read is a routed slice or a wrong guess
+            st, per_expert = s.stream_stats(), expert_bytes(s)
+            assert st.read_bytes == sum(per_expert[il] * len(ex) for il, ex in routes) + st.wasted_bytes
+            if len(s.streaming.layout.layers) > 2:  # a prefill guesses all streamed layers but the first and last
+                assert s.streaming.hook.n_wide_prefetches > 0 and st.guessed > 0
     ref = answers["resident"]
     assert ref[1] == ["stored", "restored", "restored+stored", "opted out"]
-    for mode in ("stream-nocache", "stream-evicting"):
+    for mode in set(answers) - {"resident"}:
         assert answers[mode][0] == ref[0] and answers[mode][1] == ref[1]
         assert np.array_equal(answers[mode][2], ref[2])

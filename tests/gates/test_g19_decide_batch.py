@@ -20,7 +20,7 @@ import pytest
 
 from bmoe.decide.types import DecideRequest
 
-from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
+from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
 
 SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
 
@@ -40,12 +40,11 @@ def answers(results):
              r.n_tokens) for r in results]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize(("arch", "mode"), [(a, m) for a in ARCHS for m in modes_of(a)])
 def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode: str) -> None:
     model = tiny_models(arch, "q8_0")
-    batched = open_session(model, decide=True, decide_batch=4, **MODES[mode])
-    alone = open_session(model, decide=True, decide_batch=4, **MODES[mode])
+    batched = open_session(model, decide=True, decide_batch=4, **modes_of(arch)[mode])
+    alone = open_session(model, decide=True, decide_batch=4, **modes_of(arch)[mode])
     reqs = requests()
     got = batched.decide_many(reqs)
     want = [alone.decide(r) for r in reqs]
@@ -58,7 +57,7 @@ def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode:
     nxt = DecideRequest(id=99, prefix=P1, suffix=" Screen: Lock.", choices=ABC)
     b_next, a_next = batched.decide(nxt), alone.decide(nxt)
     assert answers([b_next]) == answers([a_next]) and b_next.reuse == a_next.reuse == "restored"
-    if MODES[mode]:
+    if modes_of(arch)[mode]:
         # streamed: the four suffixes of a batch read each routed expert once, not four times
         s_batch = [r for r in got if r.batch is not None and r.batch.size == 4]
         s_alone = [w for w, r in zip(want, got) if r.batch is not None and r.batch.size == 4]

@@ -2,7 +2,9 @@
 the bytes read are exactly the routed slices plus the wrong guesses.
 
 Same comparison as G1 (64 greedy tokens and a perplexity run, logits bit for bit) on the tiny
-qwen3moe and hybrid qwen35moe in F32, Q8_0 and Q4_K_M, with the cache off and --prefetch.
+qwen3moe and hybrid qwen35moe in F32, Q8_0 and Q4_K_M, with the cache off and --prefetch. Prefill
+ubatches read ahead too: the prompt (narrower than the wide cut) guesses the union of its tokens'
+guesses, the perplexity window (32 tokens, wider than the cut) every expert.
 """
 import numpy as np
 import pytest
@@ -45,9 +47,12 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
     assert_same(resident, streamed)
     hook, st = s.streaming.hook, s.stream_stats()
     layers = s.streaming.layout.layers
-    # Every decode token guesses every streamed layer but the first.
+    # Every decode token guesses every streamed layer but the first; prefill ubatches guess too.
     n_decode = len(streamed[0].tokens) - 1
-    assert hook.n_prefetches == len(guesses) >= n_decode * (len(layers) - 1)
+    assert hook.n_prefetches == len(guesses) >= n_decode * (len(layers) - 1) + hook.n_wide_prefetches
+    if len(layers) > 2:  # a prefill ubatch guesses every streamed layer but the first and the last
+        assert hook.n_wide_prefetches > 0 and hook.guess.wide <= 32
+        assert any(len(g) == s.streaming.layout.n_expert for _, g, _ in guesses)  # a wide ubatch read all
     assert st.guessed == sum(len(g) for _, g, _ in guesses)
     # Each guess is taken over by the next route, which is of the guessed layer.
     per_expert = expert_bytes(s)

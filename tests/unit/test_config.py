@@ -34,12 +34,20 @@ def model(tmp_path: Path) -> Path:
         ("cache_mb", "lots", "cache_mb: must be an integer >= 0, got 'lots'"),
         ("io_threads", 0, "io_threads: must be an integer >= 1, got 0"),
         ("decide_prefix_cache", "maybe", "decide_prefix_cache: must be one of auto, on, off, got 'maybe'"),
+        ("prefetch_wide_tokens", -1, "prefetch_wide_tokens: must be an integer >= 0, got -1"),
+        ("prefetch_wide_tokens", 8, "prefetch_wide_tokens: only means something with prefetch on"),
     ],
 )
 def test_each_bad_field_is_named(model: Path, field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError) as e:
         SessionConfig(model=model, **{field: value})
     assert str(e.value) == message
+
+
+def test_a_one_token_wide_cut_is_refused(model: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^prefetch_wide_tokens: must be 0 \(the default rule\) or at least 2"):
+        SessionConfig(model=model, moe_stream=True, prefetch=True, prefetch_wide_tokens=1)
+    assert SessionConfig(model=model, moe_stream=True, prefetch=True, prefetch_wide_tokens=2).prefetch_wide_tokens == 2
 
 
 def test_missing_model_file(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from bmoe.stream import StreamOptions, Streamer, lookup, read_layout
 from bmoe.stream.archs import _entry
 from bmoe.stream.options import Budget
-from bmoe.stream.prefetch import PrefetchError, RouterGuess
+from bmoe.stream.prefetch import WIDE_COVER, PrefetchError, RouterGuess, wide_cut
 from bmoe.stream.reader import StreamIOError
 from test_stream_cache import PROJS, make_layout
 from test_stream_split_phase import HeldReads, _present
@@ -34,7 +34,7 @@ def test_guess_is_the_top_k_of_the_router_on_the_rms_normed_input() -> None:
     n_expert, n_embd, k = 32, 48, 4
     router = rng.standard_normal((n_expert, n_embd)).astype(np.float32)
     norm = rng.uniform(0.5, 2.0, n_embd).astype(np.float32)
-    g = RouterGuess({5: router * norm[None, :]}, n_embd, k)
+    g = RouterGuess({5: router * norm[None, :]}, n_embd, k, wide=1000)
     for _ in range(50):
         h = (rng.standard_normal(n_embd) * rng.uniform(0.1, 30)).astype(np.float32)
         x = h / np.sqrt(np.mean(h * h) + 1e-6) * norm  # what llama.cpp's ffn_norm feeds the router
@@ -43,6 +43,28 @@ def test_guess_is_the_top_k_of_the_router_on_the_rms_normed_input() -> None:
         probs /= probs.sum()
         assert g.guess(5, h).tolist() == sorted(np.argsort(-probs)[:k].tolist())
     assert g.can_guess(5) and not g.can_guess(4)
+
+
+def test_a_ubatch_guesses_the_union_of_its_tokens_and_every_expert_once_wide() -> None:
+    rng = np.random.default_rng(4)
+    n_expert, n_embd, k = 32, 16, 2
+    g = RouterGuess({1: rng.standard_normal((n_expert, n_embd)).astype(np.float32)}, n_embd, k, wide=6)
+    h = rng.standard_normal((5, n_embd)).astype(np.float32)
+    union = g.guess(1, h)
+    assert union.tolist() == sorted(set().union(*(g.guess(1, row).tolist() for row in h)))
+    assert k < union.size < n_expert and g.guess(1, h[:1]).tolist() == g.guess(1, h[0]).tolist()
+    # strided rows (how the hook sees a ubatch's l_out) guess the same as contiguous ones
+    padded = np.zeros((5, n_embd + 3), dtype=np.float32)
+    padded[:, :n_embd] = h
+    assert g.guess(1, padded[:, :n_embd]).tolist() == union.tolist()
+    wide = rng.standard_normal((6, n_embd)).astype(np.float32)
+    assert g.guess(1, wide).tolist() == list(range(n_expert))
+
+
+def test_the_default_wide_cut_leaves_about_five_percent_unpicked_under_uniform_routing() -> None:
+    assert WIDE_COVER == 3.0 and wide_cut(16, 2) == 24 and wide_cut(128, 8) == 48 and wide_cut(4, 4) == 3
+    n, used, t = 128, 8, wide_cut(128, 8)
+    assert abs((1 - used / n) ** t - np.exp(-WIDE_COVER)) < 0.01  # the share a uniform ubatch leaves out
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
@@ -55,6 +77,8 @@ def test_guess_weights_are_the_gguf_router_times_its_norm(tiny_models, arch: str
     t = {x.name: np.asarray(x.data, dtype=np.float32) for x in r.tensors}
     assert sorted(g.weights) == list(layout.layers) and g.k == -(-layout.n_expert_used // 2)  # GUESS_SHARE
     assert RouterGuess.load(layout, lookup(arch), k=3).k == 3
+    assert g.wide == wide_cut(layout.n_expert, layout.n_expert_used)
+    assert RouterGuess.load(layout, lookup(arch), wide=7).wide == 7
     for il in layout.layers:
         want = t[f"blk.{il}.ffn_gate_inp.weight"].reshape(layout.n_expert, -1) * t[f"blk.{il}.{norm_name}"][None, :]
         assert np.array_equal(g.weights[il], want)

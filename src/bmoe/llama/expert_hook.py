@@ -26,10 +26,12 @@ nothing is computed on a buffer before its reads are done. Whatever is still pen
 ``llama_decode`` returns is waited for in ``raise_if_failed``.
 
 Speculative prefetch (``guess`` given, cache off): the hook also answers True for the ask of
-``l_out-<l>`` when layer ``l+1`` streams and the ubatch has one token (decode). In its data
-call, layer ``l``'s matmuls have all run, so the shared buffers are free; the hook guesses layer
-``l+1``'s experts from that row (``RouterGuess``) and calls ``streamer.prefetch``, whose reads
-then run during layer ``l+1``'s attention and router. The route of ``l+1`` takes them over.
+``l_out-<l>`` when layer ``l+1`` streams. In its data call, layer ``l``'s matmuls have all run,
+so the shared buffers are free; the hook guesses layer ``l+1``'s experts from that node's rows
+(``RouterGuess``: one token's guess in decode, the union of the tokens' guesses or every expert
+in a prefill ubatch) and calls ``streamer.prefetch``, whose reads then run during layer ``l+1``'s
+attention and router. The route of ``l+1`` takes them over. A prefill ubatch does not guess the
+last streamed layer: the model's last layer routes only the rows whose output is kept.
 
 A Python exception cannot cross the C boundary: it is kept as the sticky ``error``; the
 ``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, and
@@ -83,7 +85,7 @@ class StreamerPort(Protocol):
 class GuessPort(Protocol):
     n_embd: int
     def can_guess(self, il: int) -> bool: ...
-    def guess(self, il: int, h: np.ndarray) -> np.ndarray: ...
+    def guess(self, il: int, h: np.ndarray) -> np.ndarray: ...  # h: [n_tokens, n_embd]
 
 
 class HookError(EngineFailure):
@@ -124,6 +126,7 @@ class ExpertHook:
         self._next: dict[bytes, int] = {}
         if guess is not None:
             self._next = {f"{entry.out_node}-{il - 1}".encode(): il for il in self._layer_projs if guess.can_guess(il)}
+        self._last_layer = max(self._layer_projs, default=-1)
         self._out_node = 0                                     # the l_out node we answered True for
         # Python cost counters (seconds are wall time inside the callbacks).
         self.n_calls = 0
@@ -132,7 +135,8 @@ class ExpertHook:
         self.n_late_waits = 0   # ... waited for in their matmul's ask instead (the stop node did not come)
         self.callback_s = 0.0   # all time in the callback, the streamer's included
         self.route_s = 0.0      # time in the streamer (on_route, waits): reads waited for and cache bookkeeping
-        self.n_prefetches = 0   # decode layers whose experts were guessed and queued ahead of their route
+        self.n_prefetches = 0   # layers whose experts were guessed and queued ahead of their route
+        self.n_wide_prefetches = 0  # ... of them in a ubatch of more than one token (prefill read-ahead)
         self.guess_s = 0.0      # time computing the guesses (part of python_s)
         # Kept on self: llama.cpp holds raw pointers to these for the context's life.
         self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._callback)
@@ -216,11 +220,14 @@ class ExpertHook:
             self.callback_s += time.perf_counter() - t0
 
     def _wants_prefetch(self, t: int) -> bool:
-        """``t`` is an ``l_out-*`` node: one whose next layer is guessed, with a single token's
-        f32 row (decode: prefill ubatches are not guessed)."""
+        """``t`` is an ``l_out-*`` node: one whose next layer is guessed, with f32 rows of
+        n_embd, one per token of the ubatch; several rows only if the next layer is not the last."""
         s = GgmlTensor.from_address(t)
-        return (s.name in self._next and s.type == GGML_TYPE_F32 and s.ne[1] == 1 and s.ne[2] == 1 and s.ne[3] == 1
-                and s.nb[0] == 4 and s.ne[0] == self.guess.n_embd)  # type: ignore[union-attr]
+        il = self._next.get(s.name)
+        n_tokens = int(s.ne[1])
+        return (il is not None and s.type == GGML_TYPE_F32 and n_tokens >= 1 and s.ne[2] == 1 and s.ne[3] == 1
+                and s.nb[0] == 4 and s.ne[0] == self.guess.n_embd  # type: ignore[union-attr]
+                and (n_tokens == 1 or (il != self._last_layer and s.nb[1] >= 4 * s.ne[0] and s.nb[1] % 4 == 0)))
 
     def _prefetch(self, t: int) -> None:
         s = GgmlTensor.from_address(t)
@@ -228,11 +235,14 @@ class ExpertHook:
             return  # computed elsewhere: no guess (a prefill device decodes on the CPU anyway)
         il = self._next[s.name]
         g0 = time.perf_counter()
-        h = np.ctypeslib.as_array((ctypes.c_float * int(s.ne[0])).from_address(s.data))
+        n_embd, n_tokens, row = int(s.ne[0]), int(s.ne[1]), int(s.nb[1])
+        flat = np.ctypeslib.as_array((ctypes.c_float * ((n_tokens - 1) * row // 4 + n_embd)).from_address(s.data))
+        h = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, n_embd), strides=(row, 4))  # [n_tokens, n_embd]
         ids = self.guess.guess(il, h)  # type: ignore[union-attr]
         self.guess_s += time.perf_counter() - g0
         self._streamer_call(self.streamer.prefetch, il, ids)
         self.n_prefetches += 1
+        self.n_wide_prefetches += int(n_tokens > 1)
 
     def _streamer_call(self, fn, *args) -> None:  # noqa: ANN001
         r0 = time.perf_counter()

@@ -92,7 +92,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
             cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
             odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
         )
-        guess = RouterGuess.load(layout, entry) if config.prefetch else None
+        guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None
         streamer = Streamer(layout, options)
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError) as e:
         raise _setup_error(config, e) from e

@@ -16,6 +16,12 @@ rank, so the guess is the top ``ceil(GUESS_SHARE * n_expert_used)`` scores, not 
 ``n_expert_used`` (on the benchmark model half of them is about 5 ms of reads, several times the
 span it must cover; docs/benchmarks.md has both measured).
 
+Read-ahead for prefill: a ubatch of several tokens guesses the union of each token's guess, and
+a ubatch of at least ``wide`` tokens skips the guess and reads every expert of layer l+1. The
+default cut, ``ceil(WIDE_COVER * n_expert / n_expert_used)`` tokens, is where uniform routing
+would leave only ``exp(-WIDE_COVER)`` (about 5%) of the layer's experts unpicked, so reading them
+all wastes about that share; it is a rule, not yet measured (``--prefetch-wide-tokens`` sets it).
+
 The weights are read once, at open, from the GGUF (F32 and F16 as they are, other types through
 gguf-py's dequantizer), and kept as float32: n_expert x n_embd x 4 bytes per layer.
 """
@@ -35,6 +41,7 @@ from bmoe.errors import ConfigError
 
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
 GUESS_SHARE = 0.5  # experts guessed per layer, as a share of n_expert_used (rounded up)
+WIDE_COVER = 3.0   # default wide cut: WIDE_COVER * n_expert / n_expert_used tokens (not measured yet)
 
 
 class PrefetchError(ConfigError):
@@ -63,15 +70,18 @@ def _as_f32(path: Path, t: TensorInfo) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class RouterGuess:
-    """Per streamed layer ``il``: ``weights[il]`` = router rows scaled by the norm, [n_expert, n_embd]."""
+    """Per streamed layer ``il``: ``weights[il]`` = router rows scaled by the norm, [n_expert, n_embd].
+    ``k`` experts are guessed per token; a ubatch of at least ``wide`` tokens guesses every expert."""
     weights: dict[int, np.ndarray]
     n_embd: int
     k: int
+    wide: int
 
     @staticmethod
-    def load(layout: ModelLayout, entry: ArchEntry, k: int | None = None) -> "RouterGuess":
+    def load(layout: ModelLayout, entry: ArchEntry, k: int | None = None, wide: int | None = None) -> "RouterGuess":
         """Read every streamed layer's router and norm weight; PrefetchError if one is missing.
-        ``k``: experts guessed per layer (default: GUESS_SHARE of n_expert_used, rounded up)."""
+        ``k``: experts guessed per token (default: GUESS_SHARE of n_expert_used, rounded up);
+        ``wide``: ubatch width from which every expert is read (default: WIDE_COVER's rule)."""
         if not entry.can_prefetch:
             raise PrefetchError(f"--prefetch cannot guess the routing of architecture '{layout.arch}': "
                                 f"{entry.no_prefetch}")
@@ -96,20 +106,36 @@ class RouterGuess:
             n_embd = norm.shape[0]
         if k is None:
             k = math.ceil(GUESS_SHARE * layout.n_expert_used)
-        return RouterGuess(weights, n_embd, max(1, min(k, layout.n_expert)))
+        if not wide:
+            wide = wide_cut(layout.n_expert, layout.n_expert_used)
+        return RouterGuess(weights, n_embd, max(1, min(k, layout.n_expert)), max(2, wide))
 
     def scores(self, il: int, h: np.ndarray) -> np.ndarray:
-        """Layer ``il``'s router logits for input ``h`` (up to the positive rms factor)."""
-        # einsum's own loop, not BLAS: OpenBLAS would run this gemv on threads that keep spinning
-        # after it, next to llama.cpp's compute threads.
-        return np.einsum("ij,j->i", self.weights[il], np.asarray(h, dtype=np.float32))
+        """Layer ``il``'s router logits for input ``h`` (up to the positive rms factor per token):
+        [n_expert] for one row ``h`` [n_embd], [n_tokens, n_expert] for rows [n_tokens, n_embd]."""
+        # einsum's own loop, not BLAS: OpenBLAS would run this product on threads that keep
+        # spinning after it, next to llama.cpp's compute threads.
+        h = np.asarray(h, dtype=np.float32)
+        if h.ndim == 1:
+            return np.einsum("ij,j->i", self.weights[il], h)
+        return np.einsum("ij,tj->ti", self.weights[il], h)
 
     def guess(self, il: int, h: np.ndarray) -> np.ndarray:
-        """The ``k`` experts layer ``il``'s router scores highest for ``rms_norm(h)``, ascending."""
-        s = self.scores(il, h)
-        if self.k >= s.shape[0]:
-            return np.arange(s.shape[0], dtype=np.int64)
-        return np.sort(np.argpartition(-s, self.k - 1)[:self.k]).astype(np.int64)
+        """The experts to read ahead for layer ``il``, ascending: for one token (``h`` [n_embd] or
+        [1, n_embd]) the ``k`` its router scores highest for ``rms_norm(h)``; for a ubatch the union
+        of each token's ``k``, or every expert once it has at least ``wide`` tokens."""
+        n_expert = self.weights[il].shape[0]
+        n_tokens = 1 if np.ndim(h) == 1 else int(np.shape(h)[0])
+        if self.k >= n_expert or n_tokens >= self.wide:
+            return np.arange(n_expert, dtype=np.int64)
+        s = self.scores(il, h).reshape(n_tokens, n_expert)
+        top = np.argpartition(-s, self.k - 1, axis=1)[:, :self.k]
+        return np.unique(top).astype(np.int64)
 
     def can_guess(self, il: int) -> bool:
         return il in self.weights
+
+
+def wide_cut(n_expert: int, n_expert_used: int) -> int:
+    """The default ubatch width from which read-ahead reads every expert of the next layer."""
+    return max(2, math.ceil(WIDE_COVER * n_expert / n_expert_used))
