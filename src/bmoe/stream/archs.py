@@ -143,11 +143,20 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("minimax-m2", "router, selection bias (exp_probs_b)",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # llama4 (src/models/llama4.cpp): on its MoE layers ffn_norm, then build_moe_ffn(SIGMOID)
+        # without exp_probs_b or gate_inp_b, whose pick for llama4 is the top k of the raw logits
+        # (the sigmoid only weighs the pick, on the expert's input): the guess's own rule. The
+        # dense layers between (every layer when the interleave step is 1) carry no experts; the
+        # hook guesses a MoE layer from the l_out of whatever layer comes before it.
+        _entry("llama4", "router, shared expert (ffn_*_shexp), the dense layers between MoE layers",
+               norm="ffn_norm.weight"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
 # hunyuan-moe and ernie4_5-moe (their converters want a tiktoken or sentencepiece tokenizer),
-# smallthinker and bailingmoe (no transformers model), llama4 and deepseek4 (not tried yet).
+# smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
+# MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
+# not found: docs/streaming.md).
 
 
 def lookup(arch: str) -> ArchEntry:

@@ -221,6 +221,20 @@ HF_ARCHS: dict[str, HfArch] = {
                       "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
                                           "partial_rotary_factor": 0.5}},
               random_init=("e_score_correction_bias",)),
+        # llama4: four layers, experts on every second one (Maverick's interleave step 2; Scout's is
+        # 1), so a dense SwiGLU layer comes before each MoE one; each MoE layer has a shared
+        # expert beside one routed expert picked by its raw logit and weighted by its sigmoid,
+        # applied to the expert's input. Layers 0-2 use RoPE with weightless q/k RMS norms (as
+        # Scout; llama.cpp turns them off only for 128 experts) and chunked attention, layer 3
+        # none (NoPE, full attention, temperature-tuned queries). llama.cpp fixes the chunk at
+        # 8192 and the NoPE step at 4 whatever the config says, so the config keeps those values;
+        # a short prompt stays in one chunk. head_dim must be given (its default is 128).
+        _arch("llama4", "llama4_text", 135, "Llama-4-Scout-17B-16E, Llama-4-Maverick-17B-128E",
+              config={"num_hidden_layers": 4, "interleave_moe_layer_step": 2, "intermediate_size": 128,
+                      "intermediate_size_mlp": 128, "num_local_experts": 32, "num_experts_per_tok": 1,
+                      "num_key_value_heads": 2, "head_dim": 16, "use_qk_norm": True,
+                      "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
     )
 }
 
