@@ -1,7 +1,8 @@
 """An evaluation data set: JSONL, one decision per line with its gold answer (docs/eval.md).
 
-Each line's decide fields go through the session line protocol's own parser (``parse_line`` with
-``"cmd":"decide"``), so a field the protocol gains later flows through here unchanged. Only the
+Each line's decide fields go through the session line protocol's own check of a decide request
+(``decide_object``, what ``parse_line`` runs for ``"cmd":"decide"``), so a field the protocol
+gains later flows through here unchanged. Only the
 evaluation's own fields are taken off first: ``gold`` (required), ``id`` and ``split``.
 A line that cannot be used is skipped with its line number and the reason; the others run.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import ConfigError
-from bmoe.wire.protocol import MAX_LINE_BYTES, Decide, ProtocolError, decode_line, parse_line
+from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decide_object, decode_line
 
 EVAL_FIELDS = ("gold", "id", "split")
 
@@ -64,11 +65,9 @@ def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
     for name, value in (defaults or {}).items():
         obj.setdefault(name, value)
     try:
-        cmd = parse_line(json.dumps({"cmd": "decide", "id": line, **obj}))
+        request = decide_object({"id": line, **obj}).request
     except ProtocolError as e:
         raise BadRow(str(e)) from None
-    assert isinstance(cmd, Decide)
-    request = cmd.request
     # the structured form: gold indexes the options in their given order (the choices are their labels)
     n, what = (len(request.choices), "choices") if request.options is None else (len(request.options), "options")
     if not 0 <= gold < n:

@@ -211,6 +211,13 @@ def _request_id(obj: dict) -> int | None:
     return rid if _INT[1](rid) else None
 
 
+def decide_object(obj: dict) -> Decide:
+    """A decide request already parsed from JSON (its fields, ``"cmd"`` left out), checked as
+    ``parse_line`` checks a decide line; ProtocolError otherwise."""
+    rid = _request_id(obj)
+    return Decide(id=rid or 0, fields=_check_decide(obj, "decide", rid))
+
+
 def parse_line(line: str) -> Command:
     try:
         obj = json.loads(line)
@@ -237,7 +244,7 @@ def parse_line(line: str) -> Command:
         _check(body, ID_ONLY, "stats", rid)
         return Stats(id=rid or 0)
     if cmd == "decide":
-        return Decide(id=rid or 0, fields=_check_decide(body, "decide", rid))
+        return decide_object(body)
     if cmd == "decide_batch":
         _check(body, DECIDE_BATCH_FIELDS, "decide_batch", rid)
         items = []
