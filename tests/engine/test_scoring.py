@@ -7,7 +7,6 @@ import random
 import numpy as np
 import pytest
 
-from bmoe.config import SessionConfig
 from bmoe.errors import ContextOverflowError, RequestError
 from bmoe.numerics import log_softmax
 from bmoe.runtime.results import GenerateRequest, ScoreRequest
@@ -21,20 +20,9 @@ REUSE_TOL = 0.05
 
 
 @pytest.fixture()
-def open_tiny(tiny_models):
-    opened: list[Session] = []
-
-    def _open(arch: str = "qwen3moe", **kw: object) -> Session:
-        kw.setdefault("n_ctx", 256)
-        kw.setdefault("n_threads", 1)
-        kw.setdefault("flash_attn", False)
-        s = Session(SessionConfig(model=tiny_models(arch, "q8_0"), **kw))
-        opened.append(s)
-        return s
-
-    yield _open
-    for s in opened:
-        s.close()
+def open_tiny(open_tiny):
+    """The engine tests' fixture, with a smaller context and flash attention off (REUSE_TOL's premise)."""
+    return lambda arch="qwen3moe", **kw: open_tiny(arch, **{"n_ctx": 256, "flash_attn": False, **kw})
 
 
 def random_tokens(s: Session, n: int, seed: int) -> list[int]:

@@ -3,31 +3,13 @@ import numpy as np
 import pytest
 
 from bmoe.runtime.chat import Message
-from bmoe.config import SessionConfig
 from bmoe.errors import ContextOverflowError
 from bmoe.runtime.results import GenerateRequest
-from bmoe.session import Session
 from exactness import assert_same_up_to_near_tie
 
 # The log-prob of a chosen token, computed in different pieces, agrees within this many nats on the
 # tiny Q8_0 models (docs/testing.md "What a bit-exact test may compare").
 CHUNKING_TOL = 0.5
-
-
-@pytest.fixture()
-def open_tiny(tiny_models):
-    opened: list[Session] = []
-
-    def _open(arch: str, **kw: object) -> Session:
-        kw.setdefault("n_ctx", 512)
-        kw.setdefault("n_threads", 1)
-        s = Session(SessionConfig(model=tiny_models(arch, "q8_0"), **kw))
-        opened.append(s)
-        return s
-
-    yield _open
-    for s in opened:
-        s.close()
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
