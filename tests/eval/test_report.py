@@ -7,7 +7,6 @@ import math
 import pytest
 
 from bmoe.eval import dataset, report
-from bmoe.wire.protocol import DECIDE_FIELDS
 
 
 def _result(logp: list[float], gold: int, split: str | None = None, **extra: object) -> dict:
@@ -56,7 +55,6 @@ def test_the_temperature_is_fitted_on_one_split_and_reported_on_the_other() -> N
     assert "Temperature: no temperature fitted: 0 answered rows" in md and "| T = 1 | 3 |" in md
 
 
-@pytest.mark.skipif("scoring" not in DECIDE_FIELDS, reason="the protocol has no scoring field yet")
 def test_a_field_the_protocol_gains_reaches_the_request_unchanged() -> None:
     line = '{"suffix":"Q?","choices":["yes","no"],"gold":0,"scoring":"full","best_by":"norm"}'
     r = dataset.parse_row(line, 1).request

@@ -9,11 +9,9 @@ import json
 from pathlib import Path
 
 import httpx
+import lm_eval  # the test extra (scripts/setup.sh --test)
 import numpy as np
-import pytest
 from server_helpers import metric
-
-lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is in the test extra: scripts/setup.sh --test")
 
 # (question, choices, gold). Choices of different lengths, so that acc (summed log-likelihood) and
 # acc_norm (divided by the choice's length in characters) pick differently on some items; some
