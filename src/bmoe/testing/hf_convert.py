@@ -12,6 +12,7 @@ The converter is the one vendored in the pinned llama-cpp-python's source releas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -47,14 +48,16 @@ def hf_dir(arch: str, out_dir: Path) -> Path:
     return Path(out_dir) / f"hf-{arch}"
 
 
+@functools.lru_cache(maxsize=1)
+def _toolchain() -> dict[str, object]:
+    """What every recipe hash covers besides the recipe: the versions that build and convert the
+    model, and the converter's bytes (read once per process: a test asks for models many times)."""
+    return {"versions": [version(p) for p in ("torch", "transformers", "tokenizers", "llama_cpp_python")],
+            "converter": hashlib.sha256(converter_path().read_bytes()).hexdigest()}
+
+
 def _recipe(a: HfArch, quant: str) -> str:
-    parts = {
-        "recipe_version": RECIPE_VERSION,
-        "arch": dataclasses.asdict(a),
-        "quant": quant,
-        "versions": [version(p) for p in ("torch", "transformers", "tokenizers", "llama_cpp_python")],
-        "converter": hashlib.sha256(converter_path().read_bytes()).hexdigest(),
-    }
+    parts = {"recipe_version": RECIPE_VERSION, "arch": dataclasses.asdict(a), "quant": quant, **_toolchain()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
