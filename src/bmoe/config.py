@@ -49,7 +49,7 @@ class SessionConfig:
     io_threads: int = 4
     stream_cache_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
     stream_read_all: bool = False  # verification: read every expert at every route (gate G3)
-    prefetch: bool = False  # speculative prefetch of the next layer's guessed experts (cache off only)
+    prefetch: bool = False  # speculative prefetch (read-ahead) of the next layer's guessed experts
     prefetch_wide_tokens: int = 0  # prefill ubatches this wide read all of the next layer (0: the rule)
     # decide (docs/decide.md)
     decide: bool = False
@@ -115,7 +115,6 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}")
     if cfg.prefetch:
         why = ("it needs moe_stream" if not cfg.moe_stream
-               else "it reads into the shared buffers of the cache-off mode, so it needs cache_mb 0" if cfg.cache_mb != 0
                else "a prefill device copies weights before the hook could wait for a guessed read" if cfg.prefill_device
                else None)
         if why:

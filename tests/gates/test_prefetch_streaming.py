@@ -70,6 +70,30 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
     assert 0 < st.guess_hits < st.guessed
 
 
+def test_prefetch_with_an_evicting_cache_equals_resident_and_fills_the_cache(variant) -> None:
+    """Read-ahead with the cache on: guessed experts the cache lacks are read into it (and kept),
+    a route reads only what is neither cached nor guessed, and nothing a matmul reads is moved or
+    evicted under it: output bit for bit the resident one, every byte accounted."""
+    open_, resident = variant
+    s = open_(moe_stream=True, cache_mb=1, cache_force=True, prefetch=True)
+    routes = record_routes(s)
+    guesses = record_guesses(s, routes)
+    streamed = run(s)
+    assert_same(resident, streamed)
+    st = s.stream_stats()
+    assert st.evictions > 0 and 0 < st.guessed <= sum(len(g) for _, g, _ in guesses)
+    assert st.hits + st.misses == st.routed == sum(len(ex) for _, ex in routes)
+    per_expert = expert_bytes(s)
+    assert st.wasted_bytes <= (st.guessed - st.guess_hits) * max(per_expert.values())
+    routed_read = st.read_bytes - st.wasted_bytes  # the misses' bytes, each read once
+    assert min(per_expert.values()) * st.misses <= routed_read <= max(per_expert.values()) * st.misses
+    if len(set(per_expert.values())) == 1:
+        (per,) = set(per_expert.values())
+        assert st.wasted_bytes == per * (st.guessed - st.guess_hits) and routed_read == per * st.misses
+    largest = max(per_expert[il] * s.streaming.layout.n_expert for il in per_expert)
+    assert st.budget_bytes == 1 << 20 and st.resident_bytes <= max(st.budget_bytes, largest)
+
+
 @pytest.mark.parametrize("arch", REFUSED)
 def test_prefetch_is_refused_for_an_arch_whose_routing_the_guess_does_not_model(arch, tiny_models,
                                                                                 open_session, tmp_path) -> None:
@@ -80,8 +104,6 @@ def test_prefetch_is_refused_for_an_arch_whose_routing_the_guess_does_not_model(
 
 def test_prefetch_is_refused_where_it_cannot_work(tiny_models, open_session, tmp_path) -> None:
     model = tiny_models("qwen3moe", "q8_0")
-    with pytest.raises(ConfigError, match="prefetch: .*needs cache_mb 0"):
-        open_session(model, moe_stream=True, cache_mb=64, prefetch=True)
     with pytest.raises(ConfigError, match="prefetch: .*needs moe_stream"):
         open_session(model, prefetch=True)
 

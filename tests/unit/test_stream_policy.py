@@ -141,6 +141,40 @@ def test_budget_is_a_hard_cap_and_counts_are_exact(budget: int, seed: int, sizes
     assert p.evictions == p.misses - len(resident)
 
 
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(2, 40), seed=st.integers(0, 2**32 - 1), cls=st.sampled_from([NextUsePolicy, LruPolicy]))
+def test_read_ahead_reserves_within_the_budget_and_counts_a_guess_only_when_routed(budget: int, seed: int,
+                                                                                   cls) -> None:  # noqa: ANN001
+    """A guess (reserve) makes room and is resident at once, counting no lookup; the route after it
+    counts a guessed expert it picks as a miss, never evicts a guessed one it did not pick, and the
+    budget stays a hard cap but for the guess or the route alone."""
+    rng = np.random.default_rng(seed)
+    p = cls(dict.fromkeys(range(4), 1), budget)
+    resident: set[ExpertKey] = set()
+    looked = 0
+    for step in range(60):
+        il = step % 4
+        guess = sorted(int(e) for e in rng.choice(12, int(rng.integers(1, 4)), replace=False))
+        before = (p.hits, p.misses)
+        missing, victims = p.reserve(il, guess)
+        assert (p.hits, p.misses) == before
+        assert {k.expert for k in missing} == {e for e in guess if ExpertKey(il, e) not in resident}
+        assert set(victims) <= resident and not {v for v in victims if v.layer == il and v.expert in guess}
+        resident = (resident - set(victims)) | set(missing)
+        assert p.resident_bytes == len(resident) <= max(budget, len(guess))
+        ahead = {k.expert for k in missing}
+        experts = sorted(int(e) for e in rng.choice(12, 2, replace=False))
+        hits, misses, victims = p.plan(il, experts, None, prefetched=ahead, pinned=ahead - set(experts))
+        assert hits == sum(ExpertKey(il, e) in resident and e not in ahead for e in experts)
+        assert not {v for v in victims if v.layer == il and (v.expert in experts or v.expert in ahead)}
+        resident -= set(victims)
+        p.admit(il, misses)
+        resident |= set(misses)
+        looked += len(experts)
+        assert p.resident_bytes == len(resident) <= max(budget, len(experts) + len(ahead))
+    assert p.hits + p.misses == looked
+
+
 def test_policy_knobs_are_checked() -> None:
     with pytest.raises(ValueError):
         NextUsePolicy({0: 1}, 0)

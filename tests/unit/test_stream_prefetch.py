@@ -151,16 +151,15 @@ def test_a_guess_for_another_layer_is_finished_and_wasted(tmp_path: Path) -> Non
     s.close()
 
 
-def test_prefetch_needs_the_cache_off_and_sane_ids(tmp_path: Path) -> None:
+def test_prefetch_refuses_ids_outside_the_layer_with_the_cache_off_or_on(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    s = Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed"))
-    with pytest.raises(ValueError, match="cache-off"):
-        s.prefetch(0, np.array([1]))
-    s.close()
-    s = _off(layout)
-    with pytest.raises(ValueError, match="cannot prefetch"):
-        s.prefetch(0, np.array([layout.n_expert]))
-    s.close()
+    for s in (_off(layout), Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed"))):
+        with pytest.raises(ValueError, match="cannot prefetch"):
+            s.prefetch(0, np.array([layout.n_expert]))
+        with pytest.raises(ValueError, match="cannot prefetch"):
+            s.prefetch(99, np.array([1]))
+        assert s.prefetching is None and s.stats().guessed == 0  # nothing was queued or reserved
+        s.close()
 
 
 @pytest.mark.parametrize("taken_over", [True, False])

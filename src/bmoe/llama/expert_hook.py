@@ -25,9 +25,9 @@ If that node does not come, the matmul's own ask waits (correct, just not overla
 nothing is computed on a buffer before its reads are done. Whatever is still pending when
 ``llama_decode`` returns is waited for in ``raise_if_failed``.
 
-Speculative prefetch (``guess`` given, cache off): the hook also answers True for the ask of
+Speculative prefetch (``guess`` given): the hook also answers True for the ask of
 ``l_out-<l>`` when layer ``l+1`` streams. In its data call, layer ``l``'s matmuls have all run,
-so the shared buffers are free; the hook guesses layer ``l+1``'s experts from that node's rows
+so no expert buffer is being read; the hook guesses layer ``l+1``'s experts from that node's rows
 (``RouterGuess``: one token's guess in decode, the union of the tokens' guesses or every expert
 in a prefill ubatch) and calls ``streamer.prefetch``, whose reads then run during layer ``l+1``'s
 attention and router. The route of ``l+1`` takes them over. A prefill ubatch does not guess the

@@ -17,6 +17,7 @@ from ..config import SessionConfig
 from ..errors import BmoeError
 from ..llama.expert_hook import ExpertHook
 from ..llama.ggml_tensor import GgmlLayoutError
+from ..llama.pages import LibcPageMover
 from ..llama.residency import PageResidency
 from ..stream import (
     CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamOptions, Streamer, TwinError,
@@ -93,7 +94,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
             odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
         )
         guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None
-        streamer = Streamer(layout, options)
+        streamer = Streamer(layout, options, pages=LibcPageMover.available())
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError) as e:
         raise _setup_error(config, e) from e
     try:

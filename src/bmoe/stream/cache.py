@@ -8,16 +8,21 @@ committed only when first written, so a full-size mapping costs address space, n
 - SharedBuffers (cache off): one buffer per projection, shared by all layers (layers run one
   after another), every routed slice read again at every route.
 - ExpertCache (cache on): one buffer per (layer, projection); a policy (policy.py, by default
-  NextUsePolicy) decides under a byte budget which ExpertKey(layer, expert) stay; an evicted
-  expert's pages go back to the OS with MADV_DONTNEED.
+  NextUsePolicy) decides under a byte budget which ExpertKey(layer, expert) stay. An evicted
+  expert's pages are handed to an expert that comes in at the same route: with a PageMover
+  (pages.py) the whole pages inside the victim's slice are moved to the incoming slice, and only
+  the partial pages at a slice's two ends go back to the OS (MADV_DONTNEED, unless a resident
+  neighbour still uses them). Victims nobody takes over, or every victim without a mover, are
+  released whole. Either way the physical memory the cache holds is its resident experts' pages.
 """
 from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from .layout import ExpertTensor, ModelLayout
+from .pages import PageMover
 from .policy import CachePolicy, ExpertKey, NextUsePolicy, Uses
 from .reader import ALIGN, ReadOp, Window
 from .stats import StreamStats
@@ -47,6 +52,20 @@ def _pad(t: ExpertTensor) -> int:
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def _span(t: ExpertTensor, expert: int) -> tuple[int, int]:
+    """Where ``expert``'s slice of ``t`` lies in its buffer: [start, end)."""
+    start = _pad(t) + expert * t.slice_nbytes
+    return start, start + t.slice_nbytes
+
+
+def _interior(t: ExpertTensor, expert: int) -> tuple[int, int]:
+    """The whole pages inside ``expert``'s slice: [lo, hi), empty (lo == hi) for a slice that
+    fills no page of its own."""
+    start, end = _span(t, expert)
+    lo, hi = _round_up(start, PAGE), (end // PAGE) * PAGE
+    return (lo, hi) if hi > lo else (lo, lo)
 
 
 class TensorBuffer:
@@ -125,15 +144,18 @@ class ExpertCache:
     """Cache on: (layer, expert) slices kept under ``budget_bytes`` of expert bytes, chosen by a
     policy (``policy(expert_bytes_per_layer, budget_bytes)``, NextUsePolicy by default)."""
 
-    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY) -> None:
+    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY,
+                 pages: PageMover | None = None) -> None:
         if budget_bytes <= 0:
             raise ValueError("ExpertCache needs a positive budget; use SharedBuffers for cache off")
         self.layout = layout
         self.budget_bytes = budget_bytes
+        self.pages = pages
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
         self.policy: CachePolicy = policy({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget_bytes)
         self._buffers = {(t.il, t.proj): TensorBuffer([t]) for t in layout.experts}
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
+        self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
 
     def data_addr(self, t: ExpertTensor) -> int:
         return self._buffers[(t.il, t.proj)].data_addr(t)
@@ -141,13 +163,25 @@ class ExpertCache:
     def is_resident(self, key: ExpertKey) -> bool:
         return self.policy.is_resident(key)
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None) -> Plan:
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
+             prefetched: Collection[int] = (), pinned: Collection[int] = ()) -> Plan:
         """Count hits, evict to make room (never this route's experts), return reads for misses.
         ``uses``: how the ubatch's tokens used ``experts`` (None: one token). A prefill ubatch may
         route more of one layer than the budget holds: those experts still have to be present for
-        the matmul, so the cache runs over budget until the next route evicts back under it."""
-        hits, misses, victims = self.policy.plan(il, experts, uses)
-        self._release_all(victims)
+        the matmul, so the cache runs over budget until the next route evicts back under it.
+        ``prefetched``/``pinned``: see the policy's ``reserve`` (policy.py)."""
+        hits, misses, victims = self.policy.plan(il, experts, uses, prefetched=prefetched, pinned=pinned)
+        self._make_room(victims, misses)
+        return self._reads(il, hits, misses)
+
+    def reserve(self, il: int, experts: Sequence[int]) -> Plan:
+        """Read-ahead: make room for the guessed ``experts`` not resident and return their reads.
+        They count as resident from now on (the policy's ``reserve``): nothing is to commit."""
+        missing, victims = self.policy.reserve(il, experts)
+        self._make_room(victims, missing)
+        return self._reads(il, 0, missing)
+
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
         ops = tuple(self._buffers[(t.il, t.proj)].read_op(t, k.expert) for k in misses for t in self._tensors[il])
         projs = tuple(t.proj for _ in misses for t in self._tensors[il])
         return Plan(ops, hits, tuple(misses), projs)
@@ -169,19 +203,42 @@ class ExpertCache:
             b.close()
         self.policy.clear()
 
-    def _release_all(self, victims: Sequence[ExpertKey]) -> None:
-        """Give the victims' pages back, one after another: a page shared with a victim not yet
-        released counts as in use, so each shared page is released (and counted) once."""
+    def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
+        """Hand the victims' whole pages to the incoming experts, projection by projection (with a
+        PageMover), then release what is left of the victims: their end pages, and all of any
+        victim nobody took over. Nothing of ``victims`` or ``incoming`` may be in flight."""
+        moved: set[tuple[ExpertKey, str]] = set()
+        if self.pages is not None and victims and incoming:
+            givers, takers = self._slices(victims), self._slices(incoming)
+            pairs = [pair for proj in givers for pair in zip(givers[proj], takers.get(proj, ()))]
+            for (vk, vt), (ik, it) in pairs:
+                v_lo, v_hi = _interior(vt, vk.expert)
+                i_lo, i_hi = _interior(it, ik.expert)
+                if v_hi > v_lo and i_hi > i_lo:
+                    src, dst = self._buffers[(vt.il, vt.proj)], self._buffers[(it.il, it.proj)]
+                    self.pages.move(src.window.addr + v_lo, v_hi - v_lo, dst.window.addr + i_lo, i_hi - i_lo)
+                    self.moved_bytes += min(v_hi - v_lo, i_hi - i_lo)
+                    moved.add((vk, vt.proj))
         pending = set(victims)
-        for key in victims:
+        for key in victims:  # one after another: a page shared with a victim not yet released is in use
             pending.discard(key)
-            self._release(key, pending)
+            self._release(key, pending, moved)
 
-    def _release(self, key: ExpertKey, pending: set[ExpertKey]) -> None:
+    def _slices(self, keys: Sequence[ExpertKey]) -> dict[str, list[tuple[ExpertKey, ExpertTensor]]]:
+        """Every (expert, tensor) of ``keys`` by projection, biggest slice first, so that zipping
+        two projections' lists pairs slices of like sizes."""
+        out: dict[str, list[tuple[ExpertKey, ExpertTensor]]] = {}
+        for k in keys:
+            for t in self._tensors[k.layer]:
+                out.setdefault(t.proj, []).append((k, t))
+        for slices in out.values():
+            slices.sort(key=lambda kt: (-kt[1].slice_nbytes, kt[0]))
+        return out
+
+    def _release(self, key: ExpertKey, pending: set[ExpertKey], moved: set[tuple[ExpertKey, str]]) -> None:
         for t in self._tensors[key.layer]:
             buf = self._buffers[(t.il, t.proj)]
-            start = _pad(t) + key.expert * t.slice_nbytes
-            end = start + t.slice_nbytes
+            start, end = _span(t, key.expert)
             # A page shared with a still-resident neighbour stays; only free pages go back.
             lo = (start // PAGE) * PAGE
             if lo < start and self._page_in_use(t, key, lo, pending):
@@ -189,7 +246,11 @@ class ExpertCache:
             hi = _round_up(end, PAGE)
             if hi > end and self._page_in_use(t, key, hi - PAGE, pending):
                 hi -= PAGE
-            self.released_bytes += buf.release(lo, hi)
+            if (key, t.proj) in moved:  # its whole pages went to an incoming expert: the ends are left
+                i_lo, i_hi = _interior(t, key.expert)
+                self.released_bytes += buf.release(lo, i_lo) + buf.release(i_hi, hi)
+            else:
+                self.released_bytes += buf.release(lo, hi)
 
     def _page_in_use(self, t: ExpertTensor, key: ExpertKey, page: int, pending: set[ExpertKey]) -> bool:
         s, pad = t.slice_nbytes, _pad(t)

@@ -8,6 +8,12 @@ trace, without a model. The protocol, for a route of layer ``il``:
 - ``plan(il, experts, uses)`` counts the hits, picks the victims that make room for the misses
   (never an expert of this route) and forgets them; returns ``(hits, misses, victims)``.
 - ``admit(il, misses)`` records the misses as resident once their reads succeeded.
+- ``reserve(il, experts)`` (read-ahead, ``--prefetch``): makes room for the guessed experts that
+  are not resident and records them as resident at once (their reads are queued next), counting
+  no hit and no miss and leaving the routing statistics alone; returns ``(missing, victims)``.
+  The route that follows passes them as ``prefetched`` (resident, but a miss: they came from
+  flash) and any guessed expert it did not pick as ``pinned`` (its read may still be in flight,
+  so it must not be evicted by that route).
 
 The budget is a hard cap on the bytes held: after ``plan`` the resident bytes plus the misses'
 bytes are within it, unless this route's own experts alone do not fit (a wide prefill ubatch);
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Collection, Mapping, Protocol, Sequence
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -52,10 +58,13 @@ class CachePolicy(Protocol):
     misses: int
     evictions: int
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
+             prefetched: Collection[int] = (), pinned: Collection[int] = ()
              ) -> tuple[int, list[ExpertKey], list[ExpertKey]]: ...
 
     def admit(self, il: int, misses: Sequence[ExpertKey]) -> None: ...
+
+    def reserve(self, il: int, experts: Sequence[int]) -> tuple[list[ExpertKey], list[ExpertKey]]: ...
 
     def is_resident(self, key: ExpertKey) -> bool: ...
 
@@ -85,29 +94,47 @@ class LruPolicy(_Sizes):
     def is_resident(self, key: ExpertKey) -> bool:
         return key in self._lru
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
+             prefetched: Collection[int] = (), pinned: Collection[int] = ()
              ) -> tuple[int, list[ExpertKey], list[ExpertKey]]:
-        pinned = {ExpertKey(il, e) for e in experts}
+        route = {ExpertKey(il, e) for e in experts}
         misses: list[ExpertKey] = []
         hits = 0
-        for key in sorted(pinned):
+        for key in sorted(route):
             if key in self._lru:
                 self._lru.move_to_end(key)
-                hits += 1
+                if key.expert in prefetched:
+                    self.misses += 1
+                else:
+                    hits += 1
             else:
                 misses.append(key)
-        target = self.budget_bytes - len(misses) * self.expert_bytes[il]
+        victims = self._evict(route | {ExpertKey(il, e) for e in pinned},
+                              self.budget_bytes - len(misses) * self.expert_bytes[il])
+        self.hits += hits
+        return hits, misses, victims
+
+    def reserve(self, il: int, experts: Sequence[int]) -> tuple[list[ExpertKey], list[ExpertKey]]:
+        keys = {ExpertKey(il, e) for e in experts}
+        missing = sorted(k for k in keys if k not in self._lru)
+        victims = self._evict(keys, self.budget_bytes - len(missing) * self.expert_bytes[il])
+        for key in missing:  # the oldest end: a guess is not a use
+            self._lru[key] = self.expert_bytes[il]
+            self._lru.move_to_end(key, last=False)
+            self.resident_bytes += self.expert_bytes[il]
+        return missing, victims
+
+    def _evict(self, keep: set[ExpertKey], target: int) -> list[ExpertKey]:
         victims: list[ExpertKey] = []
         if self.resident_bytes > target:
             for key in list(self._lru):
                 if self.resident_bytes <= target:
                     break
-                if key not in pinned:
+                if key not in keep:
                     self.resident_bytes -= self._lru.pop(key)
                     victims.append(key)
-        self.hits += hits
         self.evictions += len(victims)
-        return hits, misses, victims
+        return victims
 
     def admit(self, il: int, misses: Sequence[ExpertKey]) -> None:
         for key in misses:
@@ -177,7 +204,8 @@ class NextUsePolicy(_Sizes):
         q = self.recency / (t + 1 - last) ** self.recency_power + self.frequency * f * (1 - self.decay) ** (t - at)
         return min(1.0, max(q, 1e-9))
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
+             prefetched: Collection[int] = (), pinned: Collection[int] = ()
              ) -> tuple[int, list[ExpertKey], list[ExpertKey]]:
         if il not in self._clock:
             raise KeyError(f"layer {il} has no expert bytes in this policy")
@@ -200,14 +228,34 @@ class NextUsePolicy(_Sizes):
                 s[1] = t
                 s[2] = max(s[2], picked)
         resident = self._resident[il]
-        hits = sum(1 for e in experts if e in resident)
+        ahead = sum(1 for e in experts if e in prefetched and e in resident)
+        hits = sum(1 for e in experts if e in resident) - ahead
         misses = [ExpertKey(il, e) for e in sorted(experts) if e not in resident]
-        self._rebuild(il, experts)
+        self._rebuild(il, [*experts, *pinned])
         self._stale = il
         victims = self._evict(il, self.budget_bytes - len(misses) * self.expert_bytes[il])
         self.hits += hits
+        self.misses += ahead
         self.evictions += len(victims)
         return hits, misses, victims
+
+    def reserve(self, il: int, experts: Sequence[int]) -> tuple[list[ExpertKey], list[ExpertKey]]:
+        if il not in self._clock:
+            raise KeyError(f"layer {il} has no expert bytes in this policy")
+        if self._stale is not None:
+            self._rebuild(self._stale, ())
+        resident, stats, t = self._resident[il], self._stats[il], self._clock[il]
+        missing = [ExpertKey(il, e) for e in sorted(set(experts)) if e not in resident]
+        for key in missing:  # never routed yet: as if picked once, a visit ago, by no token's share
+            stats.setdefault(key.expert, [0.0, t, t - 1])
+        self._rebuild(il, experts)
+        self._stale = il
+        victims = self._evict(il, self.budget_bytes - len(missing) * self.expert_bytes[il])
+        for key in missing:
+            resident.add(key.expert)
+        self.resident_bytes += len(missing) * self.expert_bytes[il]
+        self.evictions += len(victims)
+        return missing, victims
 
     def admit(self, il: int, misses: Sequence[ExpertKey]) -> None:
         for key in misses:

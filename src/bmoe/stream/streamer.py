@@ -13,13 +13,16 @@ projections not ``deferred``; those stay ``pending`` until ``wait(proj)`` (the h
 just before their matmul) or ``drain()``. The cache records a route's misses only after its
 last wait, and every route (and ``drain``) first waits for what the previous one left.
 
-Speculative prefetch (cache off only): ``prefetch(il, guess)`` queues the reads of the experts
-guessed for layer ``il`` before its router has run (the hook calls it at ``l_out-<il-1>``, when
-layer ``il-1``'s matmuls are done with the shared buffers). The next ``on_route(il, ids)`` takes
-that batch over: routed experts that were guessed are not read again, it waits for their groups
-as for its own; routed experts not guessed are queued as urgent reads, ahead of the guessed
-reads still queued. Wrong guesses were read for nothing; ``wasted_bytes`` counts them, so
-``read_bytes == routed slice bytes + wasted_bytes`` stays exact.
+Speculative prefetch: ``prefetch(il, guess)`` queues the reads of the experts guessed for layer
+``il`` before its router has run (the hook calls it at ``l_out-<il-1>``, when layer ``il-1``'s
+matmuls are done with the buffers). The next ``on_route(il, ids)`` takes that batch over: routed
+experts that were guessed are not read again, it waits for their groups as for its own; routed
+experts not guessed are queued as urgent reads, ahead of the guessed reads still queued. Wrong
+guesses were read for nothing; ``wasted_bytes`` counts them, so ``read_bytes == routed slice
+bytes read + wasted_bytes`` stays exact. With the cache on, only guessed experts the cache does
+not hold are read, and they are cached at once (``ExpertCache.reserve``): a wrong guess stays
+cached like any expert, the route counts a right one as a miss (it came from flash), and no
+route evicts a guessed expert whose read may still be in flight.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import numpy as np
 
 from .cache import ExpertCache, ExpertKey, Plan, SharedBuffers
 from .layout import ExpertTensor, ModelLayout
+from .pages import PageMover
 from .options import Budget, StreamOptions, resolve_budget
 from .policy import Uses
 from .reader import Batch, ExpertReader, StreamIOError, stderr_warn
@@ -53,14 +57,16 @@ class Binding:
 
 class Streamer:
     def __init__(self, layout: ModelLayout, options: StreamOptions = StreamOptions(), *,
-                 budget: Budget | None = None, warn: Callable[[str], None] = stderr_warn) -> None:
+                 budget: Budget | None = None, warn: Callable[[str], None] = stderr_warn,
+                 pages: PageMover | None = None) -> None:
         self.layout = layout
         self.options = options
         self.budget = budget if budget is not None else resolve_budget(options, layout, warn=warn)
         self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
                                    io_threads=options.io_threads, warn=warn)
         self.cache: ExpertCache | SharedBuffers = (
-            ExpertCache(layout, self.budget.budget_bytes) if self.budget.budget_bytes > 0 else SharedBuffers(layout)
+            ExpertCache(layout, self.budget.budget_bytes, pages=pages) if self.budget.budget_bytes > 0
+            else SharedBuffers(layout)
         )
         self._layers = frozenset(layout.layers)
         self._first_layer = layout.layers[0]
@@ -134,10 +140,14 @@ class Streamer:
                 wrong = len(ahead.experts) - (len(routed) - len(fresh))
                 self._guess_hits += len(routed) - len(fresh)
                 self._wasted += wrong * self._expert_bytes[il]
-                new = self.cache.plan(il, fresh)
-                plan = Plan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
+                if isinstance(self.cache, ExpertCache):  # the guessed reads are cached already
+                    plan = new = self.cache.plan(il, routed, uses, prefetched=ahead.experts,
+                                                 pinned=ahead.experts.difference(routed))
+                else:
+                    new = self.cache.plan(il, fresh)
+                    plan = Plan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
                 parts = ((ahead.batch, ahead.order),)
-                if fresh:  # what the guess missed goes ahead of the guessed reads still queued
+                if new.ops:  # what the guess missed goes ahead of the guessed reads still queued
                     urgent = {i for i, p in enumerate(order) if p not in deferred}
                     parts += ((self.reader.submit([new.ops_of(p) for p in order], urgent=urgent), order),)
         except BaseException:
@@ -151,13 +161,13 @@ class Streamer:
                 self.wait(p)
 
     def prefetch(self, il: int, experts: np.ndarray) -> None:
-        """Start reading the experts guessed for layer ``il`` before its route (cache off only).
+        """Start reading the experts guessed for layer ``il`` before its route.
 
-        The caller guarantees that nothing reads the shared buffers' slices of layer ``il``'s
-        experts until the route of ``il``: with the cache off that is once the previous layer's
-        matmuls are done. Whatever is still in flight (a route, an older guess) is waited for first."""
-        if not isinstance(self.cache, SharedBuffers):
-            raise ValueError("speculative prefetch reads into the shared buffers of the cache-off mode")
+        The caller guarantees that no matmul still reads an expert buffer: with the cache off
+        layer ``il``'s slices of the shared buffers, with it on any expert the guess may evict
+        (both hold once the previous layer's matmuls are done). Whatever is still in flight (a
+        route, an older guess) is waited for first. With the cache on, only the guessed experts
+        it does not hold are read."""
         self.drain()
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
@@ -165,10 +175,10 @@ class Streamer:
         if il not in self._layers or (ids.size and (ids[0] < 0 or ids[-1] >= self.layout.n_expert)):
             raise ValueError(f"cannot prefetch experts {ids.tolist()} of layer {il}")
         order = self._schedule.get(il, (self._projs[il], frozenset()))[0]
-        plan = self.cache.plan(il, ids.tolist())
+        plan = self.cache.reserve(il, ids.tolist()) if isinstance(self.cache, ExpertCache) else self.cache.plan(il, ids.tolist())
         batch = self.reader.submit([plan.ops_of(p) for p in order])
-        self._ahead = _Ahead(il, frozenset(ids.tolist()), order, batch)
-        self._guessed += len(ids)
+        self._ahead = _Ahead(il, frozenset(k.expert for k in plan.misses), order, batch)
+        self._guessed += len(plan.misses)
         self._mgmt_s += time.perf_counter() - t0
 
     @property

@@ -1,0 +1,147 @@
+"""The cache hands an evicted expert's pages to the expert that replaces it (bmoe.llama.pages over
+mremap), and read-ahead (--prefetch) fills the cache. Exact: contents, counts, and which pages the
+cache's buffers hold, on synthetic layouts (no llama.cpp needed)."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmoe.llama.pages import LibcPageMover
+from bmoe.stream import ExpertKey, StreamOptions, Streamer
+from bmoe.stream.cache import ExpertCache
+from bmoe.stream.layout import ExpertTensor
+from bmoe.stream.options import Budget
+from test_stream_cache import _expert_bytes_in_buffer, make_layout
+
+PAGE = mmap.PAGESIZE
+MOVER = LibcPageMover.available()
+pytestmark = pytest.mark.skipif(MOVER is None, reason="mremap page moves are Linux-only")  # never skipped in CI (Linux)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def held_pages(cache: ExpertCache, t: ExpertTensor) -> set[int]:
+    """Pages of ``t``'s buffer that have a physical page now (mincore), as page indexes."""
+    buf = cache._buffers[(t.il, t.proj)]
+    n = buf.size // PAGE
+    vec = (ctypes.c_ubyte * n)()
+    assert _libc.mincore(buf.window.addr, buf.size, vec) == 0
+    return {i for i in range(n) if vec[i] & 1}
+
+
+def expected_pages(cache: ExpertCache, t: ExpertTensor) -> set[int]:
+    """The pages the resident experts of ``t``'s layer cover: all the cache may hold, and all it must."""
+    pad = t.offset % 4096
+    out: set[int] = set()
+    for e in range(t.n_expert):
+        if cache.is_resident(ExpertKey(t.il, e)):
+            start = pad + e * t.slice_nbytes
+            out.update(range(start // PAGE, -(-(start + t.slice_nbytes) // PAGE)))
+    return out
+
+
+def assert_holds_exactly_its_experts(s: Streamer, layout) -> None:
+    assert isinstance(s.cache, ExpertCache)
+    for t in layout.experts:
+        assert held_pages(s.cache, t) == expected_pages(s.cache, t), t.name
+
+
+def drive(s: Streamer, layout, data: bytes, seed: int, rounds: int = 25) -> None:
+    """Decode-like routes and a few 3-token ubatches; after each, every routed expert is in place."""
+    rng = np.random.default_rng(seed)
+    for r in range(rounds):
+        for il in layout.layers:
+            ids = rng.choice(layout.n_expert, size=(3 if r % 7 == 3 else 1, 2))
+            s.on_route(il, ids)
+            for e in np.unique(ids):
+                for t in layout.layer_tensors(il):
+                    assert _expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
+
+
+# Slices of 12 pages + 528 bytes at unaligned offsets (interiors of 11 or 12 pages, varying), and
+# of exactly 12 pages at an unaligned offset (every interior 11 pages, two end pages shared).
+@pytest.mark.parametrize("slice_nbytes", [12 * 4096 + 528, 12 * 4096])
+@pytest.mark.parametrize("odirect", [True, False])
+def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(tmp_path: Path, slice_nbytes,
+                                                                                odirect) -> None:
+    layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=slice_nbytes)
+    per = layout.expert_nbytes_in_layer(0)
+    runs = {}
+    for name, pages in (("moved", MOVER), ("released", None)):
+        s = Streamer(layout, StreamOptions(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), pages=pages)
+        drive(s, layout, data, seed=3)
+        assert_holds_exactly_its_experts(s, layout)
+        assert s.stats().resident_bytes <= 5 * per
+        runs[name] = (s.stats(), s.cache.moved_bytes, s.cache.released_bytes)
+        s.close()
+    (moved, moved_b, moved_rel), (plain, plain_moved, plain_rel) = runs["moved"], runs["released"]
+    # The same decisions either way: the mover changes where pages come from, not what is cached.
+    assert (moved.hits, moved.misses, moved.evictions, moved.read_bytes) == \
+           (plain.hits, plain.misses, plain.evictions, plain.read_bytes)
+    assert moved.evictions > 20 and plain_moved == 0 and moved_b > 0
+    # Without the mover every evicted page is released; with it, only the end pages are (and the
+    # whole of victims nobody took over): far fewer pages go back to the OS to be faulted in again.
+    assert moved_rel < plain_rel / 3 and moved_b > plain_rel / 2
+
+
+def test_a_victim_moves_to_an_incoming_expert_of_another_layer(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=5 * 4096 + 100)
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(), budget=Budget(2 * per, 0, "fixed"), pages=MOVER)
+    s.on_route(0, np.array([[1, 2]]))
+    s.on_route(3, np.array([[6, 7]]))  # evicts layer 0's two: their pages go to layer 3's two
+    assert isinstance(s.cache, ExpertCache)
+    interior = sum(4 * 4096 if (t.offset % 4096 + e * t.slice_nbytes) % 4096 else 5 * 4096
+                   for t in layout.layer_tensors(0) for e in (1, 2))
+    assert s.cache.moved_bytes >= interior - 3 * 2 * 4096
+    for t in layout.layer_tensors(3):
+        for e in (6, 7):
+            assert _expert_bytes_in_buffer(s, t, e) == data[t.slice_offset(e):][:t.slice_nbytes]
+    assert_holds_exactly_its_experts(s, layout)
+    s.close()
+
+
+def test_read_ahead_fills_the_cache_and_counts_what_it_read(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=3 * 4096 + 528)
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(), budget=Budget(6 * per, 0, "fixed"), pages=MOVER)
+    s.on_route(1, np.array([[0, 1]]))            # 0, 1 cached: 2 misses
+    s.prefetch(1, np.array([0, 2, 3]))           # 0 is cached: only 2 and 3 are read ahead
+    st = s.stats()
+    assert (st.guessed, st.hits, st.misses) == (2, 0, 2)  # a guess is no lookup
+    assert s.cache.is_resident(ExpertKey(1, 2)) and s.cache.is_resident(ExpertKey(1, 3))
+    s.on_route(1, np.array([[0, 2]]))            # 0: a hit; 2: read ahead, so a miss; 3 was wrong
+    st = s.stats()
+    assert (st.hits, st.misses, st.guess_hits, st.wasted_bytes) == (1, 3, 1, per)
+    assert st.read_bytes == 3 * per + st.wasted_bytes
+    assert s.cache.is_resident(ExpertKey(1, 3))  # a wrong guess stays cached like any expert
+    for t in layout.layer_tensors(1):
+        for e in (0, 2, 3):
+            assert _expert_bytes_in_buffer(s, t, e) == data[t.slice_offset(e):][:t.slice_nbytes]
+    # The next route of another layer may need room: guessed experts are ordinary residents now.
+    s.on_route(2, np.array([[4, 5, 6, 7]]))
+    assert s.stats().resident_bytes <= 6 * per
+    assert_holds_exactly_its_experts(s, layout)
+    s.close()
+
+
+def test_read_ahead_then_a_route_that_needs_room_never_evicts_a_guess_in_flight(tmp_path: Path) -> None:
+    layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=3 * 4096 + 528)
+    per = layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(), budget=Budget(3 * per, 0, "fixed"), pages=MOVER)
+    s.prefetch(0, np.array([0, 1]))
+    s.on_route(0, np.array([[2, 3]]))  # needs 2 slots: only 1 is free besides the guesses in flight
+    assert isinstance(s.cache, ExpertCache)
+    assert all(s.cache.is_resident(ExpertKey(0, e)) for e in (0, 1, 2, 3))  # over budget until the next route
+    for t in layout.layer_tensors(0):
+        for e in (0, 1, 2, 3):
+            assert _expert_bytes_in_buffer(s, t, e) == data[t.slice_offset(e):][:t.slice_nbytes]
+    s.on_route(1, np.array([[0]]))
+    assert s.stats().resident_bytes <= 3 * per
+    assert_holds_exactly_its_experts(s, layout)
+    s.close()
