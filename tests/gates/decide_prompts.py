@@ -9,8 +9,10 @@ MODES = {
     "stream-nocache": {"moe_stream": True, "cache_mb": 0},
     "stream-evicting": {"moe_stream": True, "cache_mb": 1, "cache_force": True},
 }
-# Streamed with read-ahead (--prefetch, prefill ubatches included): where the architecture allows it.
-PREFETCH_MODE = {"stream-prefetch": {"moe_stream": True, "cache_mb": 0, "prefetch": True}}
+# Streamed with read-ahead (--prefetch, prefill ubatches included), with the cache off and with an
+# evicting cache that the read-ahead fills: where the architecture allows it.
+PREFETCH_MODE = {"stream-prefetch": {"moe_stream": True, "cache_mb": 0, "prefetch": True},
+                 "stream-evicting-prefetch": {"moe_stream": True, "cache_mb": 1, "cache_force": True, "prefetch": True}}
 
 
 def modes_of(arch: str) -> dict[str, dict]:
