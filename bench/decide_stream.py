@@ -1,0 +1,455 @@
+"""Benchmark: an agent's sequence of decisions on a model bigger than RAM, every engine side by side.
+
+On each routing preset of the synthetic Qwen3-30B-A3B-shaped model (bench/synthetic_moe.py:
+``uniform``, the worst case, and ``trace``, fitted to recorded routing), under a cgroup-v1 memory
+limit (default 2.5 GiB), page cache dropped before each process, each configuration in its own
+process (bench/decide_stream_child.py):
+
+    llama.cpp mmap                 the prefix prefilled once, each suffix prefilled on its kept KV
+    bmoe cache off                 a streamed Session answering with ``decide``
+    bmoe cache off, read-ahead     the same with ``prefetch=True``
+    bmoe cache ~15% / ~30%         ``--cache-mb`` of that share of the expert bytes, without and
+                                   with read-ahead (a configuration the session refuses is recorded
+                                   with its refusal text)
+
+The decisions are decide_batch.py's: a kept prefix of ~340 tokens, suffixes of ~30 tokens, four
+letter choices. Decision 1 keeps the prefix and is left out; per decision 2..N: latency, expert
+bytes read, hit rate, wasted read-ahead bytes, and the I/O bound: the bytes of routed experts
+not in the cache (read - wasted) over the read bandwidth a probe measured at the start (cold
+O_DIRECT random reads of expert slices with bmoe's ExpertReader and the same read lanes).
+Targets are printed PASS/FAIL, never asserted. ``--defaults`` instead measures flash attention on
+vs off and 1 vs ``--threads`` threads (cache off, under the limit): decision latency and decode.
+Needs root (cgroup, drop_caches). docs/benchmarks.md explains every column.
+
+    .venv/bin/python bench/decide_stream.py [--work bench/out] [--preset uniform trace] [--decisions 6]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+MIB = 2**20
+CHILD = HERE / "decide_stream_child.py"
+# Targets of issue #11, printed PASS/FAIL.
+LLAMA_SPEEDUP_MIN = 2.0   # best bmoe configuration vs llama.cpp mmap, median decision latency
+BOUND_RATIO_MAX = 1.2     # every bmoe configuration vs the I/O bound of the bytes it had to read
+BYTES_CUT_MIN = 0.25      # uniform preset, the largest cache: decision bytes cut vs cache off
+DEFAULT_CACHE_PCT = (15, 30)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One column of the comparison: which engine, which cache share, read-ahead or not."""
+
+    key: str                 # what --only names: llama, off, off+ra, cache15, cache15+ra, ...
+    engine: str              # "llama" or "bmoe"
+    cache_pct: int = 0       # share of the expert bytes the cache may hold (0: cache off)
+    prefetch: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.engine == "llama":
+            return "llama.cpp mmap"
+        base = f"bmoe cache {self.cache_pct}%" if self.cache_pct else "bmoe cache off"
+        return base + (", read-ahead" if self.prefetch else "")
+
+
+def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Config]:
+    """Every configuration of a run, llama.cpp first, then cache off and each cache share, each
+    without and with read-ahead; ``only`` keeps the named keys."""
+    out = [Config("llama", "llama")]
+    for pct in (0, *cache_pcts):
+        for ra in (False, True):
+            key = ("off" if pct == 0 else f"cache{pct}") + ("+ra" if ra else "")
+            out.append(Config(key, "bmoe", pct, ra))
+    return [c for c in out if only is None or c.key in only]
+
+
+def cache_mib(expert_bytes: int, pct: int) -> int:
+    """The --cache-mb of a cache that holds ``pct`` percent of the expert bytes."""
+    return round(expert_bytes * pct / 100 / MIB)
+
+
+# --- per decision, per configuration --------------------------------------------------------------
+def decision_row(d: dict[str, object], bw_bytes_s: float) -> dict[str, object]:
+    """One decision's derived figures. bmoe: its own counters (read_bytes, wasted_bytes, hits,
+    misses); llama.cpp: what the kernel read for its page faults (/proc/self/io)."""
+    lat = float(d["latency_s"])  # type: ignore[arg-type]
+    if "budget_bytes" in d:  # bmoe
+        read, wasted = int(d["read_bytes"]), int(d["wasted_bytes"])  # type: ignore[arg-type]
+        looked = int(d["hits"]) + int(d["misses"])  # type: ignore[arg-type]
+        hit = 100.0 * int(d["hits"]) / looked if d["budget_bytes"] and looked else None  # type: ignore[arg-type]
+    else:
+        read, wasted, hit = int(d["read_bytes"]), 0, None  # type: ignore[arg-type]
+    needed = read - wasted  # bytes of routed experts the cache did not hold
+    bound = needed / bw_bytes_s if bw_bytes_s > 0 else None
+    return {"latency_s": lat, "read_mib": read / MIB, "needed_mib": needed / MIB, "wasted_mib": wasted / MIB,
+            "hit_pct": hit, "bound_s": bound, "bound_ratio": lat / bound if bound else None}
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, skip_first: int = 1) -> dict[str, object]:
+    """Medians over decisions ``skip_first``.. of every round that produced decisions."""
+    decisions = [d for r in results for d in r.get("decisions", [])[skip_first:]]  # type: ignore[index]
+    rows = [decision_row(d, bw_bytes_s) for d in decisions]
+    out: dict[str, object] = {"n_decisions": len(rows)}
+    for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "bound_s", "bound_ratio"):
+        out[k] = _median([r[k] for r in rows])  # type: ignore[misc]
+    rates = [r["decode"]["decode_tok_s"] for r in results if r.get("decode")]  # type: ignore[index]
+    if rates:
+        out["decode_tok_s"] = _median(rates)
+    return out
+
+
+# --- targets ----------------------------------------------------------------------------------------
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tuple[int, ...]) -> list[dict[str, object]]:
+    """The issue's decision targets for one preset, from each configuration's medians (keys as in
+    ``plan``; a configuration missing or without figures gives n/a)."""
+    out: list[dict[str, object]] = []
+
+    def add(name: str, value: float | None, goal: str, ok: bool | None) -> None:
+        out.append({"preset": preset, "target": name, "value": value, "goal": goal, "verdict": _verdict(ok)})
+
+    def lat(key: str) -> float | None:
+        return (summary.get(key) or {}).get("latency_s")  # type: ignore[return-value]
+
+    bmoe = {k: v for k, v in summary.items() if k != "llama" and v.get("latency_s") is not None}
+    best = min(bmoe, key=lambda k: bmoe[k]["latency_s"], default=None)  # type: ignore[arg-type,return-value]
+    speed = lat("llama") / lat(best) if best and lat("llama") else None  # type: ignore[operator]
+    add(f"best bmoe ({best}) vs llama.cpp mmap, decision latency", speed, f">= {LLAMA_SPEEDUP_MIN:g}x",
+        None if speed is None else speed >= LLAMA_SPEEDUP_MIN)
+    for key, s in summary.items():
+        if key != "llama":
+            r = s.get("bound_ratio")
+            add(f"{key} vs its I/O bound", r, f"<= {BOUND_RATIO_MAX:g}x",  # type: ignore[arg-type]
+                None if r is None else r <= BOUND_RATIO_MAX)  # type: ignore[operator]
+    for ra in ("", "+ra"):
+        off = summary.get("off" + ra) or {}
+        if preset == "uniform" and cache_pcts:
+            key = f"cache{max(cache_pcts)}{ra}"
+            c = summary.get(key) or {}
+            r_c, r_off = c.get("read_mib"), off.get("read_mib")
+            cut = 1 - r_c / r_off if r_c is not None and r_off else None  # type: ignore[operator]
+            add(f"{key}: decision bytes cut vs off{ra}", cut, f">= {BYTES_CUT_MIN:.0%}",
+                None if cut is None else cut >= BYTES_CUT_MIN)
+            add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
+                _faster(lat(key), lat("off" + ra)))
+        if preset == "trace":
+            for pct in cache_pcts:
+                key = f"cache{pct}{ra}"
+                add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
+                    _faster(lat(key), lat("off" + ra)))
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _faster(a: float | None, b: float | None) -> bool | None:
+    return None if a is None or b is None else a < b
+
+
+# --- printing ---------------------------------------------------------------------------------------
+def _f(v: object, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def table(preset: dict[str, object]) -> str:
+    """The markdown table of one preset's configurations."""
+    lines = [f"### preset {preset['name']}: probe {_f(preset['probe_gbs'])} GB/s, limit {preset['limit_mib']:.0f} MiB",
+             "", "| config | cache MiB | latency s | MiB read | hit % | wasted MiB | I/O bound s | x bound | "
+             "RSS peak MiB | cgroup peak MiB | status |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, c in preset["configs"].items():  # type: ignore[union-attr]
+        s = c.get("summary") or {}
+        lines.append(f"| {c['name']} | {c.get('cache_mib') or '-'} | {_f(s.get('latency_s'))} | "
+                     f"{_f(s.get('read_mib'), '{:.0f}')} | {_f(s.get('hit_pct'), '{:.1f}')} | "
+                     f"{_f(s.get('wasted_mib'), '{:.0f}')} | {_f(s.get('bound_s'))} | {_f(s.get('bound_ratio'))} | "
+                     f"{_f(c.get('rss_peak_mib'), '{:.0f}')} | {_f(c.get('cgroup_peak_mib'), '{:.0f}')} | {c['status']} |")
+    return "\n".join(lines)
+
+
+def memory_line(preset: dict[str, object]) -> str:
+    """The largest RSS and cgroup peaks of the preset's configurations against the limit."""
+    cfgs = preset["configs"].values()  # type: ignore[union-attr]
+    rss = max((c["rss_peak_mib"] for c in cfgs if c.get("rss_peak_mib") is not None), default=None)
+    cg = max((c["cgroup_peak_mib"] for c in cfgs if c.get("cgroup_peak_mib") is not None), default=None)
+    return (f"largest process RSS peak {_f(rss, '{:.0f}')} MiB, largest cgroup peak (page cache included) "
+            f"{_f(cg, '{:.0f}')} MiB, limit {preset['limit_mib']:.0f} MiB")
+
+
+def print_targets(rows: list[dict[str, object]]) -> None:
+    for t in rows:
+        print(f"# target [{t['preset']}] {t['target']}: {t['verdict']} ({_f(t['value'], '{:.3g}')}, goal {t['goal']})")
+
+
+def render_chart(report: dict[str, object], path: Path) -> None:
+    """Median decision latency per configuration, one panel per preset, the I/O bound as a tick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = report["presets"]  # type: ignore[assignment]
+    fig, axes = plt.subplots(1, max(1, len(presets)), figsize=(6.5 * max(1, len(presets)), 4.2), squeeze=False)
+    for ax, p in zip(axes[0], presets.values()):  # type: ignore[union-attr]
+        cfgs = [c for c in p["configs"].values() if (c.get("summary") or {}).get("latency_s") is not None]
+        names = [c["name"] for c in cfgs]
+        y = range(len(cfgs))
+        ax.barh(list(y), [c["summary"]["latency_s"] for c in cfgs], color=["#999" if c["engine"] == "llama" else "#3a7"
+                                                                          for c in cfgs])
+        bounds = [(i, c["summary"]["bound_s"]) for i, c in zip(y, cfgs) if c["summary"].get("bound_s")]
+        if bounds:
+            ax.plot([b for _, b in bounds], [i for i, _ in bounds], "k|", markersize=18, label="I/O bound")
+            ax.legend(loc="lower right")
+        ax.set_yticks(list(y), names)
+        ax.invert_yaxis()
+        ax.set_xlabel("median decision latency, s (decisions 2..N)")
+        ax.set_title(f"preset {p['name']}, {p['limit_mib']:.0f} MiB limit")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- running ----------------------------------------------------------------------------------------
+class PresetMissing(RuntimeError):
+    """bench/synthetic_moe.py has no such routing preset (yet)."""
+
+
+def model_for(work: Path, preset: str, layers: int | None) -> Path:
+    """The synthetic model of ``preset``; ``layers`` cuts its layer count (smoke runs), written
+    into its own folder so presets of the same layer count never share a file name."""
+    import synthetic_moe as sm
+
+    presets = getattr(sm, "PRESETS", None)
+    if presets is None:  # before the presets landed: today's spec is the uniform one
+        presets = {"uniform": sm.SyntheticSpec()}
+    if preset not in presets:
+        raise PresetMissing(f"no routing preset {preset!r} in bench/synthetic_moe.py (has: {', '.join(presets)})")
+    if layers:
+        return sm.write_synthetic(work / f"{preset}-{layers}L", dataclasses.replace(presets[preset], n_layer=layers))
+    if hasattr(sm, "preset_path"):
+        return sm.preset_path(work, preset)
+    return sm.write_synthetic(work, presets[preset])
+
+
+def child_cmd(mode: str, model: Path, out: Path, a: argparse.Namespace, *extra: str) -> list[str]:
+    return [sys.executable, str(CHILD), mode, "--model", str(model), "--out", str(out), "--threads", str(a.threads),
+            "--io-threads", str(a.io_threads), "--decisions", str(a.decisions), "--twins", str(a.work / "twins"),
+            "--flash-attn", a.flash_attn, *extra]
+
+
+def run_child(name: str, cmd: list[str], out: Path, a: argparse.Namespace) -> dict[str, object]:
+    """One child under the limit after dropping caches; its outcome and its JSON (``result``)."""
+    from cgroup_run import run_limited
+    from stream import load_avg
+
+    out.unlink(missing_ok=True)
+    before = load_avg()
+    print(f"[{time.strftime('%H:%M:%S')}] {name} (load {before[0]:.1f}) ...", flush=True)
+    o = run_limited(cmd, int(a.limit_gib * 2**30), timeout_s=a.timeout, cold=True,
+                    tag="ds-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40])
+    rec: dict[str, object] = {"returncode": o.returncode, "wall_s": o.wall_s, "oom_killed": o.oom_killed,
+                              "cgroup_peak_mib": o.max_usage_mib, "loadavg_before": before}
+    if o.returncode == 0 and out.is_file():
+        rec["result"] = json.loads(out.read_text())
+    else:
+        rec["stderr_tail"] = o.stderr_tail
+        print(f"    {'OOM-killed' if o.oom_killed else 'failed'} (rc {o.returncode}): {o.stderr_tail[-300:]}", flush=True)
+    return rec
+
+
+def status_of(recs: list[dict[str, object]]) -> str:
+    refused = next((r["result"]["refused"] for r in recs if "refused" in (r.get("result") or {})), None)  # type: ignore[index]
+    if refused:
+        return f"refused: {refused}"
+    bad = [r for r in recs if "result" not in r]
+    if not bad:
+        return "ok"
+    return f"{len(bad)}/{len(recs)} " + ("OOM-killed" if any(r["oom_killed"] for r in bad) else
+                                        f"failed rc {bad[0]['returncode']}")
+
+
+def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dict[str, object]:
+    from stream import make_twin
+
+    t0 = time.perf_counter()
+    model = model_for(a.work, preset, a.spec_layers)
+    info = {"path": str(model), "write_or_reuse_s": time.perf_counter() - t0, **make_twin(model, a.work / "twins")}
+    expert_bytes = int(info["expert_mib"] * MIB)
+    res = a.work / "decide-stream-child.json"
+    probe = run_child("probe", child_cmd("probe", model, res, a, "--probe-mib", str(a.probe_mib)), res, a)
+    bw = float(probe["result"]["bw_bytes_s"]) if "result" in probe else 0.0  # type: ignore[index]
+    rec: dict[str, object] = {"name": preset, "model": info, "probe": probe, "probe_gbs": bw / 1e9 if bw else None,
+                              "limit_mib": a.limit_gib * 1024, "configs": {}}
+    runs: dict[str, list[dict[str, object]]] = {c.key: [] for c in configs}
+    for rnd in range(a.rounds):
+        for c in configs:  # in turn, so a burst of load from other jobs hits every configuration alike
+            if c.engine == "llama":
+                cmd = child_cmd("llama", model, res, a)
+            else:
+                cmd = child_cmd("bmoe", model, res, a, "--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)),
+                                *(["--prefetch"] if c.prefetch else []))
+            runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a))
+    for c in configs:
+        recs = runs[c.key]
+        ok = [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
+        rec["configs"][c.key] = {  # type: ignore[index]
+            "name": c.name, "engine": c.engine, "prefetch": c.prefetch, "cache_pct": c.cache_pct,
+            "cache_mib": cache_mib(expert_bytes, c.cache_pct) if c.cache_pct else None, "status": status_of(recs),
+            "rounds": recs, "summary": summarize(ok, bw) if ok else None,  # type: ignore[arg-type]
+            "rss_peak_mib": max((float(r["peak_rss_mib"]) for r in ok), default=None),  # type: ignore[arg-type]
+            "cgroup_peak_mib": max((float(r["cgroup_peak_mib"]) for r in recs if "result" in r),  # type: ignore[arg-type]
+                                   default=None),
+            "best": [[d["best"] for d in r["decisions"]] for r in ok],  # type: ignore[index]
+        }
+    summary = {k: v["summary"] for k, v in rec["configs"].items() if v["summary"]}  # type: ignore[union-attr]
+    rec["targets"] = targets(preset, summary, tuple(a.cache_pct))
+    answers = [b for v in rec["configs"].values() for b in v["best"]]  # type: ignore[union-attr]
+    rec["same_answers"] = all(b == answers[0] for b in answers) if answers else None
+    return rec
+
+
+def run_defaults(a: argparse.Namespace) -> dict[str, object]:
+    """Flash attention on vs off, 1 vs --threads threads: bmoe cache off, under the limit."""
+    from stream import make_twin
+
+    preset = a.preset[0]
+    model = model_for(a.work, preset, a.spec_layers)
+    make_twin(model, a.work / "twins")
+    res = a.work / "decide-stream-child.json"
+    grid = [(fa, th) for fa in ("on", "off") for th in sorted({1, a.threads})]
+    runs: dict[str, list[dict[str, object]]] = {f"flash {fa}, {th} threads": [] for fa, th in grid}
+    for rnd in range(a.rounds):
+        for fa, th in grid:
+            key = f"flash {fa}, {th} threads"
+            sub = argparse.Namespace(**{**vars(a), "flash_attn": fa, "threads": th})
+            cmd = child_cmd("bmoe", model, res, sub, "--cache-mb", "0", "--decode-tokens", str(a.decode_tokens))
+            runs[key].append(run_child(f"defaults {key} round {rnd + 1}", cmd, res, a))
+    out: dict[str, object] = {"preset": preset, "model": str(model), "runs": runs, "summary": {}}
+    for key, recs in runs.items():
+        ok = [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
+        out["summary"][key] = summarize(ok, 0.0) if ok else None  # type: ignore[index, arg-type]
+    out["comparisons"] = compare_defaults(out["summary"], grid)  # type: ignore[arg-type]
+    return out
+
+
+def compare_defaults(summary: dict[str, dict[str, object] | None], grid: list[tuple[str, int]]) -> list[str]:
+    """Lines saying which setting is faster and by how much, one factor changed at a time."""
+    lines = []
+    ths = sorted({th for _, th in grid})
+
+    def line(label: str, a_key: str, b_key: str, a_name: str, b_name: str) -> None:
+        sa, sb = summary.get(a_key) or {}, summary.get(b_key) or {}
+        for what, k, lower_better in (("decision latency", "latency_s", True), ("decode tok/s", "decode_tok_s", False)):
+            x, y = sa.get(k), sb.get(k)
+            if x is None or y is None:
+                lines.append(f"{label}, {what}: n/a")
+                continue
+            a_wins = (x < y) if lower_better else (x > y)
+            r = (y / x if lower_better else x / y) if a_wins else (x / y if lower_better else y / x)
+            lines.append(f"{label}, {what}: {a_name if a_wins else b_name} faster by {r:.2f}x "
+                         f"({_f(x, '{:.3g}')} vs {_f(y, '{:.3g}')})")
+
+    for th in ths:
+        line(f"{th} threads", f"flash on, {th} threads", f"flash off, {th} threads", "flash on", "flash off")
+    if len(ths) == 2:
+        for fa in ("on", "off"):
+            line(f"flash {fa}", f"flash {fa}, {ths[0]} threads", f"flash {fa}, {ths[1]} threads",
+                 f"{ths[0]} threads", f"{ths[1]} threads")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=HERE / "out", help="models, twins and results folder")
+    ap.add_argument("--limit-gib", type=float, default=2.5, help="memory limit of every child")
+    ap.add_argument("--decisions", type=int, default=6, help="decisions per child; the first keeps the prefix")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (both engines)")
+    ap.add_argument("--io-threads", type=int, default=8, help="bmoe read lanes (and the probe's)")
+    ap.add_argument("--preset", nargs="+", default=["uniform", "trace"], help="routing presets of the model")
+    ap.add_argument("--only", nargs="*", default=None, help="configurations: llama off off+ra cache15 cache15+ra ...")
+    ap.add_argument("--cache-pct", nargs="+", type=int, default=list(DEFAULT_CACHE_PCT),
+                    help="cache budgets as a share of the expert bytes, percent")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, in turn")
+    ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto", help="both engines")
+    ap.add_argument("--probe-mib", type=int, default=1024, help="expert bytes the bandwidth probe reads")
+    ap.add_argument("--spec-layers", type=int, default=None, help="smoke runs: the preset's model with N layers")
+    ap.add_argument("--defaults", action="store_true", help="measure flash attention and thread defaults instead")
+    ap.add_argument("--decode-tokens", type=int, default=16, help="--defaults: greedy decode tokens timed per child")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per child")
+    a = ap.parse_args(argv)
+    if a.decisions < 2:
+        ap.error("--decisions must be at least 2 (the first one only keeps the prefix)")
+    if os.geteuid() != 0:
+        ap.error("needs root: memory cgroups and /proc/sys/vm/drop_caches")
+    a.work = a.work.resolve()
+    a.work.mkdir(parents=True, exist_ok=True)
+    from stream import machine
+
+    report: dict[str, object] = {
+        "command": " ".join(["python", "bench/decide_stream.py", *(argv if argv is not None else sys.argv[1:])]),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+    }
+    if a.defaults:
+        report["defaults"] = d = run_defaults(a)
+        out = a.work / "decide-stream-defaults.json"
+        out.write_text(json.dumps(report, indent=1))
+        print("\n| setting | decision latency s | decode tok/s |\n|---|---|---|")
+        for key, s in d["summary"].items():  # type: ignore[union-attr]
+            print(f"| {key} | {_f((s or {}).get('latency_s'))} | {_f((s or {}).get('decode_tok_s'))} |")
+        for line in d["comparisons"]:  # type: ignore[union-attr]
+            print(f"# {line}")
+        print(f"\nresults: {out}")
+        return 0
+    unknown = set(a.only or ()) - {c.key for c in plan(tuple(a.cache_pct))}
+    if unknown:
+        ap.error(f"--only: no configuration {', '.join(sorted(unknown))} (have: "
+                 f"{' '.join(c.key for c in plan(tuple(a.cache_pct)))})")
+    configs = plan(tuple(a.cache_pct), set(a.only) if a.only else None)
+    report["presets"] = presets = {}
+    for preset in a.preset:
+        try:
+            presets[preset] = run_preset(preset, a, configs)
+        except PresetMissing as e:
+            print(f"# preset {preset}: skipped: {e}", flush=True)
+            report.setdefault("skipped", {})[preset] = str(e)  # type: ignore[union-attr]
+    report["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    out = a.work / "decide-stream.json"
+    out.write_text(json.dumps(report, indent=1))
+    for p in presets.values():
+        print("\n" + table(p))
+        print(f"# answers: same best choice in every configuration: {p['same_answers']}")
+        print(f"# memory: {memory_line(p)}")
+        print_targets(p["targets"])  # type: ignore[arg-type]
+    chart = a.work / "decide-stream.png"
+    try:
+        render_chart(report, chart)
+    except ImportError as e:
+        print(f"\nresults: {out}\nchart:   skipped ({e.name} is missing: pip install -e '.[eval]')")
+        return 0
+    print(f"\nresults: {out}\nchart:   {chart}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""One configuration of bench/decide_stream.py, run in its own process (maybe inside a memory
+cgroup), written as one JSON object to ``--out``.
+
+Modes:
+  probe   cold O_DIRECT reads of expert slices in random order through bmoe's ExpertReader with
+          the benchmark's read lanes: the read bandwidth each decision's I/O bound divides by.
+  llama   llama.cpp alone through llama_cpp's C API (mmap, no bmoe code): the kept prefix is
+          prefilled once; each decision trims the KV back to it (``llama_memory_seq_rm``) and
+          prefills its suffix.
+  bmoe    a streamed bmoe Session answering the same decisions with ``decide``; a configuration
+          the session refuses (a ConfigError) is written as ``{"refused": text}``, not a failure.
+
+Both engines see the same text: the prefix and a suffix as one ChatML user message (bmoe with
+``chat="chatml"``; llama.cpp from the same ChatML written out), and the choices are scored by
+their first token at the last position. Decision 1 keeps the prefix; its figures are recorded
+but the parent leaves them out of the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from decide_batch import CHOICES, PREFIX, suffixes  # noqa: E402
+from stream_child import peak_rss_mib, proc_read_bytes  # noqa: E402
+
+MIB = 2**20
+
+
+def suffix(i: int) -> str:
+    """Decision ``i``'s suffix: decide_batch's 16 screens, in turn."""
+    s = suffixes()
+    return s[i % len(s)]
+
+
+def chatml_user(text: str) -> str:
+    """What bmoe's ``chat="chatml"`` renders for one user message (runtime/chat.py's template)."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def common_len(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def choice_logp(row: np.ndarray, first_tokens: list[int]) -> list[float]:
+    """Each choice's first-token log-probability over the whole vocabulary."""
+    x = row.astype(np.float64)
+    m = float(np.max(x))
+    lse = m + float(np.log(np.sum(np.exp(x - m))))
+    return [float(x[t] - lse) for t in first_tokens]
+
+
+# --- probe -----------------------------------------------------------------------------------
+def run_probe(a: argparse.Namespace) -> dict[str, object]:
+    """Read ``--probe-mib`` of expert slices, (layer, expert) pairs in random order, one batch of
+    ``--probe-group`` experts at a time (about what one route of a wide ubatch asks for)."""
+    from bmoe.stream import read_layout
+    from bmoe.stream.reader import ALIGN, ExpertReader, ReadOp, Window
+
+    layout = read_layout(a.model)
+    pairs = [(il, e) for il in layout.layers for e in range(layout.n_expert)]
+    random.Random(a.seed).shuffle(pairs)
+    per_expert = max(layout.expert_nbytes_in_layer(il) for il in layout.layers)
+    n = max(1, min(len(pairs), int(a.probe_mib * MIB // per_expert)))
+    pairs = pairs[:n]
+    tensors = {il: layout.layer_tensors(il) for il in layout.layers}
+    slot = max(t.slice_nbytes for t in layout.experts) + 2 * ALIGN
+    n_slots = a.probe_group * len(layout.projections)
+    bufs = [mmap.mmap(-1, slot) for _ in range(n_slots)]  # page-aligned: O_DIRECT reads in place
+    windows = [Window.over(b) for b in bufs]
+    reader = ExpertReader(layout.files, io_threads=a.io_threads)
+    t0 = time.perf_counter()
+    for g in range(0, n, a.probe_group):
+        groups, k = [], 0
+        for il, e in pairs[g:g + a.probe_group]:
+            ops = []
+            for t in tensors[il]:
+                off = t.slice_offset(e)
+                ops.append(ReadOp(t.file_index, off, t.slice_nbytes, windows[k], off % ALIGN))
+                k += 1
+            groups.append(ops)
+        reader.submit(groups).wait_all()
+    wall = time.perf_counter() - t0
+    st = reader.stats()
+    reader.close()
+    return {"n_experts": n, "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "wall_s": wall,
+            "io_s": st.io_s, "bw_bytes_s": st.read_bytes / wall if wall > 0 else 0.0, "odirect": reader.odirect,
+            "io_threads": a.io_threads, "group": a.probe_group, "peak_rss_mib": peak_rss_mib()}
+
+
+# --- llama.cpp alone ---------------------------------------------------------------------------
+class MmapDecider:
+    """llama.cpp through its C API only, with the KV of the kept prefix reused between decisions."""
+
+    def __init__(self, model: Path, *, n_threads: int, n_ctx: int, n_batch: int, flash_attn: bool | None) -> None:
+        import llama_cpp as lc
+
+        self.lc = lc
+        self._log_cb = lc.llama_log_callback(lambda level, text, user: None)
+        lc.llama_log_set(self._log_cb, None)
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.load_mode = lc.LLAMA_LOAD_MODE_MMAP
+        mp.lazy_mode = lc.LLAMA_LAZY_MODE_OFF
+        mp.use_extra_bufts = False
+        self.model = lc.llama_model_load_from_file(str(model).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {model}")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_batch, 1
+        cp.n_threads = cp.n_threads_batch = n_threads
+        if flash_attn is not None:
+            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.no_perf = True
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        self.n_batch = n_batch
+        self.batch = lc.llama_batch_init(n_batch, 0, 1)
+        self.kept: list[int] = []  # tokens whose KV the context holds, from position 0
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        data = text.encode()
+        buf = (self.lc.llama_token * (len(data) + 8))()
+        n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, len(buf), special, special)
+        return list(buf[:n])
+
+    def _prefill(self, tokens: list[int], pos0: int) -> np.ndarray:
+        """Prefill ``tokens`` from ``pos0``; the last one's logit row  # [n_vocab]"""
+        for c in range(0, len(tokens), self.n_batch):
+            chunk, b = tokens[c:c + self.n_batch], self.batch
+            b.n_tokens = len(chunk)
+            for i, tok in enumerate(chunk):
+                b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + c + i, 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = c + i == len(tokens) - 1
+            if self.lc.llama_decode(self.ctx, b) != 0:
+                raise RuntimeError("llama_decode failed")
+        return np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)).copy()
+
+    def decide(self, tokens: list[int], n_keep: int) -> tuple[np.ndarray, int]:
+        """Keep what the context holds of ``tokens[:n_keep]``, drop the rest of its KV, prefill the
+        remainder; the last row and the number of tokens reused."""
+        keep = min(common_len(self.kept, tokens[:n_keep]), len(tokens) - 1)
+        self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, keep, -1)
+        row = self._prefill(tokens[keep:], keep)
+        self.kept = tokens[:n_keep]  # the KV now holds all of ``tokens``; the prefix is what the next one may reuse
+        return row, keep
+
+
+def run_llama(a: argparse.Namespace) -> dict[str, object]:
+    r0, t0 = proc_read_bytes(), time.perf_counter()
+    eng = MmapDecider(a.model, n_threads=a.threads, n_ctx=a.n_ctx, n_batch=a.ubatch, flash_attn=a.flash_attn)
+    out: dict[str, object] = {"engine": "llama.cpp mmap", "load_s": time.perf_counter() - t0,
+                              "load_read_bytes": proc_read_bytes() - r0}
+    first = [eng.tokenize(c, special=False)[0] for c in CHOICES]
+    alone = eng.tokenize(chatml_user(PREFIX))
+    decisions = []
+    for i in range(a.decisions):
+        tokens = eng.tokenize(chatml_user(PREFIX + suffix(i)))
+        n_keep = max(0, common_len(tokens, alone) - 1)  # as bmoe's split: one token given back
+        r0, t0 = proc_read_bytes(), time.perf_counter()
+        row, reused = eng.decide(tokens, n_keep)
+        wall = time.perf_counter() - t0
+        lp = choice_logp(row, first)
+        decisions.append({"i": i, "latency_s": wall, "n_tokens": len(tokens), "n_reused": reused,
+                          "read_bytes": proc_read_bytes() - r0, "best": int(np.argmax(lp)), "logp": lp})
+    out |= {"decisions": decisions, "peak_rss_mib": peak_rss_mib()}
+    return out
+
+
+# --- bmoe ----------------------------------------------------------------------------------------
+STAT_FIELDS = ("read_bytes", "device_bytes", "io_s", "stall_s", "mgmt_s", "hits", "misses", "routed", "evictions",
+               "n_routes", "guessed", "guess_hits", "wasted_bytes", "resident_bytes", "budget_bytes")
+
+
+def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
+    from bmoe.config import SessionConfig
+    from bmoe.session import Session
+
+    cfg = SessionConfig(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
+                        chat="chatml", decide=True, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
+                        prefetch=a.prefetch, flash_attn=a.flash_attn, stream_cache_dir=a.twins)
+    return Session(cfg)
+
+
+def decode_rate(session, n_predict: int) -> dict[str, object]:
+    """Greedy decode after the decisions: tokens per second over decodes 2..n-1 (the first decode
+    after the prefill and the last step left out, as bench/stream_child.py measures)."""
+    from bmoe.runtime.results import GenerateRequest
+
+    marks: list[float] = []
+    session.generate(GenerateRequest(prompt=PREFIX + suffix(0), n_predict=n_predict, clear_kv=True),
+                     on_step=lambda step: marks.append(time.perf_counter()))
+    n = len(marks) - 2
+    span = marks[-2] - marks[0] if n > 0 else 0.0
+    return {"n_decode": max(0, n), "decode_s": span, "decode_tok_s": n / span if span > 0 else None}
+
+
+def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
+    from bmoe.decide.types import DecideRequest
+    from bmoe.errors import ConfigError
+
+    r0, t0 = proc_read_bytes(), time.perf_counter()
+    try:
+        session = open_session(a)
+    except ConfigError as e:
+        return {"refused": str(e)}
+    out: dict[str, object] = {"engine": "bmoe", "load_s": time.perf_counter() - t0,
+                              "load_read_bytes": proc_read_bytes() - r0}
+    decisions = []
+    with session:
+        for i in range(a.decisions):
+            req = DecideRequest(id=i, prefix=PREFIX, suffix=suffix(i), choices=CHOICES)
+            s0, r0 = session.stream_stats(), proc_read_bytes()
+            t0 = time.perf_counter()
+            r = session.decide(req)
+            wall = time.perf_counter() - t0
+            st = session.stream_stats().minus(s0)
+            if r.error is not None:
+                raise RuntimeError(f"decision {i}: {r.error}")
+            decisions.append({"i": i, "latency_s": wall, "prefill_s": r.prefill_s, "n_tokens": r.n_tokens,
+                              "n_reused": r.n_reused, "reuse": r.reuse, "proc_read_bytes": proc_read_bytes() - r0,
+                              "best": r.scores.best, "logp": list(r.scores.choice_logp),
+                              **{k: getattr(st, k) for k in STAT_FIELDS}})
+        out["decisions"] = decisions
+        if a.decode_tokens:
+            out["decode"] = decode_rate(session, a.decode_tokens)
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("probe", "llama", "bmoe"))
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--decisions", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--io-threads", type=int, default=8)
+    ap.add_argument("--n-ctx", type=int, default=1024)
+    ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--cache-mb", type=int, default=0)
+    ap.add_argument("--prefetch", action="store_true")
+    ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
+    ap.add_argument("--twins", type=Path, default=None)
+    ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")
+    ap.add_argument("--probe-mib", type=float, default=1024)
+    ap.add_argument("--probe-group", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=11)
+    a = ap.parse_args(argv)
+    a.flash_attn = {"on": True, "off": False, "auto": None}[a.flash_attn]
+    run = {"probe": run_probe, "llama": run_llama, "bmoe": run_bmoe}[a.mode]
+    a.out.write_text(json.dumps(run(a), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""bench/decide_stream.py's pure helpers: the configuration plan, the per-decision I/O bound, the
+medians and the PASS/FAIL targets, on hand-made numbers (no model, no cgroup)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import decide_stream as ds  # noqa: E402
+import decide_stream_child as dsc  # noqa: E402
+
+MIB = 2**20
+
+
+def bmoe_decision(latency: float, read_mib: int, wasted_mib: int = 0, hits: int = 0, misses: int = 10,
+                  budget: int = 0) -> dict[str, object]:
+    return {"latency_s": latency, "read_bytes": read_mib * MIB, "wasted_bytes": wasted_mib * MIB, "hits": hits,
+            "misses": misses, "budget_bytes": budget}
+
+
+def test_plan_lists_every_configuration_in_order_and_only_keeps_the_named_ones() -> None:
+    keys = [c.key for c in ds.plan((15, 30))]
+    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra"]
+    only = ds.plan((15, 30), {"off", "cache30+ra"})
+    assert [(c.key, c.cache_pct, c.prefetch, c.name) for c in only] == [
+        ("off", 0, False, "bmoe cache off"), ("cache30+ra", 30, True, "bmoe cache 30%, read-ahead")]
+
+
+def test_cache_mib_is_the_share_of_the_expert_bytes() -> None:
+    assert ds.cache_mib(5184 * MIB, 30) == 1555
+    assert ds.cache_mib(5184 * MIB, 15) == 778
+
+
+def test_decision_row_bounds_the_bytes_the_cache_did_not_hold() -> None:
+    row = ds.decision_row(bmoe_decision(2.5, 300, wasted_mib=100, hits=3, misses=1, budget=1), 100 * MIB)
+    assert row == {"latency_s": 2.5, "read_mib": 300.0, "needed_mib": 200.0, "wasted_mib": 100.0, "hit_pct": 75.0,
+                   "bound_s": 2.0, "bound_ratio": 1.25}
+    off = ds.decision_row(bmoe_decision(1.0, 50, hits=0, misses=8, budget=0), 100 * MIB)
+    assert off["hit_pct"] is None and off["bound_s"] == 0.5
+    llama = ds.decision_row({"latency_s": 4.0, "read_bytes": 400 * MIB}, 200 * MIB)
+    assert llama == {"latency_s": 4.0, "read_mib": 400.0, "needed_mib": 400.0, "wasted_mib": 0.0, "hit_pct": None,
+                     "bound_s": 2.0, "bound_ratio": 2.0}
+
+
+def test_summarize_leaves_out_the_first_decision_of_every_round() -> None:
+    r1 = {"decisions": [bmoe_decision(9.0, 900), bmoe_decision(1.0, 100), bmoe_decision(3.0, 300)]}
+    r2 = {"decisions": [bmoe_decision(9.0, 900), bmoe_decision(2.0, 200)], "decode": {"decode_tok_s": 4.0}}
+    s = ds.summarize([r1, r2], 100 * MIB)
+    assert s["n_decisions"] == 3
+    assert s["latency_s"] == 2.0 and s["read_mib"] == 200.0 and s["bound_s"] == 2.0 and s["bound_ratio"] == 1.0
+    assert s["hit_pct"] is None and s["decode_tok_s"] == 4.0
+
+
+def verdicts(rows: list[dict[str, object]]) -> dict[str, str]:
+    return {str(r["target"]): str(r["verdict"]) for r in rows}
+
+
+def test_targets_on_the_uniform_preset() -> None:
+    summary = {
+        "llama": {"latency_s": 5.0, "read_mib": 3000.0, "bound_ratio": 3.0},
+        "off": {"latency_s": 2.4, "read_mib": 4000.0, "bound_ratio": 1.1},
+        "cache30": {"latency_s": 2.2, "read_mib": 2900.0, "bound_ratio": 1.3},
+    }
+    got = verdicts(ds.targets("uniform", summary, (15, 30)))
+    assert got == {
+        "best bmoe (cache30) vs llama.cpp mmap, decision latency": "PASS",
+        "off vs its I/O bound": "PASS",
+        "cache30 vs its I/O bound": "FAIL",
+        "cache30: decision bytes cut vs off": "PASS",
+        "cache30: latency vs off": "PASS",
+        "cache30+ra: decision bytes cut vs off+ra": "n/a",
+        "cache30+ra: latency vs off+ra": "n/a",
+    }
+    cut = next(r for r in ds.targets("uniform", summary, (15, 30)) if r["target"] == "cache30: decision bytes cut vs off")
+    assert cut["value"] == pytest.approx(0.275)
+
+
+def test_targets_on_the_trace_preset_want_every_cache_faster_than_off() -> None:
+    summary = {"off": {"latency_s": 2.0}, "cache15": {"latency_s": 1.5}, "cache30": {"latency_s": 2.5}}
+    got = verdicts(ds.targets("trace", summary, (15, 30)))
+    assert got["best bmoe (cache15) vs llama.cpp mmap, decision latency"] == "n/a"
+    assert got["cache15: latency vs off"] == "PASS"
+    assert got["cache30: latency vs off"] == "FAIL"
+    assert got["cache15+ra: latency vs off+ra"] == "n/a"
+    assert not any("bytes cut" in k for k in got)
+
+
+def test_status_names_a_refusal_before_a_failure() -> None:
+    ok = {"result": {"decisions": []}, "oom_killed": False, "returncode": 0}
+    refused = {"result": {"refused": "prefetch: cannot be on here"}, "oom_killed": False, "returncode": 0}
+    oom = {"oom_killed": True, "returncode": -9}
+    assert ds.status_of([ok, ok]) == "ok"
+    assert ds.status_of([refused]) == "refused: prefetch: cannot be on here"
+    assert ds.status_of([ok, oom]) == "1/2 OOM-killed"
+
+
+def test_compare_defaults_names_the_faster_setting_and_by_how_much() -> None:
+    summary = {"flash on, 1 threads": {"latency_s": 4.0, "decode_tok_s": 2.0},
+               "flash off, 1 threads": {"latency_s": 5.0, "decode_tok_s": 2.5},
+               "flash on, 2 threads": {"latency_s": 2.0, "decode_tok_s": 4.0},
+               "flash off, 2 threads": None}
+    lines = ds.compare_defaults(summary, [("on", 1), ("on", 2), ("off", 1), ("off", 2)])
+    assert lines == [
+        "1 threads, decision latency: flash on faster by 1.25x (4 vs 5)",
+        "1 threads, decode tok/s: flash off faster by 1.25x (2 vs 2.5)",
+        "2 threads, decision latency: n/a",
+        "2 threads, decode tok/s: n/a",
+        "flash on, decision latency: 2 threads faster by 2.00x (4 vs 2)",
+        "flash on, decode tok/s: 2 threads faster by 2.00x (2 vs 4)",
+        "flash off, decision latency: n/a",
+        "flash off, decode tok/s: n/a",
+    ]
+
+
+def test_child_helpers_split_and_score_as_bmoe_does() -> None:
+    assert dsc.common_len([1, 2, 3, 4], [1, 2, 5]) == 2
+    assert dsc.common_len([], [1]) == 0
+    assert dsc.chatml_user("hi") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    lp = dsc.choice_logp(np.array([0.0, 0.0, math.log(2.0)], dtype=np.float32), [0, 2])
+    assert lp == pytest.approx([math.log(0.25), math.log(0.5)])
+
+
+def test_memory_line_reports_the_largest_peaks() -> None:
+    p = {"limit_mib": 2560.0, "configs": {"a": {"rss_peak_mib": 900.0, "cgroup_peak_mib": 1200.0},
+                                          "b": {"rss_peak_mib": 1240.0, "cgroup_peak_mib": 2500.0},
+                                          "c": {"rss_peak_mib": None, "cgroup_peak_mib": None}}}
+    assert ds.memory_line(p) == ("largest process RSS peak 1240 MiB, largest cgroup peak (page cache included) "
+                                 "2500 MiB, limit 2560 MiB")
+
+
+def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")  # the config check stops at io_threads before anything reads the file
+    args = argparse.Namespace(
+        model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
+        twins=None, decisions=2, decode_tokens=0)
+    assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    n_layer: int = 16
+    skew: float = 0.0
+
+
+class _FakeSynthetic:
+    """What decide_stream.model_for needs of bench/synthetic_moe.py, recording the calls."""
+
+    SyntheticSpec = _Spec
+
+    def __init__(self, presets: dict[str, _Spec] | None) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        if presets is not None:
+            self.PRESETS = presets
+            self.preset_path = lambda work, preset: self.calls.append(("preset_path", work, preset)) or work / preset
+
+    def write_synthetic(self, out_dir: Path, spec: _Spec) -> Path:
+        self.calls.append(("write_synthetic", out_dir, spec))
+        return out_dir / "m.gguf"
+
+
+def test_model_for_before_the_presets_landed_has_only_uniform(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = _FakeSynthetic(None)
+    monkeypatch.setitem(sys.modules, "synthetic_moe", fake)
+    with pytest.raises(ds.PresetMissing, match="no routing preset 'trace'"):
+        ds.model_for(tmp_path, "trace", None)
+    assert ds.model_for(tmp_path, "uniform", 2) == tmp_path / "uniform-2L" / "m.gguf"
+    assert ds.model_for(tmp_path, "uniform", None) == tmp_path / "m.gguf"
+    assert fake.calls == [("write_synthetic", tmp_path / "uniform-2L", _Spec(n_layer=2)),
+                          ("write_synthetic", tmp_path, _Spec())]
+
+
+def test_model_for_uses_the_presets_and_cuts_layers_in_a_folder_of_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    fake = _FakeSynthetic({"uniform": _Spec(), "trace": _Spec(skew=1.5)})
+    monkeypatch.setitem(sys.modules, "synthetic_moe", fake)
+    assert ds.model_for(tmp_path, "trace", None) == tmp_path / "trace"
+    assert ds.model_for(tmp_path, "trace", 4) == tmp_path / "trace-4L" / "m.gguf"
+    assert fake.calls == [("preset_path", tmp_path, "trace"),
+                          ("write_synthetic", tmp_path / "trace-4L", _Spec(n_layer=4, skew=1.5))]
