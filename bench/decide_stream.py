@@ -307,7 +307,7 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
                 cmd = child_cmd("llama", model, res, a)
             else:
                 cmd = child_cmd("bmoe", model, res, a, "--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)),
-                                *(["--prefetch"] if c.prefetch else []))
+                                *(["--prefetch", "--wide-tokens", str(a.wide_tokens)] if c.prefetch else []))
             runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a))
     for c in configs:
         recs = runs[c.key]
@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-pct", nargs="+", type=int, default=list(DEFAULT_CACHE_PCT),
                     help="cache budgets as a share of the expert bytes, percent")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, in turn")
+    ap.add_argument("--wide-tokens", type=int, default=0,
+                    help="read-ahead configurations: --prefetch-wide-tokens (0: the rule; 2: every ubatch reads all)")
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto", help="both engines")
     ap.add_argument("--probe-mib", type=int, default=1024, help="expert bytes the bandwidth probe reads")
     ap.add_argument("--spec-layers", type=int, default=None, help="smoke runs: the preset's model with N layers")

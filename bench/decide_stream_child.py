@@ -196,7 +196,8 @@ def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
 
     cfg = SessionConfig(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
                         chat="chatml", decide=True, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
-                        prefetch=a.prefetch, flash_attn=a.flash_attn, stream_cache_dir=a.twins)
+                        prefetch=a.prefetch, prefetch_wide_tokens=a.wide_tokens if a.prefetch else 0,
+                        flash_attn=a.flash_attn, stream_cache_dir=a.twins)
     return Session(cfg)
 
 
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ubatch", type=int, default=512)
     ap.add_argument("--cache-mb", type=int, default=0)
     ap.add_argument("--prefetch", action="store_true")
+    ap.add_argument("--wide-tokens", type=int, default=0, help="with --prefetch: --prefetch-wide-tokens (0: the rule)")
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     ap.add_argument("--twins", type=Path, default=None)
     ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")
