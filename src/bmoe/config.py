@@ -23,6 +23,8 @@ from .errors import BmoeError, ConfigError
 ChatMode = Literal["template", "chatml", "none"]
 PrefixCacheMode = Literal["auto", "on", "off"]
 PREFIX_CACHE_MODES: tuple[str, ...] = ("auto", "on", "off")
+DenseWeights = Literal["anon", "mmap"]
+DENSE_WEIGHTS: tuple[str, ...] = ("anon", "mmap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class SessionConfig:
     stream_read_all: bool = False  # verification: read every expert at every route (gate G3)
     prefetch: bool = False  # speculative prefetch (read-ahead) of the next layer's guessed experts
     prefetch_wide_tokens: int = 0  # prefill ubatches this wide read all of the next layer (0: the rule)
+    dense_weights: DenseWeights | None = None  # streamed: dense weights in anon memory or mmap (None: anon)
     # decide (docs/decide.md)
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
@@ -66,6 +69,11 @@ class SessionConfig:
     @property
     def threads(self) -> int:
         return self.n_threads or (os.cpu_count() or 1)
+
+    @property
+    def dense_anon(self) -> bool:
+        """Whether the dense weights are held in anonymous memory: streamed, unless mmap is asked."""
+        return self.moe_stream and self.dense_weights != "mmap"
 
 
 def _int_at_least(cfg: SessionConfig, name: str, lo: int) -> None:
@@ -120,6 +128,12 @@ def validate(cfg: SessionConfig) -> None:
         if why:
             raise ConfigError(f"prefetch: cannot be on here: {why}")
     _int_at_least(cfg, "prefetch_wide_tokens", 0)
+    if cfg.dense_weights is not None:
+        if cfg.dense_weights not in DENSE_WEIGHTS:
+            raise ConfigError(f"dense_weights: must be one of anon, mmap, got {cfg.dense_weights!r}")
+        if not cfg.moe_stream:
+            raise ConfigError("dense_weights: only means something with moe_stream (a resident model maps the "
+                              "whole file, experts included, and the kernel keeps what fits)")
     if cfg.prefetch_wide_tokens == 1:
         raise ConfigError("prefetch_wide_tokens: must be 0 (the default rule) or at least 2 (a one-token "
                           "ubatch is decode, which always guesses), got 1")
@@ -240,6 +254,9 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--prefetch-wide-tokens", field="prefetch_wide_tokens", type=int, default=0, metavar="N",
           help="with --prefetch: prefill ubatches of at least N tokens read every expert of the next layer "
                "ahead (default 0: 3 * n_expert / n_expert_used, not measured yet)"),
+    _flag("--dense-weights", field="dense_weights", choices=list(DENSE_WEIGHTS), default=None,
+          help="with --moe-stream: hold the dense weights in anonymous memory the kernel cannot drop (anon, "
+               "the default) or map them from the file (mmap)"),
     # decide
     _flag("--decide", field="decide", action="store_true", help="accept decide requests (docs/decide.md)"),
     _flag("--decide-prefix-cache", field="decide_prefix_cache", choices=list(PREFIX_CACHE_MODES), default="auto",

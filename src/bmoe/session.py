@@ -76,6 +76,12 @@ class Session:
         for a resident model."""
         return self.runtime.stream
 
+    @property
+    def dense_anon_bytes(self) -> int:
+        """Bytes of dense weights held in anonymous memory (--dense-weights anon, the default when
+        streaming); 0 with mmap or resident."""
+        return self.runtime.dense_anon_bytes
+
     def dense_resident_frac(self) -> float:
         """Fraction of the dense (non-expert) weights in RAM; 0 where unmeasured (resident runs)."""
         return self.runtime.dense_resident_frac()

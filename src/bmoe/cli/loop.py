@@ -157,6 +157,8 @@ def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> i
         load_s=session.load_s, arch=m.arch, n_ctx=session.n_ctx, think_ctl=session.chat.think_ctl,
         n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
         decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
+        dense_weights=session.streaming.dense_weights if session.streaming is not None else None,
+        dense_anon_mib=session.dense_anon_bytes / 2**20,
     ))
     live = _Live()
     q: "queue.Queue[object]" = queue.Queue()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from .dense_anon import AnonDense, file_segments
 from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
 from bmoe.errors import ModelFileError
@@ -33,6 +34,9 @@ class ModelLoadParams:
     prefill_device: PrefillDevice | None = None
     # The file the user named, for messages, when ``path`` is a stand-in for it (a dense twin).
     user_path: Path | None = None
+    # Byte ranges of the files llama.cpp maps (each file with its ranges) to move into anonymous
+    # memory once loaded (--dense-weights anon: dense_anon.py); empty: all stays file-mapped.
+    anon_ranges: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...] = ()
 
 
 def _refuse_early(path: Path, named: Path) -> None:
@@ -70,10 +74,19 @@ class LlamaModel:
         self._devices = device_list(params.prefill_device)  # kept alive for the model's life
         mp.devices = ctypes.addressof(self._devices)
         mp.no_host = True  # weights in plain host buffers (mmap), never the device's pinned copies
+        before = file_segments() if params.anon_ranges else frozenset()
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not ptr:
             raise ModelLoadError(f"model: llama.cpp could not load {params.user_path or path} "
                                  "(not a GGUF it can read, or truncated; set BMOE_LLAMA_LOG=1 for its log)")
+        # The dense weights held in anonymous memory (None: they stay mapped from the file).
+        self.anon: AnonDense | None = None
+        if params.anon_ranges:
+            try:
+                self.anon = AnonDense.move(before, params.anon_ranges)
+            except BaseException:
+                llama_cpp.llama_model_free(ptr)
+                raise
         self.params = params
         self.path = path
         self.ptr = ptr

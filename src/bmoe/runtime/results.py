@@ -22,6 +22,34 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TimeSplit:
+    """Where a span's wall time went: computing, cache bookkeeping (``mgmt_s``) and waiting for
+    expert reads (``stall_s``); the parts are >= 0 and add up to ``wall_s`` exactly.
+
+    The counters come from the streamer (``StreamStats``), measured on the graph's thread inside the
+    span, so they fit in it; where they claim more than the span (a wait counted inside a
+    bookkeeping interval too, clock granularity) the waiting is capped at the wall time first and
+    bookkeeping at what is left, never letting compute go negative or the sum exceed the wall."""
+
+    wall_s: float
+    compute_s: float
+    mgmt_s: float
+    stall_s: float
+
+    @classmethod
+    def of(cls, wall_s: float, io: StreamStats) -> "TimeSplit":
+        wall = max(0.0, wall_s)
+        stall = min(max(0.0, io.stall_s), wall)
+        mgmt = min(max(0.0, io.mgmt_s), wall - stall)
+        return cls(wall_s=wall, compute_s=wall - stall - mgmt, mgmt_s=mgmt, stall_s=stall)
+
+    def per(self, n: int) -> "TimeSplit":
+        """The same split per item (a decode token): each part divided by ``n`` (at least 1)."""
+        n = max(1, n)
+        return TimeSplit(self.wall_s / n, self.compute_s / n, self.mgmt_s / n, self.stall_s / n)
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     index: int
     token: int
@@ -64,6 +92,12 @@ class GenerateResult:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def decode_split(self) -> TimeSplit:
+        """The decode steps' wall time split into compute, bookkeeping and waiting for reads (the
+        prefill's reads and waits are the request's, in ``io``, not any token's)."""
+        return TimeSplit.of(self.decode_s, self.decode_io)
 
     @property
     def prefill_tps(self) -> float:

@@ -25,7 +25,7 @@ from ..stream.stats import StreamStats
 from .chat import ChatRenderer, Message
 from .kv import KvCache
 from .perplexity import perplexity as _perplexity
-from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step
+from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
 from .sampling import Sampler
 from .scoring import PromptScorer
 from .streaming import StreamRuntime, open_streaming
@@ -72,7 +72,10 @@ class Runtime:
         try:
             self.model = LlamaModel(ModelLoadParams(
                 path=self.stream.load_path if self.stream is not None else config.model,
-                prefill_device=self.prefill_device, user_path=config.model))
+                prefill_device=self.prefill_device, user_path=config.model,
+                anon_ranges=self.stream.anon_ranges if self.stream is not None else ()))
+            if self.stream is not None:
+                self.stream.attach(self.model.anon)
         except BaseException:
             if self.stream is not None:
                 self.stream.close()
@@ -115,6 +118,11 @@ class Runtime:
     def dense_resident_frac(self) -> float:
         """Fraction of the dense (non-expert) weights in RAM; 0 where unmeasured (resident runs)."""
         return self.stream.dense_resident_frac() if self.stream is not None else 0.0
+
+    @property
+    def dense_anon_bytes(self) -> int:
+        """Bytes of dense weights held in anonymous memory (--dense-weights anon); 0 otherwise."""
+        return self.stream.dense_anon_bytes if self.stream is not None else 0
 
     def stream_stats(self) -> StreamStats:
         """Cumulative streaming counters since open; all zero for a resident model."""
@@ -219,10 +227,10 @@ class Runtime:
         now = self.stream_stats()
         io = now.minus(io_before)
         flt, cpu = _rusage()
-        io_ms, mgmt_ms, stall_ms = io.io_s * 1000.0, io.mgmt_s * 1000.0, io.stall_s * 1000.0
+        split = TimeSplit.of(wall_ms / 1000.0, io)  # compute + mgmt + stall == wall
         return Step(
-            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
-            mgmt_ms=mgmt_ms, stall_ms=stall_ms, compute_ms=max(0.0, wall_ms - stall_ms - mgmt_ms),
+            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io.io_s * 1000.0,
+            mgmt_ms=split.mgmt_s * 1000.0, stall_ms=split.stall_s * 1000.0, compute_ms=split.compute_s * 1000.0,
             read_mb=io.read_bytes / 1e6, cache_hit_pct=now.hit_pct, majflt=flt - flt_before,
             cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
         )

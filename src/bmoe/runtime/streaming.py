@@ -18,6 +18,7 @@ from ..errors import BmoeError
 from ..llama.expert_hook import ExpertHook
 from ..llama.ggml_tensor import GgmlLayoutError
 from ..llama.pages import LibcPageMover
+from ..llama.dense_anon import AnonDense
 from ..llama.residency import PageResidency
 from ..stream import (
     CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamOptions, Streamer, TwinError,
@@ -41,7 +42,14 @@ class StreamRuntime:
     streamer: Streamer
     hook: ExpertHook
     load_path: Path  # what llama.cpp opens: the dense twin, or the original if no twin could be made
-    dense: PageResidency  # the dense weights' pages in the files llama.cpp maps
+    # Each file llama.cpp maps with its dense (non-expert) byte ranges.
+    dense_files: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...]
+    # --dense-weights: "anon" moves those ranges into anonymous memory once the model is loaded
+    # (llama/dense_anon.py); "mmap" leaves them mapped from the file.
+    dense_weights: str
+    # Where the dense pages are measured: the files' page cache (mmap), or the anonymous pages
+    # (anon, set by ``attach``; None until then).
+    dense: PageResidency | AnonDense | None = None
     _dense_frac: tuple[float, float] = field(default=(-1e9, 0.0))  # (when, value) of the last sample
 
     @property
@@ -54,18 +62,36 @@ class StreamRuntime:
         # (the rest overlapped compute: split-phase reads, docs/streaming.md).
         return self.streamer.stats()
 
+    @property
+    def anon_ranges(self) -> tuple[tuple[Path, tuple[tuple[int, int], ...]], ...]:
+        """What the model load moves into anonymous memory (ModelLoadParams.anon_ranges)."""
+        return self.dense_files if self.dense_weights == "anon" else ()
+
+    def attach(self, anon: AnonDense | None) -> None:
+        """The model is loaded: with anon, its anonymous dense pages are what is measured."""
+        if self.dense_weights == "anon":
+            if anon is None:
+                raise ValueError("dense_weights anon, but the model load moved nothing into anonymous memory")
+            self.dense = anon
+
+    @property
+    def dense_anon_bytes(self) -> int:
+        """Bytes of dense weights held in anonymous memory (whole pages); 0 with mmap."""
+        return self.dense.nbytes if isinstance(self.dense, AnonDense) else 0
+
     def dense_resident_frac(self) -> float:
         # mincore walks every page (about 60 ns each here): sample at most once a second, since
         # residency moves slowly and a per-token walk of a large model's dense part would cost ms.
         when, value = self._dense_frac
         now = time.monotonic()
-        if now - when >= 1.0:
+        if now - when >= 1.0 and self.dense is not None:
             value = self.dense.fraction()
             self._dense_frac = (now, value)
         return value
 
     def close(self) -> None:
-        self.dense.close()
+        if self.dense is not None:
+            self.dense.close()
         self.streamer.close()
 
 
@@ -114,11 +140,14 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
             raise _setup_error(config, e) from e
         # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
         shards = [load_path.parent / f.path.name for f in layout.files]
-        dense = PageResidency([(shards[i], dense_ranges(layout, i)) for i in range(len(layout.files))])
+        dense_files = tuple((shards[i], tuple(dense_ranges(layout, i))) for i in range(len(layout.files)))
+        mode = "anon" if config.dense_anon else "mmap"
+        dense = PageResidency([(p, list(r)) for p, r in dense_files]) if mode == "mmap" else None
     except BaseException:
         streamer.close()
         raise
-    return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path, dense=dense)
+    return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path, dense_files=dense_files,
+                         dense_weights=mode, dense=dense)
 
 
 def _setup_error(config: SessionConfig, e: BaseException) -> StreamSetupError:

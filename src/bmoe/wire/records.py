@@ -30,11 +30,12 @@ def _r(x: float, nd: int = 4) -> float:
 
 
 def ready(*, load_s: float, arch: str, n_ctx: int, think_ctl: str, n_expert_used: int, model: str,
-          streaming: bool, decide: bool, load_read_mib: float) -> str:
+          streaming: bool, decide: bool, load_read_mib: float, dense_weights: str | None = None,
+          dense_anon_mib: float = 0.0) -> str:
     return line("READY", {
         "load_s": _r(load_s), "arch": arch, "n_ctx": n_ctx, "think_ctl": think_ctl,
         "n_expert_used": n_expert_used, "model": model, "streaming": streaming, "decide": decide,
-        "load_read_mib": _r(load_read_mib, 2),
+        "load_read_mib": _r(load_read_mib, 2), "dense_weights": dense_weights, "dense_anon_mib": _r(dense_anon_mib, 2),
     })
 
 
@@ -59,15 +60,15 @@ def progress(step: Step, steps: int, dense_resident_frac: float) -> str:
 def done_fields(r: GenerateResult) -> dict:
     n = max(1, r.n_tokens)
     io, dec = r.io, r.decode_io  # the request's counters; the decode steps' part of them
-    wall_tok = r.decode_s / n
+    tok = r.decode_split.per(n)  # compute + mgmt + stall == the decode wall time per token
     return {
         "id": r.id, "cancelled": r.cancelled, "tokens": r.n_tokens, "tok_s": _r(r.tok_s, 3),
         "prefill_s": _r(r.prefill_s), "prefill_tps": _r(r.prefill_tps, 2), "load_s": _r(r.load_s),
         "cache_hit_pct": _r(io.hit_pct, 2), "n_prompt": r.n_prompt, "n_past": r.n_past,
-        "compute_s_tok": _r(max(0.0, wall_tok - (dec.stall_s + dec.mgmt_s) / n), 6), "io_s_tok": _r(dec.io_s / n, 6),
+        "compute_s_tok": _r(tok.compute_s, 6), "io_s_tok": _r(dec.io_s / n, 6),
         "cache_resident_mib": _r(io.resident_bytes / MIB, 2), "cache_budget_mib": _r(io.budget_bytes / MIB, 2),
-        "read_mib": _r(io.read_bytes / MIB, 3), "stall_s_tok": _r(dec.stall_s / n, 6),
-        "mgmt_s_tok": _r(dec.mgmt_s / n, 6), "majflt_tok": _r(r.majflt / n, 3), "cpu_s_tok": _r(r.cpu_s / n, 6),
+        "read_mib": _r(io.read_bytes / MIB, 3), "stall_s_tok": _r(tok.stall_s, 6),
+        "mgmt_s_tok": _r(tok.mgmt_s, 6), "majflt_tok": _r(r.majflt / n, 3), "cpu_s_tok": _r(r.cpu_s / n, 6),
         "reasoning": r.reasoning, "text": r.text,
         # bmoe's own keys
         "n_reused": r.n_reused, "prefill_fallback": r.prefill_fallback, "stop": r.stop,
@@ -182,19 +183,21 @@ def summary(r: GenerateResult) -> str:
     """The one-shot perf summary for people."""
     io, dec = r.io, r.decode_io
     n = max(1, r.n_tokens)
+    tok = r.decode_split.per(n)
     out = [
         f"prefill: {r.n_prompt} tokens in {r.prefill_s:.3f} s ({r.prefill_tps:.1f} tok/s)",
         f"generation: {r.n_tokens} tokens in {r.decode_s:.3f} s ({r.tok_s:.2f} tok/s)",
     ]
     if io.routed or io.read_bytes:
         bw = io.read_bytes / io.io_s / 1e9 if io.io_s > 0 else 0.0
-        out.append(f"flash read: {io.read_bytes / MIB:.1f} MiB ({io.read_bytes / MIB / n:.2f} MiB/token), "
+        out.append(f"flash read: {io.read_bytes / MIB:.1f} MiB ({dec.read_bytes / MIB / n:.2f} MiB per decode token), "
                    f"{io.routed} experts routed")
         # per decode token: the decode steps' own counters (the prefill's reads and waits are not
-        # per-token figures; counting them here made "waiting" exceed the token's wall time)
-        out.append(f"per token: compute {max(0.0, r.decode_s / n - (dec.stall_s + dec.mgmt_s) / n) * 1e3:.2f} ms, "
-                   f"cache mgmt {dec.mgmt_s / n * 1e3:.2f} ms, flash I/O {dec.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s), "
-                   f"waiting for it {dec.stall_s / n * 1e3:.2f} ms")
+        # per-token figures; counting them here made "waiting" exceed the token's wall time), and
+        # compute + cache mgmt + waiting add up to the token's wall time (TimeSplit)
+        out.append(f"per token: {tok.wall_s * 1e3:.2f} ms = compute {tok.compute_s * 1e3:.2f} ms + "
+                   f"cache mgmt {tok.mgmt_s * 1e3:.2f} ms + waiting for flash {tok.stall_s * 1e3:.2f} ms; "
+                   f"flash I/O in flight {dec.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s)")
         if io.guessed:
             out.append(f"prefetch: {io.guessed} experts guessed, {100.0 * io.guess_hits / io.guessed:.1f}% picked by "
                        f"the router, {io.wasted_bytes / MIB:.1f} MiB read for wrong guesses (in the flash read)")

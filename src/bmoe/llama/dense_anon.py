@@ -1,0 +1,173 @@
+"""Dense weights in anonymous memory (``--dense-weights anon``).
+
+llama.cpp maps the model file (a streamed session's dense twin) and its tensors point into that
+mapping. Under memory pressure the kernel may drop those file pages at any time and read them
+again on the next touch: far past RAM, every token then pays for re-reading attention and router
+weights. Anonymous memory cannot be dropped (only swapped, and there is usually no swap), so
+this module moves the dense weights' pages of llama.cpp's mapping into it, **at the same
+addresses**: for each dense range it copies the bytes into a fresh anonymous mapping and moves
+that mapping over the range with ``mremap(MREMAP_FIXED)``. Nothing in ggml changes: every tensor
+keeps its ``data`` pointer and its buffer, so no tensor has to be found and rebound (the expert
+rebinding of the hook is untouched), tensors that only some graphs read are covered too, and
+llama.cpp's own ``munmap`` of its mapping frees the anonymous pages when the model is freed.
+
+llama.cpp does not say where it mapped a file, so the mapping is found in ``/proc/self/maps``:
+the file-backed segments of that file (same inode) that appeared while the model loaded.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from bmoe.errors import BmoeError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munmap.restype = ctypes.c_int
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.mprotect.restype = ctypes.c_int
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+_libc.mremap.restype = ctypes.c_void_p
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_libc.mincore.restype = ctypes.c_int
+
+PAGE = mmap.PAGESIZE
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2  # linux/mman.h
+
+
+class DenseAnonError(BmoeError):
+    """The dense weights could not be moved into anonymous memory (the session is not opened)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One file-backed line of /proc/self/maps: [start, end) maps the file from ``offset``."""
+
+    start: int
+    end: int
+    offset: int
+    dev: tuple[int, int]
+    inode: int
+    path: str
+
+
+def file_segments(maps: str | None = None) -> frozenset[Segment]:
+    """The process's file-backed mappings now (or those of ``maps``, a /proc/<pid>/maps text)."""
+    if maps is None:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    out = set()
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or parts[4] == "0":
+            continue  # anonymous (inode 0), or no path
+        lo, hi = parts[0].split("-")
+        major, minor = parts[3].split(":")
+        out.add(Segment(int(lo, 16), int(hi, 16), int(parts[2], 16), (int(major, 16), int(minor, 16)),
+                        int(parts[4]), parts[5]))
+    return frozenset(out)
+
+
+def _of_file(segments: Iterable[Segment], path: Path) -> list[Segment]:
+    """The segments that map ``path`` (its inode, and its device or its resolved path: some file
+    systems show another device number in the maps than stat gives)."""
+    st = os.stat(path)
+    real = os.path.realpath(path)
+    dev = (os.major(st.st_dev), os.minor(st.st_dev))
+    return sorted((s for s in segments if s.inode == st.st_ino and (s.dev == dev or s.path == real)),
+                  key=lambda s: s.start)
+
+
+def regions(segments: Sequence[Segment], ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Addresses [lo, hi) of the byte ranges [a, b) of a file, widened to whole pages, where
+    ``segments`` map them; merged, ascending. A part of a range no segment maps is left out
+    (llama.cpp unmaps the header and whatever lies outside the tensors it uses)."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if b <= a:
+            continue
+        a, b = a // PAGE * PAGE, -(-b // PAGE) * PAGE
+        for s in segments:
+            lo, hi = max(a, s.offset), min(b, s.offset + (s.end - s.start))
+            if hi > lo:
+                out.append((s.start + lo - s.offset, s.start + hi - s.offset))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(out):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _move_to_anon(lo: int, hi: int) -> None:
+    """Replace the pages of [lo, hi) by anonymous read-only pages holding the same bytes."""
+    n = hi - lo
+    new = _libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if new in (None, _MAP_FAILED):
+        raise OSError(ctypes.get_errno(), f"cannot allocate {n} bytes of anonymous memory")
+    try:
+        ctypes.memmove(new, lo, n)
+        if _libc.mprotect(new, n, mmap.PROT_READ) != 0:  # as llama.cpp maps weights: read-only
+            raise OSError(ctypes.get_errno(), "mprotect failed")
+        moved = _libc.mremap(new, n, n, _MREMAP_MAYMOVE | _MREMAP_FIXED, lo)
+        if moved != lo:
+            raise OSError(ctypes.get_errno(), "mremap failed")
+    except BaseException:
+        _libc.munmap(new, n)
+        raise
+
+
+class AnonDense:
+    """The dense weights' pages moved into anonymous memory, and how much of them is in RAM."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        self.spans = tuple(spans)
+        self.nbytes = sum(hi - lo for lo, hi in spans)
+        self._vecs = [np.empty((hi - lo) // PAGE, dtype=np.uint8) for lo, hi in spans]
+        self._open = True
+
+    @classmethod
+    def move(cls, before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]]) -> "AnonDense":
+        """Move the ``files``' byte ranges, in the mappings made since ``before``, into anonymous
+        memory. Raises DenseAnonError when a file has no new mapping or a move fails."""
+        new = file_segments() - before
+        spans: list[tuple[int, int]] = []
+        for path, ranges in files:
+            segs = _of_file(new, path)
+            if not segs:
+                raise DenseAnonError(f"dense_weights: anon: llama.cpp's mapping of {path} is not in /proc/self/maps; "
+                                     "use mmap")
+            spans += regions(segs, ranges)
+        for lo, hi in spans:
+            try:
+                _move_to_anon(lo, hi)
+            except OSError as e:
+                raise DenseAnonError(f"dense_weights: anon: moving {hi - lo} bytes of dense weights into anonymous "
+                                     f"memory failed ({e.strerror or e}); use mmap") from None
+        return cls(spans)
+
+    def fraction(self) -> float:
+        """Share of the pages in RAM (mincore), 0..1; 1 when nothing is held. Without swap it is 1."""
+        if not self._open or not self.spans:
+            return 1.0 if self._open else 0.0
+        resident = total = 0
+        for (lo, hi), vec in zip(self.spans, self._vecs):
+            if _libc.mincore(lo, hi - lo, vec.ctypes.data) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+            resident += int(np.count_nonzero(vec & 1))
+            total += vec.size
+        return resident / total
+
+    def close(self) -> None:
+        """Stop measuring. The pages themselves go with llama.cpp's mapping (llama_model_free)."""
+        self._open = False
