@@ -136,3 +136,32 @@ def test_a_file_with_no_new_mapping_is_refused(tmp_path) -> None:
     f.write_bytes(b"GGUF" + b"\0" * PAGE)
     with pytest.raises(DenseAnonError, match=r"^dense_weights: anon: llama.cpp's mapping of .*m.gguf is not in"):
         AnonDense.move(file_segments(), [(f, [(0, PAGE)])])
+
+
+def _mapped_rss(path: Path) -> int:
+    """Bytes of ``path`` mapped into this process with a page behind them (smaps Rss)."""
+    total, inside = 0, False
+    real = os.path.realpath(path)
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            inside = len(head) >= 6 and head[5] == real
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.parametrize("mode", ["anon", "mmap"])
+def test_the_expert_pages_llama_cpp_populated_are_given_back(open_tiny, tmp_path, mode) -> None:
+    """llama.cpp's MAP_POPULATE fills the twin's expert holes with zero pages; the session unmaps
+    them once loaded, so only dense pages (mmap) or nothing (anon) of the twin stay mapped."""
+    s = open_tiny(moe_stream=True, dense_weights=mode, stream_cache_dir=tmp_path / "twins")
+    layout = s.streaming.layout
+    twin = s.streaming.load_path
+    assert twin != s.config.model  # the dense twin was loaded
+    assert s.runtime.model.dropped_bytes >= layout.expert_nbytes - 2 * PAGE * len(layout.experts)
+    dense_pages = sum(-(-b // PAGE) * PAGE - a // PAGE * PAGE for _, r in s.streaming.dense_files for a, b in r)
+    rss = _mapped_rss(twin)
+    assert rss <= (dense_pages if mode == "mmap" else 2 * PAGE * len(layout.experts))
+    assert s.generate(GEN).tokens  # and the model still runs
+    s.close()

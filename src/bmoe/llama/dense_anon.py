@@ -38,6 +38,8 @@ _libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctyp
 _libc.mremap.restype = ctypes.c_void_p
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _libc.mincore.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
 
 PAGE = mmap.PAGESIZE
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -171,3 +173,39 @@ class AnonDense:
     def close(self) -> None:
         """Stop measuring. The pages themselves go with llama.cpp's mapping (llama_model_free)."""
         self._open = False
+
+
+def inner_regions(segments: Sequence[Segment], ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Addresses [lo, hi) of the whole pages that lie inside the byte ranges [a, b) of a file, where
+    ``segments`` map them (narrowed to whole pages: a page shared with a byte outside is left)."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        a, b = -(-a // PAGE) * PAGE, b // PAGE * PAGE
+        for s in segments:
+            lo, hi = max(a, s.offset), min(b, s.offset + (s.end - s.start))
+            if hi > lo:
+                out.append((s.start + lo - s.offset, s.start + hi - s.offset))
+    return sorted(out)
+
+
+def drop_unused(before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]]) -> int:
+    """Give back the pages llama.cpp populated for byte ranges nobody reads (a streamed model's
+    expert tensors, rebound onto the streamer's buffers): unmap them from the mappings made since
+    ``before`` (``MADV_DONTNEED``) and drop them from the page cache (``POSIX_FADV_DONTNEED``).
+
+    llama.cpp maps with ``MAP_POPULATE``; for a dense twin the expert ranges are holes, which that
+    fills with zero pages: as many as the experts' bytes, counted in the process's RSS and its
+    memory cgroup until the kernel reclaims them. Touching them again would only fault the same
+    zeros back in. Returns the bytes unmapped; best effort (a refusal leaves them mapped)."""
+    dropped = 0
+    for path, ranges in files:
+        for lo, hi in inner_regions(_of_file(file_segments() - before, path), ranges):
+            if _libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0:
+                dropped += hi - lo
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for a, b in ranges:
+                os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return dropped

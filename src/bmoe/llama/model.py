@@ -7,7 +7,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from .dense_anon import AnonDense, file_segments
+from .dense_anon import AnonDense, drop_unused, file_segments
 from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
 from bmoe.errors import ModelFileError
@@ -37,6 +37,9 @@ class ModelLoadParams:
     # Byte ranges of the files llama.cpp maps (each file with its ranges) to move into anonymous
     # memory once loaded (--dense-weights anon: dense_anon.py); empty: all stays file-mapped.
     anon_ranges: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...] = ()
+    # Byte ranges of those files nobody reads (a streamed model's experts): the pages llama.cpp's
+    # MAP_POPULATE put there are given back once loaded (dense_anon.drop_unused).
+    unused_ranges: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...] = ()
 
 
 def _refuse_early(path: Path, named: Path) -> None:
@@ -74,7 +77,7 @@ class LlamaModel:
         self._devices = device_list(params.prefill_device)  # kept alive for the model's life
         mp.devices = ctypes.addressof(self._devices)
         mp.no_host = True  # weights in plain host buffers (mmap), never the device's pinned copies
-        before = file_segments() if params.anon_ranges else frozenset()
+        before = file_segments() if params.anon_ranges or params.unused_ranges else frozenset()
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not ptr:
             raise ModelLoadError(f"model: llama.cpp could not load {params.user_path or path} "
@@ -87,6 +90,7 @@ class LlamaModel:
             except BaseException:
                 llama_cpp.llama_model_free(ptr)
                 raise
+        self.dropped_bytes = drop_unused(before, params.unused_ranges) if params.unused_ranges else 0
         self.params = params
         self.path = path
         self.ptr = ptr

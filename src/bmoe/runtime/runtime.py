@@ -73,7 +73,8 @@ class Runtime:
             self.model = LlamaModel(ModelLoadParams(
                 path=self.stream.load_path if self.stream is not None else config.model,
                 prefill_device=self.prefill_device, user_path=config.model,
-                anon_ranges=self.stream.anon_ranges if self.stream is not None else ()))
+                anon_ranges=self.stream.anon_ranges if self.stream is not None else (),
+                unused_ranges=self.stream.expert_files if self.stream is not None else ()))
             if self.stream is not None:
                 self.stream.attach(self.model.anon)
         except BaseException:

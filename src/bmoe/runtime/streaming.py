@@ -44,6 +44,9 @@ class StreamRuntime:
     load_path: Path  # what llama.cpp opens: the dense twin, or the original if no twin could be made
     # Each file llama.cpp maps with its dense (non-expert) byte ranges.
     dense_files: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...]
+    # Each file llama.cpp maps with its expert byte ranges: nothing reads them there (the hook
+    # rebinds the expert tensors), so the pages its load populated are given back.
+    expert_files: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...]
     # --dense-weights: "anon" moves those ranges into anonymous memory once the model is loaded
     # (llama/dense_anon.py); "mmap" leaves them mapped from the file.
     dense_weights: str
@@ -141,13 +144,15 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
         shards = [load_path.parent / f.path.name for f in layout.files]
         dense_files = tuple((shards[i], tuple(dense_ranges(layout, i))) for i in range(len(layout.files)))
+        expert_files = tuple((shards[i], tuple((t.offset, t.offset + t.nbytes) for t in layout.experts
+                                               if t.file_index == i)) for i in range(len(layout.files)))
         mode = "anon" if config.dense_anon else "mmap"
         dense = PageResidency([(p, list(r)) for p, r in dense_files]) if mode == "mmap" else None
     except BaseException:
         streamer.close()
         raise
     return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path, dense_files=dense_files,
-                         dense_weights=mode, dense=dense)
+                         expert_files=expert_files, dense_weights=mode, dense=dense)
 
 
 def _setup_error(config: SessionConfig, e: BaseException) -> StreamSetupError:
