@@ -55,23 +55,26 @@ class Config:
     engine: str              # "llama" or "bmoe"
     cache_pct: int = 0       # share of the expert bytes the cache may hold (0: cache off)
     prefetch: bool = False
+    dense: str = "anon"      # --dense-weights of the bmoe session
 
     @property
     def name(self) -> str:
         if self.engine == "llama":
             return "llama.cpp mmap"
         base = f"bmoe cache {self.cache_pct}%" if self.cache_pct else "bmoe cache off"
-        return base + (", read-ahead" if self.prefetch else "")
+        return base + (", read-ahead" if self.prefetch else "") + (", dense mmap" if self.dense == "mmap" else "")
 
 
 def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Config]:
     """Every configuration of a run, llama.cpp first, then cache off and each cache share, each
-    without and with read-ahead; ``only`` keeps the named keys."""
+    without and with read-ahead, then cache off with the dense weights mapped from the file
+    (``--dense-weights mmap``, against the default anon); ``only`` keeps the named keys."""
     out = [Config("llama", "llama")]
     for pct in (0, *cache_pcts):
         for ra in (False, True):
             key = ("off" if pct == 0 else f"cache{pct}") + ("+ra" if ra else "")
             out.append(Config(key, "bmoe", pct, ra))
+    out.append(Config("off+mmap", "bmoe", 0, False, "mmap"))
     return [c for c in out if only is None or c.key in only]
 
 
@@ -109,6 +112,8 @@ def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, skip_first
     out: dict[str, object] = {"n_decisions": len(rows)}
     for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "bound_s", "bound_ratio"):
         out[k] = _median([r[k] for r in rows])  # type: ignore[misc]
+    fracs = [d.get("dense_resident_frac") for d in decisions]
+    out["dense_resident_frac"] = min((f for f in fracs if f is not None), default=None)  # the lowest seen
     rates = [r["decode"]["decode_tok_s"] for r in results if r.get("decode")]  # type: ignore[index]
     if rates:
         out["decode_tok_s"] = _median(rates)
@@ -157,6 +162,11 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
                 key = f"cache{pct}{ra}"
                 add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
                     _faster(lat(key), lat("off" + ra)))
+        for pct in cache_pcts:  # decode with the cache never slower than without
+            key = f"cache{pct}{ra}"
+            d_c, d_off = (summary.get(key) or {}).get("decode_tok_s"), off.get("decode_tok_s")
+            add(f"{key}: decode tok/s vs off{ra}", _ratio(d_c, d_off), ">= 1",  # type: ignore[arg-type]
+                None if d_c is None or d_off is None else d_c >= d_off)  # type: ignore[operator]
     return out
 
 
@@ -177,12 +187,14 @@ def table(preset: dict[str, object]) -> str:
     """The markdown table of one preset's configurations."""
     lines = [f"### preset {preset['name']}: probe {_f(preset['probe_gbs'])} GB/s, limit {preset['limit_mib']:.0f} MiB",
              "", "| config | cache MiB | latency s | MiB read | hit % | wasted MiB | I/O bound s | x bound | "
-             "RSS peak MiB | cgroup peak MiB | status |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "decode tok/s | dense in RAM | RSS peak MiB | cgroup peak MiB | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, c in preset["configs"].items():  # type: ignore[union-attr]
         s = c.get("summary") or {}
         lines.append(f"| {c['name']} | {c.get('cache_mib') or '-'} | {_f(s.get('latency_s'))} | "
                      f"{_f(s.get('read_mib'), '{:.0f}')} | {_f(s.get('hit_pct'), '{:.1f}')} | "
                      f"{_f(s.get('wasted_mib'), '{:.0f}')} | {_f(s.get('bound_s'))} | {_f(s.get('bound_ratio'))} | "
+                     f"{_f(s.get('decode_tok_s'))} | {_f(s.get('dense_resident_frac'), '{:.3f}')} | "
                      f"{_f(c.get('rss_peak_mib'), '{:.0f}')} | {_f(c.get('cgroup_peak_mib'), '{:.0f}')} | {c['status']} |")
     return "\n".join(lines)
 
@@ -307,6 +319,7 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
                 cmd = child_cmd("llama", model, res, a)
             else:
                 cmd = child_cmd("bmoe", model, res, a, "--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)),
+                                "--dense-weights", c.dense, "--decode-tokens", str(a.decode_tokens),
                                 *(["--prefetch", "--wide-tokens", str(a.wide_tokens)] if c.prefetch else []))
             runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a))
     for c in configs:
@@ -396,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-mib", type=int, default=1024, help="expert bytes the bandwidth probe reads")
     ap.add_argument("--spec-layers", type=int, default=None, help="smoke runs: the preset's model with N layers")
     ap.add_argument("--defaults", action="store_true", help="measure flash attention and thread defaults instead")
-    ap.add_argument("--decode-tokens", type=int, default=16, help="--defaults: greedy decode tokens timed per child")
+    ap.add_argument("--decode-tokens", type=int, default=16,
+                    help="greedy decode tokens timed per bmoe child after its decisions (0: none)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child")
     a = ap.parse_args(argv)
     if a.decisions < 2:

@@ -27,7 +27,7 @@ def bmoe_decision(latency: float, read_mib: int, wasted_mib: int = 0, hits: int 
 
 def test_plan_lists_every_configuration_in_order_and_only_keeps_the_named_ones() -> None:
     keys = [c.key for c in ds.plan((15, 30))]
-    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra"]
+    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra", "off+mmap"]
     only = ds.plan((15, 30), {"off", "cache30+ra"})
     assert [(c.key, c.cache_pct, c.prefetch, c.name) for c in only] == [
         ("off", 0, False, "bmoe cache off"), ("cache30+ra", 30, True, "bmoe cache 30%, read-ahead")]
@@ -65,8 +65,8 @@ def verdicts(rows: list[dict[str, object]]) -> dict[str, str]:
 def test_targets_on_the_uniform_preset() -> None:
     summary = {
         "llama": {"latency_s": 5.0, "read_mib": 3000.0, "bound_ratio": 3.0},
-        "off": {"latency_s": 2.4, "read_mib": 4000.0, "bound_ratio": 1.1},
-        "cache30": {"latency_s": 2.2, "read_mib": 2900.0, "bound_ratio": 1.3},
+        "off": {"latency_s": 2.4, "read_mib": 4000.0, "bound_ratio": 1.1, "decode_tok_s": 4.0},
+        "cache30": {"latency_s": 2.2, "read_mib": 2900.0, "bound_ratio": 1.3, "decode_tok_s": 3.9},
     }
     got = verdicts(ds.targets("uniform", summary, (15, 30)))
     assert got == {
@@ -77,6 +77,10 @@ def test_targets_on_the_uniform_preset() -> None:
         "cache30: latency vs off": "PASS",
         "cache30+ra: decision bytes cut vs off+ra": "n/a",
         "cache30+ra: latency vs off+ra": "n/a",
+        "cache15: decode tok/s vs off": "n/a",
+        "cache30: decode tok/s vs off": "FAIL",
+        "cache15+ra: decode tok/s vs off+ra": "n/a",
+        "cache30+ra: decode tok/s vs off+ra": "n/a",
     }
     cut = next(r for r in ds.targets("uniform", summary, (15, 30)) if r["target"] == "cache30: decision bytes cut vs off")
     assert cut["value"] == pytest.approx(0.275)
@@ -140,7 +144,7 @@ def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Pa
     model.write_bytes(b"GGUF")  # the config check stops at io_threads before anything reads the file
     args = argparse.Namespace(
         model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
-        twins=None, decisions=2, decode_tokens=0)
+        twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon")
     assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
 
 
