@@ -67,40 +67,42 @@ def choice_logp(row: np.ndarray, first_tokens: list[int]) -> list[float]:
 
 # --- probe -----------------------------------------------------------------------------------
 def run_probe(a: argparse.Namespace) -> dict[str, object]:
-    """Read ``--probe-mib`` of expert slices, (layer, expert) pairs in random order, one batch of
-    ``--probe-group`` experts at a time (about what one route of a wide ubatch asks for)."""
+    """Read every expert of random layers, up to ``--probe-mib``, all queued at once: each
+    projection's stacked tensor is one long run that the reader cuts into 1 MiB reads over its
+    lanes. That is the fastest pattern the engine can ask for (a decision reads most experts of a
+    layer, and adjacent ones are merged into one read), so the bound it gives is a lower bound."""
     from bmoe.stream import read_layout
     from bmoe.stream.reader import ALIGN, ExpertReader, ReadOp, Window
 
     layout = read_layout(a.model)
-    pairs = [(il, e) for il in layout.layers for e in range(layout.n_expert)]
-    random.Random(a.seed).shuffle(pairs)
-    per_expert = max(layout.expert_nbytes_in_layer(il) for il in layout.layers)
-    n = max(1, min(len(pairs), int(a.probe_mib * MIB // per_expert)))
-    pairs = pairs[:n]
-    tensors = {il: layout.layer_tensors(il) for il in layout.layers}
-    slot = max(t.slice_nbytes for t in layout.experts) + 2 * ALIGN
-    n_slots = a.probe_group * len(layout.projections)
-    bufs = [mmap.mmap(-1, slot) for _ in range(n_slots)]  # page-aligned: O_DIRECT reads in place
-    windows = [Window.over(b) for b in bufs]
+    layers = list(layout.layers)
+    random.Random(a.seed).shuffle(layers)
+    per_layer = max(layout.expert_nbytes_in_layer(il) * layout.n_expert for il in layout.layers)
+    layers = layers[:max(1, min(len(layers), round(a.probe_mib * MIB / per_layer)))]
+    tensors = {il: layout.layer_tensors(il) for il in layers}
+    bufs = {p: mmap.mmap(-1, max(t.nbytes for t in layout.experts if t.proj == p) + 2 * ALIGN) for p in layout.projections}
+    windows = {p: Window.over(b) for p, b in bufs.items()}  # page-aligned: O_DIRECT reads in place
     reader = ExpertReader(layout.files, io_threads=a.io_threads)
     t0 = time.perf_counter()
-    for g in range(0, n, a.probe_group):
-        groups, k = [], 0
-        for il, e in pairs[g:g + a.probe_group]:
-            ops = []
-            for t in tensors[il]:
-                off = t.slice_offset(e)
-                ops.append(ReadOp(t.file_index, off, t.slice_nbytes, windows[k], off % ALIGN))
-                k += 1
-            groups.append(ops)
-        reader.submit(groups).wait_all()
+    # All at once, so the lanes never wait for the next layer to be queued (each layer's tensors
+    # land in the same buffers: the bytes are thrown away, only the rate counts).
+    reader.submit([[ReadOp(t.file_index, t.offset, t.nbytes, windows[t.proj], t.offset % ALIGN)]
+                   for il in layers for t in tensors[il]]).wait_all()
     wall = time.perf_counter() - t0
     st = reader.stats()
     reader.close()
-    return {"n_experts": n, "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "wall_s": wall,
+    return {"n_layers": len(layers), "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "wall_s": wall,
             "io_s": st.io_s, "bw_bytes_s": st.read_bytes / wall if wall > 0 else 0.0, "odirect": reader.odirect,
-            "io_threads": a.io_threads, "group": a.probe_group, "peak_rss_mib": peak_rss_mib()}
+            "io_threads": a.io_threads, "peak_rss_mib": peak_rss_mib()}
+
+
+def rss_now() -> dict[str, float]:
+    """The process's resident memory now, MiB: all of it, and its anonymous part."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "RssAnon:")):
+            out["rss_mib" if line.startswith("VmRSS") else "anon_mib"] = int(line.split()[1]) / 1024
+    return out
 
 
 # --- llama.cpp alone ---------------------------------------------------------------------------
@@ -180,7 +182,7 @@ def run_llama(a: argparse.Namespace) -> dict[str, object]:
         wall = time.perf_counter() - t0
         lp = choice_logp(row, first)
         decisions.append({"i": i, "latency_s": wall, "n_tokens": len(tokens), "n_reused": reused,
-                          "read_bytes": proc_read_bytes() - r0, "best": int(np.argmax(lp)), "logp": lp})
+                          "read_bytes": proc_read_bytes() - r0, "best": int(np.argmax(lp)), "logp": lp, **rss_now()})
     out |= {"decisions": decisions, "peak_rss_mib": peak_rss_mib()}
     return out
 
@@ -240,7 +242,7 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
             decisions.append({"i": i, "latency_s": wall, "prefill_s": r.prefill_s, "n_tokens": r.n_tokens,
                               "n_reused": r.n_reused, "reuse": r.reuse, "proc_read_bytes": proc_read_bytes() - r0,
                               "best": r.scores.best, "logp": list(r.scores.choice_logp),
-                              "dense_resident_frac": session.dense_resident_frac(),
+                              "dense_resident_frac": session.dense_resident_frac(), **rss_now(),
                               **{k: getattr(st, k) for k in STAT_FIELDS}})
         out["decisions"] = decisions
         if a.decode_tokens:
@@ -267,7 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--twins", type=Path, default=None)
     ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")
     ap.add_argument("--probe-mib", type=float, default=1024)
-    ap.add_argument("--probe-group", type=int, default=64)
     ap.add_argument("--seed", type=int, default=11)
     a = ap.parse_args(argv)
     a.flash_attn = {"on": True, "off": False, "auto": None}[a.flash_attn]

@@ -20,9 +20,9 @@ MIB = 2**20
 
 
 def bmoe_decision(latency: float, read_mib: int, wasted_mib: int = 0, hits: int = 0, misses: int = 10,
-                  budget: int = 0) -> dict[str, object]:
+                  budget: int = 0, io_s: float = 0.0) -> dict[str, object]:
     return {"latency_s": latency, "read_bytes": read_mib * MIB, "wasted_bytes": wasted_mib * MIB, "hits": hits,
-            "misses": misses, "budget_bytes": budget}
+            "misses": misses, "budget_bytes": budget, "io_s": io_s}
 
 
 def test_plan_lists_every_configuration_in_order_and_only_keeps_the_named_ones() -> None:
@@ -39,14 +39,21 @@ def test_cache_mib_is_the_share_of_the_expert_bytes() -> None:
 
 
 def test_decision_row_bounds_the_bytes_the_cache_did_not_hold() -> None:
-    row = ds.decision_row(bmoe_decision(2.5, 300, wasted_mib=100, hits=3, misses=1, budget=1), 100 * MIB)
+    row = ds.decision_row(bmoe_decision(2.5, 300, wasted_mib=100, hits=3, misses=1, budget=1, io_s=0.5), 100 * MIB)
     assert row == {"latency_s": 2.5, "read_mib": 300.0, "needed_mib": 200.0, "wasted_mib": 100.0, "hit_pct": 75.0,
-                   "bound_s": 2.0, "bound_ratio": 1.25}
+                   "bound_s": 2.0, "bound_ratio": 1.25, "read_gbs": 300 * MIB / 0.5 / 1e9}
     off = ds.decision_row(bmoe_decision(1.0, 50, hits=0, misses=8, budget=0), 100 * MIB)
     assert off["hit_pct"] is None and off["bound_s"] == 0.5
     llama = ds.decision_row({"latency_s": 4.0, "read_bytes": 400 * MIB}, 200 * MIB)
     assert llama == {"latency_s": 4.0, "read_mib": 400.0, "needed_mib": 400.0, "wasted_mib": 0.0, "hit_pct": None,
-                     "bound_s": 2.0, "bound_ratio": 2.0}
+                     "bound_s": 2.0, "bound_ratio": 2.0, "read_gbs": None}
+
+
+def test_the_bounds_divide_by_the_fastest_rate_the_run_saw() -> None:
+    fast = {"decisions": [bmoe_decision(1.0, 0, io_s=1.0)] + [bmoe_decision(1.0, 300, io_s=0.1)] * 3}
+    slow = {"decisions": [bmoe_decision(1.0, 0, io_s=1.0)] + [bmoe_decision(1.0, 100, io_s=1.0)] * 3}
+    assert ds.best_bandwidth(1e9, {"a": [fast], "b": [slow], "c": []}) == pytest.approx(300 * MIB / 0.1)
+    assert ds.best_bandwidth(5e9, {"b": [slow]}) == 5e9  # a faster probe wins
 
 
 def test_summarize_leaves_out_the_first_decision_of_every_round() -> None:
@@ -132,11 +139,13 @@ def test_child_helpers_split_and_score_as_bmoe_does() -> None:
 
 
 def test_memory_line_reports_the_largest_peaks() -> None:
-    p = {"limit_mib": 2560.0, "configs": {"a": {"rss_peak_mib": 900.0, "cgroup_peak_mib": 1200.0},
-                                          "b": {"rss_peak_mib": 1240.0, "cgroup_peak_mib": 2500.0},
-                                          "c": {"rss_peak_mib": None, "cgroup_peak_mib": None}}}
-    assert ds.memory_line(p) == ("largest process RSS peak 1240 MiB, largest cgroup peak (page cache included) "
-                                 "2500 MiB, limit 2560 MiB")
+    p = {"limit_mib": 2560.0, "configs": {
+        "a": {"rss_mib": 800.0, "anon_mib": 700.0, "rss_peak_mib": 900.0, "cgroup_peak_mib": 1200.0},
+        "b": {"rss_mib": 600.0, "anon_mib": 550.0, "rss_peak_mib": 1240.0, "cgroup_peak_mib": 2500.0},
+        "c": {"rss_mib": None, "anon_mib": None, "rss_peak_mib": None, "cgroup_peak_mib": None}}}
+    assert ds.memory_line(p) == (
+        "largest process RSS after a decision 800 MiB (anonymous 700 MiB), largest RSS peak over the run, load "
+        "included 1240 MiB, largest cgroup peak (page cache included) 2500 MiB, limit 2560 MiB")
 
 
 def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Path) -> None:
