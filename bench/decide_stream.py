@@ -61,6 +61,8 @@ class Config:
     def name(self) -> str:
         if self.engine == "llama":
             return "llama.cpp mmap"
+        if self.engine == "resident":
+            return "bmoe resident, no limit (compute floor)"
         base = f"bmoe cache {self.cache_pct}%" if self.cache_pct else "bmoe cache off"
         return base + (", read-ahead" if self.prefetch else "") + (", dense mmap" if self.dense == "mmap" else "")
 
@@ -75,6 +77,7 @@ def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Conf
             key = ("off" if pct == 0 else f"cache{pct}") + ("+ra" if ra else "")
             out.append(Config(key, "bmoe", pct, ra))
     out.append(Config("off+mmap", "bmoe", 0, False, "mmap"))
+    out.append(Config("resident", "resident"))
     return [c for c in out if only is None or c.key in only]
 
 
@@ -84,9 +87,11 @@ def cache_mib(expert_bytes: int, pct: int) -> int:
 
 
 # --- per decision, per configuration --------------------------------------------------------------
-def decision_row(d: dict[str, object], bw_bytes_s: float) -> dict[str, object]:
+def decision_row(d: dict[str, object], bw_bytes_s: float, floor_s: float = 0.0) -> dict[str, object]:
     """One decision's derived figures. bmoe: its own counters (read_bytes, wasted_bytes, hits,
-    misses); llama.cpp: what the kernel read for its page faults (/proc/self/io)."""
+    misses); llama.cpp: what the kernel read for its page faults (/proc/self/io). The bound is the
+    slower of the I/O bound and ``floor_s``, the same decision's compute with every weight in RAM:
+    a decision can be faster than neither (reads and compute at best overlap fully)."""
     lat = float(d["latency_s"])  # type: ignore[arg-type]
     if "budget_bytes" in d:  # bmoe
         read, wasted = int(d["read_bytes"]), int(d["wasted_bytes"])  # type: ignore[arg-type]
@@ -95,10 +100,11 @@ def decision_row(d: dict[str, object], bw_bytes_s: float) -> dict[str, object]:
     else:
         read, wasted, hit = int(d["read_bytes"]), 0, None  # type: ignore[arg-type]
     needed = read - wasted  # bytes of routed experts the cache did not hold
-    bound = needed / bw_bytes_s if bw_bytes_s > 0 else None
+    io_bound = needed / bw_bytes_s if bw_bytes_s > 0 else None
+    bound = max(io_bound or 0.0, floor_s) or None
     io_s = float(d.get("io_s") or 0.0)  # type: ignore[arg-type]
     return {"latency_s": lat, "read_mib": read / MIB, "needed_mib": needed / MIB, "wasted_mib": wasted / MIB,
-            "hit_pct": hit, "bound_s": bound, "bound_ratio": lat / bound if bound else None,
+            "hit_pct": hit, "io_bound_s": io_bound, "bound_s": bound, "bound_ratio": lat / bound if bound else None,
             "read_gbs": read / io_s / 1e9 if io_s > 0 and "budget_bytes" in d else None}
 
 
@@ -121,12 +127,14 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, skip_first: int = 1) -> dict[str, object]:
+def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, floor_s: float = 0.0,
+              skip_first: int = 1) -> dict[str, object]:
     """Medians over decisions ``skip_first``.. of every round that produced decisions."""
     decisions = [d for r in results for d in r.get("decisions", [])[skip_first:]]  # type: ignore[index]
-    rows = [decision_row(d, bw_bytes_s) for d in decisions]
+    rows = [decision_row(d, bw_bytes_s, floor_s) for d in decisions]
     out: dict[str, object] = {"n_decisions": len(rows)}
-    for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "bound_s", "bound_ratio", "read_gbs"):
+    for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "io_bound_s", "bound_s", "bound_ratio",
+              "read_gbs"):
         out[k] = _median([r[k] for r in rows])  # type: ignore[misc]
     fracs = [d.get("dense_resident_frac") for d in decisions]
     out["dense_resident_frac"] = min((f for f in fracs if f is not None), default=None)  # the lowest seen
@@ -152,13 +160,13 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
     def lat(key: str) -> float | None:
         return (summary.get(key) or {}).get("latency_s")  # type: ignore[return-value]
 
-    bmoe = {k: v for k, v in summary.items() if k != "llama" and v.get("latency_s") is not None}
+    bmoe = {k: v for k, v in summary.items() if k not in ("llama", "resident") and v.get("latency_s") is not None}
     best = min(bmoe, key=lambda k: bmoe[k]["latency_s"], default=None)  # type: ignore[arg-type,return-value]
     speed = lat("llama") / lat(best) if best and lat("llama") else None  # type: ignore[operator]
     add(f"best bmoe ({best}) vs llama.cpp mmap, decision latency", speed, f">= {LLAMA_SPEEDUP_MIN:g}x",
         None if speed is None else speed >= LLAMA_SPEEDUP_MIN)
     for key, s in summary.items():
-        if key != "llama":
+        if key not in ("llama", "resident"):
             r = s.get("bound_ratio")
             add(f"{key} vs its I/O bound", r, f"<= {BOUND_RATIO_MAX:g}x",  # type: ignore[arg-type]
                 None if r is None else r <= BOUND_RATIO_MAX)  # type: ignore[operator]
@@ -203,14 +211,15 @@ def table(preset: dict[str, object]) -> str:
     """The markdown table of one preset's configurations."""
     lines = [f"### preset {preset['name']}: bounds at {_f(preset.get('bound_gbs'))} GB/s (probe "
              f"{_f(preset['probe_gbs'])} GB/s), limit {preset['limit_mib']:.0f} MiB",
-             "", "| config | cache MiB | latency s | MiB read | hit % | wasted MiB | I/O bound s | x bound | "
+             "", "| config | cache MiB | latency s | MiB read | hit % | wasted MiB | I/O bound s | bound s | x bound | "
              "decode tok/s | dense in RAM | RSS MiB (anon) | cgroup peak MiB | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, c in preset["configs"].items():  # type: ignore[union-attr]
         s = c.get("summary") or {}
         lines.append(f"| {c['name']} | {c.get('cache_mib') or '-'} | {_f(s.get('latency_s'))} | "
                      f"{_f(s.get('read_mib'), '{:.0f}')} | {_f(s.get('hit_pct'), '{:.1f}')} | "
-                     f"{_f(s.get('wasted_mib'), '{:.0f}')} | {_f(s.get('bound_s'))} | {_f(s.get('bound_ratio'))} | "
+                     f"{_f(s.get('wasted_mib'), '{:.0f}')} | {_f(s.get('io_bound_s'))} | {_f(s.get('bound_s'))} | "
+                     f"{_f(s.get('bound_ratio'))} | "
                      f"{_f(s.get('decode_tok_s'))} | {_f(s.get('dense_resident_frac'), '{:.3f}')} | "
                      f"{_f(c.get('rss_mib'), '{:.0f}')} ({_f(c.get('anon_mib'), '{:.0f}')}) | "
                      f"{_f(c.get('cgroup_peak_mib'), '{:.0f}')} | {c['status']} |")
@@ -291,15 +300,16 @@ def child_cmd(mode: str, model: Path, out: Path, a: argparse.Namespace, *extra: 
             "--flash-attn", a.flash_attn, *extra]
 
 
-def run_child(name: str, cmd: list[str], out: Path, a: argparse.Namespace) -> dict[str, object]:
-    """One child under the limit after dropping caches; its outcome and its JSON (``result``)."""
+def run_child(name: str, cmd: list[str], out: Path, a: argparse.Namespace, *, limit: bool = True) -> dict[str, object]:
+    """One child under the limit (``limit``; else none) after dropping caches; its outcome and
+    its JSON (``result``)."""
     from cgroup_run import run_limited
     from stream import load_avg
 
     out.unlink(missing_ok=True)
     before = load_avg()
     print(f"[{time.strftime('%H:%M:%S')}] {name} (load {before[0]:.1f}) ...", flush=True)
-    o = run_limited(cmd, int(a.limit_gib * 2**30), timeout_s=a.timeout, cold=True,
+    o = run_limited(cmd, int(a.limit_gib * 2**30) if limit else None, timeout_s=a.timeout, cold=True,
                     tag="ds-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40])
     rec: dict[str, object] = {"returncode": o.returncode, "wall_s": o.wall_s, "oom_killed": o.oom_killed,
                               "cgroup_peak_mib": o.max_usage_mib, "loadavg_before": before}
@@ -338,11 +348,14 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
         for c in configs:  # in turn, so a burst of load from other jobs hits every configuration alike
             if c.engine == "llama":
                 cmd = child_cmd("llama", model, res, a)
+            elif c.engine == "resident":
+                cmd = child_cmd("bmoe", model, res, a, "--resident", "--decode-tokens", str(a.decode_tokens))
             else:
                 cmd = child_cmd("bmoe", model, res, a, "--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)),
                                 "--dense-weights", c.dense, "--decode-tokens", str(a.decode_tokens),
                                 *(["--prefetch", "--wide-tokens", str(a.wide_tokens)] if c.prefetch else []))
-            runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a))
+            runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a,
+                                         limit=c.engine != "resident"))
     # Probed before and after the configurations; the faster of the two is the device's rate (a
     # probe that met a busy moment would loosen every bound).
     probes.append(run_child("probe", child_cmd("probe", model, res, a, "--probe-mib", str(a.probe_mib)), res, a))
@@ -352,13 +365,16 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
                                    for k, recs in runs.items()})
     rec["probe_gbs"] = probe_bw / 1e9 if probe_bw else None
     rec["bound_gbs"] = bw / 1e9 if bw else None
+    floor_runs = [r["result"] for r in runs.get("resident", []) if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
+    floor = (summarize(floor_runs, 0.0) if floor_runs else {}).get("latency_s") or 0.0
+    rec["floor_s"] = floor or None
     for c in configs:
         recs = runs[c.key]
         ok = [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
         rec["configs"][c.key] = {  # type: ignore[index]
             "name": c.name, "engine": c.engine, "prefetch": c.prefetch, "cache_pct": c.cache_pct,
             "cache_mib": cache_mib(expert_bytes, c.cache_pct) if c.cache_pct else None, "status": status_of(recs),
-            "rounds": recs, "summary": summarize(ok, bw) if ok else None,  # type: ignore[arg-type]
+            "rounds": recs, "summary": summarize(ok, bw, floor_s=floor) if ok else None,  # type: ignore[arg-type]
             "rss_peak_mib": max((float(r["peak_rss_mib"]) for r in ok), default=None),  # type: ignore[arg-type]
             # after each decision (steady state: the load's populate of the twin is over by then)
             "rss_mib": max((float(d["rss_mib"]) for r in ok for d in r["decisions"] if "rss_mib" in d), default=None),  # type: ignore[index]

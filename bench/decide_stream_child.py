@@ -196,12 +196,13 @@ def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
     from bmoe.config import SessionConfig
     from bmoe.session import Session
 
-    cfg = SessionConfig(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
-                        chat="chatml", decide=True, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
-                        prefetch=a.prefetch, prefetch_wide_tokens=a.wide_tokens if a.prefetch else 0,
-                        dense_weights=a.dense_weights,
-                        flash_attn=a.flash_attn, stream_cache_dir=a.twins)
-    return Session(cfg)
+    common = dict(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
+                  chat="chatml", decide=True, flash_attn=a.flash_attn)
+    if a.resident:  # the compute floor: every weight in RAM once the first decision has read it
+        return Session(SessionConfig(**common))
+    return Session(SessionConfig(**common, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
+                                 prefetch=a.prefetch, prefetch_wide_tokens=a.wide_tokens if a.prefetch else 0,
+                                 dense_weights=a.dense_weights, stream_cache_dir=a.twins))
 
 
 def decode_rate(session, n_predict: int) -> dict[str, object]:
@@ -242,7 +243,8 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
             decisions.append({"i": i, "latency_s": wall, "prefill_s": r.prefill_s, "n_tokens": r.n_tokens,
                               "n_reused": r.n_reused, "reuse": r.reuse, "proc_read_bytes": proc_read_bytes() - r0,
                               "best": r.scores.best, "logp": list(r.scores.choice_logp),
-                              "dense_resident_frac": session.dense_resident_frac(), **rss_now(),
+                              "dense_resident_frac": None if a.resident else session.dense_resident_frac(),
+                              **rss_now(),
                               **{k: getattr(st, k) for k in STAT_FIELDS}})
         out["decisions"] = decisions
         if a.decode_tokens:
@@ -265,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", action="store_true")
     ap.add_argument("--wide-tokens", type=int, default=0, help="with --prefetch: --prefetch-wide-tokens (0: the rule)")
     ap.add_argument("--dense-weights", choices=("anon", "mmap"), default="anon")
+    ap.add_argument("--resident", action="store_true", help="bmoe: the model resident (mmap, no streaming)")
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     ap.add_argument("--twins", type=Path, default=None)
     ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")

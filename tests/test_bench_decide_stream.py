@@ -27,7 +27,7 @@ def bmoe_decision(latency: float, read_mib: int, wasted_mib: int = 0, hits: int 
 
 def test_plan_lists_every_configuration_in_order_and_only_keeps_the_named_ones() -> None:
     keys = [c.key for c in ds.plan((15, 30))]
-    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra", "off+mmap"]
+    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra", "off+mmap", "resident"]
     only = ds.plan((15, 30), {"off", "cache30+ra"})
     assert [(c.key, c.cache_pct, c.prefetch, c.name) for c in only] == [
         ("off", 0, False, "bmoe cache off"), ("cache30+ra", 30, True, "bmoe cache 30%, read-ahead")]
@@ -41,12 +41,17 @@ def test_cache_mib_is_the_share_of_the_expert_bytes() -> None:
 def test_decision_row_bounds_the_bytes_the_cache_did_not_hold() -> None:
     row = ds.decision_row(bmoe_decision(2.5, 300, wasted_mib=100, hits=3, misses=1, budget=1, io_s=0.5), 100 * MIB)
     assert row == {"latency_s": 2.5, "read_mib": 300.0, "needed_mib": 200.0, "wasted_mib": 100.0, "hit_pct": 75.0,
-                   "bound_s": 2.0, "bound_ratio": 1.25, "read_gbs": 300 * MIB / 0.5 / 1e9}
+                   "io_bound_s": 2.0, "bound_s": 2.0, "bound_ratio": 1.25, "read_gbs": 300 * MIB / 0.5 / 1e9}
+    # compute-bound: the same decision with every weight in RAM took longer than its reads would
+    slow = ds.decision_row(bmoe_decision(2.5, 300, wasted_mib=100, hits=3, misses=1, budget=1), 100 * MIB, floor_s=2.4)
+    assert (slow["io_bound_s"], slow["bound_s"]) == (2.0, 2.4)
+    hit_all = ds.decision_row(bmoe_decision(0.5, 0, hits=8, misses=0, budget=1), 100 * MIB, floor_s=0.4)
+    assert hit_all["bound_s"] == 0.4 and hit_all["bound_ratio"] == pytest.approx(1.25)
     off = ds.decision_row(bmoe_decision(1.0, 50, hits=0, misses=8, budget=0), 100 * MIB)
     assert off["hit_pct"] is None and off["bound_s"] == 0.5
     llama = ds.decision_row({"latency_s": 4.0, "read_bytes": 400 * MIB}, 200 * MIB)
     assert llama == {"latency_s": 4.0, "read_mib": 400.0, "needed_mib": 400.0, "wasted_mib": 0.0, "hit_pct": None,
-                     "bound_s": 2.0, "bound_ratio": 2.0, "read_gbs": None}
+                     "io_bound_s": 2.0, "bound_s": 2.0, "bound_ratio": 2.0, "read_gbs": None}
 
 
 def test_the_bounds_divide_by_the_fastest_rate_the_run_saw() -> None:
@@ -153,7 +158,8 @@ def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Pa
     model.write_bytes(b"GGUF")  # the config check stops at io_threads before anything reads the file
     args = argparse.Namespace(
         model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
-        twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon")
+        twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon",
+        resident=False)
     assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
 
 
