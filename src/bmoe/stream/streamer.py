@@ -110,6 +110,8 @@ class Streamer:
         """Read layer ``il``'s routed experts (any shape of int ids, e.g. [n_tokens, k]); when it
         returns, all of them are present except the projections its schedule defers."""
         self._drain_route()
+        if self._ahead is not None and self._ahead.il != il:
+            self._finish_ahead()  # a guess for another layer: nothing of it serves this route (waited: stall, not mgmt)
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
         if isinstance(self.cache, ExpertCache):  # the ubatch's union, ascending, and how its tokens used it
@@ -123,8 +125,6 @@ class Streamer:
             self._fail_route(f"layer {il} routed experts but the GGUF has no expert tensors for it")
         if self.options.read_all:  # verification mode: the routed subset must not matter
             experts, uses = np.arange(self.layout.n_expert, dtype=np.int64), None
-        if self._ahead is not None and self._ahead.il != il:
-            self._finish_ahead()  # a guess for another layer: nothing of it serves this route
         if il == self._first_layer:
             self.reader.verify_files()  # once per ubatch: a replaced file must not feed a token
         order, deferred = self._schedule.get(il, (self._projs[il], frozenset()))
