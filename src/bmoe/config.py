@@ -253,7 +253,7 @@ SESSION_FLAGS: tuple[Flag, ...] = (
           help="cache off: guess the next layer's experts from this layer's output and read them early"),
     _flag("--prefetch-wide-tokens", field="prefetch_wide_tokens", type=int, default=0, metavar="N",
           help="with --prefetch: prefill ubatches of at least N tokens read every expert of the next layer "
-               "ahead (default 0: 3 * n_expert / n_expert_used, not measured yet)"),
+               "ahead (default 0: 3 * n_expert / n_expert_used)"),
     _flag("--dense-weights", field="dense_weights", choices=list(DENSE_WEIGHTS), default=None,
           help="with --moe-stream: hold the dense weights in anonymous memory the kernel cannot drop (anon, "
                "the default) or map them from the file (mmap)"),

@@ -20,7 +20,9 @@ Read-ahead for prefill: a ubatch of several tokens guesses the union of each tok
 a ubatch of at least ``wide`` tokens skips the guess and reads every expert of layer l+1. The
 default cut, ``ceil(WIDE_COVER * n_expert / n_expert_used)`` tokens, is where uniform routing
 would leave only ``exp(-WIDE_COVER)`` (about 5%) of the layer's experts unpicked, so reading them
-all wastes about that share; it is a rule, not yet measured (``--prefetch-wide-tokens`` sets it).
+all wastes about that share. Measured on the bench model's 30-token decisions (docs/streaming.md):
+reading every expert there was 1.3-2.6x slower than the union, so the cut lies above 30 tokens;
+the rule is not measured beyond that (``--prefetch-wide-tokens`` sets it).
 
 The weights are read once, at open, from the GGUF (F32 and F16 as they are, other types through
 gguf-py's dequantizer), and kept as float32: n_expert x n_embd x 4 bytes per layer.
@@ -41,7 +43,7 @@ from bmoe.errors import ConfigError
 
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
 GUESS_SHARE = 0.5  # experts guessed per layer, as a share of n_expert_used (rounded up)
-WIDE_COVER = 3.0   # default wide cut: WIDE_COVER * n_expert / n_expert_used tokens (not measured yet)
+WIDE_COVER = 3.0   # default wide cut: WIDE_COVER * n_expert / n_expert_used tokens (docs/streaming.md)
 
 
 class PrefetchError(ConfigError):
