@@ -302,23 +302,11 @@ def child_cmd(mode: str, model: Path, out: Path, a: argparse.Namespace, *extra: 
 
 def run_child(name: str, cmd: list[str], out: Path, a: argparse.Namespace, *, limit: bool = True) -> dict[str, object]:
     """One child under the limit (``limit``; else none) after dropping caches; its outcome and
-    its JSON (``result``)."""
-    from cgroup_run import run_limited
-    from stream import load_avg
+    its JSON (``result``): bench/stream.py's ``run_one``."""
+    from stream import run_one
 
-    out.unlink(missing_ok=True)
-    before = load_avg()
-    print(f"[{time.strftime('%H:%M:%S')}] {name} (load {before[0]:.1f}) ...", flush=True)
-    o = run_limited(cmd, int(a.limit_gib * 2**30) if limit else None, timeout_s=a.timeout, cold=True,
-                    tag="ds-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40])
-    rec: dict[str, object] = {"returncode": o.returncode, "wall_s": o.wall_s, "oom_killed": o.oom_killed,
-                              "cgroup_peak_mib": o.max_usage_mib, "loadavg_before": before}
-    if o.returncode == 0 and out.is_file():
-        rec["result"] = json.loads(out.read_text())
-    else:
-        rec["stderr_tail"] = o.stderr_tail
-        print(f"    {'OOM-killed' if o.oom_killed else 'failed'} (rc {o.returncode}): {o.stderr_tail[-300:]}", flush=True)
-    return rec
+    return run_one(name, cmd, out, int(a.limit_gib * 2**30) if limit else None, a, cold=True, timeout_s=a.timeout,
+                   tag="ds-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40])
 
 
 def status_of(recs: list[dict[str, object]]) -> str:

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from decide_batch import CHOICES, PREFIX, suffixes  # noqa: E402
-from stream_child import peak_rss_mib, proc_read_bytes  # noqa: E402
+from stream_child import PlainLlama, peak_rss_mib, proc_read_bytes  # noqa: E402
 
 MIB = 2**20
 
@@ -106,42 +106,13 @@ def rss_now() -> dict[str, float]:
 
 
 # --- llama.cpp alone ---------------------------------------------------------------------------
-class MmapDecider:
+class MmapDecider(PlainLlama):
     """llama.cpp through its C API only, with the KV of the kept prefix reused between decisions."""
 
     def __init__(self, model: Path, *, n_threads: int, n_ctx: int, n_batch: int, flash_attn: bool | None) -> None:
-        import llama_cpp as lc
-
-        self.lc = lc
-        self._log_cb = lc.llama_log_callback(lambda level, text, user: None)
-        lc.llama_log_set(self._log_cb, None)
-        lc.llama_backend_init()
-        mp = lc.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        mp.load_mode = lc.LLAMA_LOAD_MODE_MMAP
-        mp.lazy_mode = lc.LLAMA_LAZY_MODE_OFF
-        mp.use_extra_bufts = False
-        self.model = lc.llama_model_load_from_file(str(model).encode(), mp)
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {model}")
-        self.vocab = lc.llama_model_get_vocab(self.model)
-        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        cp = lc.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_batch, 1
-        cp.n_threads = cp.n_threads_batch = n_threads
-        if flash_attn is not None:
-            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cp.no_perf = True
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        self.n_batch = n_batch
-        self.batch = lc.llama_batch_init(n_batch, 0, 1)
+        super().__init__(model, extra_bufts=False, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
+                         flash_attn=flash_attn)
         self.kept: list[int] = []  # tokens whose KV the context holds, from position 0
-
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        data = text.encode()
-        buf = (self.lc.llama_token * (len(data) + 8))()
-        n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, len(buf), special, special)
-        return list(buf[:n])
 
     def _prefill(self, tokens: list[int], pos0: int) -> np.ndarray:
         """Prefill ``tokens`` from ``pos0``; the last one's logit row  # [n_vocab]"""

@@ -28,7 +28,6 @@ each model's run as a ``route_trace v1`` CSV (top n_expert_used) that bench/cach
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -146,36 +145,6 @@ def write_route_trace(run: ModelRun, path: Path) -> None:
 
 
 # --- a synthetic model's run ---------------------------------------------------------------------
-class ProbsObserver:
-    """cb_eval that copies every ``ffn_moe_probs-<l>`` and ``ffn_moe_topk-<l>`` (all token rows)."""
-
-    PREFIXES = (b"ffn_moe_probs-", b"ffn_moe_topk-")
-
-    def __init__(self) -> None:
-        import llama_cpp
-
-        from bmoe.llama.ggml_tensor import NAME_OFFSET, GgmlTensor
-
-        self._name_at, self._tensor = NAME_OFFSET, GgmlTensor
-        self.rows: dict[str, np.ndarray] = {}
-        self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
-
-    def _cb(self, t: int | None, ask: bool, _user: object) -> bool:
-        if not t:
-            return False
-        name = ctypes.string_at(t + self._name_at, 24)
-        if not name.startswith(self.PREFIXES):
-            return False
-        if ask:
-            return True
-        s = self._tensor.from_address(t)
-        ne0, ne1, nb1 = int(s.ne[0]), int(s.ne[1]), int(s.nb[1])
-        ctype = ctypes.c_int32 if name.startswith(b"ffn_moe_topk-") else ctypes.c_float
-        rows = [np.ctypeslib.as_array((ctype * ne0).from_address(s.data + j * nb1)).copy() for j in range(ne1)]
-        self.rows[s.name.decode()] = np.stack(rows) if rows else np.zeros((0, ne0))
-        return True
-
-
 def _prefill_all_rows(plain, prompt: list[int]) -> int:
     """The prompt in one batch with every row's output kept: llama.cpp computes the last layer's
     FFN only for output rows, so the last layer's routes of every prompt token need them all."""
@@ -191,19 +160,14 @@ def _prefill_all_rows(plain, prompt: list[int]) -> int:
 
 
 def run_model(model: Path, n_predict: int, threads: int) -> ModelRun:
-    from stream_child import PROMPT, PlainLlama
+    from stream_child import PROMPT, NodeObserver, PlainLlama
 
     from bmoe.stream import read_layout
 
     layout = read_layout(model)
     layers, k = list(layout.layers), layout.n_expert_used
-    obs = ProbsObserver()
-    plain = PlainLlama(model, extra_bufts=False, n_threads=threads, n_ctx=1024)
-    plain.lc.llama_free(plain.ctx)  # again, with the observer wired in
-    cp = plain.lc.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 1024, 512, 512, threads, threads
-    cp.no_perf, cp.cb_eval, cp.cb_eval_user_data = True, obs.c_callback, None
-    plain.ctx = plain.lc.llama_init_from_model(plain.model, cp)
+    obs = NodeObserver((b"ffn_moe_probs-", b"ffn_moe_topk-"), last_only=False)  # every token row
+    plain = PlainLlama(model, extra_bufts=False, n_threads=threads, n_ctx=1024, cb_eval=obs.c_callback)
 
     def take() -> tuple[np.ndarray, int]:
         probs = np.stack([obs.rows[f"ffn_moe_probs-{il}"] for il in layers], axis=1)  # [T, L, E]

@@ -84,18 +84,21 @@ def child(mode: str, model: Path, out: Path, a: argparse.Namespace, *extra: str)
 
 
 def run_one(name: str, cmd: list[str], out: Path, limit: int | None, a: argparse.Namespace, *,
-            cold: bool, timeout_s: float) -> dict[str, object]:
+            cold: bool, timeout_s: float, tag: str | None = None) -> dict[str, object]:
+    """Run one child (under ``limit`` bytes, None: no cgroup; ``cold``: caches dropped first) and
+    return its outcome with its JSON (``result``) or the tail of its stderr."""
     out.unlink(missing_ok=True)
     before = load_avg()
     print(f"[{time.strftime('%H:%M:%S')}] {name} (load {before[0]:.1f}) ...", flush=True)
-    o = run_limited(cmd, limit, timeout_s=timeout_s, cold=cold, tag=name.split()[0])
+    o = run_limited(cmd, limit, timeout_s=timeout_s, cold=cold, tag=tag or name.split()[0])
     rec: dict[str, object] = {"name": name, "returncode": o.returncode, "wall_s": o.wall_s, "oom_killed": o.oom_killed,
                               "cgroup_peak_mib": o.max_usage_mib, "loadavg_before": before, "loadavg_after": load_avg()}
     if o.returncode == 0 and out.is_file():
         rec["result"] = json.loads(out.read_text())
     else:
         rec["stderr_tail"] = o.stderr_tail
-        print(f"    {'OOM-killed' if o.oom_killed else 'failed'} (rc {o.returncode}) after {o.wall_s:.1f} s", flush=True)
+        print(f"    {'OOM-killed' if o.oom_killed else 'failed'} (rc {o.returncode}) after {o.wall_s:.1f} s: "
+              f"{o.stderr_tail[-300:]}", flush=True)
     return rec
 
 

@@ -15,6 +15,7 @@ cover the next n_predict - 2 decodes; both engines are measured over the same st
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
 import resource
@@ -69,12 +70,53 @@ class Run:
 
 
 # --- llama.cpp alone ---------------------------------------------------------------------------
+class NodeObserver:
+    """A cb_eval (``c_callback``) that asks for every node whose name starts with one of
+    ``prefixes`` and copies its rows into ``rows[name]``: int32 for ``ffn_moe_topk-`` nodes, float32
+    otherwise; all token rows ([n_tokens, ne0]), or with ``last_only`` the last token's ([ne0])."""
+
+    def __init__(self, prefixes: tuple[bytes, ...], *, last_only: bool) -> None:
+        import llama_cpp
+
+        from bmoe.llama.ggml_tensor import NAME_OFFSET, GgmlTensor
+
+        self.prefixes, self.last_only = prefixes, last_only
+        self._name_at, self._tensor = NAME_OFFSET, GgmlTensor
+        self.rows: dict[str, np.ndarray] = {}
+        self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
+
+    def _cb(self, t: int | None, ask: bool, _user: object) -> bool:
+        if not t:
+            return False
+        name = ctypes.string_at(t + self._name_at, 24)
+        if not name.startswith(self.prefixes):
+            return False
+        if ask:
+            return True
+        s = self._tensor.from_address(t)
+        ne0, n_tokens, nb1 = int(s.ne[0]), int(s.ne[1]), int(s.nb[1])
+        ctype = ctypes.c_int32 if name.startswith(b"ffn_moe_topk-") else ctypes.c_float
+
+        def row(j: int) -> np.ndarray:
+            return np.ctypeslib.as_array((ctype * ne0).from_address(s.data + j * nb1)).copy()
+
+        if self.last_only:
+            if n_tokens:
+                self.rows[s.name.decode()] = row(n_tokens - 1)
+        else:
+            rows = [row(j) for j in range(n_tokens)]
+            self.rows[s.name.decode()] = np.stack(rows) if rows else np.zeros((0, ne0))
+        return True
+
+
 class PlainLlama:
     """llama.cpp through its C API only: what a user of llama.cpp gets."""
 
     _log_cb = None
 
-    def __init__(self, model: Path, *, extra_bufts: bool, n_threads: int, n_ctx: int) -> None:
+    def __init__(self, model: Path, *, extra_bufts: bool, n_threads: int, n_ctx: int, n_batch: int = 512,
+                 flash_attn: bool | None = None, cb_eval: object = None) -> None:
+        """``flash_attn`` None: llama.cpp's auto; ``cb_eval``: a graph callback (an observer)."""
         import llama_cpp as lc
 
         self.lc = lc
@@ -93,16 +135,22 @@ class PlainLlama:
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         cp = lc.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, 1
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_batch, 1
         cp.n_threads = cp.n_threads_batch = n_threads
+        if flash_attn is not None:
+            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if cb_eval is not None:
+            cp.cb_eval, cp.cb_eval_user_data = cb_eval, None
         cp.no_perf = True
         self.ctx = lc.llama_init_from_model(self.model, cp)
-        self.batch = lc.llama_batch_init(512, 0, 1)
+        self.n_batch = n_batch
+        self.batch = lc.llama_batch_init(n_batch, 0, 1)
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Tokens of ``text``; ``special``: add BOS as the model asks and parse special tokens."""
         data = text.encode()
         buf = (self.lc.llama_token * (len(data) + 8))()
-        n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, len(buf), True, True)
+        n = self.lc.llama_tokenize(self.vocab, data, len(data), buf, len(buf), special, special)
         return list(buf[:n])
 
     def _decode(self, tokens: list[int], pos0: int) -> int:

@@ -63,12 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     timer = Timer()
-    plain = PlainLlama(a.model, extra_bufts=False, n_threads=a.threads, n_ctx=512)
-    plain.lc.llama_free(plain.ctx)  # again, with the timer wired in
-    cp = plain.lc.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 512, 512, 512, a.threads, a.threads
-    cp.no_perf, cp.cb_eval, cp.cb_eval_user_data = True, timer.c_callback, None
-    plain.ctx = plain.lc.llama_init_from_model(plain.model, cp)
+    plain = PlainLlama(a.model, extra_bufts=False, n_threads=a.threads, n_ctx=512, cb_eval=timer.c_callback)
 
     prompt = plain.tokenize(PROMPT)
     tok, pos = plain._decode(prompt, 0), len(prompt)

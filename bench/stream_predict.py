@@ -17,7 +17,6 @@ It loads the whole file (mmap, read once at load) and drops it from the page cac
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -28,46 +27,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from stream_child import PROMPT, PlainLlama
+from stream_child import PROMPT, NodeObserver, PlainLlama
 
 from bmoe.stream import lookup, read_layout
 from bmoe.stream.prefetch import RouterGuess
 
 WIDTHS = (1.0, 1.5, 2.0, 3.0)  # guessed experts per layer, in multiples of n_expert_used
 PREFIXES = (b"l_out-", b"ffn_inp-", b"ffn_moe_topk-")
-
-
-class Observer:
-    """cb_eval that asks for the nodes named by PREFIXES and keeps the last token's row of each."""
-
-    def __init__(self) -> None:
-        import llama_cpp
-
-        from bmoe.llama.ggml_tensor import NAME_OFFSET, GgmlTensor
-
-        self._name_at, self._tensor = NAME_OFFSET, GgmlTensor
-        self.rows: dict[str, np.ndarray] = {}
-        self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
-
-    def _cb(self, t: int | None, ask: bool, _user: object) -> bool:
-        if not t:
-            return False
-        name = ctypes.string_at(t + self._name_at, 20)
-        if not name.startswith(PREFIXES):
-            return False
-        if ask:
-            return True
-        s = self._tensor.from_address(t)
-        n_tokens = int(s.ne[1])
-        if n_tokens == 0:
-            return True
-        last = s.data + (n_tokens - 1) * int(s.nb[1])
-        if name.startswith(b"ffn_moe_topk-"):
-            row = np.ctypeslib.as_array((ctypes.c_int32 * int(s.ne[0])).from_address(last)).copy()
-        else:
-            row = np.ctypeslib.as_array((ctypes.c_float * int(s.ne[0])).from_address(last)).copy()
-        self.rows[s.name.decode()] = row
-        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,13 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     router = RouterGuess.load(layout, lookup(layout.arch))
     n_used, layers, scores = layout.n_expert_used, list(layout.layers), router.scores
 
-    obs = Observer()
-    plain = PlainLlama(a.model, extra_bufts=False, n_threads=a.threads, n_ctx=512)
-    plain.lc.llama_free(plain.ctx)  # again, with the observer wired in
-    cp = plain.lc.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 512, 512, 512, a.threads, a.threads
-    cp.no_perf, cp.cb_eval, cp.cb_eval_user_data = True, obs.c_callback, None
-    plain.ctx = plain.lc.llama_init_from_model(plain.model, cp)
+    obs = NodeObserver(PREFIXES, last_only=True)  # the last token's row of each
+    plain = PlainLlama(a.model, extra_bufts=False, n_threads=a.threads, n_ctx=512, cb_eval=obs.c_callback)
 
     widths = [int(w * n_used) for w in WIDTHS]
     hits = {w: np.zeros(len(layers)) for w in widths}
