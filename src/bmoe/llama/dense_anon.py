@@ -25,25 +25,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .libc import MAP_FAILED, MREMAP_FIXED, MREMAP_MAYMOVE, libc as _libc
 from bmoe.errors import BmoeError
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.munmap.restype = ctypes.c_int
-_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.mprotect.restype = ctypes.c_int
-_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-_libc.mremap.restype = ctypes.c_void_p
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_libc.mincore.restype = ctypes.c_int
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.madvise.restype = ctypes.c_int
-
 PAGE = mmap.PAGESIZE
-_MAP_FAILED = ctypes.c_void_p(-1).value
-_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2  # linux/mman.h
 
 
 class DenseAnonError(BmoeError):
@@ -115,13 +100,13 @@ def _move_to_anon(lo: int, hi: int) -> None:
     """Replace the pages of [lo, hi) by anonymous read-only pages holding the same bytes."""
     n = hi - lo
     new = _libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-    if new in (None, _MAP_FAILED):
+    if new in (None, MAP_FAILED):
         raise OSError(ctypes.get_errno(), f"cannot allocate {n} bytes of anonymous memory")
     try:
         ctypes.memmove(new, lo, n)
         if _libc.mprotect(new, n, mmap.PROT_READ) != 0:  # as llama.cpp maps weights: read-only
             raise OSError(ctypes.get_errno(), "mprotect failed")
-        moved = _libc.mremap(new, n, n, _MREMAP_MAYMOVE | _MREMAP_FIXED, lo)
+        moved = _libc.mremap(new, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, lo)
         if moved != lo:
             raise OSError(ctypes.get_errno(), "mremap failed")
     except BaseException:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_libc.mincore.restype = ctypes.c_int
+from .libc import libc as _libc
+
 PAGE = mmap.PAGESIZE
 
 
