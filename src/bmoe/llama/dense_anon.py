@@ -183,8 +183,9 @@ def drop_unused(before: frozenset[Segment], files: Sequence[tuple[Path, Sequence
     memory cgroup until the kernel reclaims them. Touching them again would only fault the same
     zeros back in. Returns the bytes unmapped; best effort (a refusal leaves them mapped)."""
     dropped = 0
+    new = file_segments() - before  # read once: dropping pages leaves the mappings as they are
     for path, ranges in files:
-        for lo, hi in inner_regions(_of_file(file_segments() - before, path), ranges):
+        for lo, hi in inner_regions(_of_file(new, path), ranges):
             if _libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0:
                 dropped += hi - lo
         fd = os.open(path, os.O_RDONLY)
