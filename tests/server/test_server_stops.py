@@ -42,3 +42,15 @@ def test_holds_back_only_a_possible_stop_start() -> None:
 def test_no_stops_is_a_pass_through() -> None:
     m = StopMatcher([""])
     assert m.push("abc") == "abc" and m.finish() == "" and not m.hit
+
+
+def test_a_match_waits_while_a_stop_that_starts_earlier_may_still_complete() -> None:
+    """Found by the property above: "<b" holds the stop "b", but may be the start of "<b<", which
+    would match earlier. Nothing is released or decided until the text says which."""
+    m = StopMatcher(["b", "<b<"])
+    assert m.push("<b") == "" and not m.hit
+    assert m.push("<") == "" and m.hit and m.text == ""
+    m = StopMatcher(["b", "<b<"])
+    assert m.push("<b") == "" and m.push("a") == "<" and m.hit  # "<b<" did not come: "b" matched
+    m = StopMatcher(["b", "<b<"])
+    assert m.push("<b") == "" and m.finish() == "<" and m.hit  # the end decides too

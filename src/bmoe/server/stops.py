@@ -23,21 +23,32 @@ class StopMatcher:
         if not self.stops:
             self.text += delta
             return delta
-        buf = self._held + delta
-        found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if found:
-            out, self._held, self.hit = buf[: min(found)], "", True
-        else:
-            keep = self._open_tail(buf)
-            out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
+        out, self._held = self._release(self._held + delta, final=False)
         self.text += out
         return out
 
     def finish(self) -> str:
-        """The generation ended without a match: release what was held back."""
-        out, self._held = ("" if self.hit else self._held), ""
+        """The generation ended: release what was held back, up to a stop it holds."""
+        out, self._held = ("", "") if self.hit else self._release(self._held, final=True)
         self.text += out
         return out
+
+    def _release(self, buf: str, final: bool) -> tuple[str, str]:
+        """What of ``buf`` to release and what to hold, setting ``hit`` at a decided match.
+
+        A full match is decided only once no other stop string that starts before it can still
+        complete (``<b<`` beside ``b``: ``<b`` holds ``b`` but may be the start of ``<b<``); until
+        then the text from that earlier start is held. At the end nothing can grow any more."""
+        found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        first = min(found) if found else len(buf)
+        if not final:
+            open_from = len(buf) - self._open_tail(buf)
+            if open_from < first:
+                return buf[:open_from], buf[open_from:]
+        if found:
+            self.hit = True
+            return buf[:first], ""
+        return buf, ""
 
     def _open_tail(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of some stop string.
