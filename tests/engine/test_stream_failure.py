@@ -56,7 +56,7 @@ def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4  # learns the graph
         hook, streamer = s.streaming.hook, s.streaming.streamer
-        down = streamer.cache._buffers["ffn_down_exps"].window
+        down = streamer.cache._buffers[(0, "ffn_down_exps")].window
         read_one = streamer.reader._read_one
 
         def failing(op):  # noqa: ANN001, ANN202
@@ -100,10 +100,10 @@ def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: 
                 groups = [[ReadOp(op.file_index, end + 4096, op.nbytes, op.window, op.at) for op in g] for g in groups]
             return submit(groups, **kw)
 
-        def failing_prefetch(il, ids):  # noqa: ANN001, ANN202
+        def failing_prefetch(il, ids, **kw):  # noqa: ANN001, ANN202
             guessing.append(il)
             try:
-                prefetch(il, ids)
+                prefetch(il, ids, **kw)
             finally:
                 guessing.clear()
 

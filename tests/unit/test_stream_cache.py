@@ -37,7 +37,7 @@ def _expert_bytes_in_buffer(streamer: Streamer, t: ExpertTensor, e: int) -> byte
     assert b is not None
     # Read back through the buffer the tensor is bound to (its mapping's own memoryview).
     cache = streamer.cache
-    buf = cache._buffers[(t.il, t.proj)] if isinstance(cache, ExpertCache) else cache._buffers[t.proj]
+    buf = cache._buffer(t)
     start = b.data_addr - buf.window.addr + e * t.slice_nbytes
     return bytes(buf.window.view[start:start + t.slice_nbytes])
 

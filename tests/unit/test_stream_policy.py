@@ -235,3 +235,36 @@ def test_replay_accounting_on_a_hand_trace() -> None:
     opt = cache_replay.replay_optimal(trace, 3)
     assert (opt.decode_hits, opt.decode_lookups) == (4, 8)
     assert max(lru.peak_bytes, opt.peak_bytes) == 3 and lru.over_bytes <= 0 and opt.over_bytes <= 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(2, 40), seed=st.integers(0, 2**32 - 1), cls=st.sampled_from([NextUsePolicy, LruPolicy]))
+def test_two_deep_read_ahead_never_evicts_the_route_still_computing_or_the_guess_in_flight(
+        budget: int, seed: int, cls) -> None:  # noqa: ANN001
+    """Read-ahead two layers deep, as the streamer drives it: a route is admitted at once, then the
+    next layer is guessed early with the route's experts busy, then guessed again (a top-up) with
+    the first guess busy. No victim is ever busy, and the budget stays a hard cap but for what is
+    busy at that moment."""
+    rng = np.random.default_rng(seed)
+    p = cls(dict.fromkeys(range(4), 1), budget)
+    resident: set[ExpertKey] = set()
+    ahead: set[int] = set()
+    for step in range(60):
+        il, nxt = step % 4, (step + 1) % 4
+        experts = sorted(int(e) for e in rng.choice(12, int(rng.integers(1, 4)), replace=False))
+        hits, misses, victims = p.plan(il, experts, None, prefetched=ahead, pinned=ahead - set(experts))
+        assert not {v for v in victims if v.layer == il and (v.expert in experts or v.expert in ahead)}
+        resident = (resident - set(victims)) | set(misses)
+        p.admit(il, misses)
+        busy = [ExpertKey(il, e) for e in set(experts) | ahead]
+        ahead = set()
+        for _ in range(2):  # early, then the top-up with the first guess busy
+            guess = sorted(int(e) for e in rng.choice(12, int(rng.integers(1, 4)), replace=False))
+            missing, victims = p.reserve(nxt, [e for e in guess if e not in ahead], busy)
+            assert not set(victims) & set(busy) and set(victims) <= resident
+            assert not {v for v in victims if v.layer == nxt and v.expert in guess}
+            resident = (resident - set(victims)) | set(missing)
+            ahead |= {k.expert for k in missing}
+            held = {k for k in busy if k in resident} | {ExpertKey(nxt, e) for e in guess}
+            assert p.resident_bytes == len(resident) <= max(budget, len(held))
+            busy = [ExpertKey(nxt, e) for e in ahead]

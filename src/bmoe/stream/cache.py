@@ -6,7 +6,9 @@ page as on disk and O_DIRECT can read straight into it (see reader.py). Anonymou
 committed only when first written, so a full-size mapping costs address space, not RAM.
 
 - SharedBuffers (cache off): one buffer per projection, shared by all layers (layers run one
-  after another), every routed slice read again at every route.
+  after another), every routed slice read again at every route. With ``sets=2`` (read-ahead two
+  layers deep) the streamed layers take turns between two such sets, so that the next layer's
+  reads never land in the buffers the current layer's matmuls read.
 - ExpertCache (cache on): one buffer per (layer, projection); a policy (policy.py, by default
   NextUsePolicy) decides under a byte budget which ExpertKey(layer, expert) stay. An evicted
   expert's pages are handed to an expert that comes in at the same route: with a PageMover
@@ -102,22 +104,37 @@ class TensorBuffer:
 
 
 class SharedBuffers:
-    """Cache off: per projection one buffer every layer is bound to; each route re-reads."""
+    """Cache off: per projection one buffer the layers are bound to; each route re-reads.
+    ``sets``: how many such buffers per projection, taken in turn by the streamed layers (the
+    i-th streamed layer uses set ``i % sets``)."""
 
     budget_bytes = 0
 
-    def __init__(self, layout: ModelLayout) -> None:
+    def __init__(self, layout: ModelLayout, sets: int = 1) -> None:
+        if sets not in (1, 2):
+            raise ValueError(f"SharedBuffers: sets must be 1 or 2, got {sets}")
         self.layout = layout
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
-        self._buffers = {p: TensorBuffer([t for t in layout.experts if t.proj == p]) for p in layout.projections}
+        self._set = {il: i % sets for i, il in enumerate(layout.layers)}
+        groups: dict[tuple[int, str], list[ExpertTensor]] = {}
+        for t in layout.experts:
+            groups.setdefault((self._set[t.il], t.proj), []).append(t)
+        self._buffers = {key: TensorBuffer(ts) for key, ts in groups.items()}
         self._routed = 0
         # Every (layer, projection, expert) read, built once: a route only looks them up (the
         # buffers never move, so the same op is right for every route).
-        self._ops = {il: [(t.proj, [self._buffers[t.proj].read_op(t, e) for e in range(t.n_expert)])
+        self._ops = {il: [(t.proj, [self._buffer(t).read_op(t, e) for e in range(t.n_expert)])
                           for t in self._tensors[il]] for il in self._tensors}
 
+    def _buffer(self, t: ExpertTensor) -> TensorBuffer:
+        return self._buffers[(self._set[t.il], t.proj)]
+
     def data_addr(self, t: ExpertTensor) -> int:
-        return self._buffers[t.proj].data_addr(t)
+        return self._buffer(t).data_addr(t)
+
+    def shares_buffers(self, a: int, b: int) -> bool:
+        """Whether layers ``a`` and ``b`` are bound to the same buffers (one's reads overwrite the other's)."""
+        return self._set[a] == self._set[b]
 
     def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None) -> Plan:
         ops = tuple(by_expert[e] for _, by_expert in self._ops[il] for e in experts)
@@ -157,11 +174,18 @@ class ExpertCache:
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
         self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
 
+    def _buffer(self, t: ExpertTensor) -> TensorBuffer:
+        return self._buffers[(t.il, t.proj)]
+
     def data_addr(self, t: ExpertTensor) -> int:
-        return self._buffers[(t.il, t.proj)].data_addr(t)
+        return self._buffer(t).data_addr(t)
 
     def is_resident(self, key: ExpertKey) -> bool:
         return self.policy.is_resident(key)
+
+    def shares_buffers(self, a: int, b: int) -> bool:
+        """Every layer has buffers of its own: ``a``'s reads never land where ``b``'s matmuls read."""
+        return a == b
 
     def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
              prefetched: Collection[int] = (), pinned: Collection[int] = ()) -> Plan:
@@ -174,10 +198,11 @@ class ExpertCache:
         self._make_room(victims, misses)
         return self._reads(il, hits, misses)
 
-    def reserve(self, il: int, experts: Sequence[int]) -> Plan:
+    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()) -> Plan:
         """Read-ahead: make room for the guessed ``experts`` not resident and return their reads.
-        They count as resident from now on (the policy's ``reserve``): nothing is to commit."""
-        missing, victims = self.policy.reserve(il, experts)
+        They count as resident from now on (the policy's ``reserve``): nothing is to commit.
+        ``busy``: resident experts a matmul or a read still needs, which no victim may be."""
+        missing, victims = self.policy.reserve(il, experts, busy)
         self._make_room(victims, missing)
         return self._reads(il, 0, missing)
 

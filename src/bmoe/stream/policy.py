@@ -8,12 +8,14 @@ trace, without a model. The protocol, for a route of layer ``il``:
 - ``plan(il, experts, uses)`` counts the hits, picks the victims that make room for the misses
   (never an expert of this route) and forgets them; returns ``(hits, misses, victims)``.
 - ``admit(il, misses)`` records the misses as resident once their reads succeeded.
-- ``reserve(il, experts)`` (read-ahead, ``--prefetch``): makes room for the guessed experts that
-  are not resident and records them as resident at once (their reads are queued next), counting
-  no hit and no miss and leaving the routing statistics alone; returns ``(missing, victims)``.
-  The route that follows passes them as ``prefetched`` (resident, but a miss: they came from
-  flash) and any guessed expert it did not pick as ``pinned`` (its read may still be in flight,
-  so it must not be evicted by that route).
+- ``reserve(il, experts, busy)`` (read-ahead, ``--prefetch``): makes room for the guessed experts
+  that are not resident and records them as resident at once (their reads are queued next),
+  counting no hit and no miss and leaving the routing statistics alone; returns ``(missing,
+  victims)``. ``busy``: keys no victim may be, although they are resident: a route of another
+  layer whose matmuls have not run yet (read-ahead two layers deep), or an earlier guess for the
+  same layer whose reads are in flight. The route that follows passes the guessed experts as
+  ``prefetched`` (resident, but a miss: they came from flash) and any guessed expert it did not
+  pick as ``pinned`` (its read may still be in flight, so it must not be evicted by that route).
 
 The budget is a hard cap on the bytes held: after ``plan`` the resident bytes plus the misses'
 bytes are within it, unless this route's own experts alone do not fit (a wide prefill ubatch);
@@ -64,7 +66,8 @@ class CachePolicy(Protocol):
 
     def admit(self, il: int, misses: Sequence[ExpertKey]) -> None: ...
 
-    def reserve(self, il: int, experts: Sequence[int]) -> tuple[list[ExpertKey], list[ExpertKey]]: ...
+    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
+                ) -> tuple[list[ExpertKey], list[ExpertKey]]: ...
 
     def is_resident(self, key: ExpertKey) -> bool: ...
 
@@ -114,10 +117,11 @@ class LruPolicy(_Sizes):
         self.hits += hits
         return hits, misses, victims
 
-    def reserve(self, il: int, experts: Sequence[int]) -> tuple[list[ExpertKey], list[ExpertKey]]:
+    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
+                ) -> tuple[list[ExpertKey], list[ExpertKey]]:
         keys = {ExpertKey(il, e) for e in experts}
         missing = sorted(k for k in keys if k not in self._lru)
-        victims = self._evict(keys, self.budget_bytes - len(missing) * self.expert_bytes[il])
+        victims = self._evict(keys | set(busy), self.budget_bytes - len(missing) * self.expert_bytes[il])
         for key in missing:  # the oldest end: a guess is not a use
             self._lru[key] = self.expert_bytes[il]
             self._lru.move_to_end(key, last=False)
@@ -192,7 +196,7 @@ class NextUsePolicy(_Sizes):
         # L * (1/q - 1) (None: not computed); rebuilt at the layer's own routes
         self._cands: dict[int, list[int]] = {il: [] for il in self._layers}
         self._far: dict[int, float | None] = dict.fromkeys(self._layers)
-        self._stale: int | None = None  # the layer whose candidates still leave out its route's experts
+        self._stale: set[int] = set()  # layers whose candidates still leave out a route's or guess's experts
 
     def is_resident(self, key: ExpertKey) -> bool:
         return key.expert in self._resident.get(key.layer, ())
@@ -211,9 +215,9 @@ class NextUsePolicy(_Sizes):
             raise KeyError(f"layer {il} has no expert bytes in this policy")
         if len(set(experts)) != len(experts):
             raise ValueError(f"route of layer {il}: experts must be distinct, got {list(experts)}")
-        if self._stale is not None:
-            self._rebuild(self._stale, ())
-            self._stale = None
+        for j in self._stale:
+            self._rebuild(j, ())
+        self._stale.clear()
         uses = uses or Uses.single(len(experts))
         n = max(1, uses.n_tokens)
         t = self._clock[il] = self._clock[il] + 1
@@ -232,24 +236,28 @@ class NextUsePolicy(_Sizes):
         hits = sum(1 for e in experts if e in resident) - ahead
         misses = [ExpertKey(il, e) for e in sorted(experts) if e not in resident]
         self._rebuild(il, [*experts, *pinned])
-        self._stale = il
+        self._stale.add(il)
         victims = self._evict(il, self.budget_bytes - len(misses) * self.expert_bytes[il])
         self.hits += hits
         self.misses += ahead
         self.evictions += len(victims)
         return hits, misses, victims
 
-    def reserve(self, il: int, experts: Sequence[int]) -> tuple[list[ExpertKey], list[ExpertKey]]:
+    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
+                ) -> tuple[list[ExpertKey], list[ExpertKey]]:
         if il not in self._clock:
             raise KeyError(f"layer {il} has no expert bytes in this policy")
-        if self._stale is not None:
-            self._rebuild(self._stale, ())
+        held: dict[int, list[int]] = {}
+        for k in busy:
+            held.setdefault(k.layer, []).append(k.expert)
+        held.setdefault(il, []).extend(experts)
+        for j in self._stale | set(held):  # a layer's candidates leave out exactly what is held now
+            self._rebuild(j, held.get(j, ()))
+        self._stale = set(held)
         resident, stats, t = self._resident[il], self._stats[il], self._clock[il]
         missing = [ExpertKey(il, e) for e in sorted(set(experts)) if e not in resident]
         for key in missing:  # never routed yet: as if picked once, a visit ago, by no token's share
             stats.setdefault(key.expert, [0.0, t, t - 1])
-        self._rebuild(il, experts)
-        self._stale = il
         victims = self._evict(il, self.budget_bytes - len(missing) * self.expert_bytes[il])
         for key in missing:
             resident.add(key.expert)
@@ -263,7 +271,7 @@ class NextUsePolicy(_Sizes):
             self.resident_bytes += self.expert_bytes[key.layer]
         self.misses += len(misses)
         if misses:
-            self._stale = il
+            self._stale.add(il)
 
     def clear(self) -> None:
         for il in self._layers:
@@ -271,7 +279,7 @@ class NextUsePolicy(_Sizes):
             self._cands[il] = []
             self._far[il] = None
         self.resident_bytes = 0
-        self._stale = None
+        self._stale.clear()
 
     def _rebuild(self, il: int, pinned: Sequence[int]) -> None:
         pin = set(pinned)
