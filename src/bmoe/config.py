@@ -250,7 +250,8 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--stream-read-all", field="stream_read_all", action="store_true",
           help="verification: read every expert at every layer, not just the routed ones"),
     _flag("--prefetch", field="prefetch", action="store_true",
-          help="cache off: guess the next layer's experts from this layer's output and read them early"),
+          help="guess the next layer's experts and read them early (with the cache off: two sets of expert "
+               "buffers, one layer of experts more in RAM)"),
     _flag("--prefetch-wide-tokens", field="prefetch_wide_tokens", type=int, default=0, metavar="N",
           help="with --prefetch: prefill ubatches of at least N tokens read every expert of the next layer "
                "ahead (default 0: 3 * n_expert / n_expert_used)"),

@@ -4,7 +4,8 @@ the bytes read are exactly the routed slices plus the wrong guesses.
 Same comparison as G1 (64 greedy tokens and a perplexity run, logits bit for bit) on the tiny
 qwen3moe and hybrid qwen35moe in F32, Q8_0 and Q4_K_M, with the cache off and --prefetch. Prefill
 ubatches read ahead too: the prompt (narrower than the wide cut) guesses the union of its tokens'
-guesses, the perplexity window (32 tokens, wider than the cut) every expert.
+guesses, the perplexity window (32 tokens, wider than the cut) every expert, each layer both
+early (at the previous layer's route: two layers deep) and at the previous layer's output.
 """
 import numpy as np
 import pytest
@@ -31,9 +32,9 @@ def record_guesses(s, routes: list) -> list[tuple[int, tuple[int, ...], int]]:
     guesses: list[tuple[int, tuple[int, ...], int]] = []
     inner = streamer.prefetch
 
-    def prefetch(il: int, ids: np.ndarray) -> None:
+    def prefetch(il: int, ids: np.ndarray, **kw) -> None:
         guesses.append((il, tuple(np.unique(ids).tolist()), len(routes)))
-        inner(il, ids)
+        inner(il, ids, **kw)
 
     streamer.prefetch = prefetch
     return guesses
@@ -54,15 +55,25 @@ def test_prefetch_equals_resident_and_bytes_are_routed_plus_wrong_guesses(varian
     if len(layers) > 2:  # a prefill ubatch guesses every streamed layer but the first and the last
         assert hook.n_wide_prefetches > 0 and hook.guess.wide <= 32
         assert any(len(g) == s.streaming.layout.n_expert for _, g, _ in guesses)  # a wide ubatch read all
-    assert st.guessed == sum(len(g) for _, g, _ in guesses)
-    # Each guess is taken over by the next route, which is of the guessed layer.
+    # Read-ahead two layers deep: the graphs showed the arch's inp_node on every streamed layer but
+    # the last, and a prefill ubatch guessed each layer but the first and the last early too.
+    assert s.streaming.streamer.two_deep and hook.inp_found == set(layers[:-1])
+    assert hook.n_early_prefetches <= hook.n_wide_prefetches
+    if len(layers) > 2:
+        assert hook.n_early_prefetches > 0
+    # A layer's guesses (early, then at l_out) add up to one read-ahead, taken over by the next
+    # route, which is of the guessed layer; the later guess reads only what the earlier left out.
+    merged: dict[tuple[int, int], set[int]] = {}
+    for il, guess, at in guesses:
+        merged.setdefault((at, il), set()).update(guess)
+    assert st.guessed == sum(len(g) for g in merged.values())
     per_expert = expert_bytes(s)
     hits = wasted = 0
-    for il, guess, at in guesses:
+    for (at, il), guess in merged.items():
         assert routes[at][0] == il
         routed = set(routes[at][1])
-        hits += len(routed & set(guess))
-        wasted += per_expert[il] * len(set(guess) - routed)
+        hits += len(routed & guess)
+        wasted += per_expert[il] * len(guess - routed)
     assert st.guess_hits == hits and st.wasted_bytes == wasted
     assert st.read_bytes == sum(per_expert[il] * len(ex) for il, ex in routes) + st.wasted_bytes
     assert st.routed == sum(len(ex) for _, ex in routes) and st.hits == 0
@@ -82,6 +93,8 @@ def test_prefetch_with_an_evicting_cache_equals_resident_and_fills_the_cache(var
     assert_same(resident, streamed)
     st = s.stream_stats()
     assert st.evictions > 0 and 0 < st.guessed <= sum(len(g) for _, g, _ in guesses)
+    if len(s.streaming.layout.layers) > 2:  # early guesses made room while a route was still to compute
+        assert s.streaming.hook.n_early_prefetches > 0
     assert st.hits + st.misses == st.routed == sum(len(ex) for _, ex in routes)
     per_expert = expert_bytes(s)
     assert st.wasted_bytes <= (st.guessed - st.guess_hits) * max(per_expert.values())

@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
-from bmoe.stream import StreamOptions, Streamer, lookup, read_layout
+from bmoe.stream import ExpertKey, StreamOptions, Streamer, lookup, read_layout
 from bmoe.stream.archs import _entry
 from bmoe.stream.options import Budget
 from bmoe.stream.prefetch import WIDE_COVER, PrefetchError, RouterGuess, wide_cut
@@ -180,4 +180,76 @@ def test_a_failed_prefetch_read_is_the_sticky_error(tmp_path: Path, taken_over: 
         s.prefetch(2, np.array([1]))
     with pytest.raises(StreamIOError, match="injected failure"):
         s.on_route(2, np.array([[1]]))
+    s.close()
+
+
+# --- read-ahead two layers deep -------------------------------------------------------------------
+def test_two_buffer_sets_give_consecutive_layers_buffers_of_their_own(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path)
+    one = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"))
+    two = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), buffer_sets=2)
+    addr = {s: {t.il: s.cache._buffer(t).window.addr for t in layout.experts if t.proj == GATE} for s in (one, two)}
+    assert len(set(addr[one].values())) == 1 and not one.two_deep
+    assert addr[two][0] == addr[two][2] != addr[two][1] == addr[two][3] and two.two_deep
+    with pytest.raises(ValueError, match="early guess for layer 1 needs"):
+        one.on_route(0, np.array([[1, 2]]))
+        one.prefetch(1, np.array([3]), early=True)  # the shared buffers would be overwritten
+    for s in (one, two):
+        s.close()
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_an_early_guess_reads_behind_the_route_without_waiting_for_it(tmp_path: Path, cache: bool) -> None:
+    """At layer 0's route, layer 1 is guessed early: its reads queue behind the route's, whose
+    deferred down is still held, and land in layer 1's own buffers; a second guess adds only what
+    the first left out; layer 1's route takes both over. Everything arrives, every byte counted."""
+    layout, data = make_layout(tmp_path)
+    per = layout.expert_nbytes_in_layer(1)
+    budget = Budget(layout.expert_nbytes, 0, "fixed") if cache else Budget(0, 0, "off")
+    s = Streamer(layout, StreamOptions(io_threads=1), budget=budget, buffer_sets=2)
+    for il in layout.layers:
+        s.set_schedule(il, ORDER, {DOWN})
+    held = HeldReads(s, hold=DOWN)
+    s.on_route(0, np.array([[1, 6]]))
+    s.prefetch(1, np.array([2, 3]), early=True)  # returns at once although layer 0's down is held
+    assert s.pending == (DOWN,) and s.prefetching == 1
+    assert held.taken == [GATE, GATE, UP, UP, DOWN]  # the lane holds layer 0's first down read
+    held.release.set()
+    s.wait(DOWN)
+    assert _present(s, data, 0, (1, 6), set(PROJS))
+    s.prefetch(1, np.array([3, 5]))  # at l_out-0: only 5 is new
+    s.on_route(1, np.array([[3, 5], [5, 7]]))
+    s.drain()
+    assert _present(s, data, 1, (3, 5, 7), set(PROJS)) and _present(s, data, 0, (1, 6), set(PROJS))
+    st = s.stats()
+    assert (st.guessed, st.guess_hits, st.wasted_bytes) == (3, 2, per)  # 2 was wrong
+    assert st.read_bytes == 2 * layout.expert_nbytes_in_layer(0) + 3 * per + st.wasted_bytes
+    assert st.routed == 5 and st.n_routes == 2
+    s.close()
+
+
+def test_an_early_guess_evicts_nothing_of_the_route_whose_matmuls_are_still_to_run(tmp_path: Path) -> None:
+    """Cache on, budget of two experts: layer 0's route is recorded at once (its misses count
+    against the budget), and the early guess for layer 1 makes room from anything but that
+    route's experts, which stay in place, byte for byte, even once all of layer 0's reads are done
+    (the route is waited, its matmuls have not run yet)."""
+    layout, data = make_layout(tmp_path)
+    two = 2 * layout.expert_nbytes_in_layer(0)
+    s = Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(two, 0, "fixed"))
+    assert s.two_deep
+    s.on_route(2, np.array([[4]]))
+    s.on_route(3, np.array([[5]]))  # resident: (2, 4), (3, 5)
+    s.drain()
+    s.on_route(0, np.array([[1, 6]]))  # evicts both, waits every read (no schedule: nothing deferred)
+    assert s.pending == ()
+    s.prefetch(1, np.array([2]), early=True)
+    assert s.cache.is_resident(ExpertKey(0, 1)) and s.cache.is_resident(ExpertKey(0, 6))
+    assert s.cache.is_resident(ExpertKey(1, 2))  # over budget by the guess: nothing else was free
+    s.drain()
+    assert _present(s, data, 0, (1, 6), set(PROJS)) and _present(s, data, 1, (2,), set(PROJS))
+    st = s.stats()
+    assert st.resident_bytes == 3 * layout.expert_nbytes_in_layer(0) and st.misses == 4
+    s.prefetch(2, np.array([0]))  # not early: layer 1's route is over, so anything may go
+    s.drain()
+    assert s.stats().resident_bytes <= two
     s.close()

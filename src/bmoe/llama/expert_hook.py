@@ -33,6 +33,17 @@ in a prefill ubatch) and calls ``streamer.prefetch``, whose reads then run durin
 attention and router. The route of ``l+1`` takes them over. A prefill ubatch does not guess the
 last streamed layer: the model's last layer routes only the rows whose output is kept.
 
+Read-ahead two layers deep (when the streamer has separate buffers for consecutive layers,
+``two_deep``): in a prefill ubatch the hook also guesses layer ``l+1`` early, in the data call of
+layer ``l``'s route, right after queueing that route's reads, from the residual entering layer
+``l``'s FFN (the arch's ``inp_node``, ``ffn_inp-<l>``: computed before the router, and kept alive
+by the residual add after the experts, so its rows are still there). Those reads queue behind
+layer ``l``'s own and run while layer ``l``'s experts compute, where the disk would otherwise wait
+for ``l_out-<l>``. The guess at ``l_out-<l>`` then only adds what the early one left out. The
+node is not asked to stop the graph: its address is noted in its ask call and read at the
+route. Decode does not guess early: one token's expert matmuls take about a millisecond, too
+short to read behind, and the guess from ``l_out`` is the better informed one.
+
 A Python exception cannot cross the C boundary: it is kept as the sticky ``error``; the
 ``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, and
 ``raise_if_failed()`` re-raises it in the session's thread. An error in a data call also
@@ -79,7 +90,9 @@ class StreamerPort(Protocol):
     def pending(self) -> tuple[str, ...]: ...
     def wait(self, proj: str) -> None: ...
     def drain(self) -> None: ...
-    def prefetch(self, il: int, experts: np.ndarray) -> None: ...
+    def prefetch(self, il: int, experts: np.ndarray, *, early: bool = False) -> None: ...
+    @property
+    def two_deep(self) -> bool: ...
 
 
 class GuessPort(Protocol):
@@ -128,6 +141,16 @@ class ExpertHook:
             self._next = {f"{entry.out_node}-{il - 1}".encode(): il for il in self._layer_projs if guess.can_guess(il)}
         self._last_layer = max(self._layer_projs, default=-1)
         self._out_node = 0                                     # the l_out node we answered True for
+        # Early guess: "<inp_node>-<l>" + NUL -> (l, the next streamed layer) where that one is guessed.
+        self._early: dict[bytes, tuple[int, int]] = {}
+        if guess is not None and streamer.two_deep:
+            ls = sorted(self._layer_projs)
+            self._early = {f"{entry.inp_node}-{a}".encode(): (a, b) for a, b in zip(ls, ls[1:])
+                           if guess.can_guess(b)}
+        self._inp_prefix = (entry.inp_node + "-").encode()
+        self._name_probe = max(self._name_probe, len(self._out_prefix), len(self._inp_prefix))
+        self._inp: dict[int, int] = {}                         # layer -> its inp node in this graph
+        self.inp_found: set[int] = set()                       # layers whose inp node some graph had
         # Python cost counters (seconds are wall time inside the callbacks).
         self.n_calls = 0
         self.n_routes = 0
@@ -135,8 +158,9 @@ class ExpertHook:
         self.n_late_waits = 0   # ... waited for in their matmul's ask instead (the stop node did not come)
         self.callback_s = 0.0   # all time in the callback, the streamer's included
         self.route_s = 0.0      # time in the streamer (on_route, waits): reads waited for and cache bookkeeping
-        self.n_prefetches = 0   # layers whose experts were guessed and queued ahead of their route
+        self.n_prefetches = 0   # guesses queued ahead of their route (early ones included)
         self.n_wide_prefetches = 0  # ... of them in a ubatch of more than one token (prefill read-ahead)
+        self.n_early_prefetches = 0  # ... of them made at the previous layer's route (two layers deep)
         self.guess_s = 0.0      # time computing the guesses (part of python_s)
         # Kept on self: llama.cpp holds raw pointers to these for the context's life.
         self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._callback)
@@ -155,6 +179,7 @@ class ExpertHook:
     def raise_if_failed(self) -> None:
         """After llama_decode: nothing may be left in flight; re-raise the sticky error if any."""
         self._stops.clear()
+        self._inp.clear()  # node addresses of a graph that is gone
         self._stop_node = self._prev = self._out_node = 0
         if self.error is None:
             try:
@@ -182,6 +207,12 @@ class ExpertHook:
                 if self._next and head.startswith(self._out_prefix) and self._wants_prefetch(t):
                     self._out_node = t
                     return True
+                if self._early and head.startswith(self._inp_prefix):
+                    pair = self._early.get(GgmlTensor.from_address(t).name)
+                    if pair is not None:
+                        self._inp[pair[0]] = t
+                        self.inp_found.add(pair[0])
+                    return False
                 if head.startswith(_MOE_PREFIX) or ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id:
                     self._bind_sources(t)
                     if self._learning or self._stops:
@@ -220,34 +251,43 @@ class ExpertHook:
             self.callback_s += time.perf_counter() - t0
 
     def _wants_prefetch(self, t: int) -> bool:
-        """``t`` is an ``l_out-*`` node: one whose next layer is guessed, with f32 rows of
-        n_embd, one per token of the ubatch; several rows only if the next layer is not the last."""
+        """``t`` is an ``l_out-*`` node: one whose next layer is guessed, with rows that fit."""
         s = GgmlTensor.from_address(t)
         il = self._next.get(s.name)
+        return il is not None and self._guessable(s, il)
+
+    def _guessable(self, s: GgmlTensor, il: int) -> bool:
+        """``s`` holds f32 rows of n_embd, one per token of the ubatch, from which layer ``il`` can
+        be guessed: several rows only if ``il`` is not the last streamed layer."""
         n_tokens = int(s.ne[1])
-        return (il is not None and s.type == GGML_TYPE_F32 and n_tokens >= 1 and s.ne[2] == 1 and s.ne[3] == 1
+        return (s.type == GGML_TYPE_F32 and n_tokens >= 1 and s.ne[2] == 1 and s.ne[3] == 1
                 and s.nb[0] == 4 and s.ne[0] == self.guess.n_embd  # type: ignore[union-attr]
                 and (n_tokens == 1 or (il != self._last_layer and s.nb[1] >= 4 * s.ne[0] and s.nb[1] % 4 == 0)))
 
-    def _prefetch(self, t: int) -> None:
+    def _prefetch(self, t: int, il: int | None = None) -> None:
+        """Guess layer ``il`` (by default the layer after the ``l_out`` node ``t``) from ``t``'s rows
+        and queue its reads."""
         s = GgmlTensor.from_address(t)
         if not self.ggml.lib.ggml_backend_buffer_is_host(s.buffer):
             return  # computed elsewhere: no guess (a prefill device decodes on the CPU anyway)
-        il = self._next[s.name]
+        early = il is not None
+        if il is None:
+            il = self._next[s.name]
         g0 = time.perf_counter()
         n_embd, n_tokens, row = int(s.ne[0]), int(s.ne[1]), int(s.nb[1])
         flat = np.ctypeslib.as_array((ctypes.c_float * ((n_tokens - 1) * row // 4 + n_embd)).from_address(s.data))
         h = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, n_embd), strides=(row, 4))  # [n_tokens, n_embd]
         ids = self.guess.guess(il, h)  # type: ignore[union-attr]
         self.guess_s += time.perf_counter() - g0
-        self._streamer_call(self.streamer.prefetch, il, ids)
+        self._streamer_call(self.streamer.prefetch, il, ids, early=early)
         self.n_prefetches += 1
         self.n_wide_prefetches += int(n_tokens > 1)
+        self.n_early_prefetches += int(early)
 
-    def _streamer_call(self, fn, *args) -> None:  # noqa: ANN001
+    def _streamer_call(self, fn, *args, **kw) -> None:  # noqa: ANN001
         r0 = time.perf_counter()
         try:
-            fn(*args)
+            fn(*args, **kw)
         finally:
             self.route_s += time.perf_counter() - r0
 
@@ -336,3 +376,9 @@ class ExpertHook:
         deferred = self._stop_of.get(il)
         if deferred is not None and deferred[0] in self.streamer.pending:
             self._stops.append((deferred[1], deferred[0]))
+        inp = self._inp.pop(il, 0)
+        if inp and n_tokens > 1:  # decode's matmuls are too short to read behind (see the module)
+            src = GgmlTensor.from_address(inp)
+            nxt = self._early[src.name][1]
+            if self._guessable(src, nxt):
+                self._prefetch(inp, nxt)

@@ -38,6 +38,9 @@ class ArchEntry:
     router: str | None = None       # [n_embd, n_expert] in ggml order
     router_norm: str | None = None  # [n_embd]: what scales the router's input, element-wise
     out_node: str = "l_out"
+    # The residual stream entering a layer's FFN ("<inp_node>-<il>", [n_embd, n_tokens]): the early
+    # guess of layer il+1 reads it at layer il's route, before layer il's experts have run.
+    inp_node: str = "ffn_inp"
     no_prefetch: str = ""           # why --prefetch is refused (empty where it is allowed)
 
     @property
@@ -56,17 +59,19 @@ class ArchEntry:
 # right only where the router's input is rms_norm(x) * norm with no bias, and the pick is the top
 # k of softmax(logits) (the same as the top k of the logits). Each entry below that allows it was
 # checked against src/models/<arch>.cpp of the vendored llama.cpp (0.3.36) and runs the prefetch
-# gate (tests/gates/test_prefetch_streaming.py); the others give the reason they refuse.
+# gate (tests/gates/test_prefetch_streaming.py); the others give the reason they refuse. ``inp``
+# names the residual entering the FFN where a builder does not call it ffn_inp (the early guess
+# reads it; the prefetch gate checks that it was found on every layer it guesses).
 ROUTER = "ffn_gate_inp.weight"
 
 
 def _entry(arch: str, resident: str, *, fused: bool = False, norm: str | None = None,
-           no_prefetch: str = "") -> ArchEntry:
+           inp: str = "ffn_inp", no_prefetch: str = "") -> ArchEntry:
     if (norm is None) == (not no_prefetch):
         raise ValueError(f"{arch}: give either the router's norm or the reason --prefetch is refused")
     names = SPLIT_EXPERTS + ((FUSED_GATE_UP,) if fused else ())
     return ArchEntry(arch=arch, route_node=ROUTE_NODE, expert_tensors=names, resident=resident,
-                     router=ROUTER if norm else None, router_norm=norm, no_prefetch=no_prefetch)
+                     router=ROUTER if norm else None, router_norm=norm, inp_node=inp, no_prefetch=no_prefetch)
 
 
 # An architecture is listed only when its gates run in the suite (streamed == resident bit for
@@ -79,7 +84,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("qwen3moe", "router", norm="ffn_norm.weight"),
         # qwen35moe: attn_post_norm ("post_attention_norm"), then build_layer_ffn -> build_moe_ffn(SOFTMAX).
         _entry("qwen35moe", "router, shared expert, linear-attention state", fused=True,
-               norm="post_attention_norm.weight"),
+               norm="post_attention_norm.weight", inp="attn_residual"),
         # qwen2moe: ffn_norm, then build_moe_ffn(SOFTMAX); the shared expert runs beside it.
         _entry("qwen2moe", "router, shared expert (ffn_*_shexp) and its gate", norm="ffn_norm.weight"),
         # olmoe: ffn_norm, then build_moe_ffn(SOFTMAX).
@@ -105,7 +110,8 @@ _REGISTRY: dict[str, ArchEntry] = {
         # exp_probs_b or gate_inp_b; the sigmoid-gated shared expert runs beside it. Split or
         # fused gate_up experts (create_tensor_gate_up_exps takes either).
         _entry("qwen3next", "router, shared expert (ffn_*_shexp) and its sigmoid gate, "
-               "linear-attention (gated DeltaNet) state", fused=True, norm="post_attention_norm.weight"),
+               "linear-attention (gated DeltaNet) state", fused=True, norm="post_attention_norm.weight",
+               inp="attn_residual"),
         # llama with experts (Mixtral; llama.cpp's src/models/llama.cpp): ffn_norm, then
         # build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b. A llama GGUF without expert
         # tensors (Llama, Mistral, SmolLM2) never reaches the registry: read_layout refuses it as
@@ -119,7 +125,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # Experts are written with gate and up fused.
         _entry("gemma4", "router and its input scale (ffn_gate_inp.scale), per-expert output scales "
                "(ffn_down_exps.scale), the dense GELU MLP every layer runs beside its experts",
-               fused=True, norm="ffn_gate_inp.scale"),
+               fused=True, norm="ffn_gate_inp.scale", inp="attn_out"),
         # deepseek2: ffn_norm, then build_moe_ffn with exp_probs_b and hparams' gating function
         # (sigmoid for V3/Kimi/Moonlight, softmax for V2) over group-limited top-k; shared expert beside.
         _entry("deepseek2", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "

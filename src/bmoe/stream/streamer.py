@@ -14,15 +14,23 @@ just before their matmul) or ``drain()``. The cache records a route's misses onl
 last wait, and every route (and ``drain``) first waits for what the previous one left.
 
 Speculative prefetch: ``prefetch(il, guess)`` queues the reads of the experts guessed for layer
-``il`` before its router has run (the hook calls it at ``l_out-<il-1>``, when layer ``il-1``'s
-matmuls are done with the buffers). The next ``on_route(il, ids)`` takes that batch over: routed
-experts that were guessed are not read again, it waits for their groups as for its own; routed
-experts not guessed are queued as urgent reads, ahead of the guessed reads still queued. Wrong
-guesses were read for nothing; ``wasted_bytes`` counts them, so ``read_bytes == routed slice
-bytes read + wasted_bytes`` stays exact. With the cache on, only guessed experts the cache does
-not hold are read, and they are cached at once (``ExpertCache.reserve``): a wrong guess stays
-cached like any expert, the route counts a right one as a miss (it came from flash), and no
-route evicts a guessed expert whose read may still be in flight.
+``il`` before its router has run. The next ``on_route(il, ids)`` takes them over: routed experts
+that were guessed are not read again, it waits for their groups as for its own; routed experts
+not guessed are queued as urgent reads, ahead of the guessed reads still queued. Wrong guesses
+were read for nothing; ``wasted_bytes`` counts them, so ``read_bytes == routed slice bytes read
++ wasted_bytes`` stays exact. With the cache on, only guessed experts the cache does not hold are
+read, and they are cached at once (``ExpertCache.reserve``): a wrong guess stays cached like any
+expert, the route counts a right one as a miss (it came from flash), and no route evicts a
+guessed expert whose read may still be in flight.
+
+The hook guesses a layer twice: early, right after the previous layer's route (read-ahead two
+layers deep: the reads run behind that layer's own and during its matmuls), and again when the
+previous layer's output is known. A second guess for the layer being read ahead only adds the
+experts the first one left out. An early guess needs buffers the route in flight does not use
+(``shares_buffers``: the cache on, or the cache off with two sets); where they are shared, the
+route is waited for first. The route in flight is then recorded in the cache at once (its reads
+are queued; a failed one ends the session anyway) and its experts are ``busy``: the guess evicts
+none of them.
 """
 from __future__ import annotations
 
@@ -58,7 +66,10 @@ class Binding:
 class Streamer:
     def __init__(self, layout: ModelLayout, options: StreamOptions = StreamOptions(), *,
                  budget: Budget | None = None, warn: Callable[[str], None] = stderr_warn,
-                 pages: PageMover | None = None) -> None:
+                 pages: PageMover | None = None, buffer_sets: int = 1) -> None:
+        """``buffer_sets``: with the cache off, 2 gives the layers two sets of buffers in turn, so
+        a guess for the next layer can be read while this one computes (costs one more layer of
+        expert bytes in RAM); the cache on has buffers per layer anyway."""
         self.layout = layout
         self.options = options
         self.budget = budget if budget is not None else resolve_budget(options, layout, warn=warn)
@@ -66,7 +77,7 @@ class Streamer:
                                    io_threads=options.io_threads, warn=warn)
         self.cache: ExpertCache | SharedBuffers = (
             ExpertCache(layout, self.budget.budget_bytes, pages=pages) if self.budget.budget_bytes > 0
-            else SharedBuffers(layout)
+            else SharedBuffers(layout, sets=buffer_sets)
         )
         self._layers = frozenset(layout.layers)
         self._first_layer = layout.layers[0]
@@ -77,6 +88,7 @@ class Streamer:
         self._projs = {il: tuple(dict.fromkeys(t.proj for t in layout.layer_tensors(il))) for il in layout.layers}
         self._schedule: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
         self._inflight: _Route | None = None
+        self._last: _Route | None = None   # the latest route, in flight or not (its matmuls may not have run)
         self._ahead: _Ahead | None = None  # a prefetch no route has taken over yet
         self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
         self._guessed = self._guess_hits = self._wasted = 0
@@ -146,39 +158,69 @@ class Streamer:
                 else:
                     new = self.cache.plan(il, fresh)
                     plan = Plan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
-                parts = ((ahead.batch, ahead.order),)
+                parts = tuple((b, ahead.order) for b in ahead.batches)
                 if new.ops:  # what the guess missed goes ahead of the guessed reads still queued
                     urgent = {i for i, p in enumerate(order) if p not in deferred}
                     parts += ((self.reader.submit([new.ops_of(p) for p in order], urgent=urgent), order),)
         except BaseException:
             if ahead is not None:
-                ahead.batch.abandon()
+                for b in ahead.batches:
+                    b.abandon()
             raise
-        self._inflight = _Route(plan, len(experts), order, parts)
+        busy = frozenset(experts.tolist()) | (ahead.experts if ahead is not None else frozenset())
+        self._inflight = self._last = _Route(il, plan, len(experts), order, parts, busy)
         self._mgmt_s += time.perf_counter() - t0
         for p in order:
             if p not in deferred:
                 self.wait(p)
 
-    def prefetch(self, il: int, experts: np.ndarray) -> None:
+    def prefetch(self, il: int, experts: np.ndarray, *, early: bool = False) -> None:
         """Start reading the experts guessed for layer ``il`` before its route.
 
-        The caller guarantees that no matmul still reads an expert buffer: with the cache off
-        layer ``il``'s slices of the shared buffers, with it on any expert the guess may evict
-        (both hold once the previous layer's matmuls are done). Whatever is still in flight (a
-        route, an older guess) is waited for first. With the cache on, only the guessed experts
-        it does not hold are read."""
-        self.drain()
+        The caller guarantees that no matmul still reads an expert buffer of layer ``il``, nor an
+        expert the guess may evict, except, with ``early``, those of the latest route: a route of
+        another layer whose matmuls are still to run (read-ahead two layers deep; needs
+        ``two_deep``). Its experts are then kept and its reads are not waited for; without
+        ``early`` the route is waited for first. An older guess for another layer is always
+        waited for first; a guess for the layer already being read ahead adds the experts the
+        first left out. With the cache on, only guessed experts it does not hold are read."""
+        r = self._last
+        if early:
+            if r is None or r.il == il or self.cache.shares_buffers(r.il, il):
+                raise ValueError(f"an early guess for layer {il} needs the route of another layer, with "
+                                 "buffers apart from it, just before it")
+        else:
+            self._drain_route()
+            r = None
+        if self._ahead is not None and self._ahead.il != il:
+            self._finish_ahead()
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
         ids = np.unique(np.asarray(experts, dtype=np.int64))
         if il not in self._layers or (ids.size and (ids[0] < 0 or ids[-1] >= self.layout.n_expert)):
             raise ValueError(f"cannot prefetch experts {ids.tolist()} of layer {il}")
+        ahead = self._ahead
+        new = [e for e in ids.tolist() if ahead is None or e not in ahead.experts]
         order = self._schedule.get(il, (self._projs[il], frozenset()))[0]
-        plan = self.cache.reserve(il, ids.tolist()) if isinstance(self.cache, ExpertCache) else self.cache.plan(il, ids.tolist())
-        batch = self.reader.submit([plan.ops_of(p) for p in order])
-        self._ahead = _Ahead(il, frozenset(k.expert for k in plan.misses), order, batch)
-        self._guessed += len(plan.misses)
+        if isinstance(self.cache, ExpertCache):
+            busy: list[ExpertKey] = [ExpertKey(il, e) for e in ahead.experts] if ahead is not None else []
+            if r is not None:
+                if not r.committed:  # its misses count against the budget before the guess makes room
+                    self.cache.commit(r.plan)
+                    r.committed = True
+                busy += [ExpertKey(r.il, e) for e in r.busy]
+            plan = self.cache.reserve(il, new, busy)
+        else:
+            plan = self.cache.plan(il, new)
+        got = frozenset(k.expert for k in plan.misses)
+        batch = self.reader.submit([plan.ops_of(p) for p in order]) if plan.ops else None
+        if ahead is None:
+            self._ahead = _Ahead(il, got, order, [batch] if batch is not None else [])
+        else:
+            ahead.experts |= got
+            if batch is not None:
+                ahead.batches.append(batch)
+        self._guessed += len(got)
         self._mgmt_s += time.perf_counter() - t0
 
     @property
@@ -186,6 +228,13 @@ class Streamer:
         """Projections of the current route whose reads have not been waited for, in queue order."""
         r = self._inflight
         return () if r is None else tuple(p for p in r.order if not r.is_waited(p))
+
+    @property
+    def two_deep(self) -> bool:
+        """Whether a guess for the next layer can be read while a route's matmuls are still to run
+        (every pair of consecutive streamed layers has buffers of its own)."""
+        ls = self.layout.layers
+        return all(not self.cache.shares_buffers(a, b) for a, b in zip(ls, ls[1:]))
 
     @property
     def prefetching(self) -> int | None:
@@ -207,15 +256,19 @@ class Streamer:
         if r.done:
             t0 = time.perf_counter()
             self._inflight = None
-            self.cache.commit(r.plan)
+            if not r.committed:
+                self.cache.commit(r.plan)
+                r.committed = True
             self._routed += r.n_experts
             self._n_routes += 1
             self._mgmt_s += time.perf_counter() - t0
 
     def drain(self) -> None:
         """Wait for everything still in flight: the current route (and record it), and a
-        prefetch no route took over (its bytes were read for nothing)."""
+        prefetch no route took over (its bytes were read for nothing). The caller's graph is done:
+        no matmul reads the latest route's experts any more."""
         self._drain_route()
+        self._last = None
         if self._ahead is not None:
             self._finish_ahead()
 
@@ -228,7 +281,8 @@ class Streamer:
         if a is None:
             return
         try:
-            a.batch.wait_all()
+            for b in a.batches:
+                b.wait_all()
         except BaseException:
             self._stop_all()
             raise
@@ -238,7 +292,8 @@ class Streamer:
         """After a failure: let no read of the route or of a prefetch go on writing."""
         r, self._inflight = self._inflight, None
         a, self._ahead = self._ahead, None
-        for batch in ([b for b, _ in r.parts] if r is not None else []) + ([a.batch] if a is not None else []):
+        self._last = None
+        for batch in ([b for b, _ in r.parts] if r is not None else []) + (a.batches if a is not None else []):
             batch.abandon()
 
     def stats(self) -> StreamStats:
@@ -283,14 +338,19 @@ def _union(expert_ids: np.ndarray) -> tuple[np.ndarray, Uses]:
 
 @dataclass(slots=True)
 class _Route:
-    """A route whose reads are queued: recorded in the cache once all its groups are waited.
+    """A route of layer ``il`` whose reads are queued: recorded in the cache once all its groups
+    are waited (or earlier, ``committed``, when a guess for the next layer makes room).
 
     ``parts``: the batches that fill it, each with its groups' projections (the prefetch it took
-    over, then its own reads); a projection is in place once its group of every part is."""
+    over, then its own reads); a projection is in place once its group of every part is.
+    ``busy``: the experts its matmuls read or its reads fill (routed and guessed)."""
+    il: int
     plan: Plan
     n_experts: int
     order: tuple[str, ...]
     parts: tuple[tuple[Batch, tuple[str, ...]], ...]
+    busy: frozenset[int]
+    committed: bool = False
 
     def is_waited(self, proj: str) -> bool:
         return all(b.is_waited(order.index(proj)) for b, order in self.parts)
@@ -302,8 +362,9 @@ class _Route:
 
 @dataclass(slots=True)
 class _Ahead:
-    """A speculative prefetch in flight: layer ``il``'s guessed experts, groups in ``order``."""
+    """A speculative prefetch in flight: layer ``il``'s guessed experts, read by ``batches`` (one
+    per guess that added experts), each with its groups in ``order``."""
     il: int
     experts: frozenset[int]
     order: tuple[str, ...]
-    batch: Batch
+    batches: list[Batch]
