@@ -149,7 +149,7 @@ class ExpertHook:
                            if guess.can_guess(b)}
         self._inp_prefix = (entry.inp_node + "-").encode()
         self._name_probe = max(self._name_probe, len(self._out_prefix), len(self._inp_prefix))
-        self._inp: dict[int, int] = {}                         # layer -> its inp node in this graph
+        self._inp: dict[int, tuple[int, int]] = {}             # layer -> (its inp node in this graph, next layer)
         self.inp_found: set[int] = set()                       # layers whose inp node some graph had
         # Python cost counters (seconds are wall time inside the callbacks).
         self.n_calls = 0
@@ -210,7 +210,7 @@ class ExpertHook:
                 if self._early and head.startswith(self._inp_prefix):
                     pair = self._early.get(GgmlTensor.from_address(t).name)
                     if pair is not None:
-                        self._inp[pair[0]] = t
+                        self._inp[pair[0]] = (t, pair[1])
                         self.inp_found.add(pair[0])
                     return False
                 if head.startswith(_MOE_PREFIX) or ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id:
@@ -376,9 +376,6 @@ class ExpertHook:
         deferred = self._stop_of.get(il)
         if deferred is not None and deferred[0] in self.streamer.pending:
             self._stops.append((deferred[1], deferred[0]))
-        inp = self._inp.pop(il, 0)
-        if inp and n_tokens > 1:  # decode's matmuls are too short to read behind (see the module)
-            src = GgmlTensor.from_address(inp)
-            nxt = self._early[src.name][1]
-            if self._guessable(src, nxt):
-                self._prefetch(inp, nxt)
+        inp, nxt = self._inp.pop(il, (0, 0))
+        if inp and n_tokens > 1 and self._guessable(GgmlTensor.from_address(inp), nxt):
+            self._prefetch(inp, nxt)  # not in decode: its matmuls are too short to read behind (module)

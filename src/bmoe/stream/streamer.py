@@ -27,9 +27,9 @@ The hook guesses a layer twice: early, right after the previous layer's route (r
 layers deep: the reads run behind that layer's own and during its matmuls), and again when the
 previous layer's output is known. A second guess for the layer being read ahead only adds the
 experts the first one left out. An early guess needs buffers the route in flight does not use
-(``shares_buffers``: the cache on, or the cache off with two sets); where they are shared, the
-route is waited for first. The route in flight is then recorded in the cache at once (its reads
-are queued; a failed one ends the session anyway) and its experts are ``busy``: the guess evicts
+(``two_deep``: the cache on, or the cache off with two sets); where they are shared, it is
+refused (ValueError). The route in flight is then recorded in the cache at once (its reads are
+queued; a failed one ends the session anyway) and its experts are ``busy``: the guess evicts
 none of them.
 """
 from __future__ import annotations
@@ -205,9 +205,7 @@ class Streamer:
         if isinstance(self.cache, ExpertCache):
             busy: list[ExpertKey] = [ExpertKey(il, e) for e in ahead.experts] if ahead is not None else []
             if r is not None:
-                if not r.committed:  # its misses count against the budget before the guess makes room
-                    self.cache.commit(r.plan)
-                    r.committed = True
+                self._commit(r)  # its misses count against the budget before the guess makes room
                 busy += [ExpertKey(r.il, e) for e in r.busy]
             plan = self.cache.reserve(il, new, busy)
         else:
@@ -256,12 +254,16 @@ class Streamer:
         if r.done:
             t0 = time.perf_counter()
             self._inflight = None
-            if not r.committed:
-                self.cache.commit(r.plan)
-                r.committed = True
+            self._commit(r)
             self._routed += r.n_experts
             self._n_routes += 1
             self._mgmt_s += time.perf_counter() - t0
+
+    def _commit(self, r: "_Route") -> None:
+        """Record ``r``'s misses in the cache, once (after its last wait, or earlier for an early guess)."""
+        if not r.committed:
+            self.cache.commit(r.plan)
+            r.committed = True
 
     def drain(self) -> None:
         """Wait for everything still in flight: the current route (and record it), and a
