@@ -4,12 +4,15 @@ cache's buffers hold, on synthetic layouts (no llama.cpp needed)."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import bmoe.llama.libc as libc_consts
+import bmoe.llama.pages as pages_mod
 from bmoe.llama.pages import LibcPageMover
 from bmoe.stream import ExpertKey, StreamOptions, Streamer
 from bmoe.stream.cache import ExpertCache
@@ -71,12 +74,13 @@ def drive(s: Streamer, layout, data: bytes, seed: int, rounds: int = 25) -> None
 # of exactly 12 pages at an unaligned offset (every interior 11 pages, two end pages shared).
 @pytest.mark.parametrize("slice_nbytes", [12 * 4096 + 528, 12 * 4096])
 @pytest.mark.parametrize("odirect", [True, False])
+@pytest.mark.parametrize("one_call", [True, False], ids=["one-call", "three-call"])
 def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(tmp_path: Path, slice_nbytes,
-                                                                                odirect) -> None:
+                                                                                odirect, one_call) -> None:
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=slice_nbytes)
     per = layout.expert_nbytes_in_layer(0)
     runs = {}
-    for name, pages in (("moved", MOVER), ("released", None)):
+    for name, pages in (("moved", LibcPageMover(dontunmap=one_call)), ("released", None)):
         s = Streamer(layout, StreamOptions(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), pages=pages)
         drive(s, layout, data, seed=3)
         assert_holds_exactly_its_experts(s, layout)
@@ -143,3 +147,86 @@ def test_read_ahead_then_a_route_that_needs_room_never_evicts_a_guess_in_flight(
     assert s.stats().resident_bytes <= 3 * per
     assert_holds_exactly_its_experts(s, layout)
     s.close()
+
+
+class _Spy:
+    """Stands in for libc in bmoe.llama.pages: records each call, forwards it (or fails mremap
+    with ``fail_errno`` while it is set)."""
+
+    def __init__(self, fail_errno: int | None = None) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail_errno = fail_errno
+
+    def mremap(self, src, src_len, dst_len, flags, dst):  # noqa: ANN001
+        self.calls.append(("mremap", flags))
+        if self.fail_errno is not None and flags & libc_consts.MREMAP_DONTUNMAP:
+            ctypes.set_errno(self.fail_errno)
+            return libc_consts.MAP_FAILED
+        return libc_consts.libc.mremap(src, src_len, dst_len, flags, dst)
+
+    def mmap(self, *args):  # noqa: ANN002
+        self.calls.append(("mmap", 0))
+        return libc_consts.libc.mmap(*args)
+
+    def madvise(self, *args):  # noqa: ANN002
+        self.calls.append(("madvise", 0))
+        return libc_consts.libc.madvise(*args)
+
+
+def _two_experts_of_pages(n_first: int, n_second: int) -> tuple[mmap.mmap, int, int]:
+    """A private anonymous buffer with two ranges of ``n_first`` and ``n_second`` pages, the first
+    written (committed), a gap page between them; returns it and the two ranges' addresses."""
+    buf = mmap.mmap(-1, (n_first + n_second + 1) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    buf[:n_first * PAGE] = bytes(range(256)) * (n_first * PAGE // 256)
+    return buf, addr, addr + (n_first + 1) * PAGE
+
+
+@pytest.mark.parametrize("n_dst, want", [(4, ["mremap"]), (5, ["mremap", "mmap", "madvise"])],
+                         ids=["same-length", "resizing"])
+def test_a_move_is_one_mremap_where_the_lengths_agree(monkeypatch: pytest.MonkeyPatch, n_dst: int, want) -> None:
+    spy = _Spy()
+    monkeypatch.setattr(pages_mod, "libc", spy)
+    buf, src, dst = _two_experts_of_pages(4, n_dst)
+    mover = LibcPageMover(dontunmap=True)
+    mover.move(src, 4 * PAGE, dst, n_dst * PAGE)
+    assert [c for c, _ in spy.calls] == want and mover.dontunmap
+    off = dst - src  # the destination holds the source's bytes; the source reads as zeros
+    assert buf[off:off + 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
+    assert buf[:4 * PAGE] == bytes(4 * PAGE)
+    buf[:PAGE] = b"x" * PAGE  # the source range is still ordinary writable memory
+    buf.close()
+
+
+@pytest.mark.parametrize("err", [errno.EINVAL, errno.ENOMEM])
+def test_a_kernel_that_refuses_the_one_call_move_gets_the_three_call_move_from_then_on(
+        monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    spy = _Spy(fail_errno=err)
+    monkeypatch.setattr(pages_mod, "libc", spy)
+    buf, src, dst = _two_experts_of_pages(4, 4)
+    mover = LibcPageMover(dontunmap=True)
+    mover.move(src, 4 * PAGE, dst, 4 * PAGE)
+    assert [c for c, _ in spy.calls] == ["mremap", "mremap", "mmap", "madvise"] and not mover.dontunmap
+    assert buf[dst - src:dst - src + 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
+    spy.calls.clear()
+    mover.move(dst, 4 * PAGE, src, 4 * PAGE)  # and back, without trying again
+    assert [c for c, _ in spy.calls] == ["mremap", "mmap", "madvise"]
+    assert buf[:4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
+    buf.close()
+
+
+def test_another_refusal_of_the_one_call_move_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pages_mod, "libc", _Spy(fail_errno=errno.EFAULT))
+    mover = LibcPageMover(dontunmap=True)
+    with pytest.raises(OSError, match="mremap"):
+        mover.move(PAGE, PAGE, 2 * PAGE, PAGE)
+
+
+def test_the_one_call_move_is_used_only_where_the_mappings_it_leaves_fit_under_the_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pages_mod, "_max_map_count", lambda: 65530)
+    qwen3_30b, qwen3_235b = 48 * 3 * 128, 94 * 3 * 128
+    assert LibcPageMover.available(qwen3_30b).dontunmap
+    assert not LibcPageMover.available(qwen3_235b).dontunmap
+    monkeypatch.setattr(pages_mod, "_max_map_count", lambda: 262144)  # a raised cap lets it through
+    assert LibcPageMover.available(qwen3_235b).dontunmap

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2  # linux/mman.h
+MREMAP_MAYMOVE, MREMAP_FIXED, MREMAP_DONTUNMAP = 1, 2, 4  # linux/mman.h
 MAP_FIXED, MAP_NORESERVE = 0x10, 0x4000
 MADV_NOHUGEPAGE = 15
 MAP_FAILED = ctypes.c_void_p(-1).value

@@ -56,18 +56,33 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def _span(t: ExpertTensor, expert: int) -> tuple[int, int]:
-    """Where ``expert``'s slice of ``t`` lies in its buffer: [start, end)."""
-    start = _pad(t) + expert * t.slice_nbytes
-    return start, start + t.slice_nbytes
+@dataclass(frozen=True, slots=True)
+class _Slices:
+    """Where the expert slices of one tensor lie in its buffer (the cache's bookkeeping reads
+    these per eviction, so they are plain numbers, computed once)."""
+    proj: str
+    buf: "TensorBuffer"
+    pad: int    # where expert 0 starts
+    size: int   # bytes of one expert's slice
+    n: int      # experts
 
+    def span(self, expert: int) -> tuple[int, int]:
+        """Where ``expert``'s slice lies in the buffer: [start, end)."""
+        start = self.pad + expert * self.size
+        return start, start + self.size
 
-def _interior(t: ExpertTensor, expert: int) -> tuple[int, int]:
-    """The whole pages inside ``expert``'s slice: [lo, hi), empty (lo == hi) for a slice that
-    fills no page of its own."""
-    start, end = _span(t, expert)
-    lo, hi = _round_up(start, PAGE), (end // PAGE) * PAGE
-    return (lo, hi) if hi > lo else (lo, lo)
+    def interior(self, expert: int) -> tuple[int, int]:
+        """The whole pages inside ``expert``'s slice: [lo, hi), empty (lo == hi) for a slice
+        that fills no page of its own."""
+        start = self.pad + expert * self.size
+        lo, hi = _round_up(start, PAGE), ((start + self.size) // PAGE) * PAGE
+        return (lo, hi) if hi > lo else (lo, lo)
+
+    def neighbours(self, expert: int, page: int) -> range:
+        """The experts other than ``expert`` whose slices share the page at ``page``, with it."""
+        first = max(0, (page - self.pad) // self.size)
+        last = min(self.n - 1, (page + PAGE - 1 - self.pad) // self.size)
+        return range(first, last + 1)
 
 
 class TensorBuffer:
@@ -171,6 +186,8 @@ class ExpertCache:
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
         self.policy: CachePolicy = policy({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget_bytes)
         self._buffers = {(t.il, t.proj): TensorBuffer([t]) for t in layout.experts}
+        self._slices_of = {il: tuple(_Slices(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
+                                     for t in ts) for il, ts in self._tensors.items()}
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
         self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
 
@@ -235,51 +252,50 @@ class ExpertCache:
         moved: set[tuple[ExpertKey, str]] = set()
         if self.pages is not None and victims and incoming:
             givers, takers = self._slices(victims), self._slices(incoming)
-            pairs = [pair for proj in givers for pair in zip(givers[proj], takers.get(proj, ()))]
-            for (vk, vt), (ik, it) in pairs:
-                v_lo, v_hi = _interior(vt, vk.expert)
-                i_lo, i_hi = _interior(it, ik.expert)
-                if v_hi > v_lo and i_hi > i_lo:
-                    src, dst = self._buffers[(vt.il, vt.proj)], self._buffers[(it.il, it.proj)]
-                    self.pages.move(src.window.addr + v_lo, v_hi - v_lo, dst.window.addr + i_lo, i_hi - i_lo)
-                    self.moved_bytes += min(v_hi - v_lo, i_hi - i_lo)
-                    moved.add((vk, vt.proj))
-        pending = set(victims)
+            for proj, gs in givers.items():
+                for (vk, v), (ik, i) in zip(gs, takers.get(proj, ())):
+                    v_lo, v_hi = v.interior(vk.expert)
+                    i_lo, i_hi = i.interior(ik.expert)
+                    if v_hi > v_lo and i_hi > i_lo:
+                        self.pages.move(v.buf.window.addr + v_lo, v_hi - v_lo, i.buf.window.addr + i_lo, i_hi - i_lo)
+                        self.moved_bytes += min(v_hi - v_lo, i_hi - i_lo)
+                        moved.add((vk, proj))
+        pending: dict[int, set[int]] = {}
+        for key in victims:
+            pending.setdefault(key.layer, set()).add(key.expert)
         for key in victims:  # one after another: a page shared with a victim not yet released is in use
-            pending.discard(key)
-            self._release(key, pending, moved)
+            pending[key.layer].discard(key.expert)
+            self._release(key, pending[key.layer], moved)
 
-    def _slices(self, keys: Sequence[ExpertKey]) -> dict[str, list[tuple[ExpertKey, ExpertTensor]]]:
-        """Every (expert, tensor) of ``keys`` by projection, biggest slice first, so that zipping
+    def _slices(self, keys: Sequence[ExpertKey]) -> dict[str, list[tuple[ExpertKey, _Slices]]]:
+        """Every (expert, slices) of ``keys`` by projection, biggest slice first, so that zipping
         two projections' lists pairs slices of like sizes."""
-        out: dict[str, list[tuple[ExpertKey, ExpertTensor]]] = {}
+        out: dict[str, list[tuple[ExpertKey, _Slices]]] = {}
         for k in keys:
-            for t in self._tensors[k.layer]:
-                out.setdefault(t.proj, []).append((k, t))
-        for slices in out.values():
-            slices.sort(key=lambda kt: (-kt[1].slice_nbytes, kt[0]))
+            for sl in self._slices_of[k.layer]:
+                out.setdefault(sl.proj, []).append((k, sl))
+        for pairs in out.values():
+            pairs.sort(key=lambda kv: (-kv[1].size, kv[0].layer, kv[0].expert))
         return out
 
-    def _release(self, key: ExpertKey, pending: set[ExpertKey], moved: set[tuple[ExpertKey, str]]) -> None:
-        for t in self._tensors[key.layer]:
-            buf = self._buffers[(t.il, t.proj)]
-            start, end = _span(t, key.expert)
-            # A page shared with a still-resident neighbour stays; only free pages go back.
+    def _release(self, key: ExpertKey, pending: set[int], moved: set[tuple[ExpertKey, str]]) -> None:
+        """Release ``key``'s pages but those a resident neighbour, or a victim still ``pending``
+        release (experts of ``key``'s layer), shares; of a slice whose whole pages were moved,
+        only its end pages are left to release."""
+        for sl in self._slices_of[key.layer]:
+            start, end = sl.span(key.expert)
             lo = (start // PAGE) * PAGE
-            if lo < start and self._page_in_use(t, key, lo, pending):
+            if lo < start and self._page_in_use(sl, key, lo, pending):
                 lo += PAGE
             hi = _round_up(end, PAGE)
-            if hi > end and self._page_in_use(t, key, hi - PAGE, pending):
+            if hi > end and self._page_in_use(sl, key, hi - PAGE, pending):
                 hi -= PAGE
-            if (key, t.proj) in moved:  # its whole pages went to an incoming expert: the ends are left
-                i_lo, i_hi = _interior(t, key.expert)
-                self.released_bytes += buf.release(lo, i_lo) + buf.release(i_hi, hi)
+            if (key, sl.proj) in moved:  # its whole pages went to an incoming expert: the ends are left
+                i_lo, i_hi = sl.interior(key.expert)
+                self.released_bytes += sl.buf.release(lo, i_lo) + sl.buf.release(i_hi, hi)
             else:
-                self.released_bytes += buf.release(lo, hi)
+                self.released_bytes += sl.buf.release(lo, hi)
 
-    def _page_in_use(self, t: ExpertTensor, key: ExpertKey, page: int, pending: set[ExpertKey]) -> bool:
-        s, pad = t.slice_nbytes, _pad(t)
-        first = max(0, (page - pad) // s)
-        last = min(t.n_expert - 1, (page + PAGE - 1 - pad) // s)
-        return any(self.policy.is_resident(k) or k in pending
-                   for k in (ExpertKey(key.layer, e) for e in range(first, last + 1) if e != key.expert))
+    def _page_in_use(self, sl: _Slices, key: ExpertKey, page: int, pending: set[int]) -> bool:
+        return any(e != key.expert and (e in pending or self.policy.is_resident(ExpertKey(key.layer, e)))
+                   for e in sl.neighbours(key.expert, page))
