@@ -30,7 +30,9 @@ def test_the_decode_split_is_the_sum_of_the_steps_and_leaves_the_prefill_out(tin
     out = done_fields(r)
     assert out["stall_s_tok"] == pytest.approx(dec.stall_s / n, abs=1e-6)
     assert out["io_s_tok"] == pytest.approx(dec.io_s / n, abs=1e-6)
-    assert out["compute_s_tok"] == pytest.approx(r.decode_s / n - (dec.stall_s + dec.mgmt_s) / n, abs=1e-6)
+    assert out["compute_s_tok"] == pytest.approx(max(0.0, r.decode_s / n - (dec.io_s + dec.mgmt_s) / n), abs=1e-6)
+    for st in steps:  # the protocol's residual, token by token
+        assert st.compute_ms == pytest.approx(max(0.0, st.wall_ms - st.io_ms - st.mgmt_ms))
     assert out["read_mib"] == pytest.approx(io.read_bytes / 2**20, abs=1e-3)  # the whole request's
     # the parts of a decode token add up to at most its wall time
     assert out["stall_s_tok"] + out["mgmt_s_tok"] <= r.decode_s / n + 1e-6

@@ -142,16 +142,19 @@ def test_an_over_long_line_is_refused_without_buffering_it(tiny) -> None:
 
 
 def test_the_cap_is_exact(tiny) -> None:
-    """A line of exactly MAX_LINE_BYTES (newline not counted) is read; one byte more is not."""
+    """A line of exactly MAX_LINE_BYTES (newline, and a \\r before it, not counted) is read; one byte more is not."""
     def generate_of(size: int, rid: int) -> bytes:
         head = b'{"cmd":"generate","id":%d,"n_predict":1,"prompt":"' % rid
         return head + b" " * (size - len(head) - 2) + b'"}'
     at, over = generate_of(MAX_LINE_BYTES, 1), generate_of(MAX_LINE_BYTES + 1, 2)
+    at_crlf = generate_of(MAX_LINE_BYTES, 3) + b"\r\n"
     assert len(at) == MAX_LINE_BYTES
-    rc, lines = run_bounded(tiny, strict_stdin(at + b"\n" + over + b"\n" + over))  # the last one has no newline
+    stdin = at + b"\n" + at_crlf + over + b"\r\n" + over + b"\n" + over  # the last one has no newline
+    rc, lines = run_bounded(tiny, strict_stdin(stdin))
     assert rc == 0
-    assert errors(lines)[0]["msg"].startswith("prompt (") and errors(lines)[0]["id"] == 1  # read, then too long for n_ctx
-    assert [e["msg"].startswith("request line is longer than the limit") for e in errors(lines)[1:]] == [True, True]
+    read = errors(lines)[:2]  # read, then too long for n_ctx
+    assert [e["id"] for e in read] == [1, 3] and all(e["msg"].startswith("prompt (") for e in read)
+    assert [e["msg"].startswith("request line is longer than the limit") for e in errors(lines)[2:]] == [True] * 3
 
 
 # --- the reader never dies silently --------------------------------------------------------

@@ -15,6 +15,7 @@ from bmoe.runtime.results import GenerateRequest
     ("line", "message"),
     [
         ("{", "request is not valid JSON"),
+        ('{"cmd":"stats","id":' + "1" * 5000 + "}", "request is not valid JSON"),  # over Python's digit limit
         ("[1,2]", "request must be a JSON object, got list"),
         ('{"id":1}', "request has no 'cmd' field"),
         ('{"cmd":5}', "field 'cmd' must be a string, got 5"),

@@ -50,8 +50,22 @@ def test_summary_and_done_add_up_when_the_counters_overlap() -> None:
     assert (wall, compute, mgmt, stall) == (100.0, 0.0, 25.0, 75.0)
     assert compute + mgmt + stall == wall
     d = done_fields(r)
-    assert d["compute_s_tok"] + d["mgmt_s_tok"] + d["stall_s_tok"] == pytest.approx(0.1, abs=1e-9)
     assert (d["stall_s_tok"], d["mgmt_s_tok"]) == (0.075, 0.025)
+    # compute_s_tok keeps the protocol's meaning: what is left besides reads in flight and
+    # bookkeeping, at least 0 (100 - 87.5 - 25 ms: 0)
+    assert d["compute_s_tok"] == 0.0
+
+
+def test_compute_is_what_the_reads_in_flight_and_the_bookkeeping_leave() -> None:
+    # 4 tokens in 0.4 s, reads in flight 0.2 s (of which 0.05 s waited for), bookkeeping 0.04 s:
+    # compute_s_tok = 0.1 - 0.05 - 0.01 = 0.04 s; the summary's compute counts what overlapped reads too.
+    dec = StreamStats(read_bytes=4 << 20, io_s=0.2, stall_s=0.05, mgmt_s=0.04, routed=8, misses=8)
+    r = _result(0.4, 4, dec)
+    d = done_fields(r)
+    assert d["compute_s_tok"] == pytest.approx(0.04, abs=1e-9)
+    assert (d["io_s_tok"], d["mgmt_s_tok"], d["stall_s_tok"]) == (0.05, 0.01, 0.0125)
+    wall, compute, mgmt, stall = _per_token(summary(r))
+    assert (wall, compute, mgmt, stall) == (100.0, 77.5, 10.0, 12.5)
 
 
 def test_summary_counts_the_decode_steps_only() -> None:

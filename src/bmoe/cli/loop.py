@@ -81,11 +81,11 @@ def _lines(stream: TextIO | BinaryIO) -> Iterator[bytes | None]:
     them; a text stream without (io.StringIO) is read as text and encoded back."""
     src = getattr(stream, "buffer", stream)
     while True:
-        chunk = src.readline(MAX_LINE_BYTES + 1)
+        chunk = src.readline(MAX_LINE_BYTES + 2)  # a line at the limit, with its "\r\n"
         if not chunk:
             return
         nl = "\n" if isinstance(chunk, str) else b"\n"
-        if not chunk.endswith(nl) and len(chunk) > MAX_LINE_BYTES:
+        if not chunk.endswith(nl) and len(chunk) > MAX_LINE_BYTES + 1:
             yield None
             while True:
                 rest = src.readline(SKIP_CHUNK)
@@ -94,7 +94,8 @@ def _lines(stream: TextIO | BinaryIO) -> Iterator[bytes | None]:
             continue
         chunk = chunk.removesuffix(nl)
         raw = chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else bytes(chunk)
-        yield raw if len(raw) <= MAX_LINE_BYTES else None
+        limit = MAX_LINE_BYTES + (1 if raw.endswith(b"\r") else 0)  # a "\r" before the newline is not counted
+        yield raw if len(raw) <= limit else None
 
 
 def _read_one(raw: bytes | None, live: _Live) -> object | None:
@@ -227,6 +228,5 @@ def _generate(session: Session, job: _Job, emit: _Out) -> None:
         if not started:
             emit(telemetry.begin(req.id))
             started = True
-        if step.read_mb > 0:
-            emit(telemetry.load(step))
-        emit(telemetry.progress(step, steps, session.dense_resident_frac()))
+        for out in telemetry.step_lines(step, steps, session.dense_resident_frac()):
+            emit(out)

@@ -13,7 +13,7 @@ def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO) -
 
     def on_step(step) -> None:
         if progress:
-            out.write(telemetry.progress(step, steps, session.dense_resident_frac()) + "\n")
+            out.writelines(ln + "\n" for ln in telemetry.step_lines(step, steps, session.dense_resident_frac()))
         else:
             out.write(step.delta_text)
         out.flush()

@@ -168,10 +168,11 @@ class Runtime:
 
     def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, cancel) -> Iterator[Step]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
+            now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
             return GenerateResult(
                 id=req.id, text="", reasoning="", tokens=(), cancelled=True, stop="cancelled", n_prompt=0,
                 n_reused=0, n_past=self.kv.n_past, prefill_fallback="", prefill_s=0.0, decode_s=0.0,
-                load_s=self.load_s, io=StreamStats(), majflt=0, cpu_s=0.0,
+                load_s=self.load_s, io=now.minus(now), majflt=0, cpu_s=0.0,
                 prefill_dev_tokens=0 if self.prefill_device is not None else None)
         io0, (flt0, cpu0) = self.stream_stats(), _rusage()
         plan = self.kv.align(prompt, reuse=not req.clear_kv)
@@ -199,13 +200,23 @@ class Runtime:
                 break
             out.append(tok)
             d_text, d_reason = stream.push(self.model.token_bytes(tok))
-            if len(out) < n_predict:
-                if self.kv.n_past >= self.n_ctx:
-                    stop = "ctx"
-                    break
+            if len(out) < n_predict and self.kv.n_past >= self.n_ctx:
+                stop = "ctx"
+            if len(out) == n_predict or stop == "ctx":  # the last token: its step carries the held-back tail
+                t_text, t_reason = stream.finish()
+                d_text, d_reason = d_text + t_text, d_reason + t_reason
+            else:
                 logits = self.kv.append([tok])
             yield self._step(len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None)
+            if stop == "ctx":
+                break
+        # Stopped by an end-of-generation token or a cancel: what the stream still held back (a
+        # possible partial marker, an incomplete character) goes out in one more step, so the
+        # steps' deltas always add up to the text.
         tail_text, tail_reason = stream.finish()
+        if tail_text or tail_reason:
+            ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
+            yield self._step(len(out), -1, tail_text, tail_reason, ts, io_s, flt_s, cpu_s, None)
         decode_s = time.perf_counter() - t_dec
         cancelled = stop == "cancelled"
         if cancelled:
@@ -228,10 +239,11 @@ class Runtime:
         now = self.stream_stats()
         io = now.minus(io_before)
         flt, cpu = _rusage()
-        split = TimeSplit.of(wall_ms / 1000.0, io)  # compute + mgmt + stall == wall
+        split = TimeSplit.of(wall_ms / 1000.0, io)  # mgmt and stall capped so that they fit the wall time
+        io_ms, mgmt_ms = io.io_s * 1000.0, split.mgmt_s * 1000.0
         return Step(
-            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io.io_s * 1000.0,
-            mgmt_ms=split.mgmt_s * 1000.0, stall_ms=split.stall_s * 1000.0, compute_ms=split.compute_s * 1000.0,
+            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
+            mgmt_ms=mgmt_ms, stall_ms=split.stall_s * 1000.0, compute_ms=max(0.0, wall_ms - io_ms - mgmt_ms),
             read_mb=io.read_bytes / 1e6, cache_hit_pct=now.hit_pct, majflt=flt - flt_before,
             cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
         )

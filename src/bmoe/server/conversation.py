@@ -77,7 +77,6 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         temperature=turn.temperature, top_p=turn.top_p, seed=turn.seed,
     ), cancel=cancel)
     stops = StopMatcher(turn.stops)
-    seen_text, seen_reasoning = "", ""
     while True:
         if job.cancelled.is_set():
             cancel.set()  # before the first token too: the turn then stops before its prefill
@@ -86,19 +85,14 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         except StopIteration as done:
             result: GenerateResult = done.value
             break
-        seen_text += step.delta_text
-        seen_reasoning += step.delta_reasoning
         out = stops.push(step.delta_text)
         if stops.hit:
             session.cancel()
         if out or step.delta_reasoning:
             job.emit(STEP, Delta(out, step.delta_reasoning))
-    # The session's detokenizer may release a last piece only when the turn ends.
-    tail = result.text[len(seen_text):] if result.text.startswith(seen_text) else ""
-    tail_reasoning = result.reasoning[len(seen_reasoning):] if result.reasoning.startswith(seen_reasoning) else ""
-    out = stops.push(tail) + stops.finish()
-    if out or tail_reasoning:
-        job.emit(STEP, Delta(out, tail_reasoning))
+    out = stops.finish()  # what the stop matcher held back, a stop string's possible start
+    if out:
+        job.emit(STEP, Delta(out, ""))
     if stops.hit:
         # Cancelling rolled the turn back; keep it in the history as the client saw it.
         session.set_history(prior + [user, Message("assistant", stops.text)])

@@ -221,7 +221,7 @@ def decide_object(obj: dict) -> Decide:
 def parse_line(line: str) -> Command:
     try:
         obj = json.loads(line)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, or an integer over Python's digit limit
         raise ProtocolError(f"request is not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"request must be a JSON object, got {type(obj).__name__}")

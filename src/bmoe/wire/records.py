@@ -47,6 +47,11 @@ def load(step: Step) -> str:
     return line("LOAD", {"mb": _r(step.read_mb, 3), "ms": _r(step.io_ms, 3)})
 
 
+def step_lines(step: Step, steps: int, dense_resident_frac: float) -> list[str]:
+    """What a generated token sends: BMOE_LOAD when its experts were read, then BMOE_PROGRESS."""
+    return ([load(step)] if step.read_mb > 0 else []) + [progress(step, steps, dense_resident_frac)]
+
+
 def progress(step: Step, steps: int, dense_resident_frac: float) -> str:
     return line("PROGRESS", {
         "step": step.index + 1, "steps": steps, "wall_ms": _r(step.wall_ms, 3), "io_ms": _r(step.io_ms, 3),
@@ -60,12 +65,12 @@ def progress(step: Step, steps: int, dense_resident_frac: float) -> str:
 def done_fields(r: GenerateResult) -> dict:
     n = max(1, r.n_tokens)
     io, dec = r.io, r.decode_io  # the request's counters; the decode steps' part of them
-    tok = r.decode_split.per(n)  # compute + mgmt + stall == the decode wall time per token
+    tok = r.decode_split.per(n)  # mgmt and stall per token, capped as BMOE_PROGRESS caps them
     return {
         "id": r.id, "cancelled": r.cancelled, "tokens": r.n_tokens, "tok_s": _r(r.tok_s, 3),
         "prefill_s": _r(r.prefill_s), "prefill_tps": _r(r.prefill_tps, 2), "load_s": _r(r.load_s),
         "cache_hit_pct": _r(io.hit_pct, 2), "n_prompt": r.n_prompt, "n_past": r.n_past,
-        "compute_s_tok": _r(tok.compute_s, 6), "io_s_tok": _r(dec.io_s / n, 6),
+        "compute_s_tok": _r(max(0.0, tok.wall_s - dec.io_s / n - tok.mgmt_s), 6), "io_s_tok": _r(dec.io_s / n, 6),
         "cache_resident_mib": _r(io.resident_bytes / MIB, 2), "cache_budget_mib": _r(io.budget_bytes / MIB, 2),
         "read_mib": _r(io.read_bytes / MIB, 3), "stall_s_tok": _r(tok.stall_s, 6),
         "mgmt_s_tok": _r(tok.mgmt_s, 6), "majflt_tok": _r(r.majflt / n, 3), "cpu_s_tok": _r(r.cpu_s / n, 6),
