@@ -66,7 +66,7 @@ def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, o
     assert (first.prefix_state_mib > 0) == hybrid  # in the sequence: no copy yet, no RAM
     if overwrite == "perplexity":
         a.perplexity(P2 + S3)
-        assert a.decider.cache.kept_mib > 0  # copied out before the KV was cleared
+        assert a.decider.backend.held_bytes > 0  # copied out before the KV was cleared
     else:
         whole = a.decide(req(2, P2, S3, reuse_prefix=False))
         assert whole.reuse == "opted out" and whole.prefix_state_mib > 0
@@ -77,6 +77,30 @@ def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, o
     fresh = b.decide(req(3, P1, S2))
     assert restored.scores.choice_logp == fresh.scores.choice_logp
     assert np.array_equal(logits_of(a), logits_of(b))
+
+
+def test_g18b_prefix_state_mib_counts_every_state_buffer(decider) -> None:
+    """prefix_state_mib is every byte the adapter holds for the kept state, and an in-sequence
+    state leaves no copy behind. Each copy goes into a buffer a quarter larger than the state, so
+    that a grown prefix usually fits it."""
+    a = decider()
+    backend = a.decider.backend
+    copies = a.model.is_hybrid or a.model.is_recurrent  # copied at the boundary, not kept in place
+    out = [a.decide(req(1, P1, S1))]
+    s1 = a.decider.cache.kept.state  # the P1 state: a copy, or a promise of one while in the sequence
+    out.append(a.decide(req(2, P2, S3, reuse_prefix=False)))  # attention-only: copies it out now
+    n1 = s1.nbytes  # the copy now exists on every arch
+    out.append(a.decide(req(3, P2, S3)))  # restores it and stores the grown prefix
+    n3 = a.decider.cache.kept.state.nbytes  # 0 while it lives in the sequence
+    assert [r.reuse for r in out] == ["stored", "opted out", "restored+stored"] and n1 > 0
+    if copies:  # the grown state's buffer and, as the spare for the next store, the one before it
+        held = [n1 + n1 // 4] * 2 + [n1 + n1 // 4 + n3 + n3 // 4]
+        assert n3 > n1
+    else:  # the grown prefix lives in the sequence: the copy of the one before it is freed
+        held = [0, n1 + n1 // 4, 0]
+        assert n3 == 0
+    assert backend.held_bytes == held[-1]
+    assert [r.prefix_state_mib for r in out] == [h / 2**20 for h in held]
 
 
 def test_g18c_whole_prefill_equals_perplexity(decider) -> None:
@@ -107,7 +131,7 @@ def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -
     never = decider().generate(g)
     assert after.tokens == never.tokens and len(after.logits) == len(never.logits) > 0
     assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
-    assert a.decider.cache.kept_mib == 0.0  # generate() dropped the kept state
+    assert a.decider.cache.kept is None  # generate() dropped the kept state
     assert a.decider.backend.held_bytes == 0  # and freed its memory
 
 

@@ -90,6 +90,7 @@ class ScriptedBackend:
         self.fail_on: str | None = None  # method name that raises once
         self.clear_copy_s = 0.0  # what clear() reports having spent copying a kept state out
         self.state_n_tokens_skew = 0  # a save_state that lies about its size
+        self.held_bytes = 0  # what it holds for kept states: the last one saved (one buffer)
         self._hit_calls = 0
 
     # -- failure injection
@@ -151,6 +152,7 @@ class ScriptedBackend:
         self.calls.append(("save_state", (), self.n_past))
         self._maybe_fail("save_state")
         data = json.dumps([list(p) for p in self.pieces]).encode()
+        self.held_bytes = len(data)
         return KeptState(data=data, n_tokens=self.n_past + self.state_n_tokens_skew)
 
     def load_state(self, state: KeptState) -> None:
@@ -505,7 +507,7 @@ def test_no_prefix_on_tokens_prefills_whole() -> None:
 def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
     b, cache = primed()
     cache.drop()
-    assert cache.kept is None and cache.kept_mib == 0.0
+    assert cache.kept is None
     result = run_decide(b, cache, req("Task: x. "), ON)
     assert result.reuse == REUSE_STORED
     assert untimed(result) == untimed(fresh(req("Task: x. ")))
@@ -651,6 +653,18 @@ def test_streaming_counters_pass_through() -> None:
     assert result.prefill_s == 0.25 * split.n_tokens
     out = decide_fields(result)
     assert out["read_mb"] == result.read_mb and out["cache_hit_pct"] == 20.0
+
+
+def test_prefix_state_mib_is_what_the_backend_holds_not_the_kept_state_alone() -> None:
+    """A backend may hold more than the kept state's own bytes (a spare buffer, room to grow):
+    the answer reports all of it, after the request."""
+    b, cache = primed()
+    b.held_bytes = 3 * 2**20 + 2**19
+    result = run_decide(b, cache, req("Task: x. ", " Pick two."), ON)
+    assert result.reuse == REUSE_RESTORED and cache.kept is not None
+    assert result.prefix_state_mib == 3.5 != cache.kept.state.mib
+    b.held_bytes = 0  # the state lives in the sequence, uncopied
+    assert run_decide(b, cache, req("Task: x. "), ON).prefix_state_mib == 0.0
 
 
 def test_to_json_keys() -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
 from bmoe.decide.continuations import NeutralCache, continuation_logps
 from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
-from bmoe.decide.port import DecideBackend, PrefillCost
+from bmoe.decide.port import BYTES_PER_MIB, DecideBackend, PrefillCost
 from bmoe.decide.prefix_cache import PrefixCache
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
@@ -121,7 +121,7 @@ def _run_planned(
             scores, scored = _score_full(backend, neutral or NeutralCache(), request, plan, row)
     except Exception as exc:
         return DecideResult.failed(request.id, _failure_message("scoring the choices", exc), exc)
-    return _result(request, plan, done, scores, cache, scored=scored)
+    return _result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
 
 
 def _score_full(
@@ -142,7 +142,7 @@ def _score_full(
                            uncond_state_mib=None if how is None else neutral.kept_mib)
 
 
-def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, cache: PrefixCache,
+def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, held_mib: float,
             batch: BatchShare | None = None, scored: _Scored = _Scored()) -> DecideResult:
     prefill_s = sum(c.prefill_s for c in done.costs)
     # The engine reports the hit rate cumulatively, so the last piece's value is the current one.
@@ -158,7 +158,7 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
         read_mb=_sum_or_none([c.read_mb for c in done.costs]),
         cache_hit_pct=hit_pcts[-1] if hit_pcts else None,
         prefill_dev_tokens=_sum_or_none([c.prefill_dev_tokens for c in done.costs]),
-        prefix_state_mib=cache.kept_mib,
+        prefix_state_mib=held_mib,
         store_s=done.store_s,
         restore_s=done.restore_s,
         reuse=done.reuse,
@@ -253,7 +253,7 @@ def _run_batch(
         except Exception as exc:
             out.append(DecideResult.failed(request.id, _failure_message("scoring", exc), exc))
             continue
-        out.append(_result(request, plan, done, scores, cache, batch=share))
+        out.append(_result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, batch=share))
     return out
 
 

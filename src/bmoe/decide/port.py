@@ -111,6 +111,12 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
         ...
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of RAM the backend holds beyond the context for the kept state: its copy and any
+        buffer kept ready for the next one; 0 while the state lives only in the sequence."""
+        ...
+
     def max_batch(self) -> int:
         """How many suffixes one ``prefill_batch`` call takes at most; 1 when the backend cannot
         prefill several together (then decisions are answered one by one)."""

@@ -201,6 +201,9 @@ class LlamaDecideBackend:
         ctx, kv = self._rt.ctx, self._rt.kv
         n = kv.n_past
         if self._cuttable:
+            # It replaces the kept state, and any copy of that goes with it: a copy is only made
+            # when the sequence is about to lose a state, and this one has not lost it yet.
+            self._pool = []
             state = KeptState(data=InSequence(), n_tokens=n)
         else:
             state = KeptState(data=ctx.state_bytes(out=self._spare_buffer(ctx.state_size())), n_tokens=n)
@@ -242,7 +245,8 @@ class LlamaDecideBackend:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of state copies this adapter holds: the kept state's and a spare for the next."""
+        """Bytes of state buffers this adapter holds: the kept state's copy and, on models with
+        recurrent layers, the spare the next copy goes into; each with room for a longer prefix."""
         return sum(b.nbytes for b in self._pool)
 
     def _spare_buffer(self, size: int) -> np.ndarray:
