@@ -159,6 +159,24 @@ def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_sessio
     assert first.n_tokens > 0
 
 
+def test_g18d_cache_hit_pct_is_over_the_decision_alone(decider) -> None:
+    """As in BMOE_DONE: the expert cache's hits over its lookups during this request (its prefix
+    piece and its rest summed), -1 with the cache off, absent for a resident model."""
+    a = decider()
+    a.decide(req(1, P1, S1))  # the session has looked experts up before the decisions measured
+    for r in (req(2, P2, S3), req(3, P2, S3, reuse_prefix=False)):
+        before = a.stream_stats()
+        out = a.decide(r)
+        own = a.stream_stats().minus(before)
+        if a.streaming is None:
+            assert out.cache_hit_pct is None
+        elif not own.cache_on:
+            assert out.cache_hit_pct == -1.0
+        else:
+            assert own.hits + own.misses > 0 and own.hits + own.misses < a.stream_stats().routed
+            assert out.cache_hit_pct == 100.0 * own.hits / (own.hits + own.misses)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_g18d_resident_equals_streaming(arch, tiny_models, open_session, tmp_path) -> None:
     model = tiny_models(arch, "q8_0")

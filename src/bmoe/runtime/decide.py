@@ -119,13 +119,15 @@ class LlamaDecideBackend:
         """What the prefill since ``start`` (a ``_mark()``) cost, with the keys of BMOE_DONE."""
         t0, io0, dev0 = start
         prefill_s = time.perf_counter() - t0
-        io = self._rt.stream_stats()
+        io = self._rt.stream_stats().minus(io0)
         streaming = self._rt.stream is not None
+        counted = streaming and io.cache_on
         return PrefillCost(
             n_tokens=n_tokens,
             prefill_s=prefill_s,
-            read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
-            cache_hit_pct=io.hit_pct if streaming else None,
+            read_mb=io.read_bytes / 1e6 if streaming else None,
+            cache_hits=io.hits if counted else None,
+            cache_misses=io.misses if counted else None,
             prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
         )
 
