@@ -11,7 +11,13 @@ from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
 from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
+from exactness import assert_same_up_to_near_tie
 from test_g1_g4_streaming import expert_bytes, record_routes
+
+
+# The log-prob of a chosen token, computed in different pieces, agrees within this many nats on the
+# tiny Q8_0 models (docs/testing.md "What a bit-exact test may compare"; 0 measured on both builds).
+CHUNKING_TOL = 0.5
 
 
 def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:
@@ -133,6 +139,42 @@ def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -
     assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
     assert a.decider.cache.kept is None  # generate() dropped the kept state
     assert a.decider.backend.held_bytes == 0  # and freed its memory
+
+
+def test_g18e_chat_continued_after_decisions_equals_one_that_never_saw_them(decider) -> None:
+    """A decision between two chat turns (and a refused one) leaves the conversation as it was, and
+    the continued turn (clear_kv false) computes what the decision left in the KV says: bit for bit
+    what a fresh session holding the same conversation computes after the same decision (the same
+    pieces: the decision's prompt, cut back to the tokens it shares with the chat, then the rest).
+
+    A session that never saw the decision continues from its own first turn instead (it reuses more
+    of the KV: other pieces), so there the promise is the same tokens up to a near-tie, chosen
+    log-probs within CHUNKING_TOL (docs/testing.md "What a bit-exact test may compare"). On these
+    Q8_0 models the rows came out identical on the AVX2 and the AVX-512 builds."""
+    turns = [GenerateRequest(prompt="Hello there", n_predict=8, keep_logits=True),
+             GenerateRequest(prompt="Tell me more", n_predict=8, keep_logits=True, clear_kv=False)]
+    a = decider()
+    a.generate(turns[0])
+    chat = list(a.history)
+    assert a.decide(req(1, P1, S1)).error is None
+    assert a.decide(DecideRequest(id=2, prefix=P1, suffix=S2, choices=("A", "A"))).refused
+    assert a.history == chat
+    after = a.generate(turns[1])
+
+    same = decider()  # the same decision, then the same conversation: the same pieces
+    assert same.decide(req(1, P1, S1)).error is None
+    same.set_history(chat)
+    again = same.generate(turns[1])
+    assert (again.n_reused, again.n_prompt) == (after.n_reused, after.n_prompt)
+    assert again.tokens == after.tokens and len(again.logits) == len(after.logits) > 0
+    assert all(np.array_equal(x, y) for x, y in zip(after.logits, again.logits, strict=True))
+
+    b = decider()
+    b.generate(turns[0])
+    never = b.generate(turns[1])
+    assert b.history[: len(chat)] == chat and a.history[: len(chat) + 1] == b.history[: len(chat) + 1]
+    assert after.n_reused + after.n_prompt == never.n_reused + never.n_prompt  # the same conversation
+    assert_same_up_to_near_tie(after.tokens, after.logits, never.tokens, never.logits, tol=CHUNKING_TOL)
 
 
 def test_g18e_dropping_the_kept_state_frees_its_copies(decider) -> None:
