@@ -79,6 +79,7 @@ def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, o
         assert (whole.store_s > 0) == (not hybrid)  # the copy is this call's store
     restored = a.decide(req(3, P1, S2))
     assert restored.reuse == "restored" and restored.n_reused > 0
+    assert restored.store_s == 0.0  # a copy perplexity() forced is timed in no answer (docs/decide.md)
     b = decider()
     fresh = b.decide(req(3, P1, S2))
     assert restored.scores.choice_logp == fresh.scores.choice_logp
