@@ -18,7 +18,9 @@ import pytest
 
 from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig
-from bmoe.session import Session
+from bmoe.decide.types import DecideRequest
+from bmoe.errors import RequestError
+from bmoe.session import DECIDE_OFF, Session
 from bmoe.wire.protocol import MAX_LINE_BYTES
 
 
@@ -266,3 +268,16 @@ def test_the_fatal_streaming_error_carries_the_request_id(tiny_models, tmp_path:
     assert rc == 1
     (e,) = errors(lines)
     assert e["id"] == 3 and e["fatal"] is True and e["msg"].startswith("expert streaming failed: ")
+
+
+def test_decide_in_a_session_without_it_is_refused_with_the_sessions_one_message(tiny) -> None:
+    """The CLI line, the library's exception and the docs say the same words."""
+    assert tiny.decider is None
+    rc, lines = run_bounded(tiny, strict_stdin(req(cmd="decide", id=3, prefix="P", suffix="S", choices=["A", "B"])))
+    assert rc == 0 and lines == [("BMOE_DECIDE", {"id": 3, "error": DECIDE_OFF})]
+    with pytest.raises(RequestError) as refused:
+        tiny.decide(DecideRequest(id=4, prefix="P", suffix="S", choices=("A", "B")))
+    assert str(refused.value) == DECIDE_OFF
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for page in ("decide.md", "protocol.md"):
+        assert DECIDE_OFF in (docs / page).read_text(), page

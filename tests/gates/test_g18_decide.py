@@ -11,7 +11,13 @@ from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
 from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
+from exactness import assert_same_up_to_near_tie
 from test_g1_g4_streaming import expert_bytes, record_routes
+
+
+# The log-prob of a chosen token, computed in different pieces, agrees within this many nats on the
+# tiny Q8_0 models (docs/testing.md "What a bit-exact test may compare"; 0 measured on both builds).
+CHUNKING_TOL = 0.5
 
 
 def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:
@@ -66,17 +72,42 @@ def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, o
     assert (first.prefix_state_mib > 0) == hybrid  # in the sequence: no copy yet, no RAM
     if overwrite == "perplexity":
         a.perplexity(P2 + S3)
-        assert a.decider.cache.kept_mib > 0  # copied out before the KV was cleared
+        assert a.decider.backend.held_bytes > 0  # copied out before the KV was cleared
     else:
         whole = a.decide(req(2, P2, S3, reuse_prefix=False))
         assert whole.reuse == "opted out" and whole.prefix_state_mib > 0
         assert (whole.store_s > 0) == (not hybrid)  # the copy is this call's store
     restored = a.decide(req(3, P1, S2))
     assert restored.reuse == "restored" and restored.n_reused > 0
+    assert restored.store_s == 0.0  # a copy perplexity() forced is timed in no answer (docs/decide.md)
     b = decider()
     fresh = b.decide(req(3, P1, S2))
     assert restored.scores.choice_logp == fresh.scores.choice_logp
     assert np.array_equal(logits_of(a), logits_of(b))
+
+
+def test_g18b_prefix_state_mib_counts_every_state_buffer(decider) -> None:
+    """prefix_state_mib is every byte the adapter holds for the kept state, and an in-sequence
+    state leaves no copy behind. Each copy goes into a buffer a quarter larger than the state, so
+    that a grown prefix usually fits it."""
+    a = decider()
+    backend = a.decider.backend
+    copies = a.model.is_hybrid or a.model.is_recurrent  # copied at the boundary, not kept in place
+    out = [a.decide(req(1, P1, S1))]
+    s1 = a.decider.cache.kept.state  # the P1 state: a copy, or a promise of one while in the sequence
+    out.append(a.decide(req(2, P2, S3, reuse_prefix=False)))  # attention-only: copies it out now
+    n1 = s1.nbytes  # the copy now exists on every arch
+    out.append(a.decide(req(3, P2, S3)))  # restores it and stores the grown prefix
+    n3 = a.decider.cache.kept.state.nbytes  # 0 while it lives in the sequence
+    assert [r.reuse for r in out] == ["stored", "opted out", "restored+stored"] and n1 > 0
+    if copies:  # the grown state's buffer and, as the spare for the next store, the one before it
+        held = [n1 + n1 // 4] * 2 + [n1 + n1 // 4 + n3 + n3 // 4]
+        assert n3 > n1
+    else:  # the grown prefix lives in the sequence: the copy of the one before it is freed
+        held = [0, n1 + n1 // 4, 0]
+        assert n3 == 0
+    assert backend.held_bytes == held[-1]
+    assert [r.prefix_state_mib for r in out] == [h / 2**20 for h in held]
 
 
 def test_g18c_whole_prefill_equals_perplexity(decider) -> None:
@@ -107,8 +138,44 @@ def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -
     never = decider().generate(g)
     assert after.tokens == never.tokens and len(after.logits) == len(never.logits) > 0
     assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
-    assert a.decider.cache.kept_mib == 0.0  # generate() dropped the kept state
+    assert a.decider.cache.kept is None  # generate() dropped the kept state
     assert a.decider.backend.held_bytes == 0  # and freed its memory
+
+
+def test_g18e_chat_continued_after_decisions_equals_one_that_never_saw_them(decider) -> None:
+    """A decision between two chat turns (and a refused one) leaves the conversation as it was, and
+    the continued turn (clear_kv false) computes what the decision left in the KV says: bit for bit
+    what a fresh session holding the same conversation computes after the same decision (the same
+    pieces: the decision's prompt, cut back to the tokens it shares with the chat, then the rest).
+
+    A session that never saw the decision continues from its own first turn instead (it reuses more
+    of the KV: other pieces), so there the promise is the same tokens up to a near-tie, chosen
+    log-probs within CHUNKING_TOL (docs/testing.md "What a bit-exact test may compare"). On these
+    Q8_0 models the rows came out identical on the AVX2 and the AVX-512 builds."""
+    turns = [GenerateRequest(prompt="Hello there", n_predict=8, keep_logits=True),
+             GenerateRequest(prompt="Tell me more", n_predict=8, keep_logits=True, clear_kv=False)]
+    a = decider()
+    a.generate(turns[0])
+    chat = list(a.history)
+    assert a.decide(req(1, P1, S1)).error is None
+    assert a.decide(DecideRequest(id=2, prefix=P1, suffix=S2, choices=("A", "A"))).refused
+    assert a.history == chat
+    after = a.generate(turns[1])
+
+    same = decider()  # the same decision, then the same conversation: the same pieces
+    assert same.decide(req(1, P1, S1)).error is None
+    same.set_history(chat)
+    again = same.generate(turns[1])
+    assert (again.n_reused, again.n_prompt) == (after.n_reused, after.n_prompt)
+    assert again.tokens == after.tokens and len(again.logits) == len(after.logits) > 0
+    assert all(np.array_equal(x, y) for x, y in zip(after.logits, again.logits, strict=True))
+
+    b = decider()
+    b.generate(turns[0])
+    never = b.generate(turns[1])
+    assert b.history[: len(chat)] == chat and a.history[: len(chat) + 1] == b.history[: len(chat) + 1]
+    assert after.n_reused + after.n_prompt == never.n_reused + never.n_prompt  # the same conversation
+    assert_same_up_to_near_tie(after.tokens, after.logits, never.tokens, never.logits, tol=CHUNKING_TOL)
 
 
 def test_g18e_dropping_the_kept_state_frees_its_copies(decider) -> None:
@@ -133,6 +200,24 @@ def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_sessio
     ref.generate(GenerateRequest(prompt="Hi", n_predict=6))
     assert ref.generate(GenerateRequest(prompt="More", n_predict=6, clear_kv=False)).tokens == cont.tokens
     assert first.n_tokens > 0
+
+
+def test_g18d_cache_hit_pct_is_over_the_decision_alone(decider) -> None:
+    """As in BMOE_DONE: the expert cache's hits over its lookups during this request (its prefix
+    piece and its rest summed), -1 with the cache off, absent for a resident model."""
+    a = decider()
+    a.decide(req(1, P1, S1))  # the session has looked experts up before the decisions measured
+    for r in (req(2, P2, S3), req(3, P2, S3, reuse_prefix=False)):
+        before = a.stream_stats()
+        out = a.decide(r)
+        own = a.stream_stats().minus(before)
+        if a.streaming is None:
+            assert out.cache_hit_pct is None
+        elif not own.cache_on:
+            assert out.cache_hit_pct == -1.0
+        else:
+            assert own.hits + own.misses > 0 and own.hits + own.misses < a.stream_stats().routed
+            assert out.cache_hit_pct == 100.0 * own.hits / (own.hits + own.misses)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -166,7 +166,7 @@ def test_colliding_choices_are_refused_and_change_nothing(open_smol, wifi) -> No
     refused = s.decide(bad)
     assert refused.error == COLLISION_ERROR and refused.refused and refused.scores is None
     assert decide_fields(refused) == {"id": 7, "error": COLLISION_ERROR}
-    assert s.kv.tokens == kv_tokens and s.decider.cache.kept_mib == first.prefix_state_mib
+    assert s.kv.tokens == kv_tokens and s.decider.backend.held_bytes / 2**20 == first.prefix_state_mib
     after = s.decide(wifi[1])
     ref = open_smol(decide=True)
     ref.decide(wifi[0])

@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bmoe.server import ServerSettings
+from bmoe.session import DECIDE_OFF
 
 OK_CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 OK_DECIDE = {"prefix": "Pick one.\n", "suffix": "A or B?", "choices": ["A", "B"]}
@@ -155,7 +156,7 @@ def test_no_request_names_a_file(client) -> None:
 def test_decide_off(make_app, tiny_path) -> None:
     with TestClient(make_app(tiny_path, decide=False), base_url="http://localhost") as c:
         e = err(c.post("/v1/decide", json=OK_DECIDE), 400)
-        assert "decide is off" in e["message"]
+        assert e["message"] == DECIDE_OFF
         assert c.post("/v1/chat/completions", json=OK_CHAT).status_code == 200
 
 

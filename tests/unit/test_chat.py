@@ -55,3 +55,20 @@ def test_template_errors_are_request_errors() -> None:
     r = ChatRenderer("template", "{{ raise_exception('only user and assistant roles') }}", "", "")
     with pytest.raises(RequestError, match=r"^the chat template refused the conversation: only user and assistant roles$"):
         r.render(HI, think=True)
+
+
+@pytest.mark.parametrize("template", [QWEN_LIKE, "{% for m in messages %}{{ m.content }}{% endfor %}{{ '<think>' if false }}"],
+                         ids=["enable_thinking", "empty-think-block"])
+def test_a_decision_is_rendered_with_reasoning_off(template: str) -> None:
+    """A decision reads the answer's first token, so its prompt is the chat turn with reasoning
+    off, whatever the session's think default; the adapter renders it through the runtime."""
+    from types import SimpleNamespace
+
+    from bmoe.runtime.decide import LlamaDecideBackend
+
+    r = ChatRenderer("template", template, "", "")
+    assert r.think_ctl in ("template", "prefill")
+    runtime = SimpleNamespace(render=r.render, model=SimpleNamespace(is_recurrent=False, is_hybrid=False))
+    backend = LlamaDecideBackend(runtime)  # type: ignore[arg-type]
+    off, on = r.render(HI, think=False), r.render(HI, think=True)
+    assert backend.render_user("hi") == off != on

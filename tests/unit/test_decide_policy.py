@@ -78,19 +78,22 @@ class ScriptedBackend:
 
     def __init__(
         self, *, n_ctx: int = 512, template: bool = True, bos: bool = True, streaming: bool = False,
-        batch: int = 1,
+        batch: int = 1, expert_cache: bool = True,
     ) -> None:
         self._n_ctx = n_ctx
         self.batch = batch
         self.template = template
         self.bos = bos
         self.streaming = streaming
+        self.expert_cache = expert_cache  # streamed: whether expert cache lookups are counted
+        # streamed with the cache on: (hits, misses) of each prefill call in turn, then (1, 3) each
+        self.lookups: list[tuple[int, int]] = []
         self.pieces: list[tuple[int, ...]] = []  # the "KV": what was prefilled, piece by piece
         self.calls: list[tuple[str, tuple[int, ...], int]] = []
         self.fail_on: str | None = None  # method name that raises once
         self.clear_copy_s = 0.0  # what clear() reports having spent copying a kept state out
         self.state_n_tokens_skew = 0  # a save_state that lies about its size
-        self._hit_calls = 0
+        self.held_bytes = 0  # what it holds for kept states: the last one saved (one buffer)
 
     # -- failure injection
     def _maybe_fail(self, name: str) -> None:
@@ -136,13 +139,13 @@ class ScriptedBackend:
         assert n_past == self.n_past, "prefill must append at the end of the sequence"
         assert len(tokens) > 0
         self.pieces.append(tuple(tokens))
-        self._hit_calls += 1
-        return PrefillCost(
-            n_tokens=len(tokens),
-            prefill_s=0.25 * len(tokens),
-            read_mb=1.5 * len(tokens) if self.streaming else None,
-            cache_hit_pct=10.0 * self._hit_calls if self.streaming else None,
-        )
+        return PrefillCost(n_tokens=len(tokens), prefill_s=0.25 * len(tokens), **self._reads(1.5 * len(tokens)))
+
+    def _reads(self, read_mb: float) -> dict[str, float | None]:
+        if not self.streaming:
+            return {}
+        hits, misses = (self.lookups.pop(0) if self.lookups else (1, 3)) if self.expert_cache else (None, None)
+        return {"read_mb": read_mb, "cache_hits": hits, "cache_misses": misses}
 
     def last_logits(self) -> np.ndarray:
         return logits_of(self.pieces)
@@ -151,6 +154,7 @@ class ScriptedBackend:
         self.calls.append(("save_state", (), self.n_past))
         self._maybe_fail("save_state")
         data = json.dumps([list(p) for p in self.pieces]).encode()
+        self.held_bytes = len(data)
         return KeptState(data=data, n_tokens=self.n_past + self.state_n_tokens_skew)
 
     def load_state(self, state: KeptState) -> None:
@@ -168,8 +172,7 @@ class ScriptedBackend:
         # each suffix continues its own copy of the sequence, in one piece; the sequence stays
         rows = [logits_of(self.pieces + [tuple(s)]) for s in suffixes]
         n = sum(len(s) for s in suffixes)
-        return rows, PrefillCost(n_tokens=n, prefill_s=0.1 * n, read_mb=2.0 * n if self.streaming else None,
-                                 cache_hit_pct=50.0 if self.streaming else None)
+        return rows, PrefillCost(n_tokens=n, prefill_s=0.1 * n, **self._reads(2.0 * n))
 
     def touched(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -505,7 +508,7 @@ def test_no_prefix_on_tokens_prefills_whole() -> None:
 def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
     b, cache = primed()
     cache.drop()
-    assert cache.kept is None and cache.kept_mib == 0.0
+    assert cache.kept is None
     result = run_decide(b, cache, req("Task: x. "), ON)
     assert result.reuse == REUSE_STORED
     assert untimed(result) == untimed(fresh(req("Task: x. ")))
@@ -647,10 +650,43 @@ def test_streaming_counters_pass_through() -> None:
     split = split_prompt(b, r.prefix, r.suffix)
     result = run_decide(b, cache, r, ON)
     assert result.read_mb == 1.5 * split.n_tokens  # summed over both pieces
-    assert result.cache_hit_pct == 20.0  # cumulative: the last piece's value
+    assert result.cache_hit_pct == 25.0  # (1 + 1) hits of (4 + 4) lookups
     assert result.prefill_s == 0.25 * split.n_tokens
     out = decide_fields(result)
-    assert out["read_mb"] == result.read_mb and out["cache_hit_pct"] == 20.0
+    assert out["read_mb"] == result.read_mb and out["cache_hit_pct"] == 25.0
+
+
+def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
+    """As BMOE_DONE's: hits over lookups summed over the request's own prefills, not the
+    session's rate so far (nor its last piece's)."""
+    b, cache = ScriptedBackend(streaming=True), LastPrefixCache()
+    b.lookups = [(30, 10), (1, 9)]  # the prefix piece, then the rest
+    first = run_decide(b, cache, req("Task: x. "), ON)
+    assert first.reuse == REUSE_STORED and first.cache_hit_pct == 62.0  # 31 of 50
+    b.lookups = [(5, 15)]  # the rest only: the prefix is restored
+    second = run_decide(b, cache, req("Task: x. ", " Pick two."), ON)
+    assert second.reuse == REUSE_RESTORED and second.cache_hit_pct == 25.0  # the session's: 36 of 70
+    b.lookups = [(0, 0)]  # streamed, but nothing was looked up
+    assert run_decide(b, cache, req("Task: x. ", " Pick three."), ON).cache_hit_pct == 0.0
+
+
+def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> None:
+    off = run_decide(ScriptedBackend(streaming=True, expert_cache=False), LastPrefixCache(), req("Task: x. "), ON)
+    assert off.read_mb is not None and off.cache_hit_pct == -1.0 and decide_fields(off)["cache_hit_pct"] == -1.0
+    resident = fresh(req("Task: x. "))
+    assert resident.cache_hit_pct is None and "cache_hit_pct" not in decide_fields(resident)
+
+
+def test_prefix_state_mib_is_what_the_backend_holds_not_the_kept_state_alone() -> None:
+    """A backend may hold more than the kept state's own bytes (a spare buffer, room to grow):
+    the answer reports all of it, after the request."""
+    b, cache = primed()
+    b.held_bytes = 3 * 2**20 + 2**19
+    result = run_decide(b, cache, req("Task: x. ", " Pick two."), ON)
+    assert result.reuse == REUSE_RESTORED and cache.kept is not None
+    assert result.prefix_state_mib == 3.5 != cache.kept.state.mib
+    b.held_bytes = 0  # the state lives in the sequence, uncopied
+    assert run_decide(b, cache, req("Task: x. "), ON).prefix_state_mib == 0.0
 
 
 def test_to_json_keys() -> None:
@@ -737,6 +773,7 @@ def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
 
 def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> None:
     b = ScriptedBackend(batch=8, streaming=True)
+    b.lookups = [(3, 1), (1, 3)]  # the prefix piece, then the batch
     rs = run_many(b, LastPrefixCache(), [BATCH[0], BATCH[1], BATCH[3]], ON)
     assert [r.reuse for r in rs] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED]
     share = rs[0].batch
@@ -748,6 +785,11 @@ def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> Non
     assert rs[0].prefill_s == pytest.approx(prefix_piece + 0.1 * suffix_tokens[0])
     assert [r.prefill_s for r in rs[1:]] == pytest.approx([0.1 * n for n in suffix_tokens[1:]])
     assert sum(r.read_mb for r in rs) == pytest.approx(share.read_mb + 1.5 * rs[1].n_reused)
+    # the batch's lookups are shared as its reads are: the rate of its share is the batch's (1 in 4),
+    # and the first member's prefix piece weighs in with its own (3 in 4)
+    assert [r.cache_hit_pct for r in rs[1:]] == pytest.approx([25.0, 25.0])
+    s0 = suffix_tokens[0] / share.n_tokens
+    assert rs[0].cache_hit_pct == pytest.approx(100.0 * (3 + 1 * s0) / (4 + 4 * s0))
     out = decide_fields(rs[1])
     assert (out["batch_id"], out["batch_size"], out["batch_tokens"]) == (share.id, 3, share.n_tokens)
     assert out["batch_prefill_s"] == share.prefill_s and out["batch_read_mb"] == share.read_mb

@@ -46,3 +46,18 @@ def test_every_batch_flag_has_a_row_in_scale_out_md_or_cli_md() -> None:
 def test_the_check_sees_a_missing_row() -> None:
     assert not _documented("--stream-cache-dir", [" `--gc-twins [MAX_MB]` ", " see `--stream-cache-dir` "][:1])
     assert _documented("--cache-mb", [" `--cache-mb N\\|auto` "])
+
+
+def test_readme_gives_the_decide_batch_range_the_config_enforces(tmp_path: Path) -> None:
+    """README's batch example names the --decide-batch range SessionConfig accepts, and no other cap."""
+    import pytest
+
+    from bmoe.config import ConfigError, SessionConfig, validate
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    validate(SessionConfig(model=model, decide=True, decide_batch=255))
+    with pytest.raises(ConfigError, match=r"^decide_batch: at most 255 "):
+        validate(SessionConfig(model=model, decide=True, decide_batch=256))
+    readme = " ".join((DOCS.parent / "README.md").read_text().split())
+    assert "(`--decide-batch N`, 2 to 255;" in readme and "up to 16" not in readme

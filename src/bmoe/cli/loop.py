@@ -16,13 +16,12 @@ from typing import BinaryIO, Iterator, TextIO
 
 from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
 from bmoe.runtime.results import GenerateRequest
-from bmoe.session import Session
+from bmoe.session import DECIDE_OFF, Session
 from bmoe.wire import records as telemetry
 from bmoe.wire.protocol import (
     MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
 )
 
-DECIDE_OFF = "decide is off in this session: start it with --decide"
 SKIP_CHUNK = 1 << 16  # the rest of an over-long line is read and dropped this many bytes at a time
 JSON_SPACE = " \t\r\n"  # a line of only these is skipped unanswered
 

@@ -29,7 +29,7 @@ import numpy as np
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
 from bmoe.decide.continuations import NeutralCache, continuation_logps
 from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
-from bmoe.decide.port import DecideBackend, PrefillCost
+from bmoe.decide.port import BYTES_PER_MIB, DecideBackend, PrefillCost
 from bmoe.decide.prefix_cache import PrefixCache
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
@@ -121,7 +121,7 @@ def _run_planned(
             scores, scored = _score_full(backend, neutral or NeutralCache(), request, plan, row)
     except Exception as exc:
         return DecideResult.failed(request.id, _failure_message("scoring the choices", exc), exc)
-    return _result(request, plan, done, scores, cache, scored=scored)
+    return _result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
 
 
 def _score_full(
@@ -142,11 +142,9 @@ def _score_full(
                            uncond_state_mib=None if how is None else neutral.kept_mib)
 
 
-def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, cache: PrefixCache,
+def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, held_mib: float,
             batch: BatchShare | None = None, scored: _Scored = _Scored()) -> DecideResult:
     prefill_s = sum(c.prefill_s for c in done.costs)
-    # The engine reports the hit rate cumulatively, so the last piece's value is the current one.
-    hit_pcts = [c.cache_hit_pct for c in done.costs if c.cache_hit_pct is not None]
     n_prefilled = plan.prompt.n_tokens - done.n_reused
     return DecideResult(
         id=request.id,
@@ -156,9 +154,9 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
         prefill_s=prefill_s,
         prefill_tps=n_prefilled / prefill_s if prefill_s > 0 else 0.0,
         read_mb=_sum_or_none([c.read_mb for c in done.costs]),
-        cache_hit_pct=hit_pcts[-1] if hit_pcts else None,
+        cache_hit_pct=_hit_pct(done.costs),
         prefill_dev_tokens=_sum_or_none([c.prefill_dev_tokens for c in done.costs]),
-        prefix_state_mib=cache.kept_mib,
+        prefix_state_mib=held_mib,
         store_s=done.store_s,
         restore_s=done.restore_s,
         reuse=done.reuse,
@@ -241,7 +239,9 @@ def _run_batch(
         part = (plan.prompt.n_tokens - n_prefix) / max(1, cost.n_tokens)
         mine = PrefillCost(
             n_tokens=plan.prompt.n_tokens - n_prefix, prefill_s=cost.prefill_s * part,
-            read_mb=None if cost.read_mb is None else cost.read_mb * part, cache_hit_pct=cost.cache_hit_pct,
+            read_mb=None if cost.read_mb is None else cost.read_mb * part,
+            cache_hits=None if cost.cache_hits is None else cost.cache_hits * part,
+            cache_misses=None if cost.cache_misses is None else cost.cache_misses * part,
             prefill_dev_tokens=None if cost.prefill_dev_tokens is None else round(cost.prefill_dev_tokens * part),
         )
         # The first member pays for the prefix piece, as it would alone; the others find it kept.
@@ -253,7 +253,7 @@ def _run_batch(
         except Exception as exc:
             out.append(DecideResult.failed(request.id, _failure_message("scoring", exc), exc))
             continue
-        out.append(_result(request, plan, done, scores, cache, batch=share))
+        out.append(_result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, batch=share))
     return out
 
 
@@ -355,6 +355,19 @@ def _failure_message(stage: str, exc: Exception) -> str:
     if isinstance(exc, DecideBackendError):
         return str(exc)
     return f"decide: the backend failed while {stage}: {type(exc).__name__}: {exc}"
+
+
+def _hit_pct(costs: Sequence[PrefillCost]) -> float | None:
+    """The expert cache hit rate over a request's calls, in percent, by BMOE_DONE's rule: None
+    when no experts are streamed, -1 with the expert cache off, 0 when nothing was looked up."""
+    if all(c.read_mb is None for c in costs):
+        return None
+    counted = [(c.cache_hits, c.cache_misses or 0.0) for c in costs if c.cache_hits is not None]
+    if not counted:
+        return -1.0
+    hits = sum(h for h, _ in counted)
+    looked = hits + sum(m for _, m in counted)
+    return 100.0 * hits / looked if looked else 0.0
 
 
 _N = TypeVar("_N", int, float)

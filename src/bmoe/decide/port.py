@@ -18,17 +18,20 @@ BYTES_PER_MIB = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class PrefillCost:
-    """What one ``prefill()`` call cost, with the keys and meanings of BMOE_DONE.
+    """What one ``prefill()`` call cost, counted over the call alone.
 
-    ``read_mb`` and ``cache_hit_pct`` are None when no experts are streamed (resident model);
-    ``prefill_dev_tokens`` is None when no prefill device is configured.
+    ``read_mb`` is None when no experts are streamed (resident model); ``cache_hits`` and
+    ``cache_misses`` (expert cache lookups) are None then and with the expert cache off;
+    ``prefill_dev_tokens`` is None when no prefill device is configured. A request's
+    ``cache_hit_pct`` is computed from the counts of its calls summed, as BMOE_DONE's is over its
+    request. A batch member's share of a call may be a fraction of a count.
     """
 
     n_tokens: int
     prefill_s: float
     read_mb: float | None = None
-    # Cumulative over the session, as BMOE_DONE reports it; -1 with the expert cache off.
-    cache_hit_pct: float | None = None
+    cache_hits: float | None = None
+    cache_misses: float | None = None
     prefill_dev_tokens: int | None = None
 
 
@@ -109,6 +112,12 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
     def load_state(self, state: KeptState) -> None:
         """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
+        ...
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of RAM the backend holds beyond the context for the kept state: its copy and any
+        buffer kept ready for the next one; 0 while the state lives only in the sequence."""
         ...
 
     def max_batch(self) -> int:

@@ -49,11 +49,6 @@ class PrefixCache(Protocol):
         """Free the kept state (a generate() does this)."""
         ...
 
-    @property
-    def kept_mib(self) -> float:
-        """What the kept state costs in memory now; 0 when none is kept."""
-        ...
-
 
 class LastPrefixCache:
     """Keeps one state: the latest prefix stored. Storing replaces it."""
@@ -82,10 +77,6 @@ class LastPrefixCache:
 
     def drop(self) -> None:
         self._kept = None
-
-    @property
-    def kept_mib(self) -> float:
-        return 0.0 if self._kept is None else self._kept.state.mib
 
     @property
     def kept(self) -> KeptPrefix | None:

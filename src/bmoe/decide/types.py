@@ -127,7 +127,7 @@ class DecideResult:
     read_mb: float | None = None
     cache_hit_pct: float | None = None
     prefill_dev_tokens: int | None = None
-    prefix_state_mib: float = 0.0  # the kept prefix state's size after this request
+    prefix_state_mib: float = 0.0  # RAM the backend holds for the kept prefix state after this request
     store_s: float = 0.0
     restore_s: float = 0.0
     reuse: str = ""

@@ -119,13 +119,15 @@ class LlamaDecideBackend:
         """What the prefill since ``start`` (a ``_mark()``) cost, with the keys of BMOE_DONE."""
         t0, io0, dev0 = start
         prefill_s = time.perf_counter() - t0
-        io = self._rt.stream_stats()
+        io = self._rt.stream_stats().minus(io0)
         streaming = self._rt.stream is not None
+        counted = streaming and io.cache_on
         return PrefillCost(
             n_tokens=n_tokens,
             prefill_s=prefill_s,
-            read_mb=io.minus(io0).read_bytes / 1e6 if streaming else None,
-            cache_hit_pct=io.hit_pct if streaming else None,
+            read_mb=io.read_bytes / 1e6 if streaming else None,
+            cache_hits=io.hits if counted else None,
+            cache_misses=io.misses if counted else None,
             prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
         )
 
@@ -201,6 +203,9 @@ class LlamaDecideBackend:
         ctx, kv = self._rt.ctx, self._rt.kv
         n = kv.n_past
         if self._cuttable:
+            # It replaces the kept state, and any copy of that goes with it: a copy is only made
+            # when the sequence is about to lose a state, and this one has not lost it yet.
+            self._pool = []
             state = KeptState(data=InSequence(), n_tokens=n)
         else:
             state = KeptState(data=ctx.state_bytes(out=self._spare_buffer(ctx.state_size())), n_tokens=n)
@@ -242,7 +247,8 @@ class LlamaDecideBackend:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of state copies this adapter holds: the kept state's and a spare for the next."""
+        """Bytes of state buffers this adapter holds: the kept state's copy and, on models with
+        recurrent layers, the spare the next copy goes into; each with room for a longer prefix."""
         return sum(b.nbytes for b in self._pool)
 
     def _spare_buffer(self, size: int) -> np.ndarray:
