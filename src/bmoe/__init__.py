@@ -20,11 +20,11 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from bmoe.config import SessionConfig
-    from bmoe.decide.types import DecideRequest
-    from bmoe.errors import BmoeError
-    from bmoe.runtime.results import GenerateRequest
-    from bmoe.session import Session
+    from bmoe.config import SessionConfig  # noqa: F401 - for type checkers; __getattr__ imports it lazily
+    from bmoe.decide.types import DecideRequest  # noqa: F401 - for type checkers; __getattr__ imports it lazily
+    from bmoe.errors import BmoeError  # noqa: F401 - for type checkers; __getattr__ imports it lazily
+    from bmoe.runtime.results import GenerateRequest  # noqa: F401 - for type checkers; __getattr__ imports it lazily
+    from bmoe.session import Session  # noqa: F401 - for type checkers; __getattr__ imports it lazily
 
 
 def __getattr__(name: str) -> Any:

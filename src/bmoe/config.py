@@ -87,10 +87,13 @@ def validate(cfg: SessionConfig) -> None:
     if not isinstance(cfg.model, (str, Path)) or str(cfg.model) == "":
         raise ConfigError(f"model: must be a path to a .gguf file, got {cfg.model!r}")
     path = Path(cfg.model)
-    if path.is_dir():
-        raise ConfigError(f"model: {path} is a folder, not a .gguf file")
-    if not path.is_file():
-        raise ConfigError(f"model: file not found: {path}")
+    try:
+        if path.is_dir():
+            raise ConfigError(f"model: {path} is a folder, not a .gguf file")
+        if not path.is_file():
+            raise ConfigError(f"model: file not found: {path}")
+    except OSError as e:  # a name too long, a folder on the way that cannot be searched
+        raise ConfigError(f"model: cannot use {path}: {e.strerror or e}") from None
     _int_at_least(cfg, "n_ctx", 16)
     _int_at_least(cfg, "n_batch", 1)
     _int_at_least(cfg, "n_ubatch", 1)
@@ -117,6 +120,15 @@ def validate(cfg: SessionConfig) -> None:
     _int_at_least(cfg, "io_threads", 1)
     if cfg.stream_cache_dir is not None and not isinstance(cfg.stream_cache_dir, (str, Path)):
         raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
+    if not cfg.moe_stream:  # a setting that would be ignored: the user meant to stream
+        for name, given in (("cache_mb", cfg.cache_mb != 0), ("cache_ceil_mb", cfg.cache_ceil_mb != 0),
+                            ("cache_force", cfg.cache_force), ("odirect", not cfg.odirect),
+                            ("stream_read_all", cfg.stream_read_all)):
+            if given:
+                raise ConfigError(f"{name}: only means something with moe_stream (a resident model maps the "
+                                  "whole file, experts included, and the kernel keeps what fits)")
+    if cfg.cache_ceil_mb and cfg.cache_mb != "auto":
+        raise ConfigError(f"cache_ceil_mb: only means something with cache_mb auto, got cache_mb {cfg.cache_mb!r}")
     if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:
         raise ConfigError(f"decide_prefix_cache: must be one of auto, on, off, got {cfg.decide_prefix_cache!r}")
     if cfg.prefill_device is not None and (not isinstance(cfg.prefill_device, str) or not cfg.prefill_device):

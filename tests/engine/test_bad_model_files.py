@@ -176,6 +176,7 @@ def test_stream_setup_errors_name_the_users_file(tmp_path: Path) -> None:
     import numpy as np
 
     from bmoe.config import SessionConfig
+    from bmoe.errors import ModelFileError
     from bmoe.runtime.streaming import StreamSetupError, open_streaming
 
     path = tmp_path / "mystery.gguf"
@@ -187,9 +188,11 @@ def test_stream_setup_errors_name_the_users_file(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     config = SessionConfig(model=path, moe_stream=True, stream_cache_dir=tmp_path / "twins")
-    with pytest.raises(StreamSetupError, match=rf"^--moe-stream: {path}: .*architecture 'mystery-moe'"):
+    with pytest.raises(StreamSetupError, match=rf"^--moe-stream: {path}: .*architecture 'mystery-moe'") as e:
         open_streaming(config)
+    assert isinstance(e.value, ModelFileError)  # the file's fault, as architecture.md's error root says
     path.write_bytes(path.read_bytes()[:-100])  # a message that names the file already is kept as is
-    with pytest.raises(StreamSetupError, match=rf"^--moe-stream: GGUF {path} is truncated or damaged: "):
+    with pytest.raises(StreamSetupError, match=rf"^--moe-stream: GGUF {path} is truncated or damaged: ") as e:
         open_streaming(config)
+    assert isinstance(e.value, ModelFileError)
     assert not (tmp_path / "twins").exists()

@@ -119,3 +119,20 @@ def test_a_decision_through_serve(serve_url: str, local_url: str) -> None:
            for u in (serve_url, local_url)]
     assert tuple(got[0].get(k) for k in ANSWER_KEYS) == tuple(got[1].get(k) for k in ANSWER_KEYS)
     assert "error" not in got[0] and got[0]["best"] in (0, 1) and got[0]["id"] == 4
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("-p hi", "-p/--prompt is a bmoe-cli mode"),
+    ("--session", "--session is a bmoe-cli mode"),
+    ("--max-queue -1", "--max-queue must be >= 0, got -1"),
+    ("--max-body-kb 0", "--max-body-kb must be >= 1, got 0"),
+    ("--allowed-hosts a,,b", "--allowed-hosts: "),
+    ("--no-such-flag", "unrecognized arguments: --no-such-flag"),
+])
+def test_build_checks_the_flags_as_bmoe_server_does(flags: str, message: str) -> None:
+    from bmoe.errors import ConfigError
+    from bmoe.ray.serve import build
+
+    with pytest.raises(ConfigError) as e:
+        build({"flags": flags})
+    assert str(e.value).startswith(message)

@@ -167,3 +167,38 @@ def test_completion_refusals(client, app, body, status, param, message) -> None:
 def test_tokenizer_refusals(client, path, body, status, param) -> None:
     assert err(client.post(path, json=body), status)["param"] == param
     assert client.post("/tokenize", json={"prompt": "ok"}).status_code == 200
+
+
+def test_a_client_that_leaves_mid_list_stops_the_scoring_and_is_counted(app) -> None:
+    """The worker side of /v1/completions with a list of prompts: when the job is cancelled (the
+    client went away) after the first prompt, the second is not scored, the job ends as
+    Cancelled (a 499 for nobody), and what was scored counts in the metrics."""
+    from bmoe.server.completions_route import CompletionsRoute
+    from bmoe.server.engine import Cancelled, Job
+    from bmoe.server.schemas import CompletionRequest
+
+    session, metrics = app.state.session, app.state.metrics
+    route = CompletionsRoute(app.state.engine, metrics, "m")
+    fn = route._fn(CompletionRequest(model="m", prompt=["The sea is", "The sky is"], max_tokens=1))
+    job = object.__new__(Job)
+    job.cancelled = __import__("threading").Event()
+    scored = []
+    real_score = session.score
+
+    def score_then_leave(req):  # noqa: ANN001
+        scored.append(req)
+        job.cancelled.set()
+        return real_score(req)
+
+    before = metrics.render().decode()
+    session.score = score_then_leave
+    try:
+        with pytest.raises(Cancelled):
+            fn(session, job)
+    finally:
+        del session.score
+    text = metrics.render().decode()
+    assert len(scored) == 1
+    assert metric(text, "bmoe_cancelled_total") == metric(before, "bmoe_cancelled_total") + 1
+    # the scored prompt's prefill counts
+    assert metric(text, "bmoe_prompt_tokens_total") > metric(before, "bmoe_prompt_tokens_total")

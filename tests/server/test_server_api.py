@@ -135,6 +135,8 @@ def test_metrics_move(client) -> None:
     before = client.get("/metrics").text
     client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": Q1}], "max_tokens": 5})
     client.post("/v1/decide", json=DECISION)
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/static/nothing.js").status_code == 404
     after = client.get("/metrics").text
     for name in ("bmoe_completion_tokens_total", "bmoe_prompt_tokens_total", "bmoe_prefill_seconds_total",
                  "bmoe_decode_seconds_total"):
@@ -146,4 +148,7 @@ def test_metrics_move(client) -> None:
     assert metric(after, "bmoe_decisions_total", reuse="stored") == 1
     assert metric(after, "bmoe_http_requests_total", route="/v1/chat/completions", status="200") == 1
     assert metric(after, "bmoe_http_requests_total", route="/v1/decide", status="200") == 1
+    # the page's files are routes of their own; an unknown path counts as "other"
+    assert metric(after, "bmoe_http_requests_total", route="/static/app.js", status="200") == 1
+    assert metric(after, "bmoe_http_requests_total", route="other", status="404") == 1
     assert "bmoe_flash_read_mib_total" in after and "bmoe_expert_cache_hit_percent -1.0" in after

@@ -118,3 +118,24 @@ def test_a_cancelled_waiter_frees_its_slot(make_app, tiny_path) -> None:
         release.set()
     assert done.wait(10)
 
+
+
+def test_a_chat_client_that_leaves_as_its_turn_starts_is_counted(make_app, tiny_path) -> None:
+    """The worker side of a chat turn whose client left after the queue handed it over but before
+    it generated: it ends as a 499 for nobody, and counts in bmoe_cancelled_total."""
+    from bmoe.server.chat_route import ChatRoute, to_turn
+    from bmoe.server.engine import Job
+    from bmoe.server.errors import ApiError
+    from bmoe.server.schemas import ChatCompletionRequest
+
+    app = make_app(tiny_path, ServerSettings())
+    route = ChatRoute(app.state.engine, app.state.metrics, "m")
+    fn = route._worker_fn(to_turn(ChatCompletionRequest(model="m", **CHAT)))
+    job = object.__new__(Job)
+    job.cancelled = threading.Event()
+    job.cancelled.set()
+    before = metric(app.state.metrics.render().decode(), "bmoe_cancelled_total")
+    with pytest.raises(ApiError) as e:
+        fn(app.state.session, job)
+    assert e.value.status == 499
+    assert metric(app.state.metrics.render().decode(), "bmoe_cancelled_total") == before + 1

@@ -127,7 +127,7 @@ def test_semantic_refusals_are_400_and_change_nothing(client) -> None:
 def test_body_that_is_not_json(client) -> None:
     r = client.post("/v1/decide", content=b'{"choices": [', headers={"Content-Type": "application/json"})
     assert err(r, 422)["param"] == "body"
-    for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "text/json", None):
         headers = {"Content-Type": ctype} if ctype else {}
         r = client.post("/v1/decide", content=b'{"choices": ["A", "B"]}', headers=headers)
         assert err(r, 415)["code"] == "unsupported_media_type"  # a form post from another page does nothing

@@ -33,6 +33,17 @@ def model(tmp_path: Path) -> Path:
         ("cache_mb", -5, "cache_mb: must be an integer >= 0, got -5"),
         ("cache_mb", "lots", "cache_mb: must be an integer >= 0, got 'lots'"),
         ("io_threads", 0, "io_threads: must be an integer >= 1, got 0"),
+        # streaming settings without moe_stream would be ignored: the user meant to stream
+        ("cache_mb", 4096, "cache_mb: only means something with moe_stream (a resident model maps the whole file, "
+                           "experts included, and the kernel keeps what fits)"),
+        ("cache_mb", "auto", "cache_mb: only means something with moe_stream (a resident model maps the whole "
+                             "file, experts included, and the kernel keeps what fits)"),
+        ("cache_force", True, "cache_force: only means something with moe_stream (a resident model maps the "
+                              "whole file, experts included, and the kernel keeps what fits)"),
+        ("odirect", False, "odirect: only means something with moe_stream (a resident model maps the whole file, "
+                           "experts included, and the kernel keeps what fits)"),
+        ("stream_read_all", True, "stream_read_all: only means something with moe_stream (a resident model maps "
+                                  "the whole file, experts included, and the kernel keeps what fits)"),
         ("decide_prefix_cache", "maybe", "decide_prefix_cache: must be one of auto, on, off, got 'maybe'"),
         ("prefetch_wide_tokens", -1, "prefetch_wide_tokens: must be an integer >= 0, got -1"),
         ("prefetch_wide_tokens", 8, "prefetch_wide_tokens: only means something with prefetch on"),
@@ -56,7 +67,7 @@ def test_missing_model_file(tmp_path: Path) -> None:
 
 
 def test_defaults_are_valid(model: Path) -> None:
-    cfg = SessionConfig(model=model, cache_mb="auto")
+    cfg = SessionConfig(model=model, moe_stream=True, cache_mb="auto")
     assert cfg.cache_mb == "auto" and cfg.threads >= 1
 
 
@@ -108,3 +119,19 @@ def test_the_cli_refuses_a_bad_setting_with_one_line(model: Path, capsys) -> Non
 def test_a_folder_is_not_a_model(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"model: {tmp_path} is a folder, not a .gguf file"):
         SessionConfig(model=tmp_path)
+
+
+def test_a_path_the_os_refuses_is_a_config_error(capsys) -> None:
+    from bmoe.cli.main import main
+
+    too_long = "a" * 300 + ".gguf"  # over NAME_MAX: the OS refuses to look at it
+    with pytest.raises(ConfigError, match=r"^model: cannot use a+\.gguf: File name too long$"):
+        SessionConfig(model=too_long)
+    assert main(["-m", too_long, "-p", "hi"]) == 1
+    assert capsys.readouterr().err.startswith("bmoe-cli: model: cannot use a")  # one line, not "internal error"
+
+
+def test_a_cache_ceiling_needs_the_auto_budget(model: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^cache_ceil_mb: only means something with cache_mb auto, got cache_mb 512$"):
+        SessionConfig(model=model, moe_stream=True, cache_mb=512, cache_ceil_mb=1024)
+    assert SessionConfig(model=model, moe_stream=True, cache_mb="auto", cache_ceil_mb=1024).cache_ceil_mb == 1024

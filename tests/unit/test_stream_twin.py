@@ -164,7 +164,7 @@ def test_bmoe_cli_gc_twins_prints_what_it_removed_and_exits_0(tiny_models, tmp_p
     assert main(["--gc-twins", "--stream-cache-dir", str(cache)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"removed {gone_twin} (its source {gone} is gone, ")
-    assert out[-1].startswith(f"bmoe-cli: --gc-twins: removed 1 twin (") and f"kept 1 (" in out[-1]
+    assert out[-1].startswith("bmoe-cli: --gc-twins: removed 1 twin (") and "kept 1 (" in out[-1]
     assert _twins(cache) == [kept_twin]
     assert main(["--gc-twins", "0", "--stream-cache-dir", str(cache)]) == 0  # a budget of 0 MiB: all go
     assert _twins(cache) == []
@@ -199,10 +199,25 @@ def test_twins_of_the_older_format_are_removed(tiny_models, tmp_path: Path) -> N
 
     mine, other = _copy(tiny_models, tmp_path, "mine.gguf"), _copy(tiny_models, tmp_path, "other.gguf")
     cache = tmp_path / "twins"
-    old_mine, old_other = _legacy_twin(cache, mine, "0" * 16), _legacy_twin(cache, other, "1" * 16)
+    _legacy_twin(cache, mine, "0" * 16)
+    old_other = _legacy_twin(cache, other, "1" * 16)
     new = dense_twin(read_layout(mine), cache).parent  # the same inode as old_mine's stamp: it goes now
     assert _twins(cache) == sorted([new, old_other])
     report = gc_twins(cache)  # the other one's goes with the gc: format 1 is never read again
     assert [(e.path, e.why) for e in report.removed] == [
         (old_other, "written by an older bmoe (twin format 1), never used again")]
     assert _twins(cache) == [new]
+
+
+def test_bmoe_cli_gc_twins_names_a_folder_it_cannot_list(tmp_path: Path, capsys, monkeypatch) -> None:
+    from bmoe.cli.main import main
+
+    cache = tmp_path / "twins"
+    cache.mkdir()
+
+    def refuse(self):  # noqa: ANN001 - as an unreadable folder does for a user without the right (root can read any)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", refuse)
+    assert main(["--gc-twins", "--stream-cache-dir", str(cache)]) == 1
+    assert capsys.readouterr().err == f"bmoe-cli: --gc-twins: cannot list the twins folder {cache}: Permission denied\n"

@@ -21,7 +21,7 @@ from ray import serve
 from bmoe.config import SessionConfig, config_from_flags, model_from_flags
 from bmoe.errors import ConfigError
 from bmoe.server.app import ServerSettings, close_app, create_app
-from bmoe.server.main import allowed_hosts, build_server_parser
+from bmoe.server.main import build_server_parser, server_settings
 from bmoe.session import Session
 
 from .data.run import RayOptions, actor_config, sizing
@@ -73,10 +73,9 @@ def build(args: dict[str, str]) -> Any:
     unknown = sorted(set(args) - known)
     if unknown:
         raise ConfigError(f"unknown argument(s) {', '.join(unknown)}; give {', '.join(sorted(known))}")
-    flags = build_server_parser().parse_args(shlex.split(args.get("flags", "")))
+    flags, extra = build_server_parser().parse_known_args(shlex.split(args.get("flags", "")))
+    settings = ServerSettings(**server_settings(flags, extra))  # bmoe-server's checks, as ConfigError
     cfg = config_from_flags(flags, model_from_flags(flags, "bmoe.ray.serve"), decide=not flags.no_decide)
-    settings = ServerSettings(api_key=flags.api_key or None, max_queue=flags.max_queue,
-                              max_body_bytes=flags.max_body_kb * 1024, allowed_hosts=allowed_hosts(flags))
     memory = args.get("memory_mb")
     return deployment(cfg, settings, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1.0)),
                       memory_mb=int(memory) if memory else None, flash_resource=args.get("flash_resource") or None)

@@ -20,7 +20,10 @@ class Sampler:
         """``logits  # [n_vocab]`` float32 -> token id."""
         if self.greedy:
             return int(np.argmax(logits))
-        p = np.exp(log_softmax(logits / self.temperature))
+        # In float64, from the top logit down: a tiny temperature then sends every other logit to
+        # -inf rather than the top ones to +inf (inf - inf is NaN).
+        x = np.asarray(logits, dtype=np.float64)
+        p = np.exp(log_softmax((x - x.max()) / self.temperature))
         if self.top_p < 1.0:
             order = np.argsort(-p, kind="stable")
             cum = np.cumsum(p[order])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import SessionConfig
-from ..errors import BmoeError
+from ..errors import BmoeError, ConfigError, ModelFileError
 from ..llama.expert_hook import ExpertHook
 from ..llama.ggml_tensor import GgmlLayoutError
 from ..llama.pages import LibcPageMover
@@ -33,6 +33,14 @@ from ..stream.twin import default_twin_dir, dense_ranges, open_twin
 
 class StreamSetupError(BmoeError):
     """Streaming cannot be set up for this model or these settings (refused at startup)."""
+
+
+class StreamConfigError(StreamSetupError, ConfigError):
+    """... because of a setting: a cache budget under the floor, --prefetch where it cannot work."""
+
+
+class StreamModelError(StreamSetupError, ModelFileError):
+    """... because of the model file: a layout or architecture bmoe cannot stream, a damaged GGUF."""
 
 
 @dataclass
@@ -159,6 +167,10 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
 
 
 def _setup_error(config: SessionConfig, e: BaseException) -> StreamSetupError:
-    """``--moe-stream: <why>``, naming the user's model file unless ``why`` already does."""
+    """``--moe-stream: <why>``, naming the user's model file unless ``why`` already does; a
+    ConfigError for a setting's fault, a ModelFileError for the file's (the ggml check's refusal,
+    a mismatch with the llama.cpp build, is neither)."""
     why, model = str(e), str(config.model)
-    return StreamSetupError(f"--moe-stream: {why}" if model in why else f"--moe-stream: {model}: {why}")
+    kind = (StreamConfigError if isinstance(e, ConfigError) else
+            StreamModelError if isinstance(e, (ModelFileError, OSError, StreamIOError)) else StreamSetupError)
+    return kind(f"--moe-stream: {why}" if model in why else f"--moe-stream: {model}: {why}")

@@ -34,7 +34,7 @@ STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; 
 # Paths the request counter names; anything else counts as "other" (a fuzzer makes many).
 ROUTES = frozenset({"/", "/health", "/metrics", "/v1/models", "/v1/session", "/v1/chat/completions",
                     "/v1/decide", "/openapi.json", "/docs", "/v1/completions", "/tokenize", "/detokenize",
-                    "/tokenizer_info"})
+                    "/tokenizer_info", *(f"/static/{name}" for name in STATIC)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,12 @@ class ChatRoute:
 
     def _worker_fn(self, turn: ChatTurn):  # runs in the worker thread
         def fn(session, job: Job) -> TurnOutcome:
-            outcome = run_turn(session, job, turn)
+            try:
+                outcome = run_turn(session, job, turn)
+            except ApiError as e:
+                if e.status == 499:  # the client left while its conversation was being checked
+                    self.metrics.cancelled.inc()
+                raise
             if outcome.finish_reason == "cancelled":
                 self.metrics.cancelled.inc()
             self.metrics.chat_turn(outcome.result, outcome.finish_reason)

@@ -22,7 +22,7 @@ from bmoe.errors import RequestError
 from bmoe.runtime.results import ScoreRequest, ScoreResult
 from bmoe.session import Session
 
-from .engine import Engine, Job
+from .engine import Cancelled, Engine, Job
 from .errors import ApiError, from_request_error
 from .jobs import run_job
 from .metrics import Metrics
@@ -163,6 +163,7 @@ class CompletionsRoute:
             results = []
             for req in reqs:
                 if job.cancelled.is_set():  # the client left: the prompts not scored yet are not
+                    self.metrics.completion(results)  # those scored so far count as work done
                     self.metrics.cancelled.inc()
                     raise Cancelled("the client closed the request")
                 results.append(session.score(req))

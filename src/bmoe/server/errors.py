@@ -82,7 +82,8 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         ctype = request.headers.get("content-type", "")
-        if request.method == "POST" and not ctype.split(";")[0].strip().endswith("json"):
+        media = ctype.split(";")[0].strip().lower()
+        if request.method == "POST" and media != "application/json" and not media.endswith("+json"):
             # FastAPI reads a body as JSON only when it says so; which also keeps other web
             # pages, which can send only form or text bodies without asking, from driving the model.
             return JSONResponse(error_body(415, f"the body must be JSON sent with Content-Type: application/json, "

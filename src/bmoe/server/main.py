@@ -7,6 +7,7 @@ import os
 import sys
 
 from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.errors import ConfigError
 
 from .hosts import bound_name, normalize, parse_allowed
 
@@ -53,24 +54,36 @@ def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(dict.fromkeys(((bound,) if bound else ()) + extra))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_server_parser()
-    args, extra = parser.parse_known_args(argv)
+def server_settings(args: argparse.Namespace, extra: list[str]) -> dict:
+    """bmoe-server's own flags, checked (ConfigError naming the first wrong one), as
+    ``ServerSettings``' fields: what bmoe-server and bmoe.ray.serve's ``build`` both run."""
     if args.cli_mode:
-        parser.error(f"{args.cli_mode[0]} is a bmoe-cli mode; bmoe-server serves requests over HTTP")
+        raise ConfigError(f"{args.cli_mode[0]} is a bmoe-cli mode; bmoe-server serves requests over HTTP")
     if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        raise ConfigError(f"unrecognized arguments: {' '.join(extra)}")
     if args.max_queue < 0:
-        parser.error(f"--max-queue must be >= 0, got {args.max_queue}")
+        raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_kb < 1:
-        parser.error(f"--max-body-kb must be >= 1, got {args.max_body_kb}")
+        raise ConfigError(f"--max-body-kb must be >= 1, got {args.max_body_kb}")
     try:
         hosts = allowed_hosts(args)
     except ValueError as e:
-        parser.error(f"--allowed-hosts: {e}")
+        raise ConfigError(f"--allowed-hosts: {e}") from None
+    return {"api_key": args.api_key or None, "max_queue": args.max_queue, "max_body_bytes": args.max_body_kb * 1024,
+            "allowed_hosts": hosts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_server_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        settings = server_settings(args, extra)
+    except ConfigError as e:
+        parser.error(str(e))
+    hosts = settings["allowed_hosts"]
     try:  # the server extra, before the model is opened: a missing one is one line, not a traceback
         import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
+        import uvicorn
     except ImportError as e:
         print(f"bmoe-server: the server extra is not installed ({e.name} is missing): "
               "pip install 'bmoe[server]'", file=sys.stderr)
@@ -87,12 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"bmoe-server: {opening_failure(e)}", file=sys.stderr)
         return 1
-    import uvicorn
 
     from bmoe.server.app import ServerSettings, close_app, create_app
 
-    app = create_app(session, ServerSettings(api_key=args.api_key or None, max_queue=args.max_queue,
-                                             max_body_bytes=args.max_body_kb * 1024, allowed_hosts=hosts))
+    app = create_app(session, ServerSettings(**settings))
     print(f"bmoe-server: {cfg.model} on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     if not hosts and normalize(args.host) in ("0.0.0.0", "::"):
         print("bmoe-server: listening on every address, but answering only requests for localhost and loopback "

@@ -316,7 +316,11 @@ def gc_twins(cache_dir: Path, max_bytes: int | None = None) -> GcReport:
     kept: list[tuple[float, GcEntry]] = []
     if not cache_dir.is_dir():
         return GcReport((), ())
-    for d in sorted(cache_dir.iterdir()):
+    try:
+        entries = sorted(cache_dir.iterdir())
+    except OSError as e:
+        raise TwinError(f"cannot list the twins folder {cache_dir}: {e.strerror or e}") from None
+    for d in entries:
         if d.is_symlink() or not d.is_dir():
             continue
         t = _TEMP_RE.match(d.name)
