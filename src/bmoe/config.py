@@ -96,9 +96,7 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"model: cannot use {path}: {e.strerror or e}") from None
     _int_at_least(cfg, "n_ctx", 16)
     _int_at_least(cfg, "n_batch", 1)
-    _int_at_least(cfg, "n_ubatch", 1)
-    if cfg.n_ubatch > cfg.n_batch:
-        raise ConfigError(f"n_ubatch: must be <= n_batch ({cfg.n_batch}), got {cfg.n_ubatch}")
+    _int_at_least(cfg, "n_ubatch", 1)  # above n_batch, llama.cpp lowers it to n_batch (so -b 128 alone works)
     _int_at_least(cfg, "n_threads", 0)
     _int_at_least(cfg, "n_predict", 1)
     if isinstance(cfg.temperature, bool) or not isinstance(cfg.temperature, (int, float)) or not 0.0 <= cfg.temperature <= 10.0:

@@ -98,3 +98,12 @@ def test_cancel_rolls_back_and_overflow_is_refused(open_tiny, arch: str) -> None
     # reuses (the hybrid's recurrent state cannot be cut back, so there neither reuses anything).
     assert (after.n_reused, after.n_prompt) == (expected.n_reused, expected.n_prompt)
     assert expected.tokens == after.tokens
+
+
+def test_a_logical_batch_under_the_default_ubatch_lowers_it(open_tiny) -> None:
+    """-b 128 alone (the ubatch left at its default 512): llama.cpp lowers the ubatch to 128, as its
+    own tools do; the session opens and prefills a prompt longer than one batch."""
+    s = open_tiny("qwen3moe", n_batch=128)
+    assert (s.runtime.ctx.n_batch, s.runtime.ctx.n_ubatch) == (128, 128)
+    r = s.generate(GenerateRequest(prompt="Tell me about the sea and the sky. " * 30, n_predict=2))
+    assert r.n_prompt > 128 and r.n_tokens == 2

@@ -20,7 +20,7 @@ def model(tmp_path: Path) -> Path:
         ("n_ctx", 8, "n_ctx: must be an integer >= 16, got 8"),
         ("n_ctx", True, "n_ctx: must be an integer >= 16, got True"),
         ("n_batch", 0, "n_batch: must be an integer >= 1, got 0"),
-        ("n_ubatch", 1024, "n_ubatch: must be <= n_batch (512), got 1024"),
+        ("n_ubatch", 0, "n_ubatch: must be an integer >= 1, got 0"),
         ("n_threads", -1, "n_threads: must be an integer >= 0, got -1"),
         ("n_predict", 0, "n_predict: must be an integer >= 1, got 0"),
         ("temperature", -0.5, "temperature: must be a number in [0, 10], got -0.5"),
