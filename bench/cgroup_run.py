@@ -61,7 +61,7 @@ def run_limited(cmd: list[str], limit_bytes: int | None, *, timeout_s: float, co
     if limit_bytes is not None:
         cg = own_memory_cgroup() / f"bmoe-bench-{os.getpid()}-{tag}"
         try:
-            cg.mkdir(exist_ok=True)
+            cg.mkdir()  # never an earlier run's, whose peak and OOM count it would still carry
             (cg / "memory.limit_in_bytes").write_text(str(limit_bytes))
         except OSError as exc:
             raise CgroupError(f"cannot make a memory cgroup at {cg}: {exc}") from exc

@@ -27,10 +27,13 @@ def bmoe_decision(latency: float, read_mib: int, wasted_mib: int = 0, hits: int 
 
 def test_plan_lists_every_configuration_in_order_and_only_keeps_the_named_ones() -> None:
     keys = [c.key for c in ds.plan((15, 30))]
-    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra", "off+mmap", "resident"]
-    only = ds.plan((15, 30), {"off", "cache30+ra"})
-    assert [(c.key, c.cache_pct, c.prefetch, c.name) for c in only] == [
-        ("off", 0, False, "bmoe cache off"), ("cache30+ra", 30, True, "bmoe cache 30%, read-ahead")]
+    assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra", "cache15-lru",
+                    "cache15+ra-lru", "cache30-lru", "cache30+ra-lru", "off+mmap", "resident"]
+    only = ds.plan((15, 30), {"off", "cache30+ra", "cache30+ra-lru"})
+    assert [(c.key, c.cache_pct, c.prefetch, c.policy, c.name) for c in only] == [
+        ("off", 0, False, "next-use", "bmoe cache off"),
+        ("cache30+ra", 30, True, "next-use", "bmoe cache 30%, read-ahead"),
+        ("cache30+ra-lru", 30, True, "lru", "bmoe cache 30%, read-ahead, plain LRU")]
 
 
 def test_cache_mib_is_the_share_of_the_expert_bytes() -> None:
@@ -83,8 +86,8 @@ def test_targets_on_the_uniform_preset() -> None:
     got = verdicts(ds.targets("uniform", summary, (15, 30)))
     assert got == {
         "best bmoe (cache30) vs llama.cpp mmap, decision latency": "PASS",
-        "off vs its I/O bound": "PASS",
-        "cache30 vs its I/O bound": "FAIL",
+        "off vs its bound (the slower of its I/O bound and the compute floor)": "PASS",
+        "cache30 vs its bound (the slower of its I/O bound and the compute floor)": "FAIL",
         "cache30: decision bytes cut vs off": "PASS",
         "cache30: latency vs off": "PASS",
         "cache30+ra: decision bytes cut vs off+ra": "n/a",
@@ -98,14 +101,22 @@ def test_targets_on_the_uniform_preset() -> None:
     assert cut["value"] == pytest.approx(0.275)
 
 
-def test_targets_on_the_trace_preset_want_every_cache_faster_than_off() -> None:
-    summary = {"off": {"latency_s": 2.0}, "cache15": {"latency_s": 1.5}, "cache30": {"latency_s": 2.5}}
+def test_targets_on_the_trace_preset_want_every_cache_faster_than_off_and_than_plain_lru() -> None:
+    summary = {"off": {"latency_s": 2.0, "decode_tok_s": 4.0},
+               "cache15": {"latency_s": 1.5, "decode_tok_s": 4.0}, "cache30": {"latency_s": 2.5, "decode_tok_s": 5.0},
+               "cache15-lru": {"latency_s": 1.6, "decode_tok_s": 3.0}, "cache30-lru": {"latency_s": 2.4}}
     got = verdicts(ds.targets("trace", summary, (15, 30)))
     assert got["best bmoe (cache15) vs llama.cpp mmap, decision latency"] == "n/a"
     assert got["cache15: latency vs off"] == "PASS"
     assert got["cache30: latency vs off"] == "FAIL"
     assert got["cache15+ra: latency vs off+ra"] == "n/a"
+    assert got["cache15: decode tok/s vs off"] == "FAIL"  # the realistic preset wants it faster, not as fast
+    assert got["cache30: decode tok/s vs off"] == "PASS"
+    assert (got["cache15: latency vs cache15-lru"], got["cache15: decode tok/s vs cache15-lru"]) == ("PASS", "PASS")
+    assert (got["cache30: latency vs cache30-lru"], got["cache30: decode tok/s vs cache30-lru"]) == ("FAIL", "n/a")
+    assert got["cache30+ra: latency vs cache30+ra-lru"] == "n/a"
     assert not any("bytes cut" in k for k in got)
+    assert not any(" vs cache" in k for k in verdicts(ds.targets("uniform", summary, (15, 30))))  # trace only
 
 
 def test_status_names_a_refusal_before_a_failure() -> None:

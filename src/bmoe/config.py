@@ -25,6 +25,7 @@ PrefixCacheMode = Literal["auto", "on", "off"]
 PREFIX_CACHE_MODES: tuple[str, ...] = ("auto", "on", "off")
 DenseWeights = Literal["anon", "mmap"]
 DENSE_WEIGHTS: tuple[str, ...] = ("anon", "mmap")
+CACHE_POLICIES: tuple[str, ...] = ("next-use", "lru")  # bmoe.stream.cache.POLICIES' names
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class SessionConfig:
     cache_mb: int | Literal["auto"] = 0
     cache_ceil_mb: int = 0  # 0: no ceiling for --cache-mb auto
     cache_force: bool = False
+    cache_policy: str = "next-use"  # which experts the cache keeps: next-use (bmoe's) or lru (the baseline)
     odirect: bool = True
     io_threads: int = 4
     stream_cache_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
@@ -120,11 +122,14 @@ def validate(cfg: SessionConfig) -> None:
         raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
     if not cfg.moe_stream:  # a setting that would be ignored: the user meant to stream
         for name, given in (("cache_mb", cfg.cache_mb != 0), ("cache_ceil_mb", cfg.cache_ceil_mb != 0),
-                            ("cache_force", cfg.cache_force), ("odirect", not cfg.odirect),
+                            ("cache_force", cfg.cache_force), ("cache_policy", cfg.cache_policy != "next-use"),
+                            ("odirect", not cfg.odirect),
                             ("stream_read_all", cfg.stream_read_all)):
             if given:
                 raise ConfigError(f"{name}: only means something with moe_stream (a resident model maps the "
                                   "whole file, experts included, and the kernel keeps what fits)")
+    if cfg.cache_policy not in CACHE_POLICIES:
+        raise ConfigError(f"cache_policy: must be one of {', '.join(CACHE_POLICIES)}, got {cfg.cache_policy!r}")
     if cfg.cache_ceil_mb and cfg.cache_mb != "auto":
         raise ConfigError(f"cache_ceil_mb: only means something with cache_mb auto, got cache_mb {cfg.cache_mb!r}")
     if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:
@@ -252,6 +257,8 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--cache-ceil-mb", field="cache_ceil_mb", type=int, default=0, help="upper bound for --cache-mb auto (0: none)"),
     _flag("--cache-force", field="cache_force", action="store_true",
           help="accept a cache budget under one token's working set"),
+    _flag("--cache-policy", field="cache_policy", choices=list(CACHE_POLICIES), default="next-use",
+          help="which experts the cache keeps: next-use (default) or lru (plain global LRU, a baseline)"),
     _flag("--no-odirect", field="odirect", to_field=lambda v: not v, action="store_true",
           help="read experts through the page cache instead of O_DIRECT"),
     _flag("--io-threads", field="io_threads", type=int, default=4, help="parallel read lanes (default 4)"),

@@ -100,9 +100,11 @@ def test_g1_resident_equals_streaming_cache_off_and_bytes_are_exact(variant) -> 
     assert st.routed == sum(len(ex) for _, ex in routes) and st.hits == 0
 
 
-def test_g2_evicting_cache_equals_cache_off(variant) -> None:
+@pytest.mark.parametrize("policy", ["next-use", "lru"])
+def test_g2_evicting_cache_equals_cache_off(variant, policy: str) -> None:
     open_, resident = variant
-    s = open_(moe_stream=True, cache_mb=1, cache_force=True)
+    s = open_(moe_stream=True, cache_mb=1, cache_force=True, cache_policy=policy)
+    assert type(s.streaming.streamer.cache.policy).__name__ == {"next-use": "NextUsePolicy", "lru": "LruPolicy"}[policy]
     routes = record_routes(s)
     streamed = run(s)
     assert_same(resident, streamed)

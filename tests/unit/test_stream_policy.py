@@ -268,3 +268,16 @@ def test_two_deep_read_ahead_never_evicts_the_route_still_computing_or_the_guess
             held = {k for k in busy if k in resident} | {ExpertKey(nxt, e) for e in guess}
             assert p.resident_bytes == len(resident) <= max(budget, len(held))
             busy = [ExpertKey(nxt, e) for e in ahead]
+
+
+def test_the_replay_tool_judges_the_issues_targets_per_budget() -> None:
+    qwen, gpt = "/x/Qwen3-30B-A3B-Q4_K_M.gguf", "/y/gpt-oss-120b-Q4_K_M.gguf"
+    rows = {"500": {"bmoe": 30.3, "lru": 0.0, "optimal": 45.3}, "750": {"bmoe": 38.4, "lru": 0.0, "optimal": 55.4},
+            "1000": {"bmoe": 45.0, "lru": 37.7, "optimal": 62.7}, "6000": {"bmoe": 90.0, "lru": 89.0, "optimal": 96.6}}
+    lines = cache_replay.verdicts(qwen, 785.0, rows)
+    assert [ln.split()[0] + " " + ln.split()[1] for ln in lines] == ["FAIL 500", "PASS 750", "FAIL 1000"]
+    assert "vs 45.1 (>= the per-layer partition with LFU)" in lines[2]  # 0.1 under its figure fails
+    g = cache_replay.verdicts(gpt, 908.0, {"1000": {"bmoe": 20.7, "lru": 17.7, "optimal": 43.5},
+                                           "2000": {"bmoe": 33.8, "lru": 30.9, "optimal": 59.9}})
+    assert [ln.split()[0] for ln in g] == ["PASS", "FAIL"]  # LRU + 3: 20.7 >= 20.7, 33.8 < 33.9
+    assert cache_replay.verdicts("/z/other.gguf", 100.0, rows) == []  # no reference figures, no verdicts

@@ -128,6 +128,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         content = ContentSample.take(layout)
         options = StreamOptions(
             cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
+            policy=config.cache_policy,
             odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
         )
         guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None

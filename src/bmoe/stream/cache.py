@@ -25,7 +25,7 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from .layout import ExpertTensor, ModelLayout
 from .pages import PageMover
-from .policy import CachePolicy, ExpertKey, NextUsePolicy, Uses
+from .policy import CachePolicy, ExpertKey, LruPolicy, NextUsePolicy, Uses
 from .reader import ALIGN, ReadOp, Window
 from .stats import StreamStats
 
@@ -170,6 +170,8 @@ class SharedBuffers:
 
 PolicyFactory = Callable[[Mapping[int, int], int], CachePolicy]
 DEFAULT_POLICY: PolicyFactory = NextUsePolicy  # what every cache-on streamer runs (and bench/cache_replay.py)
+# --cache-policy: the default, and plain global LRU (the baseline the benchmarks compare it with)
+POLICIES: dict[str, PolicyFactory] = {"next-use": DEFAULT_POLICY, "lru": LruPolicy}
 
 
 class ExpertCache:

@@ -30,6 +30,7 @@ class StreamOptions:
     odirect: bool = True                  # --no-odirect sets False
     io_threads: int = 4                   # parallel read lanes
     read_all: bool = False                # verification: read every expert at every route (gate G3)
+    policy: str = "next-use"              # which resident experts stay: cache.POLICIES
 
 
 @dataclass(frozen=True, slots=True)

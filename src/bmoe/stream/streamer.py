@@ -40,7 +40,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import ExpertCache, ExpertKey, Plan, SharedBuffers
+from .cache import POLICIES, ExpertCache, ExpertKey, Plan, SharedBuffers
 from .layout import ExpertTensor, ModelLayout
 from .pages import PageMover
 from .options import Budget, StreamOptions, resolve_budget
@@ -76,7 +76,8 @@ class Streamer:
         self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
                                    io_threads=options.io_threads, warn=warn)
         self.cache: ExpertCache | SharedBuffers = (
-            ExpertCache(layout, self.budget.budget_bytes, pages=pages) if self.budget.budget_bytes > 0
+            ExpertCache(layout, self.budget.budget_bytes, POLICIES[options.policy], pages=pages)
+            if self.budget.budget_bytes > 0
             else SharedBuffers(layout, sets=buffer_sets)
         )
         self._layers = frozenset(layout.layers)
