@@ -177,3 +177,50 @@ def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args,
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"bmoe-eval: {msg}") and "Traceback" not in "\n".join(err)
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def units5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Five structured rows of the units set: one prefix, one label list (A-D)."""
+    path = tmp_path_factory.mktemp("data") / "units5.jsonl"
+    path.write_text("\n".join(dataset.shipped_sets()["units"].read_text().splitlines()[:5]) + "\n")
+    return path
+
+
+def test_a_resumed_pride_run_gives_the_figures_of_a_fresh_one(units5: Path, tmp_path: Path, monkeypatch,
+                                                                calls, capsys) -> None:
+    pride = ["--debias", "pride", "--decide-pride-sample", "2", *FAST]
+    assert main([str(units5), "--out", str(tmp_path / "fresh"), *pride]) == 0
+    fresh = _results(tmp_path / "fresh")
+    assert [r["pride_stage"] for r in fresh] == ["sample"] * 2 + ["prior"] * 3
+    real = Session.decide_many  # the spy of `calls`
+
+    def interrupted(self: Session, requests):  # type: ignore[no-untyped-def]
+        if len(calls) == 3:  # rows 1-3 answered (both samples and one divided row), then Ctrl-C
+            raise KeyboardInterrupt
+        return real(self, requests)
+
+    monkeypatch.setattr(Session, "decide_many", interrupted)
+    calls.clear()
+    assert main([str(units5), "--out", str(tmp_path / "resumed"), *pride]) == EXIT_INTERRUPTED
+    monkeypatch.setattr(Session, "decide_many", real)
+    calls.clear()
+    assert main([str(units5), "--out", str(tmp_path / "resumed"), *pride]) == 0
+    assert calls == [[1], [2], [3], [4], [5]]  # the new session estimates the prior from the same rows
+    assert "resuming: 0 of 5 rows are already in" in capsys.readouterr().err
+    resumed = _results(tmp_path / "resumed")
+    keys = ("pride_stage", "prior", "debiased_p", "best")
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in fresh]
+    # another K would answer the pride rows otherwise: refused, as another --debias is
+    assert main([str(units5), "--out", str(tmp_path / "resumed"), "--debias", "pride", "--decide-pride-sample", "3",
+                 *FAST]) == 1
+    assert "--decide-pride-sample differs (decide_pride_sample was 2, now 3)" in capsys.readouterr().err
+
+
+def test_pride_rows_are_refused_on_ray_before_anything_starts(units5: Path, tmp_path: Path, capsys) -> None:
+    assert main([str(units5), "--out", str(tmp_path / "out"), "--ray", "local", "--debias", "pride", *FAST]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['bmoe-eval: --ray: 5 rows use "debias": "pride", whose prior a session estimates from the first '
+                   'rows it answers; each Ray actor has its own session and gets the rows in another order, so the '
+                   'figures would not be those of one process; run them without --ray']
+    assert not (tmp_path / "out").exists()

@@ -120,6 +120,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         _say(f"{path} line {line} skipped: {why}")
     if not ds.rows:
         raise ConfigError(f"data: no usable row in {path}")
+    pride = {r.line for r in ds.rows if r.request.debias == "pride"}
+    if pride and args.ray is not None:
+        raise ConfigError(f'--ray: {len(pride)} rows use "debias": "pride", whose prior a session estimates from '
+                          f'the first rows it answers; each Ray actor has its own session and gets the rows in '
+                          f'another order, so the figures would not be those of one process; run them without --ray')
     if args.fit_temperature:
         n_calib = sum(r.split == args.calib_split for r in ds.rows)
         if n_calib == 0 or n_calib == len(ds.rows):
@@ -135,11 +140,21 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     store = ResultStore(args.out)
     ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
-                     abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias)
+                     abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias,
+                     decide_pride_sample=cfg.decide_pride_sample if pride else None)
     done = store.open(ident, {"data": str(path), "rows": len(ds.rows)})
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
     # session's settings (scoring "full" without --decide-batch) rather than the row
     todo = [r for r in ds.rows if r.line not in done or "error" in done[r.line]]
+    asked = {r.line for r in todo}
+    if pride & asked:
+        # pride's prior belongs to the session: this one answers every pride row again, in the
+        # order a fresh run sends them, so that the figures are a fresh run's (docs/eval.md#resume)
+        first: dict[str, int] = {}
+        for r in ds.rows:
+            first.setdefault(r.request.prefix, r.line)
+        again = pride | asked
+        todo = sorted((r for r in ds.rows if r.line in again), key=lambda r: first[r.request.prefix])
     if done:
         _say(f"resuming: {len(ds.rows) - len(todo)} of {len(ds.rows)} rows are already in {store.results}")
     try:
