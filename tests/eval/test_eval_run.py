@@ -224,3 +224,31 @@ def test_pride_rows_are_refused_on_ray_before_anything_starts(units5: Path, tmp_
                    'rows it answers; each Ray actor has its own session and gets the rows in another order, so the '
                    'figures would not be those of one process; run them without --ray']
     assert not (tmp_path / "out").exists()
+
+
+def test_the_actor_flags_reach_ray_and_get_around_cache_mb_auto(data: Path, tmp_path: Path, tiny_models,
+                                                                 monkeypatch, capsys) -> None:
+    import bmoe.ray.data
+    from bmoe.errors import ConfigError
+
+    streamed = ["-m", str(tiny_models("qwen3moe", "q8_0")), "--moe-stream", "--cache-mb", "auto", *FAST]
+    argv = [str(data), "--out", str(tmp_path / "out"), "--ray", "local", *streamed]
+    real = bmoe.ray.data.RayRun
+    seen = []
+
+    def sized(lines, config, options):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        real.__init__.__globals__["sizing"](config, options)  # what RayRun does before Ray starts
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(bmoe.ray.data, "RayRun", sized)
+    assert main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "bmoe-eval: cache_mb: auto sizes the cache from the RAM of whichever node the actor lands on; for Ray give "
+        "--cache-mb N, or a ceiling with --cache-ceil-mb, or --actor-memory-mb")
+    assert main([*argv, "--actor-memory-mb", "8000", "--actor-cpus", "2"]) == 1
+    assert "bmoe-eval: stop here" in capsys.readouterr().err
+    assert (seen[-1].memory_mb, seen[-1].num_cpus) == (8000, 2.0)
+    with pytest.raises(SystemExit) as e:
+        main([str(data), "--out", str(tmp_path / "out"), "--actor-memory-mb", "8000"])
+    assert e.value.code == 2 and "--actor-memory-mb needs --ray ADDRESS|local" in capsys.readouterr().err

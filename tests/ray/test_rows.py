@@ -106,6 +106,10 @@ def test_sizing_of_a_streamed_model(tiny_models) -> None:
         actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"))
     assert actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto", cache_ceil_mb=5)).weights == \
         read_layout(path).dense_nbytes + 5 * 2**20
+    # the memory given: nothing is computed, so cache_mb auto needs no ceiling
+    given = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"), memory_mb=8000)
+    assert (given.memory, given.weights, given.kv, given.overhead) == (8000 * 2**20, None, None, None)
+    assert given.describe() == "num_cpus=1, memory=8000 MiB (given)"
 
 
 def test_ray_options_are_checked() -> None:

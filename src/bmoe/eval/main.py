@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
+from bmoe.ray.flags import add_actor_flags
 
 if TYPE_CHECKING:  # the heavy parts load only when a run needs them
     from bmoe.config import SessionConfig
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer the rows on a Ray actor pool: a cluster's address, or local (docs/scale-out.md)")
     g.add_argument("--actors", type=_positive, default=None, metavar="N",
                    help="with --ray: actors, one session each (default 1)")
+    add_actor_flags(g)  # with --ray, as bmoe-batch's
+    g.set_defaults(actor_cpus=None)  # 1, but "given" is told apart from it
     g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     add_session_flags(p, skip=SKIPPED_FLAGS)
     return p
@@ -87,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out DIR is required: the folder for results.jsonl, metrics.json, report.md and the pictures")
     if args.calib_split != "calib" and not args.fit_temperature:
         parser.error("--calib-split needs --fit-temperature")
-    if args.actors is not None and args.ray is None:
-        parser.error("--actors needs --ray ADDRESS|local")
+    for flag, given in (("--actors", args.actors is not None), ("--actor-cpus", args.actor_cpus is not None),
+                        ("--actor-memory-mb", args.actor_memory_mb is not None)):
+        if given and args.ray is None:
+            parser.error(f"{flag} needs --ray ADDRESS|local")
     for name in EXTRA:  # before the model opens: a missing one is one line, not a traceback later
         try:
             __import__(name)
@@ -227,7 +232,8 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
     from bmoe.eval.runner import answer_row, run_ray
     from bmoe.ray.data import RayOptions
 
-    options = RayOptions(address=args.ray, actors=args.actors or 1, batch_rows=args.batch or max(cfg.decide_batch, 32))
+    options = RayOptions(address=args.ray, actors=args.actors or 1, batch_rows=args.batch or max(cfg.decide_batch, 32),
+                         num_cpus=args.actor_cpus or 1.0, memory_mb=args.actor_memory_mb)
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
 
     def on_answer(row: Row, answer: dict) -> None:
@@ -240,13 +246,14 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
         bar.update(1)
 
     try:
-        run_ray(todo, cfg, options, on_answer, counts)
+        try:
+            run_ray(todo, cfg, options, on_answer, counts)
+        finally:
+            bar.close()
     except KeyboardInterrupt:
-        bar.close()
         _say(f"interrupted after {counts.decided} decisions this run; rerun the same command to resume "
              f"(answered rows are in {store.results})")
         raise
-    bar.close()
     return counts
 
 

@@ -17,6 +17,7 @@ from bmoe.config import add_session_flags, config_from_flags, int_at_least, mode
 from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
+from .flags import add_actor_flags
 from .data.run import LOCAL, RayOptions, answer
 
 JSON_SPACE = " \t\r\n"
@@ -24,16 +25,6 @@ JSON_SPACE = " \t\r\n"
 
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
-
-
-def _cpus(v: str) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        x = 0.0
-    if not x > 0 or x != x or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"takes a number > 0, got {v!r}")
-    return x
 
 
 def build_batch_parser() -> argparse.ArgumentParser:
@@ -50,10 +41,7 @@ def build_batch_parser() -> argparse.ArgumentParser:
     g.add_argument("--actors", type=_positive, default=1, metavar="N", help="Ray actors, one session each (default 1)")
     g.add_argument("--batch-rows", type=_positive, default=32, metavar="N",
                    help="rows per batch handed to an actor (default 32)")
-    g.add_argument("--actor-cpus", type=_cpus, default=1.0, metavar="X",
-                   help="CPUs each actor reserves; also its llama.cpp threads unless --threads is given (default 1)")
-    g.add_argument("--actor-memory-mb", type=_positive, default=None, metavar="N",
-                   help="memory each actor reserves, in MiB (default: weights + KV + overhead, docs/scale-out.md)")
+    add_actor_flags(g)
     g.add_argument("--flash-resource", metavar="NAME",
                    help="a custom Ray resource each actor takes one unit of, e.g. one per flash device")
     g.add_argument("--max-restarts", type=_non_negative, default=3, metavar="N",
