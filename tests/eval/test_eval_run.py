@@ -252,3 +252,24 @@ def test_the_actor_flags_reach_ray_and_get_around_cache_mb_auto(data: Path, tmp_
     with pytest.raises(SystemExit) as e:
         main([str(data), "--out", str(tmp_path / "out"), "--actor-memory-mb", "8000"])
     assert e.value.code == 2 and "--actor-memory-mb needs --ray ADDRESS|local" in capsys.readouterr().err
+
+
+def test_on_ray_a_failed_row_is_retried_not_counted_as_refused(tmp_path: Path, monkeypatch, capsys) -> None:
+    import bmoe.ray.data
+
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n"
+                            for i in range(3)))
+    answered = {"best": 0, "choice_logp": [-0.5, -2.0], "p_outside": 0.2, "abstained": False, "n_reused": 0}
+    back = [{"id": 1, "error": "internal error: RuntimeError: bug", "failed": True},
+            {"id": 2, "error": "decide: refused"}, {"id": 3, **answered}]
+    monkeypatch.setattr(bmoe.ray.data, "RayRun", lambda lines, config, options: enumerate(back))
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--ray", "local", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "bmoe-eval: line 1 failed: internal error: RuntimeError: bug" in err
+    assert "bmoe-eval: line 2 refused: decide: refused" in err
+    assert "1 rows failed and are not in the metrics; rerun the same command to retry them" in err
+    assert [r["line"] for r in _results(out)] == [2, 3]
+    doc = json.loads((out / "metrics.json").read_text())
+    assert (doc["answered"], doc["unanswered"], doc["refused"]) == (1, 1, [{"line": 2, "error": "decide: refused"}])

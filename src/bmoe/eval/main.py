@@ -225,8 +225,8 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
 def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
                    done: dict[int, dict], counts: RunCounts) -> RunCounts:
     """``_answer`` on a Ray actor pool: each answer is stored as its batch comes back (any order), so
-    an interruption keeps what came back. Refused and failed rows both come back as an error;
-    they are stored and, as refused rows are, asked again by a rerun."""
+    an interruption keeps what came back. Refused and failed rows are told apart as in one
+    process: a failed one (``"failed": true``) is named and not stored, so a rerun tries it again."""
     from tqdm import tqdm
 
     from bmoe.eval.runner import answer_row, run_ray
@@ -238,7 +238,12 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
 
     def on_answer(row: Row, answer: dict) -> None:
         if "error" in answer:
-            bar.write(f"{PROG}: line {row.line}: {answer['error']}", file=sys.stderr)
+            failed = answer.get("failed", False)
+            bar.write(f"{PROG}: line {row.line} {'failed' if failed else 'refused'}: {answer['error']}",
+                      file=sys.stderr)
+            if failed:
+                bar.update(1)
+                return
         out = answer_row(row, answer)
         store.append(out)
         done[row.line] = out
