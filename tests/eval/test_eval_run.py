@@ -273,3 +273,33 @@ def test_on_ray_a_failed_row_is_retried_not_counted_as_refused(tmp_path: Path, m
     assert [r["line"] for r in _results(out)] == [2, 3]
     doc = json.loads((out / "metrics.json").read_text())
     assert (doc["answered"], doc["unanswered"], doc["refused"]) == (1, 1, [{"line": 2, "error": "decide: refused"}])
+
+
+@pytest.mark.parametrize("failure, line", [
+    (ModuleNotFoundError("No module named 'ray'", name="ray"),
+     "bmoe-eval: --ray needs the ray extra (ray is missing): pip install 'bmoe[ray]'"),
+    (RuntimeError("Failed to run map_batches: 3 retries spent\n  Traceback (most recent call last):\n    ..."),
+     "bmoe-eval: the run failed: RuntimeError: Failed to run map_batches: 3 retries spent; rerun the same command "
+     "to resume (answered rows are in {results})"),
+])
+def test_ray_failures_are_one_line(tmp_path: Path, monkeypatch, capsys, failure, line) -> None:
+    import bmoe.ray.data
+
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n"
+                            for i in range(2)))
+    answered = {"id": 1, "best": 0, "choice_logp": [-0.5, -2.0], "p_outside": 0.2, "abstained": False, "n_reused": 0}
+
+    def run(lines, config, options):  # type: ignore[no-untyped-def]
+        if isinstance(failure, ImportError):
+            raise failure
+        yield 0, answered
+        raise failure
+
+    monkeypatch.setattr(bmoe.ray.data, "RayRun", run)
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--ray", "local", *FAST]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == line.format(results=out / "results.jsonl") and "Traceback" not in "\n".join(err)
+    if not isinstance(failure, ImportError):
+        assert [r["line"] for r in _results(out)] == [1]  # what came back is kept for the rerun

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
-from bmoe.ray.flags import add_actor_flags
+from bmoe.ray.flags import add_actor_flags, run_failure
 
 if TYPE_CHECKING:  # the heavy parts load only when a run needs them
     from bmoe.config import SessionConfig
@@ -229,9 +229,11 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
     process: a failed one (``"failed": true``) is named and not stored, so a rerun tries it again."""
     from tqdm import tqdm
 
+    from bmoe.errors import ConfigError
     from bmoe.eval.runner import answer_row, run_ray
     from bmoe.ray.data import RayOptions
 
+    saved = f"rerun the same command to resume (answered rows are in {store.results})"
     options = RayOptions(address=args.ray, actors=args.actors or 1, batch_rows=args.batch or max(cfg.decide_batch, 32),
                          num_cpus=args.actor_cpus or 1.0, memory_mb=args.actor_memory_mb)
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
@@ -256,9 +258,14 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
         finally:
             bar.close()
     except KeyboardInterrupt:
-        _say(f"interrupted after {counts.decided} decisions this run; rerun the same command to resume "
-             f"(answered rows are in {store.results})")
+        _say(f"interrupted after {counts.decided} decisions this run; {saved}")
         raise
+    except ConfigError:  # a setting refused before anything was sent
+        raise
+    except ImportError as e:  # the ray extra missing: nothing was sent either
+        raise ConfigError(run_failure(e)) from e
+    except Exception as e:  # rows lost; Ray's own failure (every retry spent, the cluster gone): one line
+        raise BmoeError(f"{e if isinstance(e, BmoeError) else run_failure(e)}; {saved}") from e
     return counts
 
 

@@ -17,7 +17,7 @@ from bmoe.config import add_session_flags, config_from_flags, int_at_least, mode
 from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
-from .flags import add_actor_flags
+from .flags import add_actor_flags, run_failure
 from .data.run import LOCAL, RayOptions, answer
 
 JSON_SPACE = " \t\r\n"
@@ -101,15 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         answered = answer([rows[i] for i in todo], cfg, options) if todo else []
-    except ImportError as e:
-        print(f"bmoe-batch: --ray needs the ray extra ({e.name} is missing): pip install 'bmoe[ray]'", file=sys.stderr)
-        return 1
     except BmoeError as e:
         print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
         return 1
-    except Exception as e:  # Ray's own failures (cluster unreachable, every retry spent): one line
-        first = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
-        print(f"bmoe-batch: the run failed: {type(e).__name__}: {first}", file=sys.stderr)
+    except Exception as e:  # the ray extra missing, Ray's own failures: one line
+        print(f"bmoe-batch: {run_failure(e)}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
     results = [refused[i] if i in refused else {} for i in range(len(rows))]

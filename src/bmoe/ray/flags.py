@@ -1,5 +1,5 @@
 """What the commands that run rows on Ray (bmoe-batch, bmoe-eval) share: the flags sizing an
-actor."""
+actor, and a failed Ray run said in one line."""
 from __future__ import annotations
 
 import argparse
@@ -26,3 +26,11 @@ def add_actor_flags(group: argparse._ArgumentGroup) -> None:
                        help="memory each actor reserves, in MiB (default: weights + KV + overhead, "
                             "docs/scale-out.md)")
 
+
+def run_failure(e: Exception) -> str:
+    """One line for an exception out of a run on Ray that is not a BmoeError: the ray extra
+    missing, or Ray's own failure (cluster unreachable, every retry spent; its first line)."""
+    if isinstance(e, ImportError):
+        return f"--ray needs the ray extra ({e.name} is missing): pip install 'bmoe[ray]'"
+    first = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
+    return f"the run failed: {type(e).__name__}: {first}"
