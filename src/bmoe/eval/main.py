@@ -25,6 +25,7 @@ _positive = int_at_least(1)
 SKIPPED_FLAGS = ("--decide", "--n-predict", "--temp", "--top-p", "--seed", "--no-think")
 EXTRA = ("tqdm", "matplotlib", "scipy")
 EXIT_INTERRUPTED = 130
+RAY_BATCH_ROWS = 32  # with --ray, --batch's default is max(--decide-batch, this): rows per actor batch
 
 
 def _probability(text: str) -> float:
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--list-sets", action="store_true", help="print the shipped data sets and exit")
     g.add_argument("--out", type=Path, metavar="DIR", help="output folder (made if missing; a rerun resumes)")
     g.add_argument("--batch", type=_positive, default=None, metavar="N",
-                   help="rows per Session.decide_many call (default: --decide-batch)")
+                   help="rows per Session.decide_many call (default: --decide-batch); with --ray, rows per "
+                        f"batch handed to an actor (default: the larger of --decide-batch and {RAY_BATCH_ROWS})")
     g.add_argument("--abstain-below", type=_probability, default=None, metavar="T",
                    help="abstain_below for every row that does not set its own; reports the session's "
                         "accuracy/coverage with it")
@@ -234,7 +236,8 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
     from bmoe.ray.data import RayOptions
 
     saved = f"rerun the same command to resume (answered rows are in {store.results})"
-    options = RayOptions(address=args.ray, actors=args.actors or 1, batch_rows=args.batch or max(cfg.decide_batch, 32),
+    options = RayOptions(address=args.ray, actors=args.actors or 1,
+                         batch_rows=args.batch or max(cfg.decide_batch, RAY_BATCH_ROWS),
                          num_cpus=args.actor_cpus or 1.0, memory_mb=args.actor_memory_mb)
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
 
