@@ -124,6 +124,10 @@ def test_every_shipped_gold_answer_checks_out() -> None:
         factor = {b: f for b, _, f in generate.CONVERSIONS}[big]
         opts = [int(o) for o in _options(r)]
         assert [i for i, o in enumerate(opts) if o == int(k) * factor] == [r.gold]
+        # each wrong option is one of the kinds docs/eval.md names: x10, x100, one big unit off, N + f
+        kinds = {int(k) * factor * 10, int(k) * factor * 100, (int(k) + 1) * factor, (int(k) - 1) * factor,
+                 int(k) + factor}
+        assert set(opts) - {int(k) * factor} <= kinds
     for r in rows["phone_agent"]:
         verb, switch = re.match(r"You control a phone\. Task: turn (on|off) (.+?)\. History:", r.request.prefix).groups()
         screen = re.search(r"Screen: (.+?)\. Options:", r.request.suffix).group(1)
@@ -141,3 +145,15 @@ def test_a_structured_row_takes_debias_and_its_gold_indexes_the_options() -> Non
     assert dataset.parse_row(_line(debias="permute"), 1, {"debias": "pride"}).request.debias == "permute"
     with pytest.raises(dataset.BadRow, match=r'"gold" is 3 but there are 3 options \(0..2\)'):
         dataset.parse_row(_line(suffix=..., choices=..., question="Q?", options=["x", "y", "z"], gold=3), 1)
+
+
+def test_the_shipped_sets_table_gives_each_sets_rows_and_choices() -> None:
+    """docs/eval.md's table of the shipped sets: rows, and the number of choices (a range when it varies)."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "eval.md"
+    table = {cells[1].strip("` "): (cells[2].strip(), cells[3].strip())
+             for cells in (line.split("|") for line in docs.read_text().splitlines())
+             if len(cells) > 4 and cells[1].strip("` ") in SHIPPED}
+    for name, path in SHIPPED.items():
+        rows = dataset.load(path).rows
+        n = sorted({len(r.request.options or r.request.choices) for r in rows})
+        assert table[name] == (str(len(rows)), str(n[0]) if len(n) == 1 else f"{n[0]}-{n[-1]}"), name

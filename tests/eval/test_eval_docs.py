@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bmoe.eval.main import SKIPPED_FLAGS, build_parser
+from bmoe.eval.main import RAY_BATCH_ROWS, SKIPPED_FLAGS, build_parser
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -30,3 +30,8 @@ def test_the_left_out_session_flags_are_named_in_eval_md() -> None:
     text = (DOCS / "eval.md").read_text()
     assert all(f"`{f}`" in text for f in SKIPPED_FLAGS)
     assert not _long_flags(build_parser()) & set(SKIPPED_FLAGS)
+
+
+def test_the_batch_row_gives_both_defaults() -> None:
+    row = next(c for c in (DOCS / "eval.md").read_text().splitlines() if c.startswith("| `--batch N` |"))
+    assert row.split("|")[2].strip() == f"`--decide-batch`; with `--ray`, max(`--decide-batch`, {RAY_BATCH_ROWS})"

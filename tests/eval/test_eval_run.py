@@ -177,3 +177,129 @@ def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args,
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"bmoe-eval: {msg}") and "Traceback" not in "\n".join(err)
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def units5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Five structured rows of the units set: one prefix, one label list (A-D)."""
+    path = tmp_path_factory.mktemp("data") / "units5.jsonl"
+    path.write_text("\n".join(dataset.shipped_sets()["units"].read_text().splitlines()[:5]) + "\n")
+    return path
+
+
+def test_a_resumed_pride_run_gives_the_figures_of_a_fresh_one(units5: Path, tmp_path: Path, monkeypatch,
+                                                                calls, capsys) -> None:
+    pride = ["--debias", "pride", "--decide-pride-sample", "2", *FAST]
+    assert main([str(units5), "--out", str(tmp_path / "fresh"), *pride]) == 0
+    fresh = _results(tmp_path / "fresh")
+    assert [r["pride_stage"] for r in fresh] == ["sample"] * 2 + ["prior"] * 3
+    real = Session.decide_many  # the spy of `calls`
+
+    def interrupted(self: Session, requests):  # type: ignore[no-untyped-def]
+        if len(calls) == 3:  # rows 1-3 answered (both samples and one divided row), then Ctrl-C
+            raise KeyboardInterrupt
+        return real(self, requests)
+
+    monkeypatch.setattr(Session, "decide_many", interrupted)
+    calls.clear()
+    assert main([str(units5), "--out", str(tmp_path / "resumed"), *pride]) == EXIT_INTERRUPTED
+    monkeypatch.setattr(Session, "decide_many", real)
+    calls.clear()
+    assert main([str(units5), "--out", str(tmp_path / "resumed"), *pride]) == 0
+    assert calls == [[1], [2], [3], [4], [5]]  # the new session estimates the prior from the same rows
+    assert "resuming: 0 of 5 rows are already in" in capsys.readouterr().err
+    resumed = _results(tmp_path / "resumed")
+    keys = ("pride_stage", "prior", "debiased_p", "best")
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in fresh]
+    # another K would answer the pride rows otherwise: refused, as another --debias is
+    assert main([str(units5), "--out", str(tmp_path / "resumed"), "--debias", "pride", "--decide-pride-sample", "3",
+                 *FAST]) == 1
+    assert "--decide-pride-sample differs (decide_pride_sample was 2, now 3)" in capsys.readouterr().err
+
+
+def test_pride_rows_are_refused_on_ray_before_anything_starts(units5: Path, tmp_path: Path, capsys) -> None:
+    assert main([str(units5), "--out", str(tmp_path / "out"), "--ray", "local", "--debias", "pride", *FAST]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['bmoe-eval: --ray: 5 rows use "debias": "pride", whose prior a session estimates from the first '
+                   'rows it answers; each Ray actor has its own session and gets the rows in another order, so the '
+                   'figures would not be those of one process; run them without --ray']
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_actor_flags_reach_ray_and_get_around_cache_mb_auto(data: Path, tmp_path: Path, tiny_models,
+                                                                 monkeypatch, capsys) -> None:
+    import bmoe.ray.data
+    from bmoe.errors import ConfigError
+
+    streamed = ["-m", str(tiny_models("qwen3moe", "q8_0")), "--moe-stream", "--cache-mb", "auto", *FAST]
+    argv = [str(data), "--out", str(tmp_path / "out"), "--ray", "local", *streamed]
+    real = bmoe.ray.data.RayRun
+    seen = []
+
+    def sized(lines, config, options):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        real.__init__.__globals__["sizing"](config, options)  # what RayRun does before Ray starts
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(bmoe.ray.data, "RayRun", sized)
+    assert main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "bmoe-eval: cache_mb: auto sizes the cache from the RAM of whichever node the actor lands on; for Ray give "
+        "--cache-mb N, or a ceiling with --cache-ceil-mb, or --actor-memory-mb")
+    assert main([*argv, "--actor-memory-mb", "8000", "--actor-cpus", "2"]) == 1
+    assert "bmoe-eval: stop here" in capsys.readouterr().err
+    assert (seen[-1].memory_mb, seen[-1].num_cpus) == (8000, 2.0)
+    with pytest.raises(SystemExit) as e:
+        main([str(data), "--out", str(tmp_path / "out"), "--actor-memory-mb", "8000"])
+    assert e.value.code == 2 and "--actor-memory-mb needs --ray ADDRESS|local" in capsys.readouterr().err
+
+
+def test_on_ray_a_failed_row_is_retried_not_counted_as_refused(tmp_path: Path, monkeypatch, capsys) -> None:
+    import bmoe.ray.data
+
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n"
+                            for i in range(3)))
+    answered = {"best": 0, "choice_logp": [-0.5, -2.0], "p_outside": 0.2, "abstained": False, "n_reused": 0}
+    back = [{"id": 1, "error": "internal error: RuntimeError: bug", "failed": True},
+            {"id": 2, "error": "decide: refused"}, {"id": 3, **answered}]
+    monkeypatch.setattr(bmoe.ray.data, "RayRun", lambda lines, config, options: enumerate(back))
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--ray", "local", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "bmoe-eval: line 1 failed: internal error: RuntimeError: bug" in err
+    assert "bmoe-eval: line 2 refused: decide: refused" in err
+    assert "1 rows failed and are not in the metrics; rerun the same command to retry them" in err
+    assert [r["line"] for r in _results(out)] == [2, 3]
+    doc = json.loads((out / "metrics.json").read_text())
+    assert (doc["answered"], doc["unanswered"], doc["refused"]) == (1, 1, [{"line": 2, "error": "decide: refused"}])
+
+
+@pytest.mark.parametrize("failure, line", [
+    (ModuleNotFoundError("No module named 'ray'", name="ray"),
+     "bmoe-eval: --ray needs the ray extra (ray is missing): pip install 'bmoe[ray]'"),
+    (RuntimeError("Failed to run map_batches: 3 retries spent\n  Traceback (most recent call last):\n    ..."),
+     "bmoe-eval: the run failed: RuntimeError: Failed to run map_batches: 3 retries spent; rerun the same command "
+     "to resume (answered rows are in {results})"),
+])
+def test_ray_failures_are_one_line(tmp_path: Path, monkeypatch, capsys, failure, line) -> None:
+    import bmoe.ray.data
+
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n"
+                            for i in range(2)))
+    answered = {"id": 1, "best": 0, "choice_logp": [-0.5, -2.0], "p_outside": 0.2, "abstained": False, "n_reused": 0}
+
+    def run(lines, config, options):  # type: ignore[no-untyped-def]
+        if isinstance(failure, ImportError):
+            raise failure
+        yield 0, answered
+        raise failure
+
+    monkeypatch.setattr(bmoe.ray.data, "RayRun", run)
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--ray", "local", *FAST]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == line.format(results=out / "results.jsonl") and "Traceback" not in "\n".join(err)
+    if not isinstance(failure, ImportError):
+        assert [r["line"] for r in _results(out)] == [1]  # what came back is kept for the rerun

@@ -80,3 +80,29 @@ def test_debiased_rows_are_scored_by_debiased_p_and_raw_keeps_choice_logp() -> N
         "skipped_lines": [], "run": {"decided": 2, "seconds": 1.0, "decisions_per_s": 2.0, "resumed": 0,
                                      "kept_state_hits": 0, "batches": 0}})
     assert report.compute([_result([0.0, -1.0], 0)], fit=False, calib_split="calib", abstain_below=None)["raw"] is None
+
+
+def test_the_tradeoff_of_a_best_by_row_compares_what_decide_compares() -> None:
+    # ranked by norm, choice 0 is best; decide abstains on exp(choice_logp[0]) = exp(-3) < 0.1,
+    # though exp(max choice_logp_norm) = exp(-0.5) is above it
+    row = _result([-3.0, -2.5], 0, best_by="norm", choice_logp_norm=[-0.5, -1.0], abstained=True)
+    doc = report.compute([row], fit=False, calib_split="calib", abstain_below=0.1)
+    t = {r["threshold"]: r for r in doc["tradeoff"]}
+    assert t[0.1] == {"threshold": 0.1, "coverage": 0.0, "accuracy": None}
+    assert t[0.0] == {"threshold": 0.0, "coverage": 1.0, "accuracy": 1.0}
+    assert doc["abstention"]["coverage"] == t[0.1]["coverage"]
+    assert [s.p_best for s in report.scored([row])] == [math.exp(-3.0)]
+    from bmoe.eval.metrics import curves
+
+    # p_best exp(-3) ranks the best_by row after the wrong row's exp(-0.6); exp(-0.5) would rank it first
+    ranked = curves(report.scored([row, _result([-0.6, -4.0], 1)]))
+    assert list(ranked["raw_accuracy"]) == [0.0, 0.5]
+
+
+def test_a_debiased_row_abstains_on_its_debiased_best() -> None:
+    row = _result([-0.2, -3.0], 1, debiased_p=[0.45, 0.55])
+    t = {r["threshold"]: r for r in report.compute([row], fit=False, calib_split="calib",
+                                                   abstain_below=0.5)["tradeoff"]}
+    assert t[0.5]["coverage"] == 1.0 and t[0.6]["coverage"] == 0.0
+    assert [s.p_best for s in report.scored([row])] == [0.55]
+    assert [s.p_best for s in report.scored([row], raw=True)] == [math.exp(-0.2)]

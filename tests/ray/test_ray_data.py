@@ -134,7 +134,9 @@ def test_bmoe_eval_on_the_cluster_answers_what_it_answers_in_process(ray_cluster
 
     data = tmp_path / "units.jsonl"
     data.write_text("".join(shipped_set("units").read_text().splitlines(keepends=True)[:40]))
-    flags = ["-m", str(cfg.model), "-c", "512", "-t", "1", "--decide-batch", "4"]
+    # contextual debiasing answers each row on its own (its content-free prompt once per session and
+    # layout), so its debiased_p are compared too; pride is refused on Ray (tests/eval/test_eval_run.py)
+    flags = ["-m", str(cfg.model), "-c", "512", "-t", "1", "--decide-batch", "4", "--debias", "contextual"]
     assert eval_main([str(data), "--out", str(tmp_path / "here"), *flags]) == 0
     assert eval_main([str(data), "--out", str(tmp_path / "ray"), "--ray", ray_cluster.address, "--actors", "2",
                       *flags]) == 0
@@ -142,8 +144,10 @@ def test_bmoe_eval_on_the_cluster_answers_what_it_answers_in_process(ray_cluster
     for side in ("here", "ray"):
         rows[side] = [json.loads(x) for x in (tmp_path / side / "results.jsonl").read_text().splitlines()]
     assert [r["line"] for r in rows["ray"]] == [r["line"] for r in rows["here"]] == list(range(1, 41))
-    same = ("best", "choice_logp", "p_outside", "gold", "debiased_p")
+    same = ("best", "choice_logp", "p_outside", "gold", "debiased_p", "prior")
+    assert all(len(r["debiased_p"]) == 4 for r in rows["here"])
     assert [[r.get(k) for k in same] for r in rows["ray"]] == [[r.get(k) for k in same] for r in rows["here"]]
     doc = json.loads((tmp_path / "ray" / "metrics.json").read_text())
     assert doc["run"]["decided"] == 40 and doc["run"]["kept_state_hits"] > 20
-    assert doc["metrics"] == json.loads((tmp_path / "here" / "metrics.json").read_text())["metrics"]
+    here = json.loads((tmp_path / "here" / "metrics.json").read_text())
+    assert doc["metrics"] == here["metrics"] and doc["raw"] == here["raw"] and doc["raw"]["n_debiased"] == 40

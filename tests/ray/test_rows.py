@@ -106,6 +106,10 @@ def test_sizing_of_a_streamed_model(tiny_models) -> None:
         actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"))
     assert actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto", cache_ceil_mb=5)).weights == \
         read_layout(path).dense_nbytes + 5 * 2**20
+    # the memory given: nothing is computed, so cache_mb auto needs no ceiling
+    given = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"), memory_mb=8000)
+    assert (given.memory, given.weights, given.kv, given.overhead) == (8000 * 2**20, None, None, None)
+    assert given.describe() == "num_cpus=1, memory=8000 MiB (given)"
 
 
 def test_ray_options_are_checked() -> None:
@@ -148,3 +152,23 @@ def test_bmoe_batch_refusals_are_one_line(tmp_path, capsys) -> None:
         main([str(data), "--out", str(out), "--actors", "0"])
     assert e.value.code == 2 and "--actors: takes an integer >= 1, got '0'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_failure_is_told_apart_from_a_refusal() -> None:
+    from bmoe.decide.errors import DecideRefusal
+    from bmoe.decide.types import DecideResult
+
+    class Broken:  # a session whose engine fails one request, refuses one and answers none
+        def decide_many(self, requests):  # type: ignore[no-untyped-def]
+            if requests[0].prefix == "raise":
+                raise RuntimeError("bug")
+            return [DecideResult.failed(requests[0].id, "decide: the backend lost the sequence", RuntimeError()),
+                    DecideResult.failed(requests[1].id, "decide: refused", DecideRefusal("refused"))]
+
+    rows = ['{"id":1,"prefix":"p","suffix":"s","choices":["A","B"]}',
+            '{"id":2,"prefix":"p","suffix":"s","choices":["A","B"]}',
+            '{"id":3,"prefix":"raise","suffix":"s","choices":["A","B"]}']
+    assert answer_lines(Broken(), rows) == [  # type: ignore[arg-type]
+        {"id": 1, "error": "decide: the backend lost the sequence", "failed": True},
+        {"id": 2, "error": "decide: refused"},
+        {"id": 3, "error": "internal error: RuntimeError: bug", "failed": True}]

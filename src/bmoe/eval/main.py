@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
+from bmoe.ray.flags import add_actor_flags, run_failure
 
 if TYPE_CHECKING:  # the heavy parts load only when a run needs them
     from bmoe.config import SessionConfig
@@ -24,6 +25,7 @@ _positive = int_at_least(1)
 SKIPPED_FLAGS = ("--decide", "--n-predict", "--temp", "--top-p", "--seed", "--no-think")
 EXTRA = ("tqdm", "matplotlib", "scipy")
 EXIT_INTERRUPTED = 130
+RAY_BATCH_ROWS = 32  # with --ray, --batch's default is max(--decide-batch, this): rows per actor batch
 
 
 def _probability(text: str) -> float:
@@ -46,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--list-sets", action="store_true", help="print the shipped data sets and exit")
     g.add_argument("--out", type=Path, metavar="DIR", help="output folder (made if missing; a rerun resumes)")
     g.add_argument("--batch", type=_positive, default=None, metavar="N",
-                   help="rows per Session.decide_many call (default: --decide-batch)")
+                   help="rows per Session.decide_many call (default: --decide-batch); with --ray, rows per "
+                        f"batch handed to an actor (default: the larger of --decide-batch and {RAY_BATCH_ROWS})")
     g.add_argument("--abstain-below", type=_probability, default=None, metavar="T",
                    help="abstain_below for every row that does not set its own; reports the session's "
                         "accuracy/coverage with it")
@@ -63,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer the rows on a Ray actor pool: a cluster's address, or local (docs/scale-out.md)")
     g.add_argument("--actors", type=_positive, default=None, metavar="N",
                    help="with --ray: actors, one session each (default 1)")
+    add_actor_flags(g)  # with --ray, as bmoe-batch's
+    g.set_defaults(actor_cpus=None)  # 1, but "given" is told apart from it
     g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     add_session_flags(p, skip=SKIPPED_FLAGS)
     return p
@@ -87,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out DIR is required: the folder for results.jsonl, metrics.json, report.md and the pictures")
     if args.calib_split != "calib" and not args.fit_temperature:
         parser.error("--calib-split needs --fit-temperature")
-    if args.actors is not None and args.ray is None:
-        parser.error("--actors needs --ray ADDRESS|local")
+    for flag, given in (("--actors", args.actors is not None), ("--actor-cpus", args.actor_cpus is not None),
+                        ("--actor-memory-mb", args.actor_memory_mb is not None)):
+        if given and args.ray is None:
+            parser.error(f"{flag} needs --ray ADDRESS|local")
     for name in EXTRA:  # before the model opens: a missing one is one line, not a traceback later
         try:
             __import__(name)
@@ -120,6 +127,11 @@ def _evaluate(args: argparse.Namespace) -> int:
         _say(f"{path} line {line} skipped: {why}")
     if not ds.rows:
         raise ConfigError(f"data: no usable row in {path}")
+    pride = {r.line for r in ds.rows if r.request.debias == "pride"}
+    if pride and args.ray is not None:
+        raise ConfigError(f'--ray: {len(pride)} rows use "debias": "pride", whose prior a session estimates from '
+                          f'the first rows it answers; each Ray actor has its own session and gets the rows in '
+                          f'another order, so the figures would not be those of one process; run them without --ray')
     if args.fit_temperature:
         n_calib = sum(r.split == args.calib_split for r in ds.rows)
         if n_calib == 0 or n_calib == len(ds.rows):
@@ -135,11 +147,21 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     store = ResultStore(args.out)
     ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
-                     abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias)
+                     abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias,
+                     decide_pride_sample=cfg.decide_pride_sample if pride else None)
     done = store.open(ident, {"data": str(path), "rows": len(ds.rows)})
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
     # session's settings (scoring "full" without --decide-batch) rather than the row
     todo = [r for r in ds.rows if r.line not in done or "error" in done[r.line]]
+    asked = {r.line for r in todo}
+    if pride & asked:
+        # pride's prior belongs to the session: this one answers every pride row again, in the
+        # order a fresh run sends them, so that the figures are a fresh run's (docs/eval.md#resume)
+        first: dict[str, int] = {}
+        for r in ds.rows:
+            first.setdefault(r.request.prefix, r.line)
+        again = pride | asked
+        todo = sorted((r for r in ds.rows if r.line in again), key=lambda r: first[r.request.prefix])
     if done:
         _say(f"resuming: {len(ds.rows) - len(todo)} of {len(ds.rows)} rows are already in {store.results}")
     try:
@@ -205,19 +227,28 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
 def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
                    done: dict[int, dict], counts: RunCounts) -> RunCounts:
     """``_answer`` on a Ray actor pool: each answer is stored as its batch comes back (any order), so
-    an interruption keeps what came back. Refused and failed rows both come back as an error;
-    they are stored and, as refused rows are, asked again by a rerun."""
+    an interruption keeps what came back. Refused and failed rows are told apart as in one
+    process: a failed one (``"failed": true``) is named and not stored, so a rerun tries it again."""
     from tqdm import tqdm
 
+    from bmoe.errors import ConfigError
     from bmoe.eval.runner import answer_row, run_ray
     from bmoe.ray.data import RayOptions
 
-    options = RayOptions(address=args.ray, actors=args.actors or 1, batch_rows=args.batch or max(cfg.decide_batch, 32))
+    saved = f"rerun the same command to resume (answered rows are in {store.results})"
+    options = RayOptions(address=args.ray, actors=args.actors or 1,
+                         batch_rows=args.batch or max(cfg.decide_batch, RAY_BATCH_ROWS),
+                         num_cpus=args.actor_cpus or 1.0, memory_mb=args.actor_memory_mb)
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
 
     def on_answer(row: Row, answer: dict) -> None:
         if "error" in answer:
-            bar.write(f"{PROG}: line {row.line}: {answer['error']}", file=sys.stderr)
+            failed = answer.get("failed", False)
+            bar.write(f"{PROG}: line {row.line} {'failed' if failed else 'refused'}: {answer['error']}",
+                      file=sys.stderr)
+            if failed:
+                bar.update(1)
+                return
         out = answer_row(row, answer)
         store.append(out)
         done[row.line] = out
@@ -225,13 +256,19 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
         bar.update(1)
 
     try:
-        run_ray(todo, cfg, options, on_answer, counts)
+        try:
+            run_ray(todo, cfg, options, on_answer, counts)
+        finally:
+            bar.close()
     except KeyboardInterrupt:
-        bar.close()
-        _say(f"interrupted after {counts.decided} decisions this run; rerun the same command to resume "
-             f"(answered rows are in {store.results})")
+        _say(f"interrupted after {counts.decided} decisions this run; {saved}")
         raise
-    bar.close()
+    except ConfigError:  # a setting refused before anything was sent
+        raise
+    except ImportError as e:  # the ray extra missing: nothing was sent either
+        raise ConfigError(run_failure(e)) from e
+    except Exception as e:  # rows lost; Ray's own failure (every retry spent, the cluster gone): one line
+        raise BmoeError(f"{e if isinstance(e, BmoeError) else run_failure(e)}; {saved}") from e
     return counts
 
 

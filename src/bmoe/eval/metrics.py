@@ -1,8 +1,9 @@
 """Calibration metrics over answered decisions (pure numpy; docs/eval.md defines each one).
 
 A row is what a decision returned (``logp``: each choice's log-probability over the whole
-vocabulary, BMOE_DECIDE's ``choice_logp`` or the score its ``best_by`` names; ``p_outside``;
-``abstained``) plus the index of the right choice. Every metric but the p_outside figures works on
+vocabulary, BMOE_DECIDE's ``choice_logp`` or the score its ``best_by`` names; ``p_best``, the
+probability decide's ``abstain_below`` compares; ``p_outside``; ``abstained``) plus the index of
+the right choice. Every metric but the p_outside figures works on
 the choices' probabilities *renormalised to sum 1*: ``softmax(logp / T)`` (T = 1 unless a
 temperature was fitted). The mass outside the choices is reported on its own.
 """
@@ -30,6 +31,13 @@ class Scored:
     gold: int
     p_outside: float = 0.0
     abstained: bool = False
+    # what decide's abstain_below compares: exp(choice_logp[best]) (a debiased row: its debiased_p
+    # of the best option); None: exp(max logp), the same when logp is choice_logp
+    p_best: float | None = None
+
+
+def best_probability(r: Scored) -> float:
+    return r.p_best if r.p_best is not None else math.exp(max(r.logp))
 
 
 def choice_logprobs(logp: Sequence[float], temperature: float = 1.0) -> np.ndarray:
@@ -130,9 +138,10 @@ def summary(rows: Sequence[Scored], temperature: float = 1.0) -> dict:
 
 def curves(rows: Sequence[Scored], temperature: float = 1.0) -> dict[str, np.ndarray]:
     """What the pictures draw: the confidences and correctness, the risk-coverage curve ranked by the
-    renormalised top probability, and ranked by the raw one (abstain_below's rule)."""
+    renormalised top probability, and ranked by the best choice's probability that abstain_below
+    compares (``p_best``)."""
     conf, correct, _ = _predictions(rows, temperature)
-    raw = np.array([math.exp(max(r.logp)) for r in rows])
+    raw = np.array([best_probability(r) for r in rows])
     cov, acc = risk_coverage(conf, correct)
     raw_cov, raw_acc = risk_coverage(raw, correct)
     return {"conf": conf, "correct": correct, "coverage": cov, "accuracy": acc,
@@ -141,8 +150,8 @@ def curves(rows: Sequence[Scored], temperature: float = 1.0) -> dict[str, np.nda
 
 def tradeoff(rows: Sequence[Scored], thresholds: Sequence[float] = TRADEOFF_THRESHOLDS) -> list[dict]:
     """The abstention trade-off by decide's own rule: a row abstains when its best choice's
-    probability over the whole vocabulary, exp(max logp), is under the threshold."""
-    raw = np.array([math.exp(max(r.logp)) for r in rows])
+    probability, ``p_best``, is under the threshold."""
+    raw = np.array([best_probability(r) for r in rows])
     correct = np.array([int(np.argmax(r.logp)) == r.gold for r in rows])
     out = []
     for t in thresholds:

@@ -32,9 +32,17 @@ def _logp(result: dict, raw: bool) -> tuple[float, ...]:
     return tuple(result[score_key(result)])
 
 
+def _p_best(result: dict, raw: bool) -> float:
+    """The probability decide's abstain_below compares: a debiased row's debiased_p of its best
+    option, unless ``raw``; else exp(choice_logp) of the choice its best_by score ranks first."""
+    if not raw and result.get("debiased_p") is not None:
+        return max(result["debiased_p"])
+    return math.exp(result["choice_logp"][int(np.argmax(result[score_key(result)]))])
+
+
 def scored(results: Sequence[dict], raw: bool = False) -> list[m.Scored]:
     return [m.Scored(logp=_logp(r, raw), gold=r["gold"], p_outside=r["p_outside"],
-                     abstained=bool(r.get("abstained", False)) and not raw) for r in results]
+                     abstained=bool(r.get("abstained", False)) and not raw, p_best=_p_best(r, raw)) for r in results]
 
 
 def accuracy_by(results: Sequence[dict]) -> dict[str, float]:

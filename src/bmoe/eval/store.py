@@ -30,15 +30,18 @@ IDENTITY = {
     "abstain_below": "--abstain-below",
     "scoring": "--scoring",
     "debias": "--debias",
+    "decide_pride_sample": "--decide-pride-sample",  # null when no row uses pride: it changes no other
 }
 
 
 def identity(data_sha256: str, model: Path, *, chat: str, flash_attn: bool | None, kv_f32: bool,
-             abstain_below: float | None, scoring: str | None, debias: str | None = None) -> dict[str, Any]:
+             abstain_below: float | None, scoring: str | None, debias: str | None = None,
+             decide_pride_sample: int | None = None) -> dict[str, Any]:
     st = model.stat()
     return {"data_sha256": data_sha256, "model": str(model.resolve()), "model_size": st.st_size,
             "model_mtime_ns": st.st_mtime_ns, "chat": chat, "flash_attn": flash_attn, "kv_f32": kv_f32,
-            "abstain_below": abstain_below, "scoring": scoring, "debias": debias}
+            "abstain_below": abstain_below, "scoring": scoring, "debias": debias,
+            "decide_pride_sample": decide_pride_sample}
 
 
 class ResultStore:

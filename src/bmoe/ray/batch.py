@@ -17,6 +17,7 @@ from bmoe.config import add_session_flags, config_from_flags, int_at_least, mode
 from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
+from .flags import add_actor_flags, run_failure
 from .data.run import LOCAL, RayOptions, answer
 
 JSON_SPACE = " \t\r\n"
@@ -24,16 +25,6 @@ JSON_SPACE = " \t\r\n"
 
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
-
-
-def _cpus(v: str) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        x = 0.0
-    if not x > 0 or x != x or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"takes a number > 0, got {v!r}")
-    return x
 
 
 def build_batch_parser() -> argparse.ArgumentParser:
@@ -50,10 +41,7 @@ def build_batch_parser() -> argparse.ArgumentParser:
     g.add_argument("--actors", type=_positive, default=1, metavar="N", help="Ray actors, one session each (default 1)")
     g.add_argument("--batch-rows", type=_positive, default=32, metavar="N",
                    help="rows per batch handed to an actor (default 32)")
-    g.add_argument("--actor-cpus", type=_cpus, default=1.0, metavar="X",
-                   help="CPUs each actor reserves; also its llama.cpp threads unless --threads is given (default 1)")
-    g.add_argument("--actor-memory-mb", type=_positive, default=None, metavar="N",
-                   help="memory each actor reserves, in MiB (default: weights + KV + overhead, docs/scale-out.md)")
+    add_actor_flags(g)
     g.add_argument("--flash-resource", metavar="NAME",
                    help="a custom Ray resource each actor takes one unit of, e.g. one per flash device")
     g.add_argument("--max-restarts", type=_non_negative, default=3, metavar="N",
@@ -113,15 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         answered = answer([rows[i] for i in todo], cfg, options) if todo else []
-    except ImportError as e:
-        print(f"bmoe-batch: --ray needs the ray extra ({e.name} is missing): pip install 'bmoe[ray]'", file=sys.stderr)
-        return 1
     except BmoeError as e:
         print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
         return 1
-    except Exception as e:  # Ray's own failures (cluster unreachable, every retry spent): one line
-        first = next((s.strip() for s in str(e).splitlines() if s.strip()), "")
-        print(f"bmoe-batch: the run failed: {type(e).__name__}: {first}", file=sys.stderr)
+    except Exception as e:  # the ray extra missing, Ray's own failures: one line
+        print(f"bmoe-batch: {run_failure(e)}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
     results = [refused[i] if i in refused else {} for i in range(len(rows))]

@@ -91,8 +91,9 @@ CONVERSIONS = [("metres", "centimetres", 100), ("kilometres", "metres", 1000), (
 
 
 def units(n: int = 120) -> list[dict]:
-    """How many small units in N big ones; the wrong options are off by a factor of ten or by one
-    big unit, so exactly one option equals N times the factor."""
+    """How many small units in N big ones; each wrong option is off by a factor of 10 or 100, or
+    by one big unit, or is N plus the factor (added instead of multiplied), so exactly one option
+    equals N times the factor."""
     rng = random.Random(3)
     prefix = "You convert between units of measurement."
     rows = []

@@ -4,8 +4,9 @@ A row is one line of the session line protocol (docs/protocol.md): a decide obje
 without ``"cmd":"decide"``, or a generate object with ``"cmd":"generate"``. It is parsed by the
 same ``parse_line`` the ``--session`` loop uses, so it is accepted and refused as it would be
 there. Each row gets one result object: the ``BMOE_DECIDE`` object (``decide_fields``), the
-``BMOE_DONE`` object (``done_fields``) for a generation, or ``{"id", "error"}`` for a row that was
-refused or failed. A bad row never stops the others.
+``BMOE_DONE`` object (``done_fields``) for a generation, ``{"id", "error"}`` for a row that was
+refused, or ``{"id", "error", "failed": true}`` for one that failed in the engine (it may answer
+when sent again; a refusal will not). A bad row never stops the others.
 
 Decisions are grouped by prefix text (groups in the order of their first row, rows in input
 order within a group) and each group goes through ``Session.decide_many``, so the kept prefix
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from bmoe.decide.types import DecideRequest
+from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import RequestError, SessionClosedError, StreamFailedError
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
@@ -68,7 +69,13 @@ def _error(rid: int | None, msg: str) -> dict:
 
 
 def _internal(rid: int | None, e: Exception) -> dict:
-    return _error(rid, f"internal error: {type(e).__name__}: {e}")
+    return {**_error(rid, f"internal error: {type(e).__name__}: {e}"), "failed": True}
+
+
+def _decided(result: DecideResult) -> dict:
+    """The BMOE_DECIDE object, marked ``failed`` when the engine, not the request, was at fault."""
+    out = decide_fields(result)
+    return {**out, "failed": True} if result.error is not None and not result.refused else out
 
 
 def answer_lines(session: Session, lines: Sequence[str]) -> list[dict]:
@@ -88,7 +95,7 @@ def answer_lines(session: Session, lines: Sequence[str]) -> list[dict]:
     for group in groups.values():
         try:
             results = session.decide_many([cmd.request for _, cmd in group])
-            answers = [decide_fields(r) for r in results]
+            answers = [_decided(r) for r in results]
         except STICKY:
             raise
         except RequestError as e:  # the whole call refused (decide off): every row of it says why

@@ -134,10 +134,10 @@ class RayRun:
         import ray
         import ray.data
 
+        self.sizing = sizing(config, options)  # a refusal before Ray starts
         connect(options.address)
         ray.data.DataContext.get_current().enable_progress_bars = False
         self.n = len(lines)
-        self.sizing = sizing(config, options)
         self.dataset = decide_dataset(ray.data.from_items(_sorted_rows(lines)), config, options) if lines else None
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:

@@ -31,14 +31,15 @@ class ActorSizing:
     num_cpus: float
     memory: int
     resources: dict[str, float]
-    weights: int
-    kv: int
-    overhead: int
+    weights: int | None  # None (with kv and overhead) when the memory was given, not computed
+    kv: int | None
+    overhead: int | None
 
     def describe(self) -> str:
         extra = "".join(f", {k}={v:g}" for k, v in self.resources.items())
-        return (f"num_cpus={self.num_cpus:g}, memory={self.memory / MIB:.0f} MiB (weights {self.weights / MIB:.0f} "
-                f"+ KV {self.kv / MIB:.0f} + overhead {self.overhead / MIB:.0f}){extra}")
+        parts = "given" if self.weights is None or self.kv is None or self.overhead is None else \
+            f"weights {self.weights / MIB:.0f} + KV {self.kv / MIB:.0f} + overhead {self.overhead / MIB:.0f}"
+        return f"num_cpus={self.num_cpus:g}, memory={self.memory / MIB:.0f} MiB ({parts}){extra}"
 
 
 def _int_field(fields: dict[str, object], key: str) -> int | None:
@@ -80,11 +81,14 @@ def weight_bytes(config: SessionConfig) -> int:
 
 def actor_sizing(config: SessionConfig, *, num_cpus: float = 1.0, memory_mb: int | None = None,
                  flash_resource: str | None = None) -> ActorSizing:
-    """The resources one actor of ``config`` asks for; ``memory_mb`` overrides the computed memory."""
+    """The resources one actor of ``config`` asks for; ``memory_mb`` replaces the computed memory,
+    which is then not computed at all (the model need not say what it would take)."""
     if num_cpus <= 0:
         raise ConfigError(f"num_cpus: must be > 0, got {num_cpus}")
-    weights, kv, overhead = weight_bytes(config), kv_bytes(config), OVERHEAD_MB * MIB
-    memory = memory_mb * MIB if memory_mb is not None else weights + kv + overhead
     resources = {flash_resource: 1.0} if flash_resource else {}
-    return ActorSizing(num_cpus=num_cpus, memory=memory, resources=resources, weights=weights, kv=kv,
-                       overhead=overhead)
+    if memory_mb is not None:
+        return ActorSizing(num_cpus=num_cpus, memory=memory_mb * MIB, resources=resources, weights=None, kv=None,
+                           overhead=None)
+    weights, kv, overhead = weight_bytes(config), kv_bytes(config), OVERHEAD_MB * MIB
+    return ActorSizing(num_cpus=num_cpus, memory=weights + kv + overhead, resources=resources, weights=weights,
+                       kv=kv, overhead=overhead)
