@@ -11,6 +11,7 @@ process (bench/decide_stream_child.py):
     bmoe cache ~15% / ~30%         ``--cache-mb`` of that share of the expert bytes, without and
                                    with read-ahead (a configuration the session refuses is recorded
                                    with its refusal text)
+    the same, plain LRU            ``--cache-policy lru`` (the ``trace`` preset only): the baseline
 
 The decisions are decide_batch.py's: a kept prefix of ~340 tokens, suffixes of ~30 tokens, four
 letter choices. Decision 1 keeps the prefix and is left out; per decision 2..N: latency, expert
