@@ -6,6 +6,7 @@ changes. A streaming failure is sticky: every later call raises the same StreamF
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -29,13 +30,22 @@ from .wire.protocol import validate_generate
 DECIDE_OFF = "decide is off in this session: open it with --decide (SessionConfig.decide=True)"
 
 
+CLOSE_WAIT_S = 600.0  # close(): how long a running request may still take before the model is left unfreed
+
+
 class Session:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
         self.runtime = Runtime(config)
         # Only sessions opened with decide on allocate its state.
-        self.decider = DecideService(self.runtime) if config.decide else None
-        self._lock = threading.Lock()
+        try:
+            self.decider = DecideService(self.runtime) if config.decide else None
+        except BaseException:
+            self.runtime.close()
+            raise
+        # Reentrant: close() on the thread of a generation it abandoned mid-way (the generator holds
+        # the lock while suspended) must not wait for itself.
+        self._lock = threading.RLock()
         self._cancel = threading.Event()
         self._running = False
         self._closed = False
@@ -219,10 +229,22 @@ class Session:
         return result
 
     def close(self) -> None:
+        """Free the model. A request still running on another thread is cancelled and waited
+        for first: its llama context must not be freed under it."""
         if self._closed:
             return
-        self._closed = True
-        self.runtime.close()
+        self.cancel()
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):  # a prefill or decision cannot be cancelled
+            self._closed = True
+            print(f"bmoe: a request still ran {CLOSE_WAIT_S:.0f} s after close(); the model is left to the "
+                  "process's exit rather than freed under it", file=sys.stderr)
+            return
+        try:
+            if not self._closed:
+                self._closed = True
+                self.runtime.close()
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> "Session":
         return self

@@ -4,7 +4,7 @@
 prefix side by side in one llama_decode, each suffix on its own KV stream forked from the kept
 prefix. Compared here with the same decisions answered one by one (``decide``) in a session of the
 same settings: the prefix piece is the same, and each suffix is one piece on a stream laid out as
-the main sequence's is.
+the main sequence's is (but for one decision, whose prefix extends another's: see ``answers``).
 
 What is bit for bit: the tiny models in Q8_0 and F32, whose matmul kernels compute each row the
 same however many rows a ubatch holds. What is not: K-quants (Q4_K_M). Their CPU kernels round a
@@ -35,9 +35,22 @@ def requests() -> list[DecideRequest]:
 
 def answers(results):
     """What a decision answers. (How it got its prefix, ``reuse``/``n_reused``, may differ: a batch
-    runs its prefix groups in the order of their last request, not of their first.)"""
+    runs its prefix groups in the order of their last request, not of their first.) Id 90 is left
+    out: its prefix P2 extends P1, so one by one it restores P1's kept state and prefills the rest
+    of P2 in a second piece, where the batch, which runs P2's group first, prefills P2 whole;
+    pieces that differ are not compared bit for bit (docs/testing.md). ``near`` checks it."""
     return [(r.id, r.error, None if r.scores is None else (r.scores.choice_logp, r.scores.p_outside, r.scores.best),
-             r.n_tokens) for r in results]
+             r.n_tokens) for r in results if r.id != 90]
+
+
+def near(a, b, tol: float = 0.5) -> None:  # noqa: ANN001
+    """Decision 90 on both sides: the same tokens, log-probs within ``tol`` nats, the same best
+    choice unless the top two are within ``tol`` of each other."""
+    assert a.n_tokens == b.n_tokens and a.error is b.error is None
+    la, lb = np.asarray(a.scores.choice_logp), np.asarray(b.scores.choice_logp)
+    assert float(np.max(np.abs(la - lb))) < tol
+    top2 = np.sort(la)[-2:]
+    assert a.scores.best == b.scores.best or top2[1] - top2[0] < tol
 
 
 @pytest.mark.parametrize(("arch", "mode"), [(a, m) for a in ARCHS for m in modes_of(a)])
@@ -49,6 +62,7 @@ def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode:
     got = batched.decide_many(reqs)
     want = [alone.decide(r) for r in reqs]
     assert answers(got) == answers(want)
+    near(*[next(r for r in rs if r.id == 90) for rs in (got, want)])
     # six decisions keep P1: a batch of 4, then one of 2 (decide_batch caps the sequences of a batch)
     sizes = sorted({(r.batch.id, r.batch.size) for r in got if r.batch is not None})
     assert [s for _, s in sizes] == [4, 2]

@@ -15,7 +15,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..config import ChatMode
-from ..errors import RequestError
+from ..errors import ModelFileError, RequestError
 
 ThinkCtl = Literal["template", "prefill", "none"]
 
@@ -73,7 +73,11 @@ class ChatRenderer:
         self.mode: ChatMode = mode if source is not None or mode == "none" else "none"
         self.source = source
         self.think_ctl: ThinkCtl = think_control(source)
-        self._template = _environment().from_string(source) if source else None
+        try:
+            self._template = _environment().from_string(source) if source else None
+        except TemplateError as e:  # the GGUF's own template (chatml's is ours and parses)
+            raise ModelFileError(f"the model's chat template is not valid Jinja ({e}); run it with --chatml or "
+                                 "--no-chat instead") from None
         self._bos_text = bos_text
         self._eos_text = eos_text
 

@@ -27,7 +27,7 @@ from .kv import KvCache
 from .perplexity import perplexity as _perplexity
 from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
 from .sampling import Sampler
-from .scoring import PromptScorer
+from .scoring import PromptScorer, check_token_ids
 from .streaming import StreamRuntime, open_streaming
 from .textstream import TextStream
 
@@ -81,6 +81,18 @@ class Runtime:
             if self.stream is not None:
                 self.stream.close()
             raise
+        self.ctx: LlamaContext | None = None
+        try:
+            self._open_rest(config)
+        except BaseException:  # nothing opened so far stays behind (a model's anonymous pages are GBs)
+            self.close()
+            raise
+        self.load_s = time.perf_counter() - t0
+        self.load_read_bytes = _storage_read_bytes() - read0  # from flash while opening (dense weights)
+
+    def _open_rest(self, config: SessionConfig) -> None:
+        """The context, the warm-up a prefill device needs, and the chat template: what opening
+        does after the model loaded (``__init__`` frees everything if any of it fails)."""
         self.ctx = LlamaContext(
             self.model,
             ContextParams(
@@ -108,8 +120,6 @@ class Runtime:
         eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
         self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
         self.history: list[Message] = []
-        self.load_s = time.perf_counter() - t0
-        self.load_read_bytes = _storage_read_bytes() - read0  # from flash while opening (dense weights)
 
     # --- facts ------------------------------------------------------------------------
     @property
@@ -253,6 +263,7 @@ class Runtime:
         """log-softmax of the next-token logits after ``tokens``, prefilled whole in a fresh KV."""
         if not tokens or len(tokens) > self.n_ctx:
             raise RequestError(f"tokens: need 1..{self.n_ctx} tokens, got {len(tokens)}")
+        check_token_ids(tokens, self.model.n_vocab)
         self.kv.reset()
         return log_softmax(self.kv.append(tokens))
 
@@ -261,6 +272,8 @@ class Runtime:
         if (text is None) == (tokens is None):
             raise RequestError("perplexity: give exactly one of text or tokens")
         ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
+        if tokens is not None:
+            check_token_ids(ids, self.model.n_vocab)
         return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
 
     def score(self, req: ScoreRequest) -> ScoreResult:
@@ -269,7 +282,8 @@ class Runtime:
         return dataclasses.replace(self.scorer.score(req), io=self.stream_stats().minus(io0))
 
     def close(self) -> None:
-        self.ctx.close()
+        if self.ctx is not None:
+            self.ctx.close()
         if self.stream is not None:
             self.stream.close()
         self.model.close()

@@ -19,6 +19,7 @@ wide whatever the prompt's length; the prefill itself runs in the same pieces (`
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -59,6 +60,15 @@ def row_logprobs(logits: np.ndarray, targets: np.ndarray, top_k: int = 0) -> tup
     return target_lp, top_ids, top_lp
 
 
+def check_token_ids(tokens: Sequence[int], n_vocab: int, field: str = "tokens") -> None:
+    """RequestError naming the first id that is not one of the model's (a larger one would wrap in
+    llama.cpp's int32 batch and score another token)."""
+    bad = next((i for i, t in enumerate(tokens) if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+                or not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise RequestError(f"{field}.{bad}: {tokens[bad]!r} is not a token id of this model (0..{n_vocab - 1})")
+
+
 class PromptScorer:
     """Scores token lists on the session's KV, keeping the scores of the last one for the next."""
 
@@ -76,9 +86,7 @@ class PromptScorer:
         n, n_vocab = len(req.tokens), self.model.n_vocab
         if n == 0:
             raise RequestError("tokens: is empty; give at least one token")
-        bad = next((i for i, t in enumerate(req.tokens) if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise RequestError(f"tokens.{bad}: {req.tokens[bad]} is not a token id of this model (0..{n_vocab - 1})")
+        check_token_ids(req.tokens, n_vocab)
         if req.n_predict not in (0, 1):
             raise RequestError(f"n_predict: prompt scoring picks 0 or 1 token, got {req.n_predict}")
         if not 0 <= req.top_n <= TOP_CAP:  # a row keeps TOP_CAP alternatives
