@@ -173,8 +173,7 @@ def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
         return Session(SessionConfig(**common))
     return Session(SessionConfig(**common, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
                                  prefetch=a.prefetch, prefetch_wide_tokens=a.wide_tokens if a.prefetch else 0,
-                                 dense_weights=a.dense_weights, stream_cache_dir=a.twins,
-                                 **({"cache_policy": a.cache_policy} if a.cache_mb else {})))
+                                 dense_weights=a.dense_weights, stream_cache_dir=a.twins, cache_policy=a.cache_policy))
 
 
 def decode_rate(session, n_predict: int) -> dict[str, object]:
@@ -239,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", action="store_true")
     ap.add_argument("--wide-tokens", type=int, default=0, help="with --prefetch: --prefetch-wide-tokens (0: the rule)")
     ap.add_argument("--dense-weights", choices=("anon", "mmap"), default="anon")
-    ap.add_argument("--cache-policy", choices=("next-use", "lru"), default="next-use",
+    from bmoe.config import CACHE_POLICIES
+
+    ap.add_argument("--cache-policy", choices=CACHE_POLICIES, default="next-use",
                     help="bmoe with --cache-mb: which experts the cache keeps")
     ap.add_argument("--resident", action="store_true", help="bmoe: the model resident (mmap, no streaming)")
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")

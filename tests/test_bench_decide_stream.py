@@ -169,7 +169,7 @@ def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Pa
     model.write_bytes(b"GGUF")  # the config check stops at io_threads before anything reads the file
     args = argparse.Namespace(
         model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
-        twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon",
+        twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon", cache_policy="next-use",
         resident=False)
     assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
 

@@ -120,6 +120,8 @@ def validate(cfg: SessionConfig) -> None:
     _int_at_least(cfg, "io_threads", 1)
     if cfg.stream_cache_dir is not None and not isinstance(cfg.stream_cache_dir, (str, Path)):
         raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
+    if cfg.cache_policy not in CACHE_POLICIES:
+        raise ConfigError(f"cache_policy: must be one of {', '.join(CACHE_POLICIES)}, got {cfg.cache_policy!r}")
     if not cfg.moe_stream:  # a setting that would be ignored: the user meant to stream
         for name, given in (("cache_mb", cfg.cache_mb != 0), ("cache_ceil_mb", cfg.cache_ceil_mb != 0),
                             ("cache_force", cfg.cache_force), ("cache_policy", cfg.cache_policy != "next-use"),
@@ -128,8 +130,6 @@ def validate(cfg: SessionConfig) -> None:
             if given:
                 raise ConfigError(f"{name}: only means something with moe_stream (a resident model maps the "
                                   "whole file, experts included, and the kernel keeps what fits)")
-    if cfg.cache_policy not in CACHE_POLICIES:
-        raise ConfigError(f"cache_policy: must be one of {', '.join(CACHE_POLICIES)}, got {cfg.cache_policy!r}")
     if cfg.cache_ceil_mb and cfg.cache_mb != "auto":
         raise ConfigError(f"cache_ceil_mb: only means something with cache_mb auto, got cache_mb {cfg.cache_mb!r}")
     if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:

@@ -281,3 +281,10 @@ def test_the_replay_tool_judges_the_issues_targets_per_budget() -> None:
                                            "2000": {"bmoe": 33.8, "lru": 30.9, "optimal": 59.9}})
     assert [ln.split()[0] for ln in g] == ["PASS", "FAIL"]  # LRU + 3: 20.7 >= 20.7, 33.8 < 33.9
     assert cache_replay.verdicts("/z/other.gguf", 100.0, rows) == []  # no reference figures, no verdicts
+
+
+def test_the_config_names_every_policy_the_cache_runs() -> None:
+    from bmoe.config import CACHE_POLICIES
+    from bmoe.stream.cache import POLICIES
+
+    assert tuple(POLICIES) == CACHE_POLICIES and POLICIES["next-use"] is DEFAULT_POLICY

@@ -132,9 +132,9 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
             odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
         )
         guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None
+        pages = LibcPageMover.available(sum(t.n_expert for t in layout.experts))
         # Read-ahead two layers deep needs the next layer's buffers apart from this one's: with the
         # cache off that is a second set of shared buffers (one layer of expert bytes more).
-        pages = LibcPageMover.available(sum(t.n_expert for t in layout.experts))
         streamer = Streamer(layout, options, pages=pages, buffer_sets=2 if guess else 1)
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError) as e:
         raise _setup_error(config, e) from e

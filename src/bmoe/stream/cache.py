@@ -79,7 +79,7 @@ class _Slices:
         return (lo, hi) if hi > lo else (lo, lo)
 
     def neighbours(self, expert: int, page: int) -> range:
-        """The experts other than ``expert`` whose slices share the page at ``page``, with it."""
+        """The experts whose slices touch the page at ``page`` (``expert`` among them)."""
         first = max(0, (page - self.pad) // self.size)
         last = min(self.n - 1, (page + PAGE - 1 - self.pad) // self.size)
         return range(first, last + 1)
