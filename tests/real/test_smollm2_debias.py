@@ -33,7 +33,10 @@ def test_permute_and_pride_change_the_position_preference(open_smol, rows) -> No
     # the permuted answer's raw scores are the plain decision's: the given order is permutation 0
     for p, q in zip(plain, permuted):
         assert q.scores.choice_logp == pytest.approx(p.scores.choice_logp, abs=0.05)
-        assert q.debias.best_raw == p.scores.best and q.debias.decisions == 4
+        top, second = sorted(p.scores.choice_logp, reverse=True)[:2]
+        if top - second > 0.1:  # batched in other company the scores move a little: a near tie may flip
+            assert q.debias.best_raw == p.scores.best
+        assert q.debias.decisions == 4
         assert sum(q.debias.debiased_p) == pytest.approx(1.0)
     assert sum(r.scores.best == 0 for r in permuted) <= raw_first - 3
 

@@ -95,11 +95,14 @@ def plain_llama_cpp(
     model_path: Path, text: str, choices: tuple[str, ...], s: Session
 ) -> tuple[list[int], np.ndarray, list[int]]:
     """What llama.cpp alone computes for ``text``, prefilled whole in one llama_decode in a context
-    shaped like the session's: the prompt's tokens, the last row's log-softmax in float64, and
-    each choice's first token (the bare label tokenized without specials)."""
+    shaped like the session's (batch sizes, threads, flash attention, KV type) over weights loaded
+    as bmoe loads them (no repacking, so the same kernels): the prompt's tokens, the last row's
+    log-softmax in float64, and each choice's first token (the bare label tokenized without
+    specials)."""
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
     mp.n_gpu_layers = 0
+    mp.use_extra_bufts = False  # as bmoe loads it: no repacked weights, so the same matmul kernels
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mp)
     assert model
     try:
@@ -113,6 +116,10 @@ def plain_llama_cpp(
         cp.n_batch = s.config.n_batch
         cp.n_ubatch = s.config.n_ubatch
         cp.n_threads = cp.n_threads_batch = s.config.threads
+        cp.flash_attn_type = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[s.config.flash_attn]
+        if s.config.kv_f32:
+            cp.type_k = cp.type_v = llama_cpp.GGML_TYPE_F32
         ctx = llama_cpp.llama_init_from_model(model, cp)
         assert ctx
         # Filled by hand: the batch owns its arrays, so nothing is freed under llama_decode.
