@@ -57,32 +57,46 @@ def _round_up(n: int, to: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class _Pages:
+    """The pages of one expert's slice in its buffer, from the slice's first page to its last:
+    ``[lo, hi)`` covers it, ``[i_lo, i_hi)`` are the whole pages inside it (empty, ``i_lo ==
+    i_hi``, for a slice that fills no page of its own). ``left``/``right``: the other experts
+    whose slices touch the partial page at ``lo``/``hi - PAGE`` (empty where the slice starts
+    or ends on a page boundary)."""
+    lo: int
+    i_lo: int
+    i_hi: int
+    hi: int
+    left: tuple[int, ...]
+    right: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Slices:
-    """Where the expert slices of one tensor lie in its buffer (the cache's bookkeeping reads
-    these per eviction, so they are plain numbers, computed once)."""
+    """Where the expert slices of one tensor lie in its buffer. The cache's bookkeeping reads them
+    at every eviction, so each expert's pages are computed once (``pages[e]``)."""
     proj: str
     buf: "TensorBuffer"
-    pad: int    # where expert 0 starts
     size: int   # bytes of one expert's slice
-    n: int      # experts
+    pages: tuple[_Pages, ...]
 
-    def span(self, expert: int) -> tuple[int, int]:
-        """Where ``expert``'s slice lies in the buffer: [start, end)."""
-        start = self.pad + expert * self.size
-        return start, start + self.size
+    @staticmethod
+    def of(proj: str, buf: "TensorBuffer", pad: int, size: int, n: int) -> "_Slices":
+        """``n`` slices of ``size`` bytes, expert 0 at ``pad``."""
+        def touching(page: int) -> range:  # the experts whose slices touch the page at ``page``
+            return range(max(0, (page - pad) // size), min(n - 1, (page + PAGE - 1 - pad) // size) + 1)
 
-    def interior(self, expert: int) -> tuple[int, int]:
-        """The whole pages inside ``expert``'s slice: [lo, hi), empty (lo == hi) for a slice
-        that fills no page of its own."""
-        start = self.pad + expert * self.size
-        lo, hi = _round_up(start, PAGE), ((start + self.size) // PAGE) * PAGE
-        return (lo, hi) if hi > lo else (lo, lo)
-
-    def neighbours(self, expert: int, page: int) -> range:
-        """The experts whose slices touch the page at ``page`` (``expert`` among them)."""
-        first = max(0, (page - self.pad) // self.size)
-        last = min(self.n - 1, (page + PAGE - 1 - self.pad) // self.size)
-        return range(first, last + 1)
+        pages = []
+        for e in range(n):
+            start, end = pad + e * size, pad + (e + 1) * size
+            lo, hi = (start // PAGE) * PAGE, _round_up(end, PAGE)
+            i_lo, i_hi = _round_up(start, PAGE), (end // PAGE) * PAGE
+            if i_hi < i_lo:
+                i_hi = i_lo
+            left = tuple(x for x in touching(lo) if x != e) if lo < start else ()
+            right = tuple(x for x in touching(hi - PAGE) if x != e) if hi > end else ()
+            pages.append(_Pages(lo, i_lo, i_hi, hi, left, right))
+        return _Slices(proj, buf, size, tuple(pages))
 
 
 class TensorBuffer:
@@ -188,8 +202,12 @@ class ExpertCache:
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
         self.policy: CachePolicy = policy({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget_bytes)
         self._buffers = {(t.il, t.proj): TensorBuffer([t]) for t in layout.experts}
-        self._slices_of = {il: tuple(_Slices(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
+        self._slices_of = {il: tuple(_Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
                                      for t in ts) for il, ts in self._tensors.items()}
+        # Every (layer, projection, expert) read, built once as SharedBuffers does: an expert's
+        # place in its buffer never changes.
+        self._ops = {il: tuple((t.proj, tuple(self._buffers[(t.il, t.proj)].read_op(t, e) for e in range(t.n_expert)))
+                               for t in ts) for il, ts in self._tensors.items()}
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
         self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
 
@@ -226,8 +244,9 @@ class ExpertCache:
         return self._reads(il, 0, missing)
 
     def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
-        ops = tuple(self._buffers[(t.il, t.proj)].read_op(t, k.expert) for k in misses for t in self._tensors[il])
-        projs = tuple(t.proj for _ in misses for t in self._tensors[il])
+        by_proj = self._ops[il]
+        ops = tuple(by_expert[k.expert] for k in misses for _, by_expert in by_proj)
+        projs = tuple(proj for _ in misses for proj, _ in by_proj)
         return Plan(ops, hits, tuple(misses), projs)
 
     def commit(self, plan: Plan) -> None:
@@ -256,11 +275,11 @@ class ExpertCache:
             givers, takers = self._slices(victims), self._slices(incoming)
             for proj, gs in givers.items():
                 for (vk, v), (ik, i) in zip(gs, takers.get(proj, ())):
-                    v_lo, v_hi = v.interior(vk.expert)
-                    i_lo, i_hi = i.interior(ik.expert)
-                    if v_hi > v_lo and i_hi > i_lo:
-                        self.pages.move(v.buf.window.addr + v_lo, v_hi - v_lo, i.buf.window.addr + i_lo, i_hi - i_lo)
-                        self.moved_bytes += min(v_hi - v_lo, i_hi - i_lo)
+                    vp, ip = v.pages[vk.expert], i.pages[ik.expert]
+                    if vp.i_hi > vp.i_lo and ip.i_hi > ip.i_lo:
+                        self.pages.move(v.buf.window.addr + vp.i_lo, vp.i_hi - vp.i_lo,
+                                        i.buf.window.addr + ip.i_lo, ip.i_hi - ip.i_lo)
+                        self.moved_bytes += min(vp.i_hi - vp.i_lo, ip.i_hi - ip.i_lo)
                         moved.add((vk, proj))
         pending: dict[int, set[int]] = {}
         for key in victims:
@@ -284,20 +303,16 @@ class ExpertCache:
         """Release ``key``'s pages but those a resident neighbour, or a victim still ``pending``
         release (experts of ``key``'s layer), shares; of a slice whose whole pages were moved,
         only its end pages are left to release."""
-        for sl in self._slices_of[key.layer]:
-            start, end = sl.span(key.expert)
-            lo = (start // PAGE) * PAGE
-            if lo < start and self._page_in_use(sl, key, lo, pending):
-                lo += PAGE
-            hi = _round_up(end, PAGE)
-            if hi > end and self._page_in_use(sl, key, hi - PAGE, pending):
-                hi -= PAGE
+        il, resident = key.layer, self.policy.is_resident
+
+        def in_use(sharers: tuple[int, ...]) -> bool:
+            return any(e in pending or resident(ExpertKey(il, e)) for e in sharers)
+
+        for sl in self._slices_of[il]:
+            pg = sl.pages[key.expert]
+            lo = pg.lo + PAGE if pg.left and in_use(pg.left) else pg.lo
+            hi = pg.hi - PAGE if pg.right and in_use(pg.right) else pg.hi
             if (key, sl.proj) in moved:  # its whole pages went to an incoming expert: the ends are left
-                i_lo, i_hi = sl.interior(key.expert)
-                self.released_bytes += sl.buf.release(lo, i_lo) + sl.buf.release(i_hi, hi)
+                self.released_bytes += sl.buf.release(lo, pg.i_lo) + sl.buf.release(pg.i_hi, hi)
             else:
                 self.released_bytes += sl.buf.release(lo, hi)
-
-    def _page_in_use(self, sl: _Slices, key: ExpertKey, page: int, pending: set[int]) -> bool:
-        return any(e != key.expert and (e in pending or self.policy.is_resident(ExpertKey(key.layer, e)))
-                   for e in sl.neighbours(key.expert, page))
