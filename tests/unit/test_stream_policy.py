@@ -270,6 +270,22 @@ def test_two_deep_read_ahead_never_evicts_the_route_still_computing_or_the_guess
             busy = [ExpertKey(nxt, e) for e in ahead]
 
 
+def test_a_guess_keeps_its_own_layers_experts_before_a_far_layers() -> None:
+    """A guess for layer 2 comes just before layer 2's route, which may still pick the layer's
+    resident experts the guess left out: they are one route away, not a whole cycle. Two experts
+    alike in everything but their layer (one routed at layer 2, one at layer 3, the same one
+    token): the guess evicts layer 3's, whose next use is a cycle later."""
+    p = NextUsePolicy(dict.fromkeys(range(L), 1), 2)
+    route(p, 2, [[5]])
+    route(p, 3, [[5]])
+    for il in (*range(4, L), 0):  # the rest of the cycle routes nothing: both age alike
+        route(p, il, [[]])
+    route(p, 1, [[]])
+    missing, victims = p.reserve(2, [9], [])
+    assert missing == [ExpertKey(2, 9)] and victims == [ExpertKey(3, 5)]
+    assert p.is_resident(ExpertKey(2, 5))
+
+
 def test_the_replay_tool_judges_the_issues_targets_per_budget() -> None:
     qwen, gpt = "/x/Qwen3-30B-A3B-Q4_K_M.gguf", "/y/gpt-oss-120b-Q4_K_M.gguf"
     rows = {"500": {"bmoe": 30.3, "lru": 0.0, "optimal": 45.3}, "750": {"bmoe": 38.4, "lru": 0.0, "optimal": 55.4},

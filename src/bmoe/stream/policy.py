@@ -258,7 +258,9 @@ class NextUsePolicy(_Sizes):
         missing = [ExpertKey(il, e) for e in sorted(set(experts)) if e not in resident]
         for key in missing:  # never routed yet: as if picked once, a visit ago, by no token's share
             stats.setdefault(key.expert, [0.0, t, t - 1])
-        victims = self._evict(il, self.budget_bytes - len(missing) * self.expert_bytes[il])
+        # Layer il's route is next: its resident experts the guess left out are one route away
+        # (its route may still pick them), not a whole cycle as after a route of il.
+        victims = self._evict(il, self.budget_bytes - len(missing) * self.expert_bytes[il], ahead=True)
         for key in missing:
             resident.add(key.expert)
         self.resident_bytes += len(missing) * self.expert_bytes[il]
@@ -288,9 +290,11 @@ class NextUsePolicy(_Sizes):
                                  key=lambda e: (self.q(il, e), stats[e][2], e), reverse=True)
         self._far[il] = None
 
-    def _evict(self, il: int, target: int) -> list[ExpertKey]:
+    def _evict(self, il: int, target: int, *, ahead: bool = False) -> list[ExpertKey]:
+        """Evict the worst victims until ``target`` bytes are held. Distances count from layer
+        ``il``'s route (``ahead``: from the route just before it)."""
         victims: list[ExpertKey] = []
-        here = self._pos[il]
+        here = self._pos[il] - 1 if ahead else self._pos[il]
         while self.resident_bytes > target:
             best, worst = None, -1.0
             for j in self._layers:
