@@ -301,3 +301,48 @@ def test_damaged_header_bytes_raise_only_model_file_errors(tmp_path: Path) -> No
             read_layout(bad)
         except ModelFileError as e:
             assert str(bad) in str(e) or "architecture" in str(e), str(e)
+
+
+def test_arrays_nested_past_any_writer_are_a_layout_error(tmp_path: Path) -> None:
+    # ARRAY of ARRAY of ARRAY ...: walked by recursion, a few kB of such bytes would exhaust the
+    # interpreter's stack (RecursionError, naming no file); the walk stops at a fixed depth.
+    import struct
+
+    depth = 3000
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"deep" + struct.pack("<I", 9)
+    body += struct.pack("<IQ", 9, 1) * depth + struct.pack("<IQ", 4, 0)
+    (tmp_path / "deep.gguf").write_bytes(body)
+    with pytest.raises(LayoutError, match=rf"^cannot read GGUF {tmp_path / 'deep.gguf'}: arrays nested more than 8"):
+        read_layout(tmp_path / "deep.gguf")
+
+
+def test_an_expert_tensor_without_bytes_is_refused_by_name(tmp_path: Path) -> None:
+    tensors = _moe_tensors(np.random.default_rng(11), range(1))
+    tensors["blk.0.ffn_up_exps.weight"] = np.zeros((N_EXPERT, N_FF, 0), dtype=np.float32)  # ggml {0, n_ff, n_expert}
+    path = _write(tmp_path / "m.gguf", "qwen3moe", tensors)
+    with pytest.raises(LayoutError, match=rf"^{path}: expert tensor blk\.0\.ffn_up_exps\.weight has shape \[0, {N_FF}, "
+                                          rf"{N_EXPERT}\]"):
+        read_layout(path)
+
+
+def test_quantized_rows_that_do_not_fill_whole_blocks_are_refused_by_name(tmp_path: Path) -> None:
+    # A Q8_0 tensor (blocks of 32 values) whose header says rows of 40 values: its byte size would
+    # be computed from a partial block and every expert's offset would be wrong.
+    tensors = _moe_tensors(np.random.default_rng(12), range(1))
+    path = _write(tmp_path / "m.gguf", "qwen3moe", tensors)
+    data = bytearray(path.read_bytes())
+    ne = (N_EMBD, N_FF, N_EXPERT)
+    info = struct_pack_ne(ne) + (0).to_bytes(4, "little")  # the up projection's dims, then type F32
+    at = data.index(b"blk.0.ffn_up_exps.weight") + len("blk.0.ffn_up_exps.weight")
+    assert data[at:at + len(info)] == info
+    data[at + len(info) - 4:at + len(info)] = (8).to_bytes(4, "little")  # Q8_0
+    path.write_bytes(bytes(data))
+    with pytest.raises(LayoutError, match=r"tensor blk\.0\.ffn_up_exps\.weight has rows of 40 values, not a multiple "
+                                          r"of its type's block of 32"):
+        read_layout(path)
+
+
+def struct_pack_ne(ne: tuple[int, ...]) -> bytes:
+    import struct
+
+    return struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)

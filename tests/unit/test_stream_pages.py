@@ -230,3 +230,37 @@ def test_the_one_call_move_is_used_only_where_the_mappings_it_leaves_fit_under_t
     assert not LibcPageMover.available(qwen3_235b).dontunmap
     monkeypatch.setattr(pages_mod, "_max_map_count", lambda: 262144)  # a raised cap lets it through
     assert LibcPageMover.available(qwen3_235b).dontunmap
+
+
+def test_a_bigger_victim_moved_to_a_smaller_slice_counts_the_cut_pages_as_released(tmp_path: Path) -> None:
+    # Layer 0's slices (12 pages + 100 bytes) are bigger than layer 1's (5 pages + 100): when layer
+    # 1 takes layer 0's pages, the pages past its slice's size are dropped. Every page the victims
+    # covered is then either moved or released, and the counts say so.
+    from bmoe.stream.layout import FileId, ModelLayout
+    from test_stream_cache import PROJS
+
+    n_expert, sizes = 8, {0: 12 * 4096 + 100, 1: 5 * 4096 + 100}
+    experts, off = [], 1056
+    for il, size in sizes.items():
+        for proj in PROJS:
+            experts.append(ExpertTensor(f"blk.{il}.{proj}.weight", il, proj, 0, off, n_expert * size, n_expert))
+            off += n_expert * size + 32
+    data = np.random.default_rng(5).integers(0, 256, off + 4096, dtype=np.uint8).tobytes()
+    (tmp_path / "experts.bin").write_bytes(data)
+    layout = ModelLayout("qwen3moe", (FileId.of(tmp_path / "experts.bin"),), tuple(experts), n_expert, 2, 1056,
+                         off - 1056)
+    s = Streamer(layout, StreamOptions(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"),
+                 pages=LibcPageMover())
+    assert isinstance(s.cache, ExpertCache)
+    s.on_route(0, np.array([[1, 2]]))
+    covered = 0  # the pages of layer 0's experts 1 and 2, whose neighbours 0 and 3 are not cached
+    for t in layout.layer_tensors(0):
+        start = t.offset % 4096 + t.slice_nbytes
+        covered += -(-(start + 2 * t.slice_nbytes) // PAGE) * PAGE - (start // PAGE) * PAGE
+    s.on_route(1, np.array([[3, 4, 5, 6, 7]]))  # needs all the room: evicts both, takes their pages
+    assert not s.cache.is_resident(ExpertKey(0, 1)) and not s.cache.is_resident(ExpertKey(0, 2))
+    assert s.cache.moved_bytes > 0
+    assert s.cache.moved_bytes + s.cache.released_bytes == covered
+    assert_in_place(s, layout, data, 1, (3, 4, 5, 6, 7))
+    assert_holds_exactly_its_experts(s, layout)
+    s.close()

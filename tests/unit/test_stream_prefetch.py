@@ -92,6 +92,23 @@ def test_an_arch_without_a_router_entry_is_refused_with_its_reason(tiny_models) 
         RouterGuess.load(layout, entry)
 
 
+
+def test_a_norm_that_is_not_a_vector_is_refused_as_a_prefetch_error(tiny_models, monkeypatch) -> None:
+    # A damaged file whose router norm has no dimension (or several): a PrefetchError naming the
+    # layer, never an IndexError from reading its width first.
+    import bmoe.stream.prefetch as prefetch_mod
+
+    layout = read_layout(tiny_models("qwen3moe", "q8_0"))
+    real = prefetch_mod._as_f32
+
+    def scalar_norm(path, t):  # noqa: ANN001
+        x = real(path, t)
+        return np.float32(1.0).reshape(()) if t.name.endswith(lookup("qwen3moe").router_norm) else x
+
+    monkeypatch.setattr(prefetch_mod, "_as_f32", scalar_norm)
+    with pytest.raises(PrefetchError, match=r"blk\.0: router \[\d+, \d+\] and norm \[\] do not fit"):
+        RouterGuess.load(layout, lookup("qwen3moe"))
+
 # --- a route taking a prefetch over --------------------------------------------------------------
 @pytest.mark.parametrize("guess, routed", [
     ((1, 4), (1, 4)),   # all right: the route reads nothing new

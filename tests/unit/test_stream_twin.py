@@ -221,3 +221,26 @@ def test_bmoe_cli_gc_twins_names_a_folder_it_cannot_list(tmp_path: Path, capsys,
     monkeypatch.setattr(Path, "iterdir", refuse)
     assert main(["--gc-twins", "--stream-cache-dir", str(cache)]) == 1
     assert capsys.readouterr().err == f"bmoe-cli: --gc-twins: cannot list the twins folder {cache}: Permission denied\n"
+
+
+def test_a_folder_this_user_cannot_enter_is_left_alone(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    # Another user's twin (mode 0700) in a shared cache folder: its twin.json cannot even be
+    # checked for (EACCES). Neither gc nor writing a twin of another model may fail on it.
+    from bmoe.stream.twin import MANIFEST, gc_twins
+
+    cache = tmp_path / "twins"
+    theirs = cache / "theirs-0123456789abcdef"  # named like any twin
+    theirs.mkdir(parents=True)
+    real_exists = Path.exists
+
+    def exists(self, *a, **kw):  # noqa: ANN001 - as the kernel answers a user without the right (root passes)
+        if self.parent == theirs:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_exists(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    report = gc_twins(cache)
+    assert report.removed == () and theirs.is_dir()
+    model = _copy(tiny_models, tmp_path, "mine.gguf")
+    twin = dense_twin(read_layout(model), cache)
+    assert (twin.parent / MANIFEST).is_file() and theirs.is_dir()

@@ -279,7 +279,9 @@ class ExpertCache:
                     if vp.i_hi > vp.i_lo and ip.i_hi > ip.i_lo:
                         self.pages.move(v.buf.window.addr + vp.i_lo, vp.i_hi - vp.i_lo,
                                         i.buf.window.addr + ip.i_lo, ip.i_hi - ip.i_lo)
-                        self.moved_bytes += min(vp.i_hi - vp.i_lo, ip.i_hi - ip.i_lo)
+                        v_len, i_len = vp.i_hi - vp.i_lo, ip.i_hi - ip.i_lo
+                        self.moved_bytes += min(v_len, i_len)
+                        self.released_bytes += max(0, v_len - i_len)  # a bigger victim's tail is cut off
                         moved.add((vk, proj))
         pending: dict[int, set[int]] = {}
         for key in victims:

@@ -111,6 +111,7 @@ def shard_paths(path: Path) -> tuple[Path, ...]:
 _SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_MAX_NESTING = 8  # arrays of arrays: GGUF writers nest one level at most
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
@@ -153,11 +154,14 @@ class _Cursor:
         self.pos += n
         return v
 
-    def value(self, vtype: int) -> object | None:
-        """One value; arrays are skipped (None): a layout needs none of them."""
+    def value(self, vtype: int, depth: int = 0) -> object | None:
+        """One value; arrays are skipped (None): a layout needs none of them. Arrays nest at most
+        ``_MAX_NESTING`` deep (a damaged header must not exhaust the interpreter's stack)."""
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
+            if depth >= _MAX_NESTING:
+                raise ValueError(f"arrays nested more than {_MAX_NESTING} deep at byte {self.pos}")
             etype, count = self.u32(), self.u64()
             if etype == _STRING:  # each element carries its own length: walk them
                 for _ in range(count):
@@ -166,7 +170,7 @@ class _Cursor:
                 self.pos += count * _SCALAR_SIZE[etype]
             else:
                 for _ in range(count):
-                    self.value(etype)
+                    self.value(etype, depth + 1)
             return None
         fmt = _SCALAR_FMT.get(vtype)
         if fmt is None:
@@ -221,6 +225,9 @@ def read_header(path: Path) -> GgufHeader:
             block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
         except (KeyError, ValueError):
             raise ValueError(f"tensor {name} has unknown ggml type {ggml_type}") from None
+        if block > 1 and (not ne or ne[0] % block):
+            raise ValueError(f"tensor {name} has rows of {ne[0] if ne else 0} values, not a multiple of "
+                             f"its type's block of {block}")
         n = 1
         for d in ne:
             n *= d
@@ -303,7 +310,7 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
             dense += nbytes
             continue
         n_expert = ne[2] if len(ne) >= 3 else 0
-        if n_expert <= 0 or nbytes % n_expert:
+        if n_expert <= 0 or nbytes <= 0 or nbytes % n_expert:
             raise LayoutError(f"{paths[idx]}: expert tensor {name} has shape {list(ne)}; expected [.., .., n_expert]")
         experts.append(ExpertTensor(
             name=name, il=int(m["il"]), proj=m["suffix"].removesuffix(".weight"),

@@ -65,9 +65,12 @@ def _as_f32(path: Path, t: TensorInfo) -> np.ndarray:
         return np.frombuffer(raw, dtype="<f2").astype(np.float32).reshape(shape)
     try:
         data = gguf.quants.dequantize(np.frombuffer(raw, dtype=np.uint8), qtype)
+        return np.asarray(data, dtype=np.float32).reshape(shape)
     except NotImplementedError:
         raise PrefetchError(f"{t.name} is {qtype.name}, which bmoe cannot dequantize for the router guess") from None
-    return np.asarray(data, dtype=np.float32).reshape(shape)
+    except ValueError as exc:  # rows that do not fill whole blocks: a damaged or odd tensor
+        raise PrefetchError(f"{path}: tensor {t.name} of shape {list(t.ne)} cannot be read as {qtype.name}: "
+                            f"{exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,7 @@ class RouterGuess:
                 raise PrefetchError(f"--prefetch needs blk.{il}.{entry.router} and blk.{il}.{entry.router_norm}, "
                                     "which this GGUF lacks")
             router, norm = _as_f32(*found[(il, "router")]), _as_f32(*found[(il, "norm")])
-            if router.shape != (layout.n_expert, norm.shape[-1]) or norm.ndim != 1:
+            if norm.ndim != 1 or router.shape != (layout.n_expert, norm.shape[0]):
                 raise PrefetchError(f"blk.{il}: router {list(router.shape)} and norm {list(norm.shape)} do not fit "
                                     f"{layout.n_expert} experts")
             weights[il] = np.ascontiguousarray(router * norm[None, :], dtype=np.float32)

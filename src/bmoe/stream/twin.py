@@ -233,10 +233,12 @@ def _remove(folder: Path) -> None:
 
 def _legacy_idents(folder: Path) -> set[tuple[int, int]]:
     """(device, inode) of each source of a format-1 twin; empty if ``folder`` is not one."""
-    if not _LEGACY_NAME_RE.match(folder.name) or (folder / MANIFEST).exists():
+    if not _LEGACY_NAME_RE.match(folder.name):
         return set()
     out = set()
-    try:
+    try:  # a folder this user cannot enter (another user's, 0700) is not ours: EACCES is "no"
+        if (folder / MANIFEST).exists():
+            return set()
         names = [p.name for p in folder.iterdir()]
         if not names or not all(n.endswith((".gguf", ".source.json", ".tmp")) for n in names):
             return set()
