@@ -12,7 +12,7 @@ import pytest
 from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig
 from bmoe.errors import ConfigError
-from bmoe.llama.dense_anon import AnonDense, DenseAnonError, file_segments, regions
+from bmoe.llama.dense_anon import AnonDense, DenseAnonError, drop_unused, file_segments, regions
 from bmoe.llama.residency import PAGE, PageResidency
 from bmoe.runtime.results import GenerateRequest
 
@@ -136,6 +136,35 @@ def test_a_file_with_no_new_mapping_is_refused(tmp_path) -> None:
     f.write_bytes(b"GGUF" + b"\0" * PAGE)
     with pytest.raises(DenseAnonError, match=r"^dense_weights: anon: llama.cpp's mapping of .*m.gguf is not in"):
         AnonDense.move(file_segments(), [(f, [(0, PAGE)])])
+
+
+def test_drop_unused_skips_a_file_it_cannot_open() -> None:
+    """Best effort: a file gone (or never there) is left out, never an error after the load."""
+    assert drop_unused(frozenset(), [(Path("/nonexistent"), ((0, PAGE),))]) == 0
+
+
+def test_a_twin_removed_while_the_model_loads_is_still_moved_and_given_back(open_tiny, tmp_path, monkeypatch) -> None:
+    """``bmoe-cli --gc-twins 0`` in another process may unlink the twin while llama.cpp maps it:
+    the mapping keeps the file, so the dense pages are still moved (found by the inode taken
+    before the load) and the expert pages still given back, and the session answers as before."""
+    import llama_cpp
+
+    ref = open_tiny("lfm2moe", moe_stream=True, stream_cache_dir=tmp_path / "ref-twins").generate(GEN).tokens
+    load = llama_cpp.llama_model_load_from_file
+    removed: list[Path] = []
+
+    def load_then_remove(path: bytes, params):
+        ptr = load(path, params)
+        removed.append(Path(path.decode()))
+        removed[-1].unlink()
+        return ptr
+
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", load_then_remove)
+    s = open_tiny("lfm2moe", moe_stream=True, stream_cache_dir=tmp_path / "twins")
+    assert removed == [s.streaming.load_path] and not removed[0].exists()
+    assert s.streaming.dense_weights == "anon" and s.dense_anon_bytes > 0
+    assert s.runtime.model.dropped_bytes > 0
+    assert s.generate(GEN).tokens == ref
 
 
 def _mapped_rss(path: Path) -> int:

@@ -12,7 +12,10 @@ rebinding of the hook is untouched), tensors that only some graphs read are cove
 llama.cpp's own ``munmap`` of its mapping frees the anonymous pages when the model is freed.
 
 llama.cpp does not say where it mapped a file, so the mapping is found in ``/proc/self/maps``:
-the file-backed segments of that file (same inode) that appeared while the model loaded.
+the file-backed segments of that file (same inode) that appeared while the model loaded. The file
+is known by the inode it had before the load (``file_ids``), not by its path after: a dense twin
+may be removed meanwhile (``--gc-twins`` in another process), and its mapping, which keeps the
+unlinked file alive, is then still there to read.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -64,14 +67,50 @@ def file_segments(maps: str | None = None) -> frozenset[Segment]:
     return frozenset(out)
 
 
-def _of_file(segments: Iterable[Segment], path: Path) -> list[Segment]:
-    """The segments that map ``path`` (its inode, and its device or its resolved path: some file
-    systems show another device number in the maps than stat gives)."""
+@dataclass(frozen=True, slots=True)
+class FileId:
+    """The file a path named when it was looked at: its device, inode and resolved path."""
+
+    st_dev: int
+    inode: int
+    path: str
+
+    @property
+    def dev(self) -> tuple[int, int]:
+        return os.major(self.st_dev), os.minor(self.st_dev)
+
+
+def file_id(path: Path) -> FileId:
+    """What ``path`` is now (raises OSError when it cannot be stat'ed)."""
     st = os.stat(path)
-    real = os.path.realpath(path)
-    dev = (os.major(st.st_dev), os.minor(st.st_dev))
-    return sorted((s for s in segments if s.inode == st.st_ino and (s.dev == dev or s.path == real)),
+    return FileId(st.st_dev, st.st_ino, os.path.realpath(path))
+
+
+def file_ids(paths: Iterable[Path]) -> dict[Path, FileId]:
+    """``file_id`` of each path that can be stat'ed: taken before llama.cpp maps them, so their
+    mappings are found even if a path is removed while it loads."""
+    out = {}
+    for path in paths:
+        try:
+            out[path] = file_id(path)
+        except OSError:
+            pass  # llama.cpp will not load it either, and says so
+    return out
+
+
+def _of_file(segments: Iterable[Segment], fid: FileId) -> list[Segment]:
+    """The segments that map the file ``fid`` (its inode, and its device or its resolved path:
+    some file systems show another device number in the maps than stat gives; an unlinked file's
+    path is followed by `` (deleted)``)."""
+    names = (fid.path, fid.path + " (deleted)")
+    return sorted((s for s in segments if s.inode == fid.inode and (s.dev == fid.dev or s.path in names)),
                   key=lambda s: s.start)
+
+
+def _id_of(path: Path, ids: Mapping[Path, FileId] | None) -> FileId:
+    """The id recorded for ``path`` before the load, else what it is now (OSError if gone)."""
+    fid = ids.get(path) if ids else None
+    return fid if fid is not None else file_id(path)
 
 
 def regions(segments: Sequence[Segment], ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -124,13 +163,19 @@ class AnonDense:
         self._open = True
 
     @classmethod
-    def move(cls, before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]]) -> "AnonDense":
+    def move(cls, before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]],
+             ids: Mapping[Path, FileId] | None = None) -> "AnonDense":
         """Move the ``files``' byte ranges, in the mappings made since ``before``, into anonymous
-        memory. Raises DenseAnonError when a file has no new mapping or a move fails."""
+        memory. Each file is found by its ``ids`` entry (``file_ids`` before the load), so one
+        removed since is still moved: its pages are read through the mapping. Raises
+        DenseAnonError when a file has no new mapping or a move fails."""
         new = file_segments() - before
         spans: list[tuple[int, int]] = []
         for path, ranges in files:
-            segs = _of_file(new, path)
+            try:
+                segs = _of_file(new, _id_of(path, ids))
+            except OSError:  # gone, and not looked at before the load: its mapping cannot be told
+                segs = []
             if not segs:
                 raise DenseAnonError(f"dense_weights: anon: llama.cpp's mapping of {path} is not in /proc/self/maps; "
                                      "use mmap")
@@ -173,7 +218,8 @@ def inner_regions(segments: Sequence[Segment], ranges: Iterable[tuple[int, int]]
     return sorted(out)
 
 
-def drop_unused(before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]]) -> int:
+def drop_unused(before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]],
+                ids: Mapping[Path, FileId] | None = None) -> int:
     """Give back the pages llama.cpp populated for byte ranges nobody reads (a streamed model's
     expert tensors, rebound onto the streamer's buffers): unmap them from the mappings made since
     ``before`` (``MADV_DONTNEED``) and drop them from the page cache (``POSIX_FADV_DONTNEED``).
@@ -181,17 +227,33 @@ def drop_unused(before: frozenset[Segment], files: Sequence[tuple[Path, Sequence
     llama.cpp maps with ``MAP_POPULATE``; for a dense twin the expert ranges are holes, which that
     fills with zero pages: as many as the experts' bytes, counted in the process's RSS and its
     memory cgroup until the kernel reclaims them. Touching them again would only fault the same
-    zeros back in. Returns the bytes unmapped; best effort (a refusal leaves them mapped)."""
+    zeros back in. Returns the bytes unmapped. Best effort, never raises: a refusal leaves pages
+    mapped, and a file that cannot be looked at (a twin removed meanwhile) is left as it is; an
+    unlinked file's pages go when llama.cpp unmaps it. Files are found by ``ids`` as in ``move``."""
     dropped = 0
-    new = file_segments() - before  # read once: dropping pages leaves the mappings as they are
+    try:
+        new = file_segments() - before  # read once: dropping pages leaves the mappings as they are
+    except OSError:
+        return 0
     for path, ranges in files:
-        for lo, hi in inner_regions(_of_file(new, path), ranges):
+        try:
+            fid = _id_of(path, ids)
+        except OSError:
+            continue
+        for lo, hi in inner_regions(_of_file(new, fid), ranges):
             if _libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0:
                 dropped += hi - lo
-        fd = os.open(path, os.O_RDONLY)
         try:
-            for a, b in ranges:
-                os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_DONTNEED)
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (fid.st_dev, fid.inode):  # not another file put there since
+                for a, b in ranges:
+                    os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
         finally:
             os.close(fd)
     return dropped

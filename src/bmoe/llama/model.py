@@ -7,7 +7,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from .dense_anon import AnonDense, drop_unused, file_segments
+from .dense_anon import AnonDense, FileId, Segment, drop_unused, file_ids, file_segments
 from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
 from bmoe.errors import ModelFileError
@@ -19,7 +19,7 @@ def _SILENT_PROGRESS(progress: float, user_data: ctypes.c_void_p) -> bool:
 
 
 class ModelLoadError(ModelFileError):
-    """The GGUF could not be opened by llama.cpp."""
+    """The GGUF could not be opened by llama.cpp, or not set up once it was (the model is freed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +77,35 @@ class LlamaModel:
         self._devices = device_list(params.prefill_device)  # kept alive for the model's life
         mp.devices = ctypes.addressof(self._devices)
         mp.no_host = True  # weights in plain host buffers (mmap), never the device's pinned copies
-        before = file_segments() if params.anon_ranges or params.unused_ranges else frozenset()
+        mapped = {p for p, _ in params.anon_ranges + params.unused_ranges}
+        # Before the load: what the files are (a twin removed while it loads is still found) and
+        # which mappings exist (those llama.cpp makes are the new ones).
+        ids = file_ids(mapped)
+        before = file_segments() if mapped else frozenset()
+        named = params.user_path or path
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not ptr:
-            raise ModelLoadError(f"model: llama.cpp could not load {params.user_path or path} "
+            raise ModelLoadError(f"model: llama.cpp could not load {named} "
                                  "(not a GGUF it can read, or truncated; set BMOE_LLAMA_LOG=1 for its log)")
-        # The dense weights held in anonymous memory (None: they stay mapped from the file).
-        self.anon: AnonDense | None = None
-        if params.anon_ranges:
-            try:
-                self.anon = AnonDense.move(before, params.anon_ranges)
-            except BaseException:
-                llama_cpp.llama_model_free(ptr)
-                raise
-        self.dropped_bytes = drop_unused(before, params.unused_ranges) if params.unused_ranges else 0
         self.params = params
         self.path = path
         self.ptr = ptr
+        try:  # from here on a failure frees the model: its weights (anonymous ones too) are GBs
+            self._set_up(params, before, ids)
+        except OSError as e:
+            self.close()
+            raise ModelLoadError(f"model: setting up {named} failed after llama.cpp loaded it "
+                                 f"({e.strerror or type(e).__name__})") from e
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up(self, params: ModelLoadParams, before: frozenset[Segment], ids: dict[Path, FileId]) -> None:
+        """What follows the load: the dense pages moved, the unused ones given back, the metadata."""
+        ptr = self.ptr
+        # The dense weights held in anonymous memory (None: they stay mapped from the file).
+        self.anon: AnonDense | None = AnonDense.move(before, params.anon_ranges, ids) if params.anon_ranges else None
+        self.dropped_bytes = drop_unused(before, params.unused_ranges, ids) if params.unused_ranges else 0
         self.vocab = llama_cpp.llama_model_get_vocab(ptr)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(ptr))
