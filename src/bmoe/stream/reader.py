@@ -109,21 +109,30 @@ class ExpertReader:
         self.verify_files()
         if odirect:
             try:
-                self._fds = [os.open(f.path, os.O_RDONLY | os.O_DIRECT) for f in self.files]
+                self._fds = self._open_all(os.O_RDONLY | os.O_DIRECT)
                 self.odirect = True
             except OSError as exc:
-                self._close_fds()
                 self._warn(f"bmoe: O_DIRECT refused by the filesystem of {self.files[0].path} ({exc.strerror}); "
                            "reading experts through the page cache")
         if not self._fds:
-            self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
+            self._fds = self._open_all(os.O_RDONLY)
         self._queue: queue.SimpleQueue[tuple[Batch, int, ReadOp] | None] = queue.SimpleQueue()
         # Urgent reads: every item here has a _WAKE in _queue, so a lane blocked there wakes for it.
         self._urgent: queue.SimpleQueue[tuple[Batch, int, ReadOp]] = queue.SimpleQueue()
         self._covered = 0.0  # io_s counts the union of the batches' spans: where it ends so far
-        self._lanes = [threading.Thread(target=self._lane, name=f"bmoe-io-{i}", daemon=True) for i in range(io_threads)]
-        for lane in self._lanes:
-            lane.start()
+        self._lanes: list[threading.Thread] = []
+        try:
+            for i in range(io_threads):
+                lane = threading.Thread(target=self._lane, name=f"bmoe-io-{i}", daemon=True)
+                lane.start()
+                self._lanes.append(lane)
+        except BaseException as exc:
+            started = len(self._lanes)
+            self.close()  # nothing is queued: the lanes started stop at once, and the files close
+            if isinstance(exc, RuntimeError):  # Thread.start: the process may start no more threads
+                raise OSError(errno.EAGAIN, f"cannot start read lane {started + 1} of {io_threads} ({exc}); "
+                                            "try fewer io_threads") from exc
+            raise
 
     # --- public -------------------------------------------------------------------------
     def read(self, ops: Sequence[ReadOp]) -> None:
@@ -230,6 +239,18 @@ class ExpertReader:
             self._error = exc
         raise self._error
 
+    def _open_all(self, flags: int) -> list[int]:
+        """One fd per shard, opened one at a time: if a shard's open fails, those opened are closed."""
+        fds: list[int] = []
+        try:
+            for f in self.files:
+                fds.append(os.open(f.path, flags))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
     def _close_fds(self) -> None:
         for fd in self._fds + self._retired:
             os.close(fd)
@@ -306,9 +327,10 @@ class ExpertReader:
         with self._lock:
             if not self.odirect:
                 return
+            fds = self._open_all(os.O_RDONLY)
             # Other lanes may still be inside preadv on the old fds: retire them, close at close().
             self._retired += self._fds
-            self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
+            self._fds = fds
             self.odirect = False
         self._warn(f"bmoe: O_DIRECT reads refused on {self.files[0].path}; reading experts through the page cache")
 
