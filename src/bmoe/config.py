@@ -26,6 +26,9 @@ PREFIX_CACHE_MODES: tuple[str, ...] = ("auto", "on", "off")
 DenseWeights = Literal["anon", "mmap"]
 DENSE_WEIGHTS: tuple[str, ...] = ("anon", "mmap")
 CACHE_POLICIES: tuple[str, ...] = ("next-use", "lru")  # bmoe.stream.cache.POLICIES' names
+# Read lanes are threads: 8 already reached the raw disk's O_DIRECT rate (docs/streaming.md), and a
+# bound refuses a typo like 4000 here instead of as a thread the process cannot start.
+MAX_IO_THREADS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,8 @@ def validate(cfg: SessionConfig) -> None:
         _int_at_least(cfg, "cache_mb", 0)
     _int_at_least(cfg, "cache_ceil_mb", 0)
     _int_at_least(cfg, "io_threads", 1)
+    if cfg.io_threads > MAX_IO_THREADS:
+        raise ConfigError(f"io_threads: at most {MAX_IO_THREADS} (each read lane is a thread), got {cfg.io_threads}")
     if cfg.stream_cache_dir is not None and not isinstance(cfg.stream_cache_dir, (str, Path)):
         raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
     if cfg.cache_policy not in CACHE_POLICIES:

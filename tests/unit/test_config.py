@@ -33,6 +33,7 @@ def model(tmp_path: Path) -> Path:
         ("cache_mb", -5, "cache_mb: must be an integer >= 0, got -5"),
         ("cache_mb", "lots", "cache_mb: must be an integer >= 0, got 'lots'"),
         ("io_threads", 0, "io_threads: must be an integer >= 1, got 0"),
+        ("io_threads", 65, "io_threads: at most 64 (each read lane is a thread), got 65"),
         # streaming settings without moe_stream would be ignored: the user meant to stream
         ("cache_mb", 4096, "cache_mb: only means something with moe_stream (a resident model maps the whole file, "
                            "experts included, and the kernel keeps what fits)"),

@@ -168,7 +168,7 @@ def test_read_refusing_o_direct_falls_back_once(data_file, monkeypatch) -> None:
 
     path, data = data_file
     r = ExpertReader([FileId.of(path)], odirect=True, io_threads=1, warn=(warnings := []).append)
-    direct_fd = r._fds[0]
+    direct_fd = r._io.fds[0]
     real_preadv = os.preadv
 
     def picky_preadv(fd, bufs, off):  # noqa: ANN001
@@ -184,6 +184,86 @@ def test_read_refusing_o_direct_falls_back_once(data_file, monkeypatch) -> None:
     assert view[100:9100] == data[100:9100] and view[20000:20010] == data[20000:20010]
     assert view[50000:50010] == data[50000:50010]
     assert not r.odirect and len(warnings) == 1
+    r.close()
+
+
+def test_a_lane_reads_with_the_fds_and_mode_of_one_snapshot(data_file, monkeypatch) -> None:
+    """Another lane's fallback may swap the fds and the mode between a lane's look at its fd and its
+    read: the read must go with the fd it took, not as a buffered read on an O_DIRECT fd."""
+    import errno
+    import threading
+
+    path, data = data_file
+    real_open, real_preadv = os.open, os.preadv
+    direct: set[int] = set()
+
+    def open_(p, flags, *a):  # noqa: ANN001, ANN002, ANN202 - O_DIRECT simulated on any filesystem
+        fd = real_open(p, flags & ~os.O_DIRECT, *a)
+        if flags & os.O_DIRECT:
+            direct.add(fd)
+        return fd
+
+    def preadv(fd, bufs, off):  # noqa: ANN001, ANN202 - accepted at open, refused at read
+        if fd in direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, off)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "preadv", preadv)
+    swapped = threading.Event()
+    first_look = threading.Lock()
+
+    class HeldAfterLook(ExpertReader):
+        """The first lane to look at the fd state (``_fds`` before the fix, ``_io`` after) is held
+        right after the look until another lane's fallback has swapped it."""
+        held = False
+
+        def __getattribute__(self, name: str):  # noqa: ANN204
+            value = super().__getattribute__(name)
+            if name in ("_fds", "_io") and threading.current_thread().name.startswith("bmoe-io-"):
+                with first_look:
+                    hold, HeldAfterLook.held = not HeldAfterLook.held, True
+                if hold:
+                    assert swapped.wait(10)
+            return value
+
+    def warn(msg: str) -> None:  # the fallback warns once it has swapped
+        warnings.append(msg)
+        swapped.set()
+
+    warnings: list[str] = []
+    r = HeldAfterLook([FileId.of(path)], odirect=True, io_threads=2, warn=warn)
+    assert r.odirect and direct
+    mm, w = _window(SIZE)
+    r.read([ReadOp(0, 33, 5000, w, 33), ReadOp(0, 70_000, 3000, w, 70_000)])  # not adjacent: two reads
+    view = bytes(mm)
+    assert view[33:5033] == data[33:5033] and view[70_000:73_000] == data[70_000:73_000]
+    assert r.error is None and not r.odirect and len(warnings) == 1
+    r.close()
+
+
+def test_a_failed_content_read_names_the_shard_it_failed_on(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from bmoe.stream.content import ContentSample, digests
+
+    shards = [tmp_path / f"m-{i}.gguf" for i in range(2)]
+    for i, p in enumerate(shards):
+        p.write_bytes(bytes([i]) * 3 * 4096)
+    blocks = (((0, 4096), (8192, 4096)),) * 2
+    r = ExpertReader([FileId.of(p) for p in shards], odirect=False, io_threads=1)
+    r.watch_content(ContentSample(blocks, digests(shards, blocks)))
+    real_pread = os.pread
+
+    def pread(fd, n, off):  # noqa: ANN001, ANN202 - the second shard's disk fails
+        if os.readlink(f"/proc/self/fd/{fd}") == str(shards[1]):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_pread(fd, n, off)
+
+    monkeypatch.setattr(os, "pread", pread)
+    with pytest.raises(FileChangedError, match=rf"^model file {shards[1]} could not be read for its content check "
+                                               r"\(Input/output error\); reopen the session$"):
+        r.check_content()
     r.close()
 
 

@@ -19,6 +19,7 @@ committed only when first written, so a full-size mapping costs address space, n
 """
 from __future__ import annotations
 
+import errno
 import mmap
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Sequence
@@ -54,6 +55,11 @@ def _pad(t: ExpertTensor) -> int:
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def _buffer_size(tensors: Sequence[ExpertTensor]) -> int:
+    """Bytes of the mapping that holds any one of ``tensors`` laid out like the file."""
+    return max(_round_up(_pad(t) + t.nbytes, PAGE) for t in tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +109,7 @@ class TensorBuffer:
     """A lazily committed anonymous mapping big enough for the given tensors (one at a time)."""
 
     def __init__(self, tensors: Sequence[ExpertTensor]) -> None:
-        size = max(_round_up(_pad(t) + t.nbytes, PAGE) for t in tensors)
+        size = _buffer_size(tensors)
         self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             # 4 KiB pages keep commits and DONTNEED releases exact (no 2 MiB THP rounding).
@@ -132,6 +138,25 @@ class TensorBuffer:
         self.mm.close()
 
 
+def _map_buffers(groups: Mapping[tuple[int, str], Sequence[ExpertTensor]]) -> dict[tuple[int, str], TensorBuffer]:
+    """A TensorBuffer per group. If one cannot be mapped, those mapped are unmapped and the OSError
+    names the expert buffers and their size, not just an errno (ENOMEM: vm.overcommit_memory=2
+    charges a whole mapping at once, MAP_NORESERVE or not)."""
+    out: dict[tuple[int, str], TensorBuffer] = {}
+    try:
+        for key, tensors in groups.items():
+            out[key] = TensorBuffer(tensors)
+    except OSError as exc:
+        for b in out.values():
+            b.close()
+        mib = -(-sum(_buffer_size(ts) for ts in groups.values()) // (1 << 20))
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOMEM:
+            why += "; with vm.overcommit_memory=2 the kernel charges all of it at once"
+        raise OSError(exc.errno, f"cannot map the expert buffers ({mib} MiB of address space): {why}") from exc
+    return out
+
+
 class SharedBuffers:
     """Cache off: per projection one buffer the layers are bound to; each route re-reads.
     ``sets``: how many such buffers per projection, taken in turn by the streamed layers (the
@@ -148,7 +173,7 @@ class SharedBuffers:
         groups: dict[tuple[int, str], list[ExpertTensor]] = {}
         for t in layout.experts:
             groups.setdefault((self._set[t.il], t.proj), []).append(t)
-        self._buffers = {key: TensorBuffer(ts) for key, ts in groups.items()}
+        self._buffers = _map_buffers(groups)
         self._routed = 0
         # Every (layer, projection, expert) read, built once: a route only looks them up (the
         # buffers never move, so the same op is right for every route).
@@ -201,7 +226,7 @@ class ExpertCache:
         self.pages = pages
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
         self.policy: CachePolicy = policy({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget_bytes)
-        self._buffers = {(t.il, t.proj): TensorBuffer([t]) for t in layout.experts}
+        self._buffers = _map_buffers({(t.il, t.proj): [t] for t in layout.experts})
         self._slices_of = {il: tuple(_Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
                                      for t in ts) for il, ts in self._tensors.items()}
         # Every (layer, projection, expert) read, built once as SharedBuffers does: an expert's

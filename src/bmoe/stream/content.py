@@ -106,6 +106,7 @@ class ContentSample:
 
 
 def digests(paths: Sequence[Path], blocks: Sequence[Sequence[tuple[int, int]]]) -> tuple[str, ...]:
+    """Each shard's hash of its ``blocks``. Raises OSError naming the shard (``filename``) that failed."""
     out = []
     for path, blks in zip(paths, blocks):
         h = hashlib.blake2b(digest_size=16)
@@ -117,6 +118,10 @@ def digests(paths: Sequence[Path], blocks: Sequence[Sequence[tuple[int, int]]]) 
                 data = os.pread(fd, n, off)
                 h.update(off.to_bytes(8, "little"))
                 h.update(data)  # a short read (a truncated file) hashes differently: a change
+        except OSError as exc:
+            if exc.filename is None:  # a pread on an fd names no file: callers report this one
+                exc.filename = str(path)
+            raise
         finally:
             os.close(fd)
         out.append(h.hexdigest())

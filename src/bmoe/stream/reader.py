@@ -65,6 +65,14 @@ class ReadOp:
     at: int          # file byte ``offset`` lands at ``window.view[at]``
 
 
+@dataclass(frozen=True, slots=True)
+class _Fds:
+    """The shards' fds and whether they were opened with O_DIRECT: one value, swapped whole by the
+    fallback, so a lane takes both from one snapshot (an unaligned read on an O_DIRECT fd is EINVAL)."""
+    fds: tuple[int, ...]
+    odirect: bool
+
+
 def stderr_warn(msg: str) -> None:
     print(msg, file=sys.stderr)
 
@@ -99,8 +107,7 @@ class ExpertReader:
         self._error: StreamIOError | None = None
         self._read_bytes = self._device_bytes = self._n_syscalls = 0
         self._io_s = self._stall_s = 0.0
-        self.odirect = False
-        self._fds: list[int] = []
+        self._io = _Fds((), False)  # read once per read (_read_one), replaced whole (_fallback_buffered)
         self._retired: list[int] = []
         self._content: ContentSample | None = None  # see watch_content
         self._content_due = 0.0
@@ -109,21 +116,29 @@ class ExpertReader:
         self.verify_files()
         if odirect:
             try:
-                self._fds = [os.open(f.path, os.O_RDONLY | os.O_DIRECT) for f in self.files]
-                self.odirect = True
+                self._io = _Fds(self._open_all(os.O_RDONLY | os.O_DIRECT), True)
             except OSError as exc:
-                self._close_fds()
                 self._warn(f"bmoe: O_DIRECT refused by the filesystem of {self.files[0].path} ({exc.strerror}); "
                            "reading experts through the page cache")
-        if not self._fds:
-            self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
+        if not self._io.fds:
+            self._io = _Fds(self._open_all(os.O_RDONLY), False)
         self._queue: queue.SimpleQueue[tuple[Batch, int, ReadOp] | None] = queue.SimpleQueue()
         # Urgent reads: every item here has a _WAKE in _queue, so a lane blocked there wakes for it.
         self._urgent: queue.SimpleQueue[tuple[Batch, int, ReadOp]] = queue.SimpleQueue()
         self._covered = 0.0  # io_s counts the union of the batches' spans: where it ends so far
-        self._lanes = [threading.Thread(target=self._lane, name=f"bmoe-io-{i}", daemon=True) for i in range(io_threads)]
-        for lane in self._lanes:
-            lane.start()
+        self._lanes: list[threading.Thread] = []
+        try:
+            for i in range(io_threads):
+                lane = threading.Thread(target=self._lane, name=f"bmoe-io-{i}", daemon=True)
+                lane.start()
+                self._lanes.append(lane)
+        except BaseException as exc:
+            started = len(self._lanes)
+            self.close()  # nothing is queued: the lanes started stop at once, and the files close
+            if isinstance(exc, RuntimeError):  # Thread.start: the process may start no more threads
+                raise OSError(errno.EAGAIN, f"cannot start read lane {started + 1} of {io_threads} ({exc}); "
+                                            "try fewer io_threads") from exc
+            raise
 
     # --- public -------------------------------------------------------------------------
     def read(self, ops: Sequence[ReadOp]) -> None:
@@ -198,6 +213,11 @@ class ExpertReader:
                 f"model file {self.files[bad].path} changed while streaming: its sampled bytes differ from when "
                 "it was opened although size, mtime and inode did not (overwritten in place); reopen the session"))
 
+    @property
+    def odirect(self) -> bool:
+        """Whether reads bypass the page cache now (False after a fallback)."""
+        return self._io.odirect
+
     def raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
@@ -230,10 +250,22 @@ class ExpertReader:
             self._error = exc
         raise self._error
 
+    def _open_all(self, flags: int) -> tuple[int, ...]:
+        """One fd per shard, opened one at a time: if a shard's open fails, those opened are closed."""
+        fds: list[int] = []
+        try:
+            for f in self.files:
+                fds.append(os.open(f.path, flags))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return tuple(fds)
+
     def _close_fds(self) -> None:
-        for fd in self._fds + self._retired:
+        for fd in self._io.fds + tuple(self._retired):
             os.close(fd)
-        self._fds, self._retired = [], []
+        self._io, self._retired = _Fds((), self._io.odirect), []
 
     def _split(self, op: ReadOp) -> list[ReadOp]:
         """Cut at ALIGN-aligned file offsets so in-place O_DIRECT chunks stay aligned."""
@@ -289,8 +321,9 @@ class ExpertReader:
             got += n
 
     def _read_one(self, op: ReadOp) -> None:
-        fd = self._fds[op.file_index]
-        if not self.odirect:
+        io = self._io  # once: another lane's fallback may swap fds and mode at any point below
+        fd = io.fds[op.file_index]
+        if not io.odirect:
             self._pread_exact(fd, op.window.view[op.at:op.at + op.nbytes], op.offset, op.nbytes, op)
             return
         try:
@@ -298,18 +331,19 @@ class ExpertReader:
         except StreamIOError as exc:
             if not (isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EINVAL):
                 raise
-            self._fallback_buffered()
+            self._fallback_buffered(io)
             self._read_one(op)
 
-    def _fallback_buffered(self) -> None:
+    def _fallback_buffered(self, seen: _Fds) -> None:
+        """Swap the O_DIRECT fds ``seen`` for buffered ones, unless another lane did already."""
         # Some filesystems accept O_DIRECT at open and refuse it at read time.
         with self._lock:
-            if not self.odirect:
+            if self._io is not seen:
                 return
+            fds = self._open_all(os.O_RDONLY)
             # Other lanes may still be inside preadv on the old fds: retire them, close at close().
-            self._retired += self._fds
-            self._fds = [os.open(f.path, os.O_RDONLY) for f in self.files]
-            self.odirect = False
+            self._retired += seen.fds
+            self._io = _Fds(fds, False)
         self._warn(f"bmoe: O_DIRECT reads refused on {self.files[0].path}; reading experts through the page cache")
 
     def _read_direct(self, fd: int, op: ReadOp) -> None:

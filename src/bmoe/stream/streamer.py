@@ -73,13 +73,6 @@ class Streamer:
         self.layout = layout
         self.options = options
         self.budget = budget if budget is not None else resolve_budget(options, layout, warn=warn)
-        self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
-                                   io_threads=options.io_threads, warn=warn)
-        self.cache: ExpertCache | SharedBuffers = (
-            ExpertCache(layout, self.budget.budget_bytes, POLICIES[options.policy], pages=pages)
-            if self.budget.budget_bytes > 0
-            else SharedBuffers(layout, sets=buffer_sets)
-        )
         self._layers = frozenset(layout.layers)
         self._first_layer = layout.layers[0]
         self._by_name = layout.by_name()
@@ -93,6 +86,18 @@ class Streamer:
         self._ahead: _Ahead | None = None  # a prefetch no route has taken over yet
         self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
         self._guessed = self._guess_hits = self._wasted = 0
+        self.cache: ExpertCache | SharedBuffers = (
+            ExpertCache(layout, self.budget.budget_bytes, POLICIES[options.policy], pages=pages)
+            if self.budget.budget_bytes > 0
+            else SharedBuffers(layout, sets=buffer_sets)
+        )
+        # The reader comes last: its lanes and fds would outlive a constructor that raised after it.
+        try:
+            self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
+                                       io_threads=options.io_threads, warn=warn)
+        except BaseException:
+            self.cache.close()
+            raise
 
     # --- what the hook binds ------------------------------------------------------------
     def binding(self, name: str) -> Binding | None:

@@ -117,7 +117,7 @@ def open_twin(layout: ModelLayout, cache_dir: Path, content: ContentSample | Non
         try:
             content = ContentSample.take(layout)
         except OSError as exc:
-            raise TwinError(f"cannot sample {layout.files[0].path}: {exc.strerror or exc}") from exc
+            raise TwinError(f"cannot sample {exc.filename or layout.files[0].path}: {exc.strerror or exc}") from exc
     final = twin_dir(layout, cache_dir)
     first = final / layout.files[0].path.name
     if _is_whole(final, layout, content):
