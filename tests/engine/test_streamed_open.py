@@ -55,3 +55,22 @@ def test_streamed_session_reports_dense_residency(tiny_models, tmp_path: Path) -
         assert s.dense_resident_frac() > 0.9  # llama.cpp populated the dense weights at load
     with Session(SessionConfig(model=model, n_ctx=64)) as s:
         assert s.dense_resident_frac() == 0.0  # resident sessions: unmeasured
+
+
+def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(tiny_models, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    # The reader checks the shards against the layout when it opens them: a file replaced between
+    # the layout's read and that check is refused like any other model-file fault at open.
+    import pytest
+
+    from bmoe.runtime.streaming import StreamModelError
+    from bmoe.stream.reader import ExpertReader, FileChangedError
+
+    model = tiny_models("qwen3moe", "q8_0")
+
+    def changed(self):  # noqa: ANN001
+        raise FileChangedError(f"{model} changed since it was opened")
+
+    monkeypatch.setattr(ExpertReader, "verify_files", changed)
+    with pytest.raises(StreamModelError, match=rf"^--moe-stream: {model} changed since it was opened"):
+        Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path))

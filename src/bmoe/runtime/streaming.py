@@ -136,7 +136,8 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         # Read-ahead two layers deep needs the next layer's buffers apart from this one's: with the
         # cache off that is a second set of shared buffers (one layer of expert bytes more).
         streamer = Streamer(layout, options, pages=pages, buffer_sets=2 if guess else 1)
-    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError) as e:
+    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError,
+            StreamIOError) as e:  # StreamIOError: a shard changed before the reader opened it
         raise _setup_error(config, e) from e
     try:
         hook = ExpertHook(streamer, entry, overlap=stream_overlap(config), guess=guess)
