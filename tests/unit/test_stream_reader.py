@@ -187,6 +187,29 @@ def test_read_refusing_o_direct_falls_back_once(data_file, monkeypatch) -> None:
     r.close()
 
 
+
+def test_the_fallback_warning_names_the_shard_whose_read_was_refused(data_file, tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    path, data = data_file
+    second = tmp_path / "blob-2.bin"
+    second.write_bytes(data)
+    r = ExpertReader([FileId.of(path), FileId.of(second)], odirect=True, io_threads=1, warn=(warnings := []).append)
+    refusing = r._io.fds[1]
+    real_preadv = os.preadv
+
+    def picky_preadv(fd, bufs, off):  # noqa: ANN001 - only the second shard's filesystem refuses
+        if fd == refusing:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, off)
+
+    monkeypatch.setattr(os, "preadv", picky_preadv)
+    mm, w = _window(SIZE)
+    r.read([ReadOp(1, 100, 9000, w, 100)])
+    assert bytes(mm)[100:9100] == data[100:9100]
+    assert warnings == [f"bmoe: O_DIRECT reads refused on {second}; reading experts through the page cache"]
+    r.close()
+
 def test_a_lane_reads_with_the_fds_and_mode_of_one_snapshot(data_file, monkeypatch) -> None:
     """Another lane's fallback may swap the fds and the mode between a lane's look at its fd and its
     read: the read must go with the fd it took, not as a buffered read on an O_DIRECT fd."""

@@ -331,11 +331,12 @@ class ExpertReader:
         except StreamIOError as exc:
             if not (isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EINVAL):
                 raise
-            self._fallback_buffered(io)
+            self._fallback_buffered(io, op.file_index)
             self._read_one(op)
 
-    def _fallback_buffered(self, seen: _Fds) -> None:
-        """Swap the O_DIRECT fds ``seen`` for buffered ones, unless another lane did already."""
+    def _fallback_buffered(self, seen: _Fds, refused: int) -> None:
+        """Swap the O_DIRECT fds ``seen`` for buffered ones, unless another lane did already
+        (``refused``: the shard whose read was refused, for the warning)."""
         # Some filesystems accept O_DIRECT at open and refuse it at read time.
         with self._lock:
             if self._io is not seen:
@@ -344,7 +345,8 @@ class ExpertReader:
             # Other lanes may still be inside preadv on the old fds: retire them, close at close().
             self._retired += seen.fds
             self._io = _Fds(fds, False)
-        self._warn(f"bmoe: O_DIRECT reads refused on {self.files[0].path}; reading experts through the page cache")
+        self._warn(f"bmoe: O_DIRECT reads refused on {self.files[refused].path}; reading experts through the page "
+                   "cache")
 
     def _read_direct(self, fd: int, op: ReadOp) -> None:
         lo = op.offset - op.offset % ALIGN
