@@ -70,3 +70,17 @@ def test_a_model_that_loads_is_freed_once_by_close(loads_and_frees, tiny_models)
     m.close()
     m.close()
     assert freed == loaded
+
+
+def test_a_twin_removed_before_the_load_is_named_as_such(tmp_path) -> None:  # noqa: ANN001
+    # The user's file is there; the dense twin llama.cpp was to load went (another process's
+    # --gc-twins) between its writing and the load: "file not found: <user's file>" would be wrong.
+    user = tmp_path / "model.gguf"
+    user.write_bytes(b"GGUF")
+    twin = tmp_path / "twins" / "model.gguf"
+    with pytest.raises(ModelLoadError, match=rf"^model: the dense twin of {user} was removed while the session "
+                                             r"opened \(--gc-twins in another process\?\); open it again$"):
+        model_mod._refuse_early(twin, user)
+    user.unlink()  # both gone: the user's file is what is missing
+    with pytest.raises(ModelLoadError, match=rf"^model: file not found: {user}$"):
+        model_mod._refuse_early(twin, user)

@@ -49,6 +49,9 @@ def _refuse_early(path: Path, named: Path) -> None:
     if path.is_dir():
         raise ModelLoadError(f"model: {named} is a folder, not a .gguf file")
     if not path.is_file():  # also what is no regular file (a FIFO would block the read below)
+        if path != named and Path(named).is_file():  # the twin went between its writing and this load
+            raise ModelLoadError(f"model: the dense twin of {named} was removed while the session opened "
+                                 "(--gc-twins in another process?); open it again")
         raise ModelLoadError(f"model: file not found: {named}")
     try:
         with open(path, "rb") as f:
