@@ -157,6 +157,17 @@ def _map_buffers(groups: Mapping[tuple[int, str], Sequence[ExpertTensor]]) -> di
     return out
 
 
+_ReadOps = dict[int, tuple[tuple[str, tuple[ReadOp, ...]], ...]]
+
+
+def _read_ops(tensors: Mapping[int, Sequence[ExpertTensor]], buffer: Callable[[ExpertTensor], TensorBuffer]) -> _ReadOps:
+    """Every (layer, projection, expert) read, built once: per layer, per tensor, its projection and
+    the read of each expert into ``buffer(tensor)``. A route only looks them up: an expert's place
+    in its buffer never changes."""
+    return {il: tuple((t.proj, tuple(buffer(t).read_op(t, e) for e in range(t.n_expert))) for t in ts)
+            for il, ts in tensors.items()}
+
+
 class SharedBuffers:
     """Cache off: per projection one buffer the layers are bound to; each route re-reads.
     ``sets``: how many such buffers per projection, taken in turn by the streamed layers (the
@@ -175,10 +186,7 @@ class SharedBuffers:
             groups.setdefault((self._set[t.il], t.proj), []).append(t)
         self._buffers = _map_buffers(groups)
         self._routed = 0
-        # Every (layer, projection, expert) read, built once: a route only looks them up (the
-        # buffers never move, so the same op is right for every route).
-        self._ops = {il: [(t.proj, [self._buffer(t).read_op(t, e) for e in range(t.n_expert)])
-                          for t in self._tensors[il]] for il in self._tensors}
+        self._ops = _read_ops(self._tensors, self._buffer)
 
     def _buffer(self, t: ExpertTensor) -> TensorBuffer:
         return self._buffers[(self._set[t.il], t.proj)]
@@ -229,10 +237,7 @@ class ExpertCache:
         self._buffers = _map_buffers({(t.il, t.proj): [t] for t in layout.experts})
         self._slices_of = {il: tuple(_Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
                                      for t in ts) for il, ts in self._tensors.items()}
-        # Every (layer, projection, expert) read, built once as SharedBuffers does: an expert's
-        # place in its buffer never changes.
-        self._ops = {il: tuple((t.proj, tuple(self._buffers[(t.il, t.proj)].read_op(t, e) for e in range(t.n_expert)))
-                               for t in ts) for il, ts in self._tensors.items()}
+        self._ops = _read_ops(self._tensors, self._buffer)
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
         self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
 
@@ -301,10 +306,9 @@ class ExpertCache:
             for proj, gs in givers.items():
                 for (vk, v), (ik, i) in zip(gs, takers.get(proj, ())):
                     vp, ip = v.pages[vk.expert], i.pages[ik.expert]
-                    if vp.i_hi > vp.i_lo and ip.i_hi > ip.i_lo:
-                        self.pages.move(v.buf.window.addr + vp.i_lo, vp.i_hi - vp.i_lo,
-                                        i.buf.window.addr + ip.i_lo, ip.i_hi - ip.i_lo)
-                        v_len, i_len = vp.i_hi - vp.i_lo, ip.i_hi - ip.i_lo
+                    v_len, i_len = vp.i_hi - vp.i_lo, ip.i_hi - ip.i_lo
+                    if v_len > 0 and i_len > 0:
+                        self.pages.move(v.buf.window.addr + vp.i_lo, v_len, i.buf.window.addr + ip.i_lo, i_len)
                         self.moved_bytes += min(v_len, i_len)
                         self.released_bytes += max(0, v_len - i_len)  # a bigger victim's tail is cut off
                         moved.add((vk, proj))
