@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -136,11 +137,23 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, floor_s: float = 0.0,
+def floors(results: list[dict[str, object]]) -> dict[int, float]:
+    """The compute floor of each decision: its median latency, by its place in the sequence (the
+    same prompts in every configuration), over the resident rounds ``results``."""
+    by_index: dict[int, list[float]] = {}
+    for r in results:
+        for j, d in enumerate(r.get("decisions", [])):  # type: ignore[arg-type]
+            by_index.setdefault(j, []).append(float(d["latency_s"]))
+    return {j: statistics.median(v) for j, v in by_index.items()}
+
+
+def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, floor_s: Mapping[int, float] | None = None,
               skip_first: int = 1) -> dict[str, object]:
-    """Medians over decisions ``skip_first``.. of every round that produced decisions."""
-    decisions = [d for r in results for d in r.get("decisions", [])[skip_first:]]  # type: ignore[index]
-    rows = [decision_row(d, bw_bytes_s, floor_s) for d in decisions]
+    """Medians over decisions ``skip_first``.. of every round that produced decisions. ``floor_s``:
+    each decision's compute floor by its place in the sequence (``floors``); none: no floor."""
+    decisions = [(j, d) for r in results for j, d in enumerate(r.get("decisions", [])) if j >= skip_first]  # type: ignore[arg-type]
+    rows = [decision_row(d, bw_bytes_s, (floor_s or {}).get(j, 0.0)) for j, d in decisions]
+    decisions = [d for _, d in decisions]  # type: ignore[misc]
     out: dict[str, object] = {"n_decisions": len(rows)}
     for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "io_bound_s", "bound_s", "bound_ratio",
               "read_gbs"):
@@ -158,13 +171,27 @@ def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 
-def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tuple[int, ...]) -> list[dict[str, object]]:
+def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tuple[int, ...],
+            failed: Mapping[str, str] | None = None) -> list[dict[str, object]]:
     """The issue's decision targets for one preset, from each configuration's medians (keys as in
-    ``plan``; a configuration missing or without figures gives n/a)."""
+    ``plan``). ``failed``: configurations that ran but produced no decision in any round, with
+    their status: a target about such a configuration FAILs (it did not do the job), one that only
+    compares against it as a baseline is n/a. A configuration not run at all gives n/a."""
     out: list[dict[str, object]] = []
+    failed = dict(failed or {})
 
-    def add(name: str, value: float | None, goal: str, ok: bool | None) -> None:
-        out.append({"preset": preset, "target": name, "value": value, "goal": goal, "verdict": _verdict(ok)})
+    def add(name: str, value: float | None, goal: str, ok: bool | None, subject: str | None = None,
+            base: tuple[str, ...] = ()) -> None:
+        why = None
+        if subject is not None and subject in failed:
+            ok, why = False, f"{subject}: {failed[subject]}"
+        elif any(b in failed for b in base):
+            b = next(b for b in base if b in failed)
+            ok, why = None, f"baseline {b}: {failed[b]}"
+        row = {"preset": preset, "target": name, "value": value, "goal": goal, "verdict": _verdict(ok)}
+        if why:
+            row["why"] = why
+        out.append(row)
 
     def lat(key: str) -> float | None:
         return (summary.get(key) or {}).get("latency_s")  # type: ignore[return-value]
@@ -172,14 +199,15 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
     bmoe = {k: v for k, v in summary.items() if k not in ("llama", "resident") and v.get("latency_s") is not None}
     best = min(bmoe, key=lambda k: bmoe[k]["latency_s"], default=None)  # type: ignore[arg-type,return-value]
     speed = lat("llama") / lat(best) if best and lat("llama") else None  # type: ignore[operator]
+    all_failed = best is None and any(k not in ("llama", "resident") for k in failed)
     add(f"best bmoe ({best}) vs llama.cpp mmap, decision latency", speed, f">= {LLAMA_SPEEDUP_MIN:g}x",
-        None if speed is None else speed >= LLAMA_SPEEDUP_MIN)
-    for key, s in summary.items():
+        False if all_failed else (None if speed is None else speed >= LLAMA_SPEEDUP_MIN), base=("llama",))
+    for key in [*summary, *(k for k in failed if k not in summary)]:
         if key not in ("llama", "resident"):
-            r = s.get("bound_ratio")
+            r = (summary.get(key) or {}).get("bound_ratio")
             add(f"{key} vs its bound (the slower of its I/O bound and the compute floor)", r,  # type: ignore[arg-type]
                 f"<= {BOUND_RATIO_MAX:g}x",
-                None if r is None else r <= BOUND_RATIO_MAX)  # type: ignore[operator]
+                None if r is None else r <= BOUND_RATIO_MAX, key)  # type: ignore[operator]
     for ra in ("", "+ra"):
         off = summary.get("off" + ra) or {}
         if preset == "uniform" and cache_pcts:
@@ -188,27 +216,28 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
             r_c, r_off = c.get("read_mib"), off.get("read_mib")
             cut = 1 - r_c / r_off if r_c is not None and r_off else None  # type: ignore[operator]
             add(f"{key}: decision bytes cut vs off{ra}", cut, f">= {BYTES_CUT_MIN:.0%}",
-                None if cut is None else cut >= BYTES_CUT_MIN)
+                None if cut is None else cut >= BYTES_CUT_MIN, key, ("off" + ra,))
             add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
-                _faster(lat(key), lat("off" + ra)))
+                _faster(lat(key), lat("off" + ra)), key, ("off" + ra,))
         if preset == "trace":
             for pct in cache_pcts:
                 key = f"cache{pct}{ra}"
                 add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
-                    _faster(lat(key), lat("off" + ra)))
+                    _faster(lat(key), lat("off" + ra)), key, ("off" + ra,))
         for pct in cache_pcts:  # decode with the cache: never slower (uniform), faster (the realistic preset)
             key = f"cache{pct}{ra}"
             d_c, d_off = (summary.get(key) or {}).get("decode_tok_s"), off.get("decode_tok_s")
             strict = preset in LRU_PRESETS
             add(f"{key}: decode tok/s vs off{ra}", _ratio(d_c, d_off), "> 1 (faster)" if strict else ">= 1",
-                None if d_c is None or d_off is None else (d_c > d_off if strict else d_c >= d_off))  # type: ignore[operator]
+                None if d_c is None or d_off is None else (d_c > d_off if strict else d_c >= d_off),  # type: ignore[operator]
+                key, ("off" + ra,))
             if preset in LRU_PRESETS:  # the policy's hit-rate gain shows up as speed: faster than plain LRU
                 lru = summary.get(key + "-lru") or {}
                 add(f"{key}: latency vs {key}-lru", _ratio(lat(key), lat(key + "-lru")), "< 1 (faster)",
-                    _faster(lat(key), lat(key + "-lru")))
+                    _faster(lat(key), lat(key + "-lru")), key, (key + "-lru",))
                 d_l = lru.get("decode_tok_s")
                 add(f"{key}: decode tok/s vs {key}-lru", _ratio(d_c, d_l), "> 1 (faster)",  # type: ignore[arg-type]
-                    None if d_c is None or d_l is None else d_c > d_l)  # type: ignore[operator]
+                    None if d_c is None or d_l is None else d_c > d_l, key, (key + "-lru",))  # type: ignore[operator]
     return out
 
 
@@ -259,7 +288,8 @@ def memory_line(preset: dict[str, object]) -> str:
 
 def print_targets(rows: list[dict[str, object]]) -> None:
     for t in rows:
-        print(f"# target [{t['preset']}] {t['target']}: {t['verdict']} ({_f(t['value'], '{:.3g}')}, goal {t['goal']})")
+        why = f"; {t['why']}" if t.get("why") else ""
+        print(f"# target [{t['preset']}] {t['target']}: {t['verdict']} ({_f(t['value'], '{:.3g}')}, goal {t['goal']}{why})")
 
 
 def render_chart(report: dict[str, object], path: Path) -> None:
@@ -380,8 +410,9 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
     rec["probe_gbs"] = probe_bw / 1e9 if probe_bw else None
     rec["bound_gbs"] = bw / 1e9 if bw else None
     floor_runs = [r["result"] for r in runs.get("resident", []) if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
-    floor = (summarize(floor_runs, 0.0) if floor_runs else {}).get("latency_s") or 0.0
-    rec["floor_s"] = floor or None
+    floor = floors(floor_runs)  # type: ignore[arg-type]
+    rec["floor_s"] = (summarize(floor_runs, 0.0) if floor_runs else {}).get("latency_s")  # type: ignore[arg-type]
+    rec["floor_s_each"] = [floor[j] for j in sorted(floor)] or None
     for c in configs:
         recs = runs[c.key]
         ok = [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
@@ -398,7 +429,8 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
             "best": [[d["best"] for d in r["decisions"]] for r in ok],  # type: ignore[index]
         }
     summary = {k: v["summary"] for k, v in rec["configs"].items() if v["summary"]}  # type: ignore[union-attr]
-    rec["targets"] = targets(preset, summary, tuple(a.cache_pct))
+    failed = {k: v["status"] for k, v in rec["configs"].items() if not v["summary"]}  # type: ignore[union-attr]
+    rec["targets"] = targets(preset, summary, tuple(a.cache_pct), failed)
     answers = [b for v in rec["configs"].values() for b in v["best"]]  # type: ignore[union-attr]
     rec["same_answers"] = all(b == answers[0] for b in answers) if answers else None
     return rec

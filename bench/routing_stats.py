@@ -111,7 +111,9 @@ class ModelRun:
 
 
 def write_route_trace(run: ModelRun, path: Path) -> None:
-    """The run as a route_trace v1 CSV at top n_expert_used (weights: the renormalised probs)."""
+    """The run as a route_trace v1 CSV at top n_expert_used (weights: the renormalised probs). The
+    prefill routes every prompt token at every layer but the last, which routes the last token only,
+    as llama.cpp does when only the last row's logits are kept (the run itself kept every row)."""
     import gguf
 
     reader = gguf.GGUFReader(run.model)
@@ -137,6 +139,10 @@ def write_route_trace(run: ModelRun, path: Path) -> None:
             picked = top_k(probs, k)
             for step in range(probs.shape[0]):
                 for i, il in enumerate(run.layers):
+                    if phase == 0 and il == run.layers[-1] and step != probs.shape[0] - 1:
+                        # llama.cpp's last layer computes only the rows whose output is kept: in
+                        # a prompt's prefill, its last token (as in the recorded traces)
+                        continue
                     w = probs[step, i, picked[step, i]]
                     w = w / w.sum()
                     for slot in range(k):

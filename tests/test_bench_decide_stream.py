@@ -73,6 +73,21 @@ def test_summarize_leaves_out_the_first_decision_of_every_round() -> None:
     assert s["hit_pct"] is None and s["decode_tok_s"] == 4.0
 
 
+def test_each_decision_is_bounded_by_its_own_compute_floor() -> None:
+    # resident rounds: decision 1 (index 1) computes in 0.5 s, decision 2 in 2.0 s (a longer suffix)
+    resident = [{"decisions": [{"latency_s": 9.0}, {"latency_s": 0.4}, {"latency_s": 2.0}]},
+                {"decisions": [{"latency_s": 8.0}, {"latency_s": 0.6}, {"latency_s": 2.2}]}]
+    fl = ds.floors(resident)
+    assert fl == {0: 8.5, 1: 0.5, 2: 2.1}
+    # two decisions of 100 MiB each (I/O bound 1.0 s): the first is I/O-bound, the second compute-bound
+    run = {"decisions": [bmoe_decision(9.0, 900), bmoe_decision(1.5, 100), bmoe_decision(3.15, 100)]}
+    s = ds.summarize([run], 100 * MIB, floor_s=fl)
+    assert s["bound_s"] == pytest.approx((1.0 + 2.1) / 2)  # the median of the per-decision bounds 1.0 and 2.1
+    assert s["bound_ratio"] == pytest.approx(1.5)  # 1.5/1.0 and 3.15/2.1: both 1.5
+    # one median floor (0.5 .. 2.1 -> 1.3) would have called the first decision compute-bound
+    assert ds.summarize([run], 100 * MIB)["bound_ratio"] == pytest.approx((1.5 + 3.15) / 2)
+
+
 def verdicts(rows: list[dict[str, object]]) -> dict[str, str]:
     return {str(r["target"]): str(r["verdict"]) for r in rows}
 
@@ -117,6 +132,31 @@ def test_targets_on_the_trace_preset_want_every_cache_faster_than_off_and_than_p
     assert got["cache30+ra: latency vs cache30+ra-lru"] == "n/a"
     assert not any("bytes cut" in k for k in got)
     assert not any(" vs cache" in k for k in verdicts(ds.targets("uniform", summary, (15, 30))))  # trace only
+
+
+def test_a_configuration_that_failed_every_round_fails_its_targets_and_voids_those_it_is_the_baseline_of() -> None:
+    summary = {"off": {"latency_s": 2.0, "decode_tok_s": 4.0, "bound_ratio": 1.1},
+               "off+ra": {"latency_s": 1.5, "decode_tok_s": 5.0, "bound_ratio": 1.1},
+               "cache15": {"latency_s": 1.5, "decode_tok_s": 6.0, "bound_ratio": 1.1},
+               "cache15-lru": {"latency_s": 1.8, "decode_tok_s": 5.0}}
+    failed = {"cache15+ra": "2/2 OOM-killed", "cache15+ra-lru": "2/2 failed rc 1"}
+    rows = {str(r["target"]): r for r in ds.targets("trace", summary, (15,), failed)}
+    got = {k: r["verdict"] for k, r in rows.items()}
+    assert got["cache15+ra vs its bound (the slower of its I/O bound and the compute floor)"] == "FAIL"
+    assert rows["cache15+ra: latency vs off+ra"]["why"] == "cache15+ra: 2/2 OOM-killed"
+    assert got["cache15+ra: latency vs off+ra"] == "FAIL"
+    assert got["cache15+ra: decode tok/s vs off+ra"] == "FAIL"
+    assert got["cache15+ra: latency vs cache15+ra-lru"] == "FAIL"  # the subject failed first
+    assert got["cache15: latency vs off"] == "PASS"
+    # the baseline failing is no verdict on the configuration compared with it
+    no_off = {k: v for k, v in summary.items() if k != "off"}
+    rows = {str(r["target"]): r for r in ds.targets("trace", no_off, (15,), {"off": "1/1 failed rc 1"})}
+    assert rows["cache15: latency vs off"]["verdict"] == "n/a"
+    assert rows["cache15: latency vs off"]["why"] == "baseline off: 1/1 failed rc 1"
+    assert rows["off vs its bound (the slower of its I/O bound and the compute floor)"]["verdict"] == "FAIL"
+    # every bmoe configuration failed: there is no best one, and that fails too
+    none = ds.targets("uniform", {"llama": {"latency_s": 5.0}}, (30,), {"off": "1/1 OOM-killed"})
+    assert none[0]["verdict"] == "FAIL"
 
 
 def test_status_names_a_refusal_before_a_failure() -> None:
@@ -215,3 +255,12 @@ def test_model_for_uses_the_presets_and_cuts_layers_in_a_folder_of_its_own(monke
     assert ds.model_for(tmp_path, "trace", 4) == tmp_path / "trace-4L" / "m.gguf"
     assert fake.calls == [("preset_path", tmp_path, "trace"),
                           ("write_synthetic", tmp_path / "trace-4L", _Spec(n_layer=4, skew=1.5))]
+
+
+def test_bench_stream_reports_the_median_round_and_of_an_even_number_the_slower_middle_one() -> None:
+    from stream import median_round
+
+    assert median_round([3.0, 1.0, 2.0]) == 2          # 2.0 tok/s, round 3
+    assert median_round([4.0, 1.0, 3.0, 2.0]) == 3     # middle 2.0 and 3.0: the slower, round 4
+    assert median_round([5.0, 6.0]) == 0
+    assert median_round([7.0]) == 0

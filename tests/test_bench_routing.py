@@ -163,4 +163,6 @@ def test_written_route_trace_replays(tmp_path: Path, tiny_trace_model: Path) -> 
     assert trace.expert_bytes == {0: one_expert, 1: one_expert}
     assert [b.decode for b in trace.batches].count(False) == 2   # the prefill: one batch per layer
     assert len(trace.batches) == 2 + 7 * 2
-    assert [len(b.tokens) for b in trace.batches[:2]] == [5, 5]
+    # the last layer routes only the prompt's last token, as llama.cpp (and the recorded traces) do
+    assert [len(b.tokens) for b in trace.batches[:2]] == [5, 1]
+    assert trace.batches[1].tokens[0] == tuple(top_k(prefill, TINY.n_expert_used)[-1, 1].tolist())

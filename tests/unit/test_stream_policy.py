@@ -299,6 +299,25 @@ def test_the_replay_tool_judges_the_issues_targets_per_budget() -> None:
     assert cache_replay.verdicts("/z/other.gguf", 100.0, rows) == []  # no reference figures, no verdicts
 
 
+def test_the_replay_tool_judges_the_figures_it_computed_not_their_rounding(monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """45.06 prints as 45.1 but is under the partition's 45.1 at 1000 MiB: FAIL (judging the
+    rounded figure passed it)."""
+    from types import SimpleNamespace
+
+    trace = cache_replay.Trace("Qwen3-30B-A3B-Q4_K_M.gguf", E, 6, dict.fromkeys(range(L), 1 << 20), ())
+    monkeypatch.setattr(cache_replay, "read_trace", lambda _path: trace)
+    monkeypatch.setattr(cache_replay, "replay_policy",
+                        lambda *_a, **_k: SimpleNamespace(hit_pct=45.06, over_bytes=0, peak_bytes=0))
+    monkeypatch.setattr(cache_replay, "replay_lru", lambda *_a: SimpleNamespace(hit_pct=37.7))
+    monkeypatch.setattr(cache_replay, "replay_optimal", lambda *_a: SimpleNamespace(hit_pct=62.7))
+    assert cache_replay.main(["unused.csv", "--budget-mib", "1000", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == '{"1000": {"bmoe": 45.1, "lru": 37.7, "optimal": 62.7}}'  # the JSON keeps 0.1
+    verdict = next(ln for ln in out if ln.startswith(("PASS", "FAIL")))
+    assert verdict.startswith("FAIL") and "bmoe 45.06 vs 45.1" in verdict
+
+
 def test_the_config_names_every_policy_the_cache_runs() -> None:
     from bmoe.config import CACHE_POLICIES
     from bmoe.stream.cache import POLICIES
