@@ -76,8 +76,13 @@ class KvCache:
     def append(self, tokens: Sequence[int], *, logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
         try:
             out = self.ctx.decode(tokens, self.n_past, logits=logits)
-        except Exception:
-            # a failed decode leaves the KV in an unknown state: start clean next time
+        except BaseException:
+            # A failed decode leaves the KV in an unknown state: start clean next time. Whatever
+            # it did get in (the n_batch pieces before the failing one) is cut off first, so
+            # that the guard's save sees exactly the n_past tokens the bookkeeping knows of, not
+            # positions past them. BaseException: a KeyboardInterrupt between two pieces must not
+            # leave the bookkeeping behind the KV either.
+            self.ctx.trim(self.n_past)
             self.reset()
             raise
         self.tokens.extend(int(t) for t in tokens)
