@@ -135,3 +135,13 @@ def test_a_decode_failing_part_way_is_cut_back_before_the_guard_saves(exc: BaseE
     assert seen == [10]  # saved while the sequence held the 10 known tokens and nothing after them
     assert kv.tokens == [] and ctx.positions == 0
 
+
+def test_an_empty_prompt_is_refused_before_the_kv_changes() -> None:
+    """An empty token list (an empty prompt, no template, no BOS) once trimmed to n = -1,
+    dropping the bookkeeping's last token while llama.cpp dropped every position."""
+    from bmoe.errors import RequestError
+
+    kv, ctx, saved = guarded()
+    with pytest.raises(RequestError, match=r"^prompt: has no tokens; a prompt needs at least one$"):
+        kv.align([])
+    assert kv.tokens == list(range(10)) and ctx.ops == [] and saved == []

@@ -15,6 +15,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+from ..errors import RequestError
 from ..llama.context import LlamaContext
 from ..numerics import common_prefix_len
 
@@ -58,8 +59,11 @@ class KvCache:
     def align(self, prompt: Sequence[int], *, reuse: bool = True) -> KvPlan:
         """Keep the reusable prefix of ``prompt`` in the KV; the caller prefills the rest.
 
-        At least one token is always left to prefill: the next token's logits come from it.
+        At least one token is always left to prefill: the next token's logits come from it, so
+        an empty ``prompt`` is refused before anything changes (it would trim to -1).
         """
+        if not prompt:
+            raise RequestError("prompt: has no tokens; a prompt needs at least one")
         if not reuse:
             self.reset()
             return KvPlan(0, "")

@@ -160,6 +160,9 @@ class Runtime:
         messages = history + [Message("user", req.prompt)]
         rendered = self.render(messages, think=think)
         prompt = self.tokenize_prompt(rendered)
+        if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
+            raise RequestError("prompt: renders to no tokens (no chat template, and the model adds no BOS); "
+                               "give a non-empty prompt")
         if len(prompt) + n_predict > self.n_ctx:
             raise ContextOverflowError(
                 f"prompt ({len(prompt)} tokens) plus n_predict ({n_predict}) exceeds the context (n_ctx {self.n_ctx})"
