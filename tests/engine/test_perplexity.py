@@ -1,5 +1,5 @@
 """Session.perplexity on the tiny Q8_0 model: scored in n_batch pieces with the numbers of one
-whole-window prefill, and the logits held at once bounded by a piece."""
+whole-window prefill, the logits held at once bounded by a piece, and n_window's refusals."""
 from __future__ import annotations
 
 import random
@@ -8,6 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from bmoe.errors import RequestError
+from bmoe.runtime.results import GenerateRequest
 from bmoe.runtime.scoring import row_logprobs
 from bmoe.session import Session
 
@@ -76,3 +78,16 @@ def test_the_logits_held_at_once_are_one_pieces_not_the_windows(open_tiny) -> No
     assert p.n_scored == 599 and max(widest) == 64
     assert peak < window_bytes, f"peak {peak / 2**20:.0f} MiB, one window's logits {window_bytes / 2**20:.0f} MiB"
 
+
+@pytest.mark.parametrize("n_window", [0, -4, 1, 513, True, 2.5])
+def test_n_window_out_of_range_is_refused_and_the_session_goes_on(open_tiny, n_window) -> None:
+    """0 was taken as "the whole context" (``n_window or n_ctx``); now only None is, and 0 is
+    refused like any other window llama.cpp cannot take, before the KV changes."""
+    s = open_tiny()
+    s.generate(GenerateRequest(prompt="Hello", n_predict=2))
+    held = list(s.kv.tokens)
+    with pytest.raises(RequestError, match=rf"^n_window: must be an integer in \[2, n_ctx 512\], got {n_window!r}$"):
+        s.perplexity("some text to score", n_window=n_window)
+    assert s.kv.tokens == held
+    assert s.perplexity("some text to score").n_window == 512  # None: the whole context
+    assert s.generate(GenerateRequest(prompt="Hello", n_predict=2)).n_tokens == 2

@@ -282,7 +282,8 @@ class Runtime:
         ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
         if tokens is not None:
             check_token_ids(ids, self.model.n_vocab)
-        return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
+        # Only None means "the whole context": 0 is a value, refused by perplexity()'s n_window check
+        return _perplexity(self.kv, ids, self.n_ctx if n_window is None else n_window, keep_logits=keep_logits)
 
     def score(self, req: ScoreRequest) -> ScoreResult:
         """Score a token list position by position on the session's KV (runtime/scoring.py)."""
