@@ -91,3 +91,24 @@ def test_a_chat_template_that_is_not_jinja_is_a_model_file_error() -> None:
     with pytest.raises(ModelFileError, match=r"^the model's chat template is not valid Jinja .*--chatml or --no-chat"):
         ChatRenderer("template", "{% if %}broken", "", "")
     assert ChatRenderer("chatml", "{% if %}broken", "", "").mode == "chatml"  # --chatml does not read it
+
+
+@pytest.mark.parametrize("clear_kv", [True, False])
+def test_an_empty_prompt_is_refused_and_the_session_goes_on(tiny_models, clear_kv: bool) -> None:
+    """Raw chat (no template) on a model that adds no BOS: an empty prompt has no tokens. Before,
+    the KV was trimmed to -1 (clear_kv false: llama.cpp dropped every position, the bookkeeping
+    only its last token) or reset (clear_kv true), then decode refused the empty list with a
+    message naming no field; now the prompt is refused first and nothing changes."""
+    with Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), chat="none", n_ctx=256, n_threads=1)) as s:
+        s.runtime.model.add_bos = False  # the premise, whatever the tiny tokenizer says
+        first = s.generate(GenerateRequest(prompt="Hello", n_predict=2))
+        kv = list(s.kv.tokens)
+        assert len(kv) == first.n_past > 0
+        s.set_history([])
+        with pytest.raises(RequestError, match=r"^prompt: renders to no tokens \(no chat template, and the model "
+                                               r"adds no BOS\); give a non-empty prompt$"):
+            s.generate(GenerateRequest(prompt="", n_predict=2, clear_kv=clear_kv))
+        assert list(s.kv.tokens) == kv
+        # usable, and its KV kept: the same prompt reuses all of it but the last token
+        again = s.generate(GenerateRequest(prompt="Hello", n_predict=2, clear_kv=False))
+        assert again.n_tokens == 2 and again.n_reused == first.n_prompt - 1

@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -116,3 +117,44 @@ def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: 
             s.generate(GenerateRequest(prompt="Hi", n_predict=1))
     finally:
         s.close()
+
+
+def test_an_interrupt_inside_the_hook_ends_the_session_with_a_clear_error(streamed) -> None:
+    """A KeyboardInterrupt (Ctrl-C on the main thread) that lands in the hook's C callback, here
+    in the streamer's route, is kept as a HookError: the session's sticky failure, saying it must
+    be reopened. Before, the raw KeyboardInterrupt stayed in the hook and came back from every
+    later request, while the session claimed to be usable."""
+    from bmoe.llama.expert_hook import HookError
+
+    s, _ = streamed
+    assert s.generate(GenerateRequest(prompt="Hi", n_predict=2)).n_tokens == 2
+    hook, streamer = s.streaming.hook, s.streaming.streamer
+    on_route = streamer.on_route
+    calls = []
+
+    def interrupted(il, ids):  # noqa: ANN001, ANN202
+        calls.append(il)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return on_route(il, ids)
+
+    streamer.on_route = interrupted
+    msg = (r"^expert streaming failed: the streaming hook was interrupted inside llama_decode \(KeyboardInterrupt\); "
+           r"the expert cache may be half-updated; this session cannot continue, open a new one$")
+
+    def raised(call) -> BaseException:  # noqa: ANN001
+        try:  # a raw KeyboardInterrupt must fail this test, not stop the whole pytest run
+            call()
+        except BaseException as e:  # noqa: BLE001
+            return e
+        raise AssertionError("nothing was raised")
+
+    first = raised(lambda: s.generate(GenerateRequest(prompt="Hi", n_predict=4)))
+    assert isinstance(first, StreamFailedError) and re.match(msg, str(first)), repr(first)
+    assert isinstance(first.__cause__, HookError) and isinstance(first.__cause__.__cause__, KeyboardInterrupt)
+    assert isinstance(hook.error, HookError) and streamer.pending == ()
+    assert s.kv.tokens == []  # the failed decode's bookkeeping was reset, not left half-updated
+    streamer.on_route = on_route
+    for later in (lambda: s.generate(GenerateRequest(prompt="Hi", n_predict=1)), lambda: s.perplexity("some text")):
+        e = raised(later)  # sticky, and the same clear message
+        assert isinstance(e, StreamFailedError) and re.match(msg, str(e)), repr(e)

@@ -47,8 +47,47 @@ def test_gguf_without_template_is_fed_raw() -> None:
 
 def test_reasoning_opened_by_the_prompt() -> None:
     r = ChatRenderer("template", THINKER, "", "")
-    assert r.opens_reasoning(r.render(HI, think=True))
-    assert not r.opens_reasoning("a<think>x</think>")
+    assert r.opens_reasoning(HI, think=True) and r.render_turn(HI, think=True).opens_reasoning
+    assert not r.opens_reasoning(HI, think=False)  # closed for think:false
+
+
+# A generation prompt that opens <think> itself (DeepSeek-R1 / QwQ style), with no enable_thinking.
+FORCED_THINK = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+
+
+def test_think_false_closes_the_templates_own_think_once() -> None:
+    """think:false after a generation prompt ending in "<think>\n": its own opening, then what
+    closes it (before: a second "<think>\n\n</think>\n\n" after it, two openings)."""
+    r = ChatRenderer("template", FORCED_THINK, "", "")
+    assert r.think_ctl == "prefill"
+    off = r.render(HI, think=False)
+    assert off == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" + EMPTY_THINK
+    assert off.count("<think>") == 1 and not r.opens_reasoning(HI, think=False)
+    on = r.render_turn(HI, think=True)
+    assert on.text.endswith("assistant\n<think>\n") and on.opens_reasoning
+    # ending in "<think>" with nothing after it: closed the same way
+    bare = ChatRenderer("template", "{% for m in messages %}{{ m.content }}{% endfor %}"
+                                    "{% if add_generation_prompt %}<think>{% endif %}", "", "")
+    assert bare.render(HI, think=False) == "hi" + EMPTY_THINK
+
+
+@pytest.mark.parametrize("text", ["<think>", "why <think> is a tag", "a</think>b<think>", "done</think>"])
+@pytest.mark.parametrize("template", [CHATML_TEMPLATE, QWEN_LIKE, FORCED_THINK,
+                                      "{% for m in messages %}{{ m.content }}{% endfor %}{{ '<think>' if false }}"],
+                         ids=["chatml", "enable_thinking", "forced-think", "empty-think-block"])
+def test_a_think_marker_the_user_typed_opens_and_closes_nothing(template: str, text: str) -> None:
+    """Only the template's generation prompt can open reasoning: a "<think>" in the user's text
+    is text (before: the last "<think>" anywhere in the prompt decided, so a user's opened
+    reasoning mode, and a user's "</think>" at the end kept think:false from closing the block)."""
+    r = ChatRenderer("template", template, "", "")
+    plain, typed = [Message("user", "hi")], [Message("user", text)]
+    for think in (True, False):
+        assert r.opens_reasoning(typed, think=think) == r.opens_reasoning(plain, think=think)
+        # the user's text is rendered as it is, and what the template adds after it is unchanged
+        assert r.render(typed, think=think).replace(text, "hi", 1) == r.render(plain, think=think)
 
 
 def test_template_errors_are_request_errors() -> None:
@@ -72,3 +111,22 @@ def test_a_decision_is_rendered_with_reasoning_off(template: str) -> None:
     backend = LlamaDecideBackend(runtime)  # type: ignore[arg-type]
     off, on = r.render(HI, think=False), r.render(HI, think=True)
     assert backend.render_user("hi") == off != on
+
+
+def test_a_turn_takes_its_reasoning_state_from_the_generation_prompt_only() -> None:
+    """Runtime.prepare hands the text stream what the generation prompt opened, not what the
+    user typed: with a template that opens no block, a user's "<think>" leaves the answer text."""
+    from types import SimpleNamespace
+
+    from bmoe.runtime.results import GenerateRequest
+    from bmoe.runtime.runtime import Runtime
+
+    def prepare(template: str, prompt: str):  # noqa: ANN202
+        cfg = SimpleNamespace(n_predict=4, think=True, temperature=0.0, top_p=1.0, seed=0)
+        rt = SimpleNamespace(config=cfg, history=[], chat=ChatRenderer("template", template, "", ""),
+                             tokenize_prompt=lambda text: list(range(len(text))), n_ctx=10**6)
+        rt.render = lambda messages, think: rt.chat.render(messages, think=think)
+        return Runtime.prepare(rt, GenerateRequest(prompt=prompt))  # type: ignore[arg-type]
+
+    assert not prepare(QWEN_LIKE, "explain <think> tags").opens_reasoning
+    assert prepare(FORCED_THINK, "explain </think> tags").opens_reasoning

@@ -44,10 +44,7 @@ class _Kv:
 
 
 class _Chat:
-    think_ctl = "template"
-
-    def opens_reasoning(self, rendered: str) -> bool:
-        return False
+    think_ctl = "template"  # the turn says whether its prompt opened reasoning (Turn.opens_reasoning)
 
 
 class _Script:

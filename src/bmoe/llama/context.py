@@ -116,7 +116,9 @@ class LlamaContext:
         n = len(tokens)
         if n == 0:
             raise ContextError("decode called with no tokens")
-        rows: list[np.ndarray] = []
+        # "all": each row copied once, straight into the result (a list of row copies stacked at
+        # the end would hold every row twice at its peak)
+        out = np.empty((n, self.model.n_vocab), dtype=np.float32) if logits == "all" else None
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             last_chunk = start + len(chunk) == n
@@ -125,12 +127,13 @@ class LlamaContext:
                   logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1))
                  for i, tok in enumerate(chunk)),
                 len(chunk), f"llama_decode failed with code {{rc}} at position {pos0 + start}")
-            if logits == "all":
-                rows.extend(self._row(i) for i in range(len(chunk)))
+            if out is not None:
+                for i in range(len(chunk)):
+                    out[start + i] = self._row_view(i)
         if self.params.offload_min_tokens is not None:
             llama_cpp.llama_synchronize(self.ptr)  # a device runs asynchronously: time ends here
-        if logits == "all":
-            return np.stack(rows)
+        if out is not None:
+            return out
         if logits == "last":
             return self._row(-1)
         return None
@@ -198,10 +201,14 @@ class LlamaContext:
         return sum(w for w in widths if w >= self.params.offload_min_tokens)
 
     def _row(self, i: int) -> np.ndarray:
+        return self._row_view(i).copy()
+
+    def _row_view(self, i: int) -> np.ndarray:
+        """Output row ``i`` in llama.cpp's own buffer ``# [n_vocab]``: valid until the next decode."""
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)
         if not ptr:
             raise ContextError(f"no logits for output row {i}")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
     # --- memory -----------------------------------------------------------------------
     def clear(self) -> None:

@@ -44,7 +44,9 @@ node is not asked to stop the graph: its address is noted in its ask call and re
 route. Decode does not guess early: one token's expert matmuls take about a millisecond, too
 short to read behind, and the guess from ``l_out`` is the better informed one.
 
-A Python exception cannot cross the C boundary: it is kept as the sticky ``error``; the
+A Python exception cannot cross the C boundary: it is kept as the sticky ``error`` (anything
+that is not an ``EngineFailure``, a KeyboardInterrupt included, wrapped as a ``HookError``, so
+that the session ends for good with it instead of meeting it again in every request); the
 ``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, and
 ``raise_if_failed()`` re-raises it in the session's thread. An error in a data call also
 answers False there, which ends the graph split at once: the matmul after a failed wait never
@@ -105,6 +107,21 @@ class HookError(EngineFailure):
     """The hook met a graph it cannot stream safely (sticky; llama_decode is aborted)."""
 
 
+def _sticky(exc: BaseException) -> EngineFailure:
+    """What the hook keeps of an exception it caught: an EngineFailure as it is, anything else
+    (a KeyboardInterrupt, a bug) as a HookError caused by it. The error stays set for the
+    context's life (every later decode is aborted), and an interrupt may have stopped the
+    streamer half-way through a route's bookkeeping, so it is the session's sticky failure,
+    never a request's own error that would come back on every later request."""
+    if isinstance(exc, EngineFailure):
+        return exc
+    what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    err = HookError(f"the streaming hook was {what} inside llama_decode ({type(exc).__name__}"
+                    + (f": {exc}" if str(exc) else "") + "); the expert cache may be half-updated")
+    err.__cause__ = exc
+    return err
+
+
 class ExpertHook:
     def __init__(self, streamer: StreamerPort, entry: ArchEntry, ggml: GgmlBase | None = None, *,
                  overlap: bool = True, guess: GuessPort | None = None) -> None:
@@ -120,7 +137,7 @@ class ExpertHook:
         self._name_probe = max(len(self._route_prefix), len(_MOE_PREFIX))
         self._checked: set[int] = set()          # weight pointers already looked at
         self._bound: dict[str, int] = {}         # tensor name -> address it now points to
-        self.error: BaseException | None = None
+        self.error: EngineFailure | None = None
         # Split phase: what the first graph taught us, per layer.
         self.overlap = overlap
         self._layer_projs: dict[int, frozenset[str]] = {}
@@ -185,7 +202,7 @@ class ExpertHook:
             try:
                 self.streamer.drain()  # normally nothing: every deferred read was waited for before its matmul
             except BaseException as exc:  # noqa: BLE001 - a read that failed after the last wait point
-                self.error = exc
+                self.error = _sticky(exc)
         if self.error is not None:
             raise self.error
 
@@ -237,7 +254,7 @@ class ExpertHook:
             return True
         except BaseException as exc:  # noqa: BLE001 - must not unwind into C
             if self.error is None:
-                self.error = exc
+                self.error = _sticky(exc)
             self._stops.clear()
             self._stop_node = self._out_node = 0
             try:

@@ -16,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..config import ChatMode
 from ..errors import ModelFileError, RequestError
+from .textstream import CLOSE, OPEN
 
 ThinkCtl = Literal["template", "prefill", "none"]
 
@@ -26,7 +27,7 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
 # What a template-less "think off" looks like for models that open a <think> block.
-EMPTY_THINK = "<think>\n\n</think>\n\n"
+EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,22 +88,86 @@ class ChatRenderer:
 
     def render(self, messages: Sequence[Message], *, think: bool) -> str:
         """The prompt text for ``messages``, opening a fresh assistant turn."""
+        return self.render_turn(messages, think=think).text
+
+    def render_turn(self, messages: Sequence[Message], *, think: bool) -> "Rendered":
+        """``render``, and whether the model's output starts inside a <think> block.
+
+        Only the template's own generation prompt (what it adds after the conversation) can open
+        or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
         if self._template is None:
-            return "".join(m.content for m in messages)
+            return Rendered("".join(m.content for m in messages), False)
+        text = self._render(messages, generation_prompt=True, think=think)
+        if self.think_ctl == "none":
+            return Rendered(text, False)
+        prompt = self._generation_prompt(messages, text, think)
+        opens = _opens(prompt)
+        if not think and self.think_ctl == "prefill":
+            if opens:  # the template opened the block itself: close it, without a second <think>
+                text += _closing(prompt[prompt.rfind(OPEN) + len(OPEN):])
+                opens = False
+            elif not prompt.rstrip().endswith(CLOSE):
+                text += EMPTY_THINK
+        return Rendered(text, opens)
+
+    def _render(self, messages: Sequence[Message], *, generation_prompt: bool, think: bool) -> str:
+        assert self._template is not None
         try:
-            text = self._template.render(
+            return self._template.render(
                 messages=[{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=True,
+                add_generation_prompt=generation_prompt,
                 enable_thinking=think,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
             )
         except TemplateError as e:
             raise RequestError(f"the chat template refused the conversation: {e}") from e
-        if not think and self.think_ctl == "prefill" and not text.rstrip().endswith("</think>"):
-            text += EMPTY_THINK
-        return text
 
-    def opens_reasoning(self, rendered: str) -> bool:
-        """True when the rendered prompt leaves a <think> block open (output starts as reasoning)."""
-        return rendered.rfind("<think>") > rendered.rfind("</think>")
+    def _generation_prompt(self, messages: Sequence[Message], text: str, think: bool) -> str:
+        """The tail of ``text`` the template adds after the last message: the conversation
+        rendered again with a placeholder for each message's content shows where the last one
+        ends, whatever the user typed. A template that hides the placeholder (or renders a
+        different tail with it) is cut where it stops agreeing with its render without the
+        generation prompt instead."""
+        marks = [f"\ue000bmoe-{i}\ue001" for i in range(len(messages))]
+        try:
+            shown = self._render([Message(m.role, k) for m, k in zip(messages, marks)],
+                                 generation_prompt=True, think=think)
+        except RequestError:
+            shown = ""
+        if marks and marks[-1] in shown:
+            tail = shown[shown.rfind(marks[-1]) + len(marks[-1]):]
+            if text.endswith(tail):
+                return tail
+        try:
+            bare = self._render(messages, generation_prompt=False, think=think)
+        except RequestError:
+            return ""
+        n = 0
+        for a, b in zip(bare, text):
+            if a != b:
+                break
+            n += 1
+        return text[n:]
+
+    def opens_reasoning(self, messages: Sequence[Message], *, think: bool) -> bool:
+        """True when the prompt for ``messages`` leaves a <think> block open (output starts as
+        reasoning): decided by the template's generation prompt alone, never the user's text."""
+        return self.render_turn(messages, think=think).opens_reasoning
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    text: str
+    opens_reasoning: bool  # the generation prompt leaves a <think> block open
+
+
+def _opens(prompt: str) -> bool:
+    return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
+
+
+def _closing(tail: str) -> str:
+    """What closes an empty block after an opening ``<think>`` followed by ``tail``: the rest of
+    EMPTY_THINK where ``tail`` is its start (``<think>\n`` -> ``\n</think>\n\n``)."""
+    rest = EMPTY_THINK[len(OPEN):]
+    return rest[len(tail):] if rest.startswith(tail) else CLOSE + "\n\n"

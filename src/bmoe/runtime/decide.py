@@ -231,7 +231,9 @@ class LlamaDecideBackend:
             return  # dropped or replaced: not worth a copy; or already a copy
         ctx, kv = self._rt.ctx, self._rt.kv
         n = state.n_tokens
-        if not (kv.n_past == n or ctx.trim(n)):
+        # Trimmed even when the bookkeeping holds n tokens: the copy must hold positions 0..n-1
+        # and nothing after them, whatever a failed decode left behind.
+        if not ctx.trim(n):
             raise DecideBackendError(f"decide: cannot cut the sequence back to the kept {n}-token prefix to save it")
         del kv.tokens[n:]
         t0 = time.perf_counter()

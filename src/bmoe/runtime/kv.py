@@ -15,6 +15,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+from ..errors import RequestError
 from ..llama.context import LlamaContext
 from ..numerics import common_prefix_len
 
@@ -58,8 +59,11 @@ class KvCache:
     def align(self, prompt: Sequence[int], *, reuse: bool = True) -> KvPlan:
         """Keep the reusable prefix of ``prompt`` in the KV; the caller prefills the rest.
 
-        At least one token is always left to prefill: the next token's logits come from it.
+        At least one token is always left to prefill: the next token's logits come from it, so
+        an empty ``prompt`` is refused before anything changes (it would trim to -1).
         """
+        if not prompt:
+            raise RequestError("prompt: has no tokens; a prompt needs at least one")
         if not reuse:
             self.reset()
             return KvPlan(0, "")
@@ -76,8 +80,13 @@ class KvCache:
     def append(self, tokens: Sequence[int], *, logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
         try:
             out = self.ctx.decode(tokens, self.n_past, logits=logits)
-        except Exception:
-            # a failed decode leaves the KV in an unknown state: start clean next time
+        except BaseException:
+            # A failed decode leaves the KV in an unknown state: start clean next time. Whatever
+            # it did get in (the n_batch pieces before the failing one) is cut off first, so
+            # that the guard's save sees exactly the n_past tokens the bookkeeping knows of, not
+            # positions past them. BaseException: a KeyboardInterrupt between two pieces must not
+            # leave the bookkeeping behind the KV either.
+            self.ctx.trim(self.n_past)
             self.reset()
             raise
         self.tokens.extend(int(t) for t in tokens)

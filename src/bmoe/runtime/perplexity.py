@@ -3,7 +3,9 @@
 Windows of n_window tokens advance by half a window; each token is scored once, by the
 first window that sees it with context (the first window scores all but its first token,
 later ones only their second half), like llama-perplexity's strided evaluation. Each window
-is prefilled into an empty KV, so results do not depend on what the session did before.
+is prefilled into an empty KV, so results do not depend on what the session did before; it is
+prefilled and scored n_batch tokens at a time, so the logits held at once are one piece's
+(``# [n_batch, n_vocab]``), not the window's.
 """
 from __future__ import annotations
 
@@ -27,16 +29,26 @@ def perplexity(kv: KvCache, tokens: list[int], n_window: int, *, keep_logits: bo
     rows: list[np.ndarray] = []
     scored_to = 1  # next token index that still needs a score (token 0 has no context)
     begin = 0
+    n_batch = kv.ctx.n_batch
     while scored_to < len(tokens):
         end = min(begin + n_window, len(tokens))
         kv.reset()
-        logits = kv.append(tokens[begin:end], logits="all")  # [end-begin, n_vocab]
-        # logits row j predicts token begin+j+1
-        first = scored_to - begin - 1
-        targets = np.asarray(tokens[scored_to:end], dtype=np.int64)
-        logps.append(row_logprobs(logits[first : end - begin - 1], targets)[0])
-        if keep_logits:
-            rows.append(logits[first : end - begin - 1])
+        # In n_batch pieces, as one append of the window would feed llama.cpp (the same calls, the
+        # same rows asked for, so the same numbers), and each piece's rows scored before the next
+        # is decoded: a window's logits are never all held at once (n_ctx 4096 with a 152k
+        # vocabulary is 2.5 GB of them), only one piece's.
+        for at in range(begin, end, n_batch):
+            piece = kv.append(tokens[at : min(at + n_batch, end)], logits="all")  # [m, n_vocab]
+            assert piece is not None
+            # row i of the piece predicts token at+i+1; score those in scored_to..end-1
+            lo, hi = max(scored_to, at + 1), min(end, at + len(piece) + 1)
+            if lo >= hi:
+                continue
+            kept = piece[lo - at - 1 : hi - at - 1]
+            logps.append(row_logprobs(kept, np.asarray(tokens[lo:hi], dtype=np.int64))[0])
+            if keep_logits:
+                rows.append(kept.copy())  # not a view: it would keep the whole piece alive
+            del piece, kept
         scored_to = end
         begin += stride
     kv.reset()

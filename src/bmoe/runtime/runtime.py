@@ -59,6 +59,7 @@ class Turn(NamedTuple):
     sampler: Sampler
     rendered: str
     think: bool
+    opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
 
 
 class Runtime:
@@ -158,8 +159,12 @@ class Runtime:
         think = cfg.think if req.think is None else req.think
         history = [] if req.clear_kv else list(self.history)
         messages = history + [Message("user", req.prompt)]
-        rendered = self.render(messages, think=think)
+        turn_text = self.chat.render_turn(messages, think=think)
+        rendered = turn_text.text
         prompt = self.tokenize_prompt(rendered)
+        if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
+            raise RequestError("prompt: renders to no tokens (no chat template, and the model adds no BOS); "
+                               "give a non-empty prompt")
         if len(prompt) + n_predict > self.n_ctx:
             raise ContextOverflowError(
                 f"prompt ({len(prompt)} tokens) plus n_predict ({n_predict}) exceeds the context (n_ctx {self.n_ctx})"
@@ -169,14 +174,15 @@ class Runtime:
             cfg.top_p if req.top_p is None else req.top_p,
             cfg.seed if req.seed is None else req.seed,
         )
-        return Turn(req, messages, prompt, n_predict, sampler, rendered, think)
+        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning)
 
     def run(self, turn: "Turn", cancel: threading.Event) -> Iterator[Step]:
         """Yield a Step per generated token; return the GenerateResult. ``cancel`` is looked at
         before each token, and a cancelled turn is rolled back as if it never happened."""
         return (yield from self._run_turn(*turn, cancel))
 
-    def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, cancel) -> Iterator[Step]:
+    def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning,
+                  cancel) -> Iterator[Step]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
             return GenerateResult(
@@ -192,7 +198,9 @@ class Runtime:
         prefill_s = time.perf_counter() - t0
         prefill_dev_tokens = self.ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
         split = self.chat.think_ctl != "none" and think
-        stream = TextStream(split_think=split, in_reasoning=split and self.chat.opens_reasoning(rendered))
+        # Only the template's generation prompt can open reasoning (chat.py): a "<think>" in the
+        # user's text is not the model's, and the stream only ever parses the model's output.
+        stream = TextStream(split_think=split, in_reasoning=split and opens_reasoning)
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"
@@ -274,7 +282,8 @@ class Runtime:
         ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])
         if tokens is not None:
             check_token_ids(ids, self.model.n_vocab)
-        return _perplexity(self.kv, ids, n_window or self.n_ctx, keep_logits=keep_logits)
+        # Only None means "the whole context": 0 is a value, refused by perplexity()'s n_window check
+        return _perplexity(self.kv, ids, self.n_ctx if n_window is None else n_window, keep_logits=keep_logits)
 
     def score(self, req: ScoreRequest) -> ScoreResult:
         """Score a token list position by position on the session's KV (runtime/scoring.py)."""
