@@ -311,7 +311,7 @@ def render_chart(report: dict[str, object], path: Path) -> None:
         if bounds:
             ax.plot([b for _, b in bounds], [i for i, _ in bounds], "k|", markersize=18,
                     label="bound (the slower of I/O and compute)")
-            ax.legend(loc="lower right")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="small", frameon=False)  # below: no bar under it
         ax.set_yticks(list(y), names)
         ax.invert_yaxis()
         ax.set_xlabel("median decision latency, s (decisions 2..N)")
