@@ -74,3 +74,34 @@ def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(ti
     monkeypatch.setattr(ExpertReader, "verify_files", changed)
     with pytest.raises(StreamModelError, match=rf"^--moe-stream: {model} changed since it was opened"):
         Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path))
+
+
+def test_a_failure_after_the_load_frees_the_model_too(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    # StreamRuntime.attach runs after llama.cpp loaded the model; if it raises, the model (with its
+    # anonymous dense weights) is freed along with the streamer, not left to the process.
+    import pytest
+
+    from bmoe.llama.model import LlamaModel
+    from bmoe.runtime.streaming import StreamRuntime
+
+    closed: list[LlamaModel] = []
+    real_close = LlamaModel.close
+
+    def close(self):  # noqa: ANN001
+        closed.append(self)
+        real_close(self)
+
+    def attach(self, anon):  # noqa: ANN001
+        raise ValueError("attach refused")
+
+    monkeypatch.setattr(LlamaModel, "close", close)
+    monkeypatch.setattr(StreamRuntime, "attach", attach)
+    model = tiny_models("qwen3moe", "q8_0")
+    with pytest.raises(ValueError, match="attach refused"):
+        Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path))
+    assert len(closed) == 1
+    monkeypatch.undo()
+    with Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path, n_ctx=64)) as s:
+        from bmoe import GenerateRequest
+
+        assert s.generate(GenerateRequest(prompt="Hello", n_predict=2)).n_tokens == 2  # it opens again and runs

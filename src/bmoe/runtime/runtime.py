@@ -76,12 +76,17 @@ class Runtime:
                 prefill_device=self.prefill_device, user_path=config.model,
                 anon_ranges=self.stream.anon_ranges if self.stream is not None else (),
                 unused_ranges=self.stream.expert_files if self.stream is not None else ()))
-            if self.stream is not None:
-                self.stream.attach(self.model.anon)
         except BaseException:
             if self.stream is not None:
                 self.stream.close()
             raise
+        if self.stream is not None:
+            try:
+                self.stream.attach(self.model.anon)
+            except BaseException:  # the model is loaded by now: its weights must not stay behind
+                self.stream.close()
+                self.model.close()
+                raise
         self.ctx: LlamaContext | None = None
         try:
             self._open_rest(config)
