@@ -151,9 +151,9 @@ def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, floor_s: M
               skip_first: int = 1) -> dict[str, object]:
     """Medians over decisions ``skip_first``.. of every round that produced decisions. ``floor_s``:
     each decision's compute floor by its place in the sequence (``floors``); none: no floor."""
-    decisions = [(j, d) for r in results for j, d in enumerate(r.get("decisions", [])) if j >= skip_first]  # type: ignore[arg-type]
-    rows = [decision_row(d, bw_bytes_s, (floor_s or {}).get(j, 0.0)) for j, d in decisions]
-    decisions = [d for _, d in decisions]  # type: ignore[misc]
+    indexed = [(j, d) for r in results for j, d in enumerate(r.get("decisions", [])) if j >= skip_first]  # type: ignore[arg-type]
+    rows = [decision_row(d, bw_bytes_s, (floor_s or {}).get(j, 0.0)) for j, d in indexed]
+    decisions = [d for _, d in indexed]
     out: dict[str, object] = {"n_decisions": len(rows)}
     for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "io_bound_s", "bound_s", "bound_ratio",
               "read_gbs"):
@@ -183,11 +183,11 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
     def add(name: str, value: float | None, goal: str, ok: bool | None, subject: str | None = None,
             base: tuple[str, ...] = ()) -> None:
         why = None
+        gone = next((b for b in base if b in failed), None)
         if subject is not None and subject in failed:
             ok, why = False, f"{subject}: {failed[subject]}"
-        elif any(b in failed for b in base):
-            b = next(b for b in base if b in failed)
-            ok, why = None, f"baseline {b}: {failed[b]}"
+        elif gone is not None:
+            ok, why = None, f"baseline {gone}: {failed[gone]}"
         row = {"preset": preset, "target": name, "value": value, "goal": goal, "verdict": _verdict(ok)}
         if why:
             row["why"] = why

@@ -88,21 +88,28 @@ class ChatRenderer:
 
     def render(self, messages: Sequence[Message], *, think: bool) -> str:
         """The prompt text for ``messages``, opening a fresh assistant turn."""
-        return self.render_turn(messages, think=think).text
+        return self._render_turn(messages, think, want_opens=False).text
 
     def render_turn(self, messages: Sequence[Message], *, think: bool) -> "Rendered":
         """``render``, and whether the model's output starts inside a <think> block.
 
         Only the template's own generation prompt (what it adds after the conversation) can open
         or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
+        return self._render_turn(messages, think, want_opens=True)
+
+    def _render_turn(self, messages: Sequence[Message], think: bool, *, want_opens: bool) -> "Rendered":
+        """The generation prompt is found (by rendering the conversation again, see
+        ``_generation_prompt``) only where the text or ``want_opens`` needs it: ``render`` is on
+        every decision's path, and with a template that takes ``enable_thinking`` it does not."""
         if self._template is None:
             return Rendered("".join(m.content for m in messages), False)
         text = self._render(messages, generation_prompt=True, think=think)
-        if self.think_ctl == "none":
+        closes = not think and self.think_ctl == "prefill"
+        if self.think_ctl == "none" or not (want_opens or closes):
             return Rendered(text, False)
         prompt = self._generation_prompt(messages, text, think)
         opens = _opens(prompt)
-        if not think and self.think_ctl == "prefill":
+        if closes:
             if opens:  # the template opened the block itself: close it, without a second <think>
                 text += _closing(prompt[prompt.rfind(OPEN) + len(OPEN):])
                 opens = False
