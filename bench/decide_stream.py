@@ -12,6 +12,8 @@ process (bench/decide_stream_child.py):
                                    with read-ahead (a configuration the session refuses is recorded
                                    with its refusal text)
     the same, plain LRU            ``--cache-policy lru`` (the ``trace`` preset only): the baseline
+    the same, page moves           the caches with ``BMOE_CACHE_SLOTS=0``: experts moved between
+                                   per-layer buffers, as before slots (the baseline slots beat)
 
 The decisions are decide_batch.py's: a kept prefix of ~340 tokens, suffixes of ~30 tokens, four
 letter choices. Decision 1 keeps the prefix and is left out; per decision 2..N: latency, expert
@@ -62,6 +64,7 @@ class Config:
     prefetch: bool = False
     dense: str = "anon"      # --dense-weights of the bmoe session
     policy: str = "next-use"  # --cache-policy: lru is the baseline the cache is compared with
+    memory: str = "slots"    # where the cache keeps experts: slots, or page moves (the layout before slots)
 
     @property
     def name(self) -> str:
@@ -71,13 +74,14 @@ class Config:
             return "bmoe resident, no limit (compute floor)"
         base = f"bmoe cache {self.cache_pct}%" if self.cache_pct else "bmoe cache off"
         return (base + (", read-ahead" if self.prefetch else "") + (", dense mmap" if self.dense == "mmap" else "")
-                + (", plain LRU" if self.policy == "lru" else ""))
+                + (", plain LRU" if self.policy == "lru" else "") + (", page moves" if self.memory == "pages" else ""))
 
 
 def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Config]:
     """Every configuration of a run, llama.cpp first, then cache off and each cache share, each
     without and with read-ahead, then the same caches under plain LRU (``--cache-policy lru``,
-    run on the presets of LRU_PRESETS only), then cache off with the dense weights mapped from the
+    run on the presets of LRU_PRESETS only), the same caches with page moves instead of slots
+    (``BMOE_CACHE_SLOTS=0``, the cache's memory before slots), then cache off with the dense weights mapped from the
     file (``--dense-weights mmap``, against the default anon); ``only`` keeps the named keys."""
     out = [Config("llama", "llama")]
     for pct in (0, *cache_pcts):
@@ -85,6 +89,8 @@ def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Conf
             key = ("off" if pct == 0 else f"cache{pct}") + ("+ra" if ra else "")
             out.append(Config(key, "bmoe", pct, ra))
     out += [Config(f"cache{pct}{'+ra' if ra else ''}-lru", "bmoe", pct, ra, policy="lru")
+            for pct in cache_pcts for ra in (False, True)]
+    out += [Config(f"cache{pct}{'+ra' if ra else ''}-pages", "bmoe", pct, ra, memory="pages")
             for pct in cache_pcts for ra in (False, True)]
     out.append(Config("off+mmap", "bmoe", 0, False, "mmap"))
     out.append(Config("resident", "resident"))
@@ -396,7 +402,7 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
             else:
                 cmd = child_cmd("bmoe", model, res, a, "--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)),
                                 "--dense-weights", c.dense, "--decode-tokens", str(a.decode_tokens),
-                                "--cache-policy", c.policy,
+                                "--cache-policy", c.policy, "--cache-memory", c.memory,
                                 *(["--prefetch", "--wide-tokens", str(a.wide_tokens)] if c.prefetch else []))
             runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a,
                                          limit=c.engine != "resident"))
@@ -427,6 +433,8 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
             "cgroup_peak_mib": max((float(r["cgroup_peak_mib"]) for r in recs if "result" in r),  # type: ignore[arg-type]
                                    default=None),
             "best": [[d["best"] for d in r["decisions"]] for r in ok],  # type: ignore[index]
+            # what the cache ran on in each round: slots, or page moves (asked for, or the arch refused slots)
+            "cache_memory": sorted({str(r["cache_memory"]) for r in ok if "cache_memory" in r}) or None,
         }
     summary = {k: v["summary"] for k, v in rec["configs"].items() if v["summary"]}  # type: ignore[union-attr]
     failed = {k: v["status"] for k, v in rec["configs"].items() if not v["summary"]}  # type: ignore[union-attr]

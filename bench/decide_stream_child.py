@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import os
 import random
 import sys
 import time
@@ -193,6 +194,8 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
     from bmoe.decide.types import DecideRequest
     from bmoe.errors import ConfigError
 
+    if a.cache_memory == "pages":  # this process is the child: the setting is its own
+        os.environ["BMOE_CACHE_SLOTS"] = "0"
     r0, t0 = proc_read_bytes(), time.perf_counter()
     try:
         session = open_session(a)
@@ -200,6 +203,8 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
         return {"refused": str(e)}
     out: dict[str, object] = {"engine": "bmoe", "load_s": time.perf_counter() - t0,
                               "load_read_bytes": proc_read_bytes() - r0}
+    if not a.resident:  # what the cache actually ran on (an arch may refuse slots)
+        out["cache_memory"] = "slots" if session.streaming.streamer.slots else "pages"
     decisions = []
     with session:
         for i in range(a.decisions):
@@ -242,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap.add_argument("--cache-policy", choices=CACHE_POLICIES, default="next-use",
                     help="bmoe with --cache-mb: which experts the cache keeps")
+    ap.add_argument("--cache-memory", choices=("slots", "pages"), default="slots",
+                    help="bmoe with --cache-mb: slots (the default) or page moves (BMOE_CACHE_SLOTS=0)")
     ap.add_argument("--resident", action="store_true", help="bmoe: the model resident (mmap, no streaming)")
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     ap.add_argument("--twins", type=Path, default=None)

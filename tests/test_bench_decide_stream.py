@@ -28,12 +28,14 @@ def bmoe_decision(latency: float, read_mib: int, wasted_mib: int = 0, hits: int 
 def test_plan_lists_every_configuration_in_order_and_only_keeps_the_named_ones() -> None:
     keys = [c.key for c in ds.plan((15, 30))]
     assert keys == ["llama", "off", "off+ra", "cache15", "cache15+ra", "cache30", "cache30+ra", "cache15-lru",
-                    "cache15+ra-lru", "cache30-lru", "cache30+ra-lru", "off+mmap", "resident"]
-    only = ds.plan((15, 30), {"off", "cache30+ra", "cache30+ra-lru"})
-    assert [(c.key, c.cache_pct, c.prefetch, c.policy, c.name) for c in only] == [
-        ("off", 0, False, "next-use", "bmoe cache off"),
-        ("cache30+ra", 30, True, "next-use", "bmoe cache 30%, read-ahead"),
-        ("cache30+ra-lru", 30, True, "lru", "bmoe cache 30%, read-ahead, plain LRU")]
+                    "cache15+ra-lru", "cache30-lru", "cache30+ra-lru", "cache15-pages", "cache15+ra-pages",
+                    "cache30-pages", "cache30+ra-pages", "off+mmap", "resident"]
+    only = ds.plan((15, 30), {"off", "cache30+ra", "cache30+ra-lru", "cache15-pages"})
+    assert [(c.key, c.cache_pct, c.prefetch, c.policy, c.memory, c.name) for c in only] == [
+        ("off", 0, False, "next-use", "slots", "bmoe cache off"),
+        ("cache30+ra", 30, True, "next-use", "slots", "bmoe cache 30%, read-ahead"),
+        ("cache30+ra-lru", 30, True, "lru", "slots", "bmoe cache 30%, read-ahead, plain LRU"),
+        ("cache15-pages", 15, False, "next-use", "pages", "bmoe cache 15%, page moves")]
 
 
 def test_cache_mib_is_the_share_of_the_expert_bytes() -> None:
@@ -210,7 +212,7 @@ def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Pa
     args = argparse.Namespace(
         model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
         twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon", cache_policy="next-use",
-        resident=False)
+        cache_memory="slots", resident=False)
     assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bmoe.runtime.results import GenerateRequest
+from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.testing import HF_ARCHS
 
 HF_VARIANTS = [(a, q) for a in sorted(HF_ARCHS) for q in HF_ARCHS[a].quants]
@@ -100,18 +101,27 @@ def test_g1_resident_equals_streaming_cache_off_and_bytes_are_exact(variant) -> 
     assert st.routed == sum(len(ex) for _, ex in routes) and st.hits == 0
 
 
-@pytest.mark.parametrize("policy", ["next-use", "lru"])
-def test_g2_evicting_cache_equals_cache_off(variant, policy: str) -> None:
+@pytest.mark.parametrize("policy,memory", [("next-use", "slots"), ("lru", "slots"), ("next-use", "pages")])
+def test_g2_evicting_cache_equals_cache_off(variant, policy: str, memory: str, monkeypatch) -> None:
+    """The cache in slots (the default where the arch allows) and with page moves
+    (BMOE_CACHE_SLOTS=0), under each policy."""
     open_, resident = variant
+    if memory == "pages":
+        monkeypatch.setenv("BMOE_CACHE_SLOTS", "0")
     s = open_(moe_stream=True, cache_mb=1, cache_force=True, cache_policy=policy)
-    assert type(s.streaming.streamer.cache.policy).__name__ == {"next-use": "NextUsePolicy", "lru": "LruPolicy"}[policy]
+    cache = s.streaming.streamer.cache
+    assert type(cache.policy).__name__ == {"next-use": "NextUsePolicy", "lru": "LruPolicy"}[policy]
+    slots = memory == "slots" and not slots_refusal(s.streaming.layout)
+    assert isinstance(cache, SlotCache if slots else ExpertCache)
     routes = record_routes(s)
     streamed = run(s)
     assert_same(resident, streamed)
     st = s.stream_stats()
     assert st.evictions > 0
-    # Evicted experts' pages were handed to incoming ones (every tiny slice spans whole pages).
-    assert s.streaming.streamer.cache.moved_bytes > 0
+    if slots:  # victims' slots were handed to incoming experts, never more in use than there are
+        assert cache.reused_bytes > 0 and 0 < cache.high_water <= cache.n_slots
+    else:  # evicted experts' pages were handed to incoming ones (every tiny slice spans whole pages)
+        assert cache.moved_bytes > 0
     assert st.hits + st.misses == st.routed == sum(len(ex) for _, ex in routes)
     # The budget is a hard cap except that one route's own experts must all be present at once.
     per_expert = expert_bytes(s)

@@ -19,7 +19,7 @@ import llama_cpp  # noqa: E402
 
 from bmoe.llama.expert_hook import ExpertHook  # noqa: E402
 from bmoe.stream import StreamOptions, Streamer, lookup, read_layout  # noqa: E402
-from bmoe.stream.cache import DEFAULT_POLICY  # noqa: E402
+from bmoe.stream.cache import DEFAULT_POLICY, SlotCache  # noqa: E402
 from bmoe.stream.options import Budget  # noqa: E402
 from bmoe.stream.policy import Uses  # noqa: E402
 from bmoe.stream.twin import allocated_bytes, dense_twin  # noqa: E402
@@ -120,9 +120,10 @@ def plain(path: Path) -> tuple[list[int], np.ndarray]:
     return _plain_cache[path]
 
 
-def _streamed(path: Path, budget: Budget, **opts: object) -> tuple[list[int], np.ndarray, Streamer, Recorder, ExpertHook]:
+def _streamed(path: Path, budget: Budget, slots: bool = False,
+              **opts: object) -> tuple[list[int], np.ndarray, Streamer, Recorder, ExpertHook]:
     layout = read_layout(path)
-    streamer = Streamer(layout, StreamOptions(**opts), budget=budget, warn=lambda m: None)
+    streamer = Streamer(layout, StreamOptions(**opts), budget=budget, warn=lambda m: None, slots=slots)
     rec = Recorder(streamer)
     hook = ExpertHook(rec, lookup(layout.arch))
     tokens, logits = run(path, hook)
@@ -151,15 +152,18 @@ def test_cache_off_is_bit_identical_and_reads_exactly_the_routed_slices(
         streamer.close()
 
 
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "pages"])
 @pytest.mark.parametrize("arch,quant", MODELS)
-def test_evicting_cache_is_bit_identical(tiny_models: Callable[[str, str], Path], arch: str, quant: str) -> None:
+def test_evicting_cache_is_bit_identical(tiny_models: Callable[[str, str], Path], arch: str, quant: str,
+                                         slots: bool) -> None:
     path = tiny_models(arch, quant)
     layout = read_layout(path)
     one = layout.expert_nbytes_in_layer(layout.layers[0])
     budget = layout.floor_bytes() + one  # floor + one expert: evicts on every token
     tokens, logits, streamer, rec, hook = _streamed(path, Budget(budget, layout.floor_bytes(), "fixed"),
-                                                    io_threads=3)
+                                                    io_threads=3, slots=slots)
     try:
+        assert isinstance(streamer.cache, SlotCache) == slots == hook.slots
         ref_tokens, ref_logits = plain(path)
         assert tokens == ref_tokens
         assert np.array_equal(logits, ref_logits)
@@ -179,6 +183,29 @@ def test_sabotaged_streamer_changes_logits(tiny_models: Callable[[str, str], Pat
     streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
     hook = ExpertHook(Recorder(streamer, sabotage=True), lookup(layout.arch))
     try:
+        _, logits = run(path, hook)
+        assert not np.array_equal(logits, plain(path)[1])
+    finally:
+        streamer.close()
+
+
+class _Unnumbered(Recorder):
+    """Slots, but the ids are left as the router gave them (the slot map is the identity)."""
+
+    def slot_map(self, il: int) -> np.ndarray:
+        return np.arange(self.inner.layout.n_expert, dtype=np.int32)
+
+
+def test_slots_without_renumbering_change_logits(tiny_models: Callable[[str, str], Path]) -> None:
+    """Proof that the renumbering is what makes slots exact: the same slots read by the router's
+    own ids give other logits (the experts' bytes sit in other slots than their ids)."""
+    path = tiny_models("qwen3moe", "q8_0")
+    layout = read_layout(path)
+    budget = layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0])
+    streamer = Streamer(layout, StreamOptions(), budget=Budget(budget, 0, "fixed"), warn=lambda m: None, slots=True)
+    hook = ExpertHook(_Unnumbered(streamer), lookup(layout.arch))
+    try:
+        assert hook.slots
         _, logits = run(path, hook)
         assert not np.array_equal(logits, plain(path)[1])
     finally:

@@ -13,6 +13,16 @@ answering True for a node makes it compute everything up to that node, synchroni
   onto the streamer's buffer. Weight tensors belong to the model, so a rebind lasts for the
   model's life and later graphs (any ubatch size) reuse it.
 
+Slots (``streamer.slots``: the cache keeps experts in pools of slots shared by the layers, see
+stream/cache.py SlotCache): the rebind also sets the weight's ``ne[2]`` to the slot count and its
+``nb[2]`` to the slot stride, and the route is taken one node later, in the data call of
+``ffn_moe_weights-<il>`` (get_rows of the router's probabilities by the ids, expanded into the
+graph before the expert matmuls). Its second source is the ids tensor: the hook reads the ids
+there, calls ``on_route``, then rewrites them in place to the routed experts' slots
+(``streamer.slot_map``), so the matmuls read each expert in its slot. A streamed matmul whose
+layer was not renumbered in the current graph is refused (HookError) rather than computed on
+other experts' bytes.
+
 Split phase (``overlap=True``): the scheduler asks about every node of a range before it
 computes any of them, so a read can only overlap the nodes computed *before* the hook next
 answers True. While a layer's first graph runs (fully synchronous), the hook learns, from the
@@ -61,7 +71,7 @@ from typing import Collection, Protocol, Sequence
 import llama_cpp
 import numpy as np
 
-from ..stream.archs import ArchEntry
+from ..stream.archs import WEIGHTS_NODE, ArchEntry
 from ..stream.streamer import Binding
 from .ggml_tensor import DATA_OFFSET, GGML_TYPE_I32, NAME_OFFSET, SRC_OFFSET, GgmlBase, GgmlTensor, check_tensor, self_check
 from bmoe.errors import EngineFailure
@@ -95,6 +105,9 @@ class StreamerPort(Protocol):
     def prefetch(self, il: int, experts: np.ndarray, *, early: bool = False) -> None: ...
     @property
     def two_deep(self) -> bool: ...
+    @property
+    def slots(self) -> bool: ...
+    def slot_map(self, il: int) -> np.ndarray: ...
 
 
 class GuessPort(Protocol):
@@ -133,7 +146,11 @@ class ExpertHook:
         self.streamer = streamer
         self.entry = entry
         self._mul_mat_id = _op_code(lib, b"MUL_MAT_ID")
-        self._route_prefix = (entry.route_node + "-").encode()
+        # Slots (SlotCache): the route is taken where the ids have gathered the routing weights
+        # and no expert matmul has read them yet, and renumbered to slots there.
+        self.slots = bool(streamer.slots)
+        self._route_prefix = ((WEIGHTS_NODE if self.slots else entry.route_node) + "-").encode()
+        self._renumbered: set[int] = set()  # layers whose ids this graph renumbered (slots)
         self._name_probe = max(len(self._route_prefix), len(_MOE_PREFIX))
         self._checked: set[int] = set()          # weight pointers already looked at
         self._bound: dict[str, int] = {}         # tensor name -> address it now points to
@@ -157,6 +174,7 @@ class ExpertHook:
         if guess is not None:
             self._next = {f"{entry.out_node}-{il - 1}".encode(): il for il in self._layer_projs if guess.can_guess(il)}
         self._last_layer = max(self._layer_projs, default=-1)
+        self._first_layer = min(self._layer_projs, default=-1)
         self._out_node = 0                                     # the l_out node we answered True for
         # Early guess: "<inp_node>-<l>" + NUL -> (l, the next streamed layer) where that one is guessed.
         self._early: dict[bytes, tuple[int, int]] = {}
@@ -197,6 +215,7 @@ class ExpertHook:
         """After llama_decode: nothing may be left in flight; re-raise the sticky error if any."""
         self._stops.clear()
         self._inp.clear()  # node addresses of a graph that is gone
+        self._renumbered.clear()
         self._stop_node = self._prev = self._out_node = 0
         if self.error is None:
             try:
@@ -220,7 +239,8 @@ class ExpertHook:
                 prev, self._prev = self._prev, t
                 head = ctypes.string_at(t + NAME_OFFSET, self._name_probe)
                 if head.startswith(self._route_prefix):
-                    return True
+                    # "ffn_moe_weights-<il>" exactly: ggml names its reshapes "<name> (reshaped)"
+                    return not self.slots or GgmlTensor.from_address(t).name[len(self._route_prefix):].isdigit()
                 if self._next and head.startswith(self._out_prefix) and self._wants_prefetch(t):
                     self._out_node = t
                     return True
@@ -232,6 +252,8 @@ class ExpertHook:
                     return False
                 if head.startswith(_MOE_PREFIX) or ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id:
                     self._bind_sources(t)
+                    if self.slots:
+                        self._check_renumbered(t)
                     if self._learning or self._stops:
                         self._consumer(t, prev)
                 if self._stops:
@@ -342,6 +364,14 @@ class ExpertHook:
                 set(v) == self._layer_projs[k] for k, v in self._seen.items()):
             self._learning = False
 
+    def _check_renumbered(self, node: int) -> None:
+        """With slots, a matmul on a streamed weight must come after its layer's ids were renumbered
+        in this graph: on the expert ids it would read other experts' slots."""
+        key = self._weights.get(ctypes.c_void_p.from_address(node + SRC_OFFSET).value or 0)
+        if key is not None and key[0] not in self._renumbered:
+            raise HookError(f"layer {key[0]}'s expert matmul came before its {self._route_prefix.decode()}{key[0]} "
+                            "node, where the routed ids are renumbered to slots; refusing to compute it")
+
     def _bind_sources(self, node: int) -> None:
         for i in range(_N_SRC_CHECKED):
             src = ctypes.c_void_p.from_address(node + SRC_OFFSET + 8 * i).value
@@ -356,6 +386,12 @@ class ExpertHook:
             if self.ggml.nbytes(src) != b.nbytes:
                 raise HookError(f"{name} is {self.ggml.nbytes(src)} bytes in llama.cpp but {b.nbytes} in the GGUF "
                                 "layout; refusing to stream it")
+            if b.n_slots:
+                w = GgmlTensor.from_address(src)
+                if w.ne[3] != 1 or w.ne[2] < 1 or w.nb[2] * w.ne[2] != b.nbytes or w.nb[2] > b.expert_stride:
+                    raise HookError(f"{name} (ne {tuple(w.ne)}, nb {tuple(w.nb)}) does not fit slots of "
+                                    f"{b.expert_stride} bytes; refusing to stream it")
+                w.ne[2], w.nb[2], w.nb[3] = b.n_slots, b.expert_stride, b.expert_stride * b.n_slots
             ctypes.c_void_p.from_address(src + DATA_OFFSET).value = b.data_addr
             self._bound[name] = b.data_addr
             self._weights[src] = (b.il, b.proj)
@@ -371,8 +407,15 @@ class ExpertHook:
         return out
 
     def _route(self, t: int) -> None:
+        node = GgmlTensor.from_address(t)
+        il = int(node.name[len(self._route_prefix):])
+        if self.slots:  # the gathered weights: get_rows(probs, ids), the ids its second source
+            t = ctypes.c_void_p.from_address(t + SRC_OFFSET + 8).value or 0
+            if not t:
+                raise HookError(f"{node.name!r} has no ids source; cannot renumber it to slots")
+        if il == self._first_layer:
+            self._renumbered.clear()  # a new graph (each ubatch of a llama_decode is one)
         s = GgmlTensor.from_address(t)
-        il = int(s.name[len(self._route_prefix):])
         k, n_tokens = int(s.ne[0]), int(s.ne[1])
         if s.type != GGML_TYPE_I32 or s.nb[0] != 4 or s.ne[2] != 1 or s.ne[3] != 1:
             raise HookError(f"{s.name!r} is not an int32 [n_expert_used, n_tokens] tensor "
@@ -380,16 +423,26 @@ class ExpertHook:
         if n_tokens == 0:
             # The last layer runs only the output rows; a ubatch with none (an inner piece of a
             # prefill split into several ubatches) routes nothing there.
+            self._renumbered.add(il)
             return
         row = int(s.nb[1])
+        if self.slots and not self.ggml.lib.ggml_backend_buffer_is_host(s.buffer):
+            raise HookError(f"the ids of layer {il} were computed off the host; slots renumber them in place")
         # The ids are a view into the argsort result: rows are nb[1] bytes apart, not k*4.
         flat = np.ctypeslib.as_array(self._ids_words(t, s, (n_tokens - 1) * row // 4 + k))
-        ids = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, k), strides=(row, 4)).copy()  # [n_tokens, k]
+        live = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, k), strides=(row, 4))  # [n_tokens, k]
+        ids = live.copy()
         self._stops.clear()
         try:
             self._streamer_call(self.streamer.on_route, il, ids)
         finally:
             self.n_routes += 1
+        if self.slots:
+            slots = self.streamer.slot_map(il)[ids]
+            if slots.size and slots.min() < 0:
+                raise HookError(f"layer {il}: routed experts {sorted(set(ids[slots < 0].tolist()))} have no slot")
+            live[...] = slots
+            self._renumbered.add(il)
         deferred = self._stop_of.get(il)
         if deferred is not None and deferred[0] in self.streamer.pending:
             self._stops.append((deferred[1], deferred[0]))

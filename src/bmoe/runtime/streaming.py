@@ -116,6 +116,16 @@ def stream_overlap(config: SessionConfig) -> bool:
     return config.prefill_device is None and os.environ.get("BMOE_STREAM_OVERLAP", "1") != "0"
 
 
+def stream_slots(config: SessionConfig) -> bool:
+    """Whether the cache may keep its experts in slots (SlotCache) rather than move pages.
+
+    Not with a prefill device: the slots renumber the routed ids in place, and a device computes
+    them in its own memory. ``BMOE_CACHE_SLOTS=0`` turns slots off (page moves, as before), for
+    comparisons; an arch that gathers other tensors by the ids (cache.slots_refusal) keeps page
+    moves anyway."""
+    return config.prefill_device is None and os.environ.get("BMOE_CACHE_SLOTS", "1") != "0"
+
+
 def open_streaming(config: SessionConfig) -> StreamRuntime:
     # read_layout comes first and checks that every tensor lies inside its file, so a truncated
     # or malformed GGUF is refused here, naming it, before a dense twin of it is written.
@@ -135,7 +145,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         pages = LibcPageMover.available(sum(t.n_expert for t in layout.experts))
         # Read-ahead two layers deep needs the next layer's buffers apart from this one's: with the
         # cache off that is a second set of shared buffers (one layer of expert bytes more).
-        streamer = Streamer(layout, options, pages=pages, buffer_sets=2 if guess else 1)
+        streamer = Streamer(layout, options, pages=pages, buffer_sets=2 if guess else 1, slots=stream_slots(config))
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError,
             StreamIOError) as e:  # StreamIOError: a shard changed before the reader opened it
         raise _setup_error(config, e) from e

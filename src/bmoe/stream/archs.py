@@ -11,6 +11,11 @@ from bmoe.errors import ModelFileError
 # Every MoE arch in the pinned llama.cpp routes through the shared MoE builder, which names
 # the selected-expert node "ffn_moe_topk-<il>" (src/llama-graph.cpp, build_moe_ffn).
 ROUTE_NODE = "ffn_moe_topk"
+# The routing weights it gathers by those ids ("ffn_moe_weights-<il>", get_rows(probs, ids)); the
+# builder expands it into the graph before the expert matmuls, so in its data call the ids have
+# been read by everything but the matmuls (and the expert-indexed biases or scales some archs
+# gather after it: SlotCache refuses those, cache.slots_refusal).
+WEIGHTS_NODE = "ffn_moe_weights"
 
 # Stacked expert weights, per layer "blk.<il>.<name>": [n_embd|n_ff, n_ff|n_embd, n_expert].
 # gate_up is the fused variant some converters write (qwen35moe/qwen3next accept either).

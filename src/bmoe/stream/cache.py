@@ -9,8 +9,13 @@ committed only when first written, so a full-size mapping costs address space, n
   after another), every routed slice read again at every route. With ``sets=2`` (read-ahead two
   layers deep) the streamed layers take turns between two such sets, so that the next layer's
   reads never land in the buffers the current layer's matmuls read.
-- ExpertCache (cache on): one buffer per (layer, projection); a policy (policy.py, by default
-  NextUsePolicy) decides under a byte budget which ExpertKey(layer, expert) stay. An evicted
+- SlotCache (cache on, the default where the arch allows it): the layers share one pool of slots
+  per (projection, slice bytes); a policy (policy.py, by default NextUsePolicy) decides under a
+  byte budget which ExpertKey(layer, expert) stay, each in a slot of its own, and the hook
+  renumbers every route's expert ids to their slots before the expert matmuls read them. An
+  incoming expert is read straight into its victim's slot: nothing is moved or released.
+- ExpertCache (cache on, page moves: where slots are refused, or BMOE_CACHE_SLOTS=0): one buffer
+  per (layer, projection), every expert at its own place, chosen by the same policies. An evicted
   expert's pages are handed to an expert that comes in at the same route: with a PageMover
   (pages.py) the whole pages inside the victim's slice are moved to the incoming slice, and only
   the partial pages at a slice's two ends go back to the OS (MADV_DONTNEED, unless a resident
@@ -20,9 +25,12 @@ committed only when first written, so a full-size mapping costs address space, n
 from __future__ import annotations
 
 import errno
+import heapq
 import mmap
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence, TypeVar
+
+import numpy as np
 
 from .layout import ExpertTensor, ModelLayout
 from .pages import PageMover
@@ -106,10 +114,10 @@ class _Slices:
 
 
 class TensorBuffer:
-    """A lazily committed anonymous mapping big enough for the given tensors (one at a time)."""
+    """A lazily committed anonymous mapping of ``size`` bytes (``_buffer_size``: big enough for
+    the given tensors, one at a time)."""
 
-    def __init__(self, tensors: Sequence[ExpertTensor]) -> None:
-        size = _buffer_size(tensors)
+    def __init__(self, size: int) -> None:
         self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             # 4 KiB pages keep commits and DONTNEED releases exact (no 2 MiB THP rounding).
@@ -138,18 +146,21 @@ class TensorBuffer:
         self.mm.close()
 
 
-def _map_buffers(groups: Mapping[tuple[int, str], Sequence[ExpertTensor]]) -> dict[tuple[int, str], TensorBuffer]:
-    """A TensorBuffer per group. If one cannot be mapped, those mapped are unmapped and the OSError
-    names the expert buffers and their size, not just an errno (ENOMEM: vm.overcommit_memory=2
-    charges a whole mapping at once, MAP_NORESERVE or not)."""
-    out: dict[tuple[int, str], TensorBuffer] = {}
+_K = TypeVar("_K")
+
+
+def _map_buffers(sizes: Mapping[_K, int]) -> dict[_K, TensorBuffer]:
+    """A TensorBuffer of each size. If one cannot be mapped, those mapped are unmapped and the
+    OSError names the expert buffers and their size, not just an errno (ENOMEM:
+    vm.overcommit_memory=2 charges a whole mapping at once, MAP_NORESERVE or not)."""
+    out: dict[_K, TensorBuffer] = {}
     try:
-        for key, tensors in groups.items():
-            out[key] = TensorBuffer(tensors)
+        for key, size in sizes.items():
+            out[key] = TensorBuffer(size)
     except OSError as exc:
         for b in out.values():
             b.close()
-        mib = -(-sum(_buffer_size(ts) for ts in groups.values()) // (1 << 20))
+        mib = -(-sum(sizes.values()) // (1 << 20))
         why = exc.strerror or str(exc)
         if exc.errno == errno.ENOMEM:
             why += "; with vm.overcommit_memory=2 the kernel charges all of it at once"
@@ -184,7 +195,7 @@ class SharedBuffers:
         groups: dict[tuple[int, str], list[ExpertTensor]] = {}
         for t in layout.experts:
             groups.setdefault((self._set[t.il], t.proj), []).append(t)
-        self._buffers = _map_buffers(groups)
+        self._buffers = _map_buffers({k: _buffer_size(ts) for k, ts in groups.items()})
         self._routed = 0
         self._ops = _read_ops(self._tensors, self._buffer)
 
@@ -221,37 +232,29 @@ DEFAULT_POLICY: PolicyFactory = NextUsePolicy  # what every cache-on streamer ru
 POLICIES: dict[str, PolicyFactory] = {"next-use": DEFAULT_POLICY, "lru": LruPolicy}
 
 
-class ExpertCache:
-    """Cache on: (layer, expert) slices kept under ``budget_bytes`` of expert bytes, chosen by a
-    policy (``policy(expert_bytes_per_layer, budget_bytes)``, NextUsePolicy by default)."""
+class _PolicyCache:
+    """Cache on, whatever holds the pages: the policy's side of a route (what hits, what misses,
+    which residents make room) under ``budget_bytes`` of expert bytes, with
+    ``policy(expert_bytes_per_layer, budget_bytes)`` (NextUsePolicy by default). A subclass maps
+    the buffers (``_buffers``), hands victims' memory to the incoming experts (``_make_room``) and
+    says where each miss is read to (``_reads``)."""
 
-    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY,
-                 pages: PageMover | None = None) -> None:
+    _buffers: Mapping[object, TensorBuffer]
+
+    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY) -> None:
         if budget_bytes <= 0:
-            raise ValueError("ExpertCache needs a positive budget; use SharedBuffers for cache off")
+            raise ValueError(f"{type(self).__name__} needs a positive budget; use SharedBuffers for cache off")
         self.layout = layout
         self.budget_bytes = budget_bytes
-        self.pages = pages
         self._tensors = {il: layout.layer_tensors(il) for il in layout.layers}
         self.policy: CachePolicy = policy({il: layout.expert_nbytes_in_layer(il) for il in layout.layers}, budget_bytes)
-        self._buffers = _map_buffers({(t.il, t.proj): [t] for t in layout.experts})
-        self._slices_of = {il: tuple(_Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
-                                     for t in ts) for il, ts in self._tensors.items()}
-        self._ops = _read_ops(self._tensors, self._buffer)
         self.released_bytes = 0  # pages handed back by DONTNEED (for tests and telemetry)
-        self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
-
-    def _buffer(self, t: ExpertTensor) -> TensorBuffer:
-        return self._buffers[(t.il, t.proj)]
-
-    def data_addr(self, t: ExpertTensor) -> int:
-        return self._buffer(t).data_addr(t)
 
     def is_resident(self, key: ExpertKey) -> bool:
         return self.policy.is_resident(key)
 
     def shares_buffers(self, a: int, b: int) -> bool:
-        """Every layer has buffers of its own: ``a``'s reads never land where ``b``'s matmuls read."""
+        """Every layer's experts have memory of their own: ``a``'s reads never land where ``b``'s matmuls read."""
         return a == b
 
     def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
@@ -273,12 +276,6 @@ class ExpertCache:
         self._make_room(victims, missing)
         return self._reads(il, 0, missing)
 
-    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
-        by_proj = self._ops[il]
-        ops = tuple(by_expert[k.expert] for k in misses for _, by_expert in by_proj)
-        projs = tuple(proj for _ in misses for proj, _ in by_proj)
-        return Plan(ops, hits, tuple(misses), projs)
-
     def commit(self, plan: Plan) -> None:
         """Record the misses of ``plan`` as resident, once all their reads have succeeded (the
         streamer commits only after the route's last wait: nothing of it is in flight then)."""
@@ -295,6 +292,39 @@ class ExpertCache:
         for b in self._buffers.values():
             b.close()
         self.policy.clear()
+
+    def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
+        raise NotImplementedError
+
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
+        raise NotImplementedError
+
+
+class ExpertCache(_PolicyCache):
+    """Cache on, with page moves: one buffer per (layer, projection) laid out like the file, an
+    expert at its own place in it; see the module."""
+
+    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY,
+                 pages: PageMover | None = None) -> None:
+        super().__init__(layout, budget_bytes, policy)
+        self.pages = pages
+        self._buffers = _map_buffers({(t.il, t.proj): _buffer_size([t]) for t in layout.experts})
+        self._slices_of = {il: tuple(_Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
+                                     for t in ts) for il, ts in self._tensors.items()}
+        self._ops = _read_ops(self._tensors, self._buffer)
+        self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
+
+    def _buffer(self, t: ExpertTensor) -> TensorBuffer:
+        return self._buffers[(t.il, t.proj)]
+
+    def data_addr(self, t: ExpertTensor) -> int:
+        return self._buffer(t).data_addr(t)
+
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
+        by_proj = self._ops[il]
+        ops = tuple(by_expert[k.expert] for k in misses for _, by_expert in by_proj)
+        projs = tuple(proj for _ in misses for proj, _ in by_proj)
+        return Plan(ops, hits, tuple(misses), projs)
 
     def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
         """Hand the victims' whole pages to the incoming experts, projection by projection (with a
@@ -347,3 +377,119 @@ class ExpertCache:
                 self.released_bytes += sl.buf.release(lo, pg.i_lo) + sl.buf.release(pg.i_hi, hi)
             else:
                 self.released_bytes += sl.buf.release(lo, hi)
+
+
+def slots_refusal(layout: ModelLayout) -> str:
+    """Why ``layout`` cannot run a SlotCache ("" where it can): the slots renumber the routed ids
+    the expert matmuls read, so nothing else in the graph may gather by them."""
+    if layout.expert_side:
+        return (f"resident tensors indexed by expert ({', '.join(layout.expert_side[:3])}"
+                + (", ..." if len(layout.expert_side) > 3 else "") + ") are gathered by the routed ids")
+    return ""
+
+
+class SlotCache(_PolicyCache):
+    """Cache on, with slots: the layers share one pool of slots per (projection, slice bytes), and
+    the hook renumbers each route's expert ids to the slots its experts sit in, so an incoming
+    expert is read straight into its victim's slot: no page is moved, released or faulted in.
+
+    Slot ``k`` of a pool is ``[k * stride, (k + 1) * stride)`` with ``stride`` the slice rounded
+    up to pages plus one page. A layer's tensor points at ``pool + pad`` (``pad``: its file offset
+    modulo ALIGN, the same for every expert when the slice is whole pages), so the slice in slot
+    ``k`` is at the file's offset modulo ALIGN and O_DIRECT reads it in place, the neighbouring file
+    bytes it also writes staying inside the slot; a slice of another size goes through the reader's
+    bounce buffer. The tensor's ``ne[2]`` is ``n_slots`` and its ``nb[2]`` the stride.
+
+    Memory: a resident expert holds its slots' pages (at most one page per projection more than
+    its bytes, which the budget counts); a free slot holds none (released at once). A victim's
+    slot goes to an incoming expert at the same route; where the two layers' projections live in
+    different pools (mixed quantization), the victim's pages in the pool the newcomer does not use
+    are released. ``n_slots`` covers the budget plus two layers' experts (a wide route over
+    budget, and a guess for the next layer), the most the policies ever hold at once."""
+
+    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY,
+                 n_slots: int | None = None) -> None:
+        why = slots_refusal(layout)
+        if why:
+            raise ValueError(f"SlotCache: {why}")
+        super().__init__(layout, budget_bytes, policy)
+        most = len(layout.layers) * layout.n_expert
+        smallest = min(layout.expert_nbytes_in_layer(il) for il in layout.layers)
+        self.n_slots = n_slots if n_slots is not None else min(most, budget_bytes // smallest + 2 * layout.n_expert)
+        if not 0 < self.n_slots <= most:
+            raise ValueError(f"SlotCache: n_slots must be in 1..{most}, got {self.n_slots}")
+        keys = sorted({(t.proj, t.slice_nbytes) for t in layout.experts})
+        self.stride = {k: _round_up(k[1], PAGE) + PAGE for k in keys}
+        self._buffers = _map_buffers({k: self.n_slots * self.stride[k] for k in keys})
+        # per layer, per tensor (layout order): (tensor, its pool key)
+        self._pools = {il: tuple((t, (t.proj, t.slice_nbytes)) for t in ts) for il, ts in self._tensors.items()}
+        self._slot: dict[ExpertKey, int] = {}
+        self._free = list(range(self.n_slots))  # a heap: the lowest free slot first
+        self._map = {il: np.full(layout.n_expert, -1, dtype=np.int32) for il in layout.layers}
+        self.reused_bytes = 0  # slot bytes handed from a victim to an incoming expert
+        self.high_water = 0    # most slots in use at once
+
+    def data_addr(self, t: ExpertTensor) -> int:
+        return self._buffers[(t.proj, t.slice_nbytes)].data_addr(t)
+
+    def expert_stride(self, t: ExpertTensor) -> int:
+        """The bytes between two slots of ``t``'s pool: its ggml ``nb[2]``."""
+        return self.stride[(t.proj, t.slice_nbytes)]
+
+    def slot_map(self, il: int) -> np.ndarray:
+        """Layer ``il``'s slot of each expert (-1: none), int32 [n_expert]; live, do not write."""
+        return self._map[il]
+
+    def slot_of(self, key: ExpertKey) -> int | None:
+        return self._slot.get(key)
+
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
+        ops, projs = [], []
+        for key in misses:
+            k = self._slot[key]
+            for t, pool in self._pools[il]:
+                ops.append(ReadOp(t.file_index, t.slice_offset(key.expert), t.slice_nbytes,
+                                  self._buffers[pool].window, _pad(t) + k * self.stride[pool]))
+                projs.append(t.proj)
+        return Plan(tuple(ops), hits, tuple(misses), tuple(projs))
+
+    def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
+        """Hand the victims' slots to the incoming experts; release the slots nobody took (and the
+        pages of a taken slot in pools the newcomer's layer does not use). Nothing of ``victims``
+        or ``incoming`` may be in flight."""
+        freed = []
+        for v in victims:
+            freed.append((self._slot.pop(v), v.layer))
+            self._map[v.layer][v.expert] = -1
+        freed.reverse()  # pop() hands out the first victim's slot first
+        for key in incoming:
+            if freed:
+                k, old = freed.pop()
+                mine = {pool for _, pool in self._pools[key.layer]}
+                for _, pool in self._pools[old]:
+                    if pool in mine:
+                        self.reused_bytes += self.stride[pool]
+                    else:
+                        self._release(pool, k)
+            elif self._free:
+                k = heapq.heappop(self._free)
+            else:  # the policies never hold more than n_slots (see the class): a bug, not a user error
+                raise RuntimeError(f"SlotCache: all {self.n_slots} slots are in use; cannot place {key}")
+            self._slot[key] = k
+            self._map[key.layer][key.expert] = k
+        for k, old in freed:
+            for _, pool in self._pools[old]:
+                self._release(pool, k)
+            heapq.heappush(self._free, k)
+        self.high_water = max(self.high_water, len(self._slot))
+
+    def _release(self, pool: tuple[str, int], k: int) -> None:
+        stride = self.stride[pool]
+        self.released_bytes += self._buffers[pool].release(k * stride, (k + 1) * stride)
+
+    def close(self) -> None:
+        super().close()
+        self._slot.clear()
+        self._free = list(range(self.n_slots))
+        for m in self._map.values():
+            m.fill(-1)

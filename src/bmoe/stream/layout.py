@@ -73,6 +73,9 @@ class ModelLayout:
     # (file index, offset, nbytes): llama.cpp skips them unless it is asked to load them, and its
     # trunk never computes them, so they neither stream nor count as dense; the twin holes them.
     unloaded: tuple[tuple[int, int, int], ...] = ()
+    # Resident tensors indexed by expert beside the streamed weights ("blk.<il>.ffn_*_exps.*": gpt-oss's
+    # per-expert biases, gemma4's per-expert scales): the graph gathers them by the routed ids too.
+    expert_side: tuple[str, ...] = ()
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -301,6 +304,7 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     experts: list[ExpertTensor] = []
     unloaded: list[tuple[int, int, int]] = []
     dense = 0
+    side: list[str] = []
     for idx, name, offset, nbytes, ne in tensors:
         m = _BLK_RE.match(name)
         if m and trunk is not None and int(m["il"]) >= trunk:
@@ -308,6 +312,8 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
             continue
         if not (m and entry.streams(m["suffix"])):
             dense += nbytes
+            if m and "_exps." in m["suffix"]:
+                side.append(name)
             continue
         n_expert = ne[2] if len(ne) >= 3 else 0
         if n_expert <= 0 or nbytes <= 0 or nbytes % n_expert:
@@ -328,7 +334,7 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     return ModelLayout(
         arch=arch, files=tuple(files), experts=tuple(experts), n_expert=n_expert,
         n_expert_used=n_expert_used, dense_nbytes=dense,
-        expert_nbytes=sum(t.nbytes for t in experts), unloaded=tuple(unloaded),
+        expert_nbytes=sum(t.nbytes for t in experts), unloaded=tuple(unloaded), expert_side=tuple(side),
     )
 
 

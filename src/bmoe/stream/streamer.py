@@ -40,7 +40,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import POLICIES, ExpertCache, ExpertKey, Plan, SharedBuffers
+from .cache import POLICIES, ExpertCache, ExpertKey, Plan, SharedBuffers, SlotCache, slots_refusal
 from .layout import ExpertTensor, ModelLayout
 from .pages import PageMover
 from .options import Budget, StreamOptions, resolve_budget
@@ -61,15 +61,21 @@ class Binding:
     proj: str
     nbytes: int
     data_addr: int
+    # With slots (SlotCache): the tensor's ggml ne[2] becomes ``n_slots`` and nb[2] ``expert_stride``;
+    # 0 leaves its shape alone.
+    n_slots: int = 0
+    expert_stride: int = 0
 
 
 class Streamer:
     def __init__(self, layout: ModelLayout, options: StreamOptions = StreamOptions(), *,
                  budget: Budget | None = None, warn: Callable[[str], None] = stderr_warn,
-                 pages: PageMover | None = None, buffer_sets: int = 1) -> None:
+                 pages: PageMover | None = None, buffer_sets: int = 1, slots: bool = False) -> None:
         """``buffer_sets``: with the cache off, 2 gives the layers two sets of buffers in turn, so
         a guess for the next layer can be read while this one computes (costs one more layer of
-        expert bytes in RAM); the cache on has buffers per layer anyway."""
+        expert bytes in RAM); the cache on has buffers per layer anyway. ``slots``: with the cache
+        on, a SlotCache where the layout allows it (``slots_refusal``), else page moves; the hook
+        then renumbers each route's ids (``slot_map``)."""
         self.layout = layout
         self.options = options
         self.budget = budget if budget is not None else resolve_budget(options, layout, warn=warn)
@@ -86,11 +92,14 @@ class Streamer:
         self._ahead: _Ahead | None = None  # a prefetch no route has taken over yet
         self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
         self._guessed = self._guess_hits = self._wasted = 0
-        self.cache: ExpertCache | SharedBuffers = (
-            ExpertCache(layout, self.budget.budget_bytes, POLICIES[options.policy], pages=pages)
-            if self.budget.budget_bytes > 0
-            else SharedBuffers(layout, sets=buffer_sets)
-        )
+        policy = POLICIES[options.policy]
+        self.cache: SlotCache | ExpertCache | SharedBuffers
+        if self.budget.budget_bytes <= 0:
+            self.cache = SharedBuffers(layout, sets=buffer_sets)
+        elif slots and not slots_refusal(layout):
+            self.cache = SlotCache(layout, self.budget.budget_bytes, policy)
+        else:
+            self.cache = ExpertCache(layout, self.budget.budget_bytes, policy, pages=pages)
         # The reader comes last: its lanes and fds would outlive a constructor that raised after it.
         try:
             self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
@@ -105,10 +114,25 @@ class Streamer:
         t: ExpertTensor | None = self._by_name.get(name)
         if t is None:
             return None
+        if isinstance(self.cache, SlotCache):
+            return Binding(t.name, t.il, t.proj, t.nbytes, self.cache.data_addr(t), self.cache.n_slots,
+                           self.cache.expert_stride(t))
         return Binding(t.name, t.il, t.proj, t.nbytes, self.cache.data_addr(t))
 
     def bindings(self) -> tuple[Binding, ...]:
         return tuple(b for b in (self.binding(t.name) for t in self.layout.experts) if b is not None)
+
+    @property
+    def slots(self) -> bool:
+        """Whether the expert matmuls read slots: each route's ids must be renumbered by ``slot_map``."""
+        return isinstance(self.cache, SlotCache)
+
+    def slot_map(self, il: int) -> np.ndarray:
+        """Layer ``il``'s slot of each expert (int32 [n_expert], -1 where none). After ``on_route``
+        every routed expert of ``il`` has one, and keeps it until that route's matmuls have run."""
+        if not isinstance(self.cache, SlotCache):
+            raise ValueError("slot_map: this streamer's cache has no slots")
+        return self.cache.slot_map(il)
 
     def projections(self, il: int) -> tuple[str, ...]:
         """The projections layer ``il`` streams, in the layout's order."""
@@ -132,7 +156,7 @@ class Streamer:
             self._finish_ahead()  # a guess for another layer: nothing of it serves this route (waited: stall, not mgmt)
         t0 = time.perf_counter()
         self.reader.raise_if_failed()
-        if isinstance(self.cache, ExpertCache):  # the ubatch's union, ascending, and how its tokens used it
+        if not isinstance(self.cache, SharedBuffers):  # the ubatch's union, ascending, and how its tokens used it
             experts, uses = _union(expert_ids)
         else:  # cache off: only the union (the per-token uses cost ~1 ms a token for nothing)
             experts, uses = np.unique(np.asarray(expert_ids, dtype=np.int64)), None
@@ -158,7 +182,7 @@ class Streamer:
                 wrong = len(ahead.experts) - (len(routed) - len(fresh))
                 self._guess_hits += len(routed) - len(fresh)
                 self._wasted += wrong * self._expert_bytes[il]
-                if isinstance(self.cache, ExpertCache):  # the guessed reads are cached already
+                if not isinstance(self.cache, SharedBuffers):  # the guessed reads are cached already
                     plan = new = self.cache.plan(il, routed, uses, prefetched=ahead.experts,
                                                  pinned=ahead.experts.difference(routed))
                 else:
@@ -208,7 +232,7 @@ class Streamer:
         ahead = self._ahead
         new = [e for e in ids.tolist() if ahead is None or e not in ahead.experts]
         order = self._schedule.get(il, (self._projs[il], frozenset()))[0]
-        if isinstance(self.cache, ExpertCache):
+        if not isinstance(self.cache, SharedBuffers):
             busy: list[ExpertKey] = [ExpertKey(il, e) for e in ahead.experts] if ahead is not None else []
             if r is not None:
                 self._commit(r)  # its misses count against the budget before the guess makes room
