@@ -204,7 +204,8 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {"engine": "bmoe", "load_s": time.perf_counter() - t0,
                               "load_read_bytes": proc_read_bytes() - r0}
     if not a.resident:  # what the cache actually ran on (an arch may refuse slots)
-        out["cache_memory"] = "slots" if session.streaming.streamer.slots else "pages"
+        streamer = session.streaming.streamer
+        out["cache_memory"] = "slots" if streamer.slots else "pages" if streamer.budget.budget_bytes > 0 else "off"
     decisions = []
     with session:
         for i in range(a.decisions):
