@@ -212,6 +212,24 @@ def test_slots_without_renumbering_change_logits(tiny_models: Callable[[str, str
         streamer.close()
 
 
+def test_a_matmul_before_its_renumbering_is_refused(tiny_models: Callable[[str, str], Path]) -> None:
+    """The guard behind slots: if the weights node never came (here: the hook is made to look for
+    a node no graph has), the first expert matmul stops the graph instead of reading slots by the
+    router's ids."""
+    path = tiny_models("qwen3moe", "q8_0")
+    layout = read_layout(path)
+    budget = layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0])
+    streamer = Streamer(layout, StreamOptions(), budget=Budget(budget, 0, "fixed"), warn=lambda m: None, slots=True)
+    hook = ExpertHook(streamer, lookup(layout.arch))
+    hook._route_prefix = b"no-such-node-"
+    try:
+        with pytest.raises(Exception, match="expert matmul came before its no-such-node-0"):
+            run(path, hook)
+        assert streamer.stats().n_routes == 0  # nothing was computed on a slot
+    finally:
+        streamer.close()
+
+
 def test_changed_file_is_sticky_and_aborts_decode(tiny_models: Callable[[str, str], Path], tmp_path: Path) -> None:
     path = tmp_path / "copy.gguf"
     shutil.copyfile(tiny_models("qwen3moe", "q8_0"), path)
