@@ -172,8 +172,10 @@ class NextUsePolicy(_Sizes):
       so an expert one token of a wide ubatch picked gains a small share, not a full use: a wide
       ubatch cannot pass for a hot set (scan resistance).
 
-    Per route it costs one sort of the routed layer's resident experts and a scan over the layers
-    per eviction (each layer's worst expert is kept sorted between its routes).
+    Each layer keeps its resident experts sorted, worst victim last, and re-sorts them only when
+    a route or guess must evict and the layer changed since its last sort (it was routed, or
+    experts came in) or holds other experts back now: a route that evicts nothing (every expert
+    cached, a budget not yet full) sorts nothing. An eviction then scans the layers.
     """
 
     def __init__(self, expert_bytes: Mapping[int, int], budget_bytes: int, *, recency: float = 0.15,
@@ -193,10 +195,11 @@ class NextUsePolicy(_Sizes):
         self._stats: dict[int, dict[int, list[float]]] = {il: {} for il in self._layers}
         self._resident: dict[int, set[int]] = {il: set() for il in self._layers}
         # per layer: resident experts that may be evicted, best victim last, and that victim's
-        # L * (1/q - 1) (None: not computed); rebuilt at the layer's own routes
+        # L * (1/q - 1) (None: not computed); rebuilt only when an eviction needs them (_refresh)
         self._cands: dict[int, list[int]] = {il: [] for il in self._layers}
         self._far: dict[int, float | None] = dict.fromkeys(self._layers)
-        self._stale: set[int] = set()  # layers whose candidates still leave out a route's or guess's experts
+        self._held: dict[int, frozenset[int]] = dict.fromkeys(self._layers, frozenset())  # what each list leaves out
+        self._dirty: set[int] = set(self._layers)  # layers routed, or given experts, since their list was sorted
 
     def is_resident(self, key: ExpertKey) -> bool:
         return key.expert in self._resident.get(key.layer, ())
@@ -215,9 +218,6 @@ class NextUsePolicy(_Sizes):
             raise KeyError(f"layer {il} has no expert bytes in this policy")
         if len(set(experts)) != len(experts):
             raise ValueError(f"route of layer {il}: experts must be distinct, got {list(experts)}")
-        for j in self._stale:
-            self._rebuild(j, ())
-        self._stale.clear()
         uses = uses or Uses.single(len(experts))
         n = max(1, uses.n_tokens)
         t = self._clock[il] = self._clock[il] + 1
@@ -235,9 +235,8 @@ class NextUsePolicy(_Sizes):
         ahead = sum(1 for e in experts if e in prefetched and e in resident)
         hits = sum(1 for e in experts if e in resident) - ahead
         misses = [ExpertKey(il, e) for e in sorted(experts) if e not in resident]
-        self._rebuild(il, [*experts, *pinned])
-        self._stale.add(il)
-        victims = self._evict(il, self.budget_bytes - len(misses) * self.expert_bytes[il])
+        self._dirty.add(il)  # its experts' odds moved
+        victims = self._evict(il, self.budget_bytes - len(misses) * self.expert_bytes[il], {il: [*experts, *pinned]})
         self.hits += hits
         self.misses += ahead
         self.evictions += len(victims)
@@ -251,18 +250,17 @@ class NextUsePolicy(_Sizes):
         for k in busy:
             held.setdefault(k.layer, []).append(k.expert)
         held.setdefault(il, []).extend(experts)
-        for j in self._stale | set(held):  # a layer's candidates leave out exactly what is held now
-            self._rebuild(j, held.get(j, ()))
-        self._stale = set(held)
         resident, stats, t = self._resident[il], self._stats[il], self._clock[il]
         missing = [ExpertKey(il, e) for e in sorted(set(experts)) if e not in resident]
         for key in missing:  # never routed yet: as if picked once, a visit ago, by no token's share
             stats.setdefault(key.expert, [0.0, t, t - 1])
         # Layer il's route is next: its resident experts the guess left out are one route away
         # (its route may still pick them), not a whole cycle as after a route of il.
-        victims = self._evict(il, self.budget_bytes - len(missing) * self.expert_bytes[il], ahead=True)
+        victims = self._evict(il, self.budget_bytes - len(missing) * self.expert_bytes[il], held, ahead=True)
         for key in missing:
             resident.add(key.expert)
+        if missing:
+            self._dirty.add(il)
         self.resident_bytes += len(missing) * self.expert_bytes[il]
         self.evictions += len(victims)
         return missing, victims
@@ -272,8 +270,7 @@ class NextUsePolicy(_Sizes):
             self._resident[key.layer].add(key.expert)
             self.resident_bytes += self.expert_bytes[key.layer]
         self.misses += len(misses)
-        if misses:
-            self._stale.add(il)
+        self._dirty.update(key.layer for key in misses)
 
     def clear(self) -> None:
         for il in self._layers:
@@ -281,19 +278,34 @@ class NextUsePolicy(_Sizes):
             self._cands[il] = []
             self._far[il] = None
         self.resident_bytes = 0
-        self._stale.clear()
+        self._dirty = set(self._layers)
 
-    def _rebuild(self, il: int, pinned: Sequence[int]) -> None:
-        pin = set(pinned)
+    def _refresh(self, held: Mapping[int, Collection[int]]) -> None:
+        """Make every layer's list the resident experts it may give up now, worst last: all but
+        ``held[j]``. A list is sorted again only if its layer changed since, or holds back other
+        experts: a layer's odds move only at its own routes, so a list sorted earlier is in the
+        order a sort now would give."""
+        for j in self._layers:
+            pin = frozenset(held.get(j, ()))
+            if j in self._dirty or self._held[j] != pin:
+                self._rebuild(j, pin)
+        self._dirty.clear()
+
+    def _rebuild(self, il: int, pin: frozenset[int]) -> None:
         stats = self._stats[il]
         self._cands[il] = sorted((e for e in self._resident[il] if e not in pin),
                                  key=lambda e: (self.q(il, e), stats[e][2], e), reverse=True)
+        self._held[il] = pin
         self._far[il] = None
 
-    def _evict(self, il: int, target: int, *, ahead: bool = False) -> list[ExpertKey]:
-        """Evict the worst victims until ``target`` bytes are held. Distances count from layer
-        ``il``'s route (``ahead``: from the route just before it)."""
+    def _evict(self, il: int, target: int, held: Mapping[int, Collection[int]], *,
+               ahead: bool = False) -> list[ExpertKey]:
+        """Evict the worst victims, none of ``held`` (per layer), until ``target`` bytes are held.
+        Distances count from layer ``il``'s route (``ahead``: from the route just before it)."""
         victims: list[ExpertKey] = []
+        if self.resident_bytes <= target:
+            return victims
+        self._refresh(held)
         here = self._pos[il] - 1 if ahead else self._pos[il]
         while self.resident_bytes > target:
             best, worst = None, -1.0
