@@ -86,12 +86,17 @@ def test_bindings_point_every_layer_at_one_pool_with_the_slot_stride(tmp_path: P
     s.close()
 
 
-def test_a_victims_slot_is_read_into_without_release(tmp_path: Path) -> None:
+def _two_layers(tmp_path: Path, n_budget: int) -> tuple[ModelLayout, bytes, Streamer, SlotCache]:
+    """2 layers x 8 experts of 3-page slices, a slot cache of ``n_budget`` experts."""
     layout, data = make_layout(tmp_path, n_layer=2, n_expert=8, slice_nbytes=3 * PAGE)
-    per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(), budget=Budget(2 * per, 0, "fixed"), slots=True)
-    cache = s.cache
-    assert isinstance(cache, SlotCache)
+    s = Streamer(layout, StreamOptions(), budget=Budget(n_budget * layout.expert_nbytes_in_layer(0), 0, "fixed"),
+                 slots=True)
+    assert isinstance(s.cache, SlotCache)
+    return layout, data, s, s.cache
+
+
+def test_a_victims_slot_is_read_into_without_release(tmp_path: Path) -> None:
+    layout, data, s, cache = _two_layers(tmp_path, 2)
     s.on_route(0, np.array([[3, 4]]))
     k3, k4 = cache.slot_of(ExpertKey(0, 3)), cache.slot_of(ExpertKey(0, 4))
     assert {k3, k4} == {0, 1}  # the lowest free slots
@@ -106,11 +111,7 @@ def test_a_victims_slot_is_read_into_without_release(tmp_path: Path) -> None:
 
 
 def test_a_slot_nobody_takes_is_released(tmp_path: Path) -> None:
-    layout, _ = make_layout(tmp_path, n_layer=2, n_expert=8, slice_nbytes=3 * PAGE)
-    per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(), budget=Budget(3 * per, 0, "fixed"), slots=True)
-    cache = s.cache
-    assert isinstance(cache, SlotCache)
+    _, _, s, cache = _two_layers(tmp_path, 3)
     s.on_route(0, np.arange(8).reshape(4, 2))  # a wide route of all 8: over budget for now
     assert cache.high_water == 8
     s.on_route(1, np.array([[0]]))  # back under budget: 6 victims, 1 newcomer
