@@ -415,7 +415,7 @@ class ExpertHook:
                 raise HookError(f"{node.name!r} has no ids source; cannot renumber it to slots")
         if il == self._first_layer:
             self._renumbered.clear()  # a new graph (each ubatch of a llama_decode is one)
-        s = GgmlTensor.from_address(t)
+        s = GgmlTensor.from_address(t) if self.slots else node
         k, n_tokens = int(s.ne[0]), int(s.ne[1])
         if s.type != GGML_TYPE_I32 or s.nb[0] != 4 or s.ne[2] != 1 or s.ne[3] != 1:
             raise HookError(f"{s.name!r} is not an int32 [n_expert_used, n_tokens] tensor "

@@ -379,6 +379,11 @@ class ExpertCache(_PolicyCache):
                 self.released_bytes += sl.buf.release(lo, hi)
 
 
+def _pool_of(t: ExpertTensor) -> tuple[str, int]:
+    """The slot pool ``t``'s experts live in: one per (projection, slice bytes)."""
+    return t.proj, t.slice_nbytes
+
+
 def slots_refusal(layout: ModelLayout) -> str:
     """Why ``layout`` cannot run a SlotCache ("" where it can): the slots renumber the routed ids
     the expert matmuls read, so nothing else in the graph may gather by them."""
@@ -418,11 +423,12 @@ class SlotCache(_PolicyCache):
         self.n_slots = n_slots if n_slots is not None else min(most, budget_bytes // smallest + 2 * layout.n_expert)
         if not 0 < self.n_slots <= most:
             raise ValueError(f"SlotCache: n_slots must be in 1..{most}, got {self.n_slots}")
-        keys = sorted({(t.proj, t.slice_nbytes) for t in layout.experts})
+        keys = sorted({_pool_of(t) for t in layout.experts})
         self.stride = {k: _round_up(k[1], PAGE) + PAGE for k in keys}
         self._buffers = _map_buffers({k: self.n_slots * self.stride[k] for k in keys})
-        # per layer, per tensor (layout order): (tensor, its pool key)
-        self._pools = {il: tuple((t, (t.proj, t.slice_nbytes)) for t in ts) for il, ts in self._tensors.items()}
+        # per layer, per tensor (layout order): (tensor, its pool key); and the set of those pools
+        self._pools = {il: tuple((t, _pool_of(t)) for t in ts) for il, ts in self._tensors.items()}
+        self._pool_set = {il: frozenset(pool for _, pool in ps) for il, ps in self._pools.items()}
         self._slot: dict[ExpertKey, int] = {}
         self._free = list(range(self.n_slots))  # a heap: the lowest free slot first
         self._map = {il: np.full(layout.n_expert, -1, dtype=np.int32) for il in layout.layers}
@@ -430,11 +436,11 @@ class SlotCache(_PolicyCache):
         self.high_water = 0    # most slots in use at once
 
     def data_addr(self, t: ExpertTensor) -> int:
-        return self._buffers[(t.proj, t.slice_nbytes)].data_addr(t)
+        return self._buffers[_pool_of(t)].data_addr(t)
 
     def expert_stride(self, t: ExpertTensor) -> int:
         """The bytes between two slots of ``t``'s pool: its ggml ``nb[2]``."""
-        return self.stride[(t.proj, t.slice_nbytes)]
+        return self.stride[_pool_of(t)]
 
     def slot_map(self, il: int) -> np.ndarray:
         """Layer ``il``'s slot of each expert (-1: none), int32 [n_expert]; live, do not write."""
@@ -465,7 +471,7 @@ class SlotCache(_PolicyCache):
         for key in incoming:
             if freed:
                 k, old = freed.pop()
-                mine = {pool for _, pool in self._pools[key.layer]}
+                mine = self._pool_set[key.layer]
                 for _, pool in self._pools[old]:
                     if pool in mine:
                         self.reused_bytes += self.stride[pool]

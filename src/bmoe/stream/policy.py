@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from typing import Collection, Mapping, Protocol, Sequence
 
 
+_NOTHING: frozenset[int] = frozenset()  # a layer's list that holds no expert back
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class ExpertKey:
     layer: int
@@ -198,7 +201,7 @@ class NextUsePolicy(_Sizes):
         # L * (1/q - 1) (None: not computed); rebuilt only when an eviction needs them (_refresh)
         self._cands: dict[int, list[int]] = {il: [] for il in self._layers}
         self._far: dict[int, float | None] = dict.fromkeys(self._layers)
-        self._held: dict[int, frozenset[int]] = dict.fromkeys(self._layers, frozenset())  # what each list leaves out
+        self._held: dict[int, frozenset[int]] = dict.fromkeys(self._layers, _NOTHING)  # what each list leaves out
         self._dirty: set[int] = set(self._layers)  # layers routed, or given experts, since their list was sorted
 
     def is_resident(self, key: ExpertKey) -> bool:
@@ -286,7 +289,7 @@ class NextUsePolicy(_Sizes):
         experts: a layer's odds move only at its own routes, so a list sorted earlier is in the
         order a sort now would give."""
         for j in self._layers:
-            pin = frozenset(held.get(j, ()))
+            pin = frozenset(held[j]) if j in held else _NOTHING
             if j in self._dirty or self._held[j] != pin:
                 self._rebuild(j, pin)
         self._dirty.clear()
