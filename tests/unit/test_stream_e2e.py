@@ -17,7 +17,7 @@ import pytest
 
 import llama_cpp  # noqa: E402
 
-from bmoe.llama.expert_hook import ExpertHook  # noqa: E402
+from bmoe.llama.expert_hook import ExpertHook, HookError  # noqa: E402
 from bmoe.stream import StreamOptions, Streamer, lookup, read_layout  # noqa: E402
 from bmoe.stream.cache import DEFAULT_POLICY, SlotCache  # noqa: E402
 from bmoe.stream.options import Budget  # noqa: E402
@@ -48,8 +48,10 @@ class Recorder:
             self.inner.on_route(il, ids)
 
 
-def run(path: Path, hook: ExpertHook | None, n_ubatch: int = 512) -> tuple[list[int], np.ndarray]:
-    """Greedy-generate N_GEN tokens after PROMPT; returns tokens and every step's logits."""
+def run(path: Path, hook: ExpertHook | None, n_ubatch: int = 512,
+        rcs: list[int] | None = None) -> tuple[list[int], np.ndarray]:
+    """Greedy-generate N_GEN tokens after PROMPT; returns tokens and every step's logits
+    (``rcs`` collects each llama_decode's return code)."""
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
     mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
@@ -79,6 +81,8 @@ def run(path: Path, hook: ExpertHook | None, n_ubatch: int = 512) -> tuple[list[
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i == len(feed) - 1
             rc = llama_cpp.llama_decode(ctx, batch)
+            if rcs is not None:
+                rcs.append(rc)
             if hook is not None:
                 hook.raise_if_failed()
             assert rc == 0
@@ -226,6 +230,22 @@ def test_a_matmul_before_its_renumbering_is_refused(tiny_models: Callable[[str, 
         with pytest.raises(Exception, match="expert matmul came before its no-such-node-0"):
             run(path, hook)
         assert streamer.stats().n_routes == 0  # nothing was computed on a slot
+    finally:
+        streamer.close()
+
+
+def test_a_kept_error_aborts_llama_decode(tiny_models: Callable[[str, str], Path]) -> None:
+    path = tiny_models("qwen3moe", "q8_0")
+    layout = read_layout(path)
+    streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
+    hook = ExpertHook(streamer, lookup(layout.arch))
+    hook.error = HookError("kept from an earlier call")
+    rcs: list[int] = []
+    try:
+        with pytest.raises(HookError, match="kept from an earlier call"):
+            run(path, hook, rcs=rcs)
+        assert rcs == [2]  # llama_decode: aborted, before any node ran (no route was taken)
+        assert hook.n_routes == 0
     finally:
         streamer.close()
 

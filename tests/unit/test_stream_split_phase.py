@@ -138,3 +138,35 @@ def test_schedule_must_fit_the_layer(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not fit layer 9"):
         s.set_schedule(9, ORDER, ())
     s.close()
+
+
+def test_a_route_of_cached_experts_queues_nothing_and_is_recorded_at_once(tmp_path: Path) -> None:
+    layout, _ = make_layout(tmp_path)
+    s = Streamer(layout, StreamOptions(io_threads=2), budget=Budget(layout.expert_nbytes, 0, "fixed"))
+    s.set_schedule(0, ORDER, {DOWN})
+    s.on_route(0, np.array([[1, 6]]))
+    s.drain()
+    submitted: list[object] = []
+    inner = s.reader.submit
+    s.reader.submit = lambda *a, **kw: submitted.append(a) or inner(*a, **kw)  # type: ignore[method-assign]
+    s.on_route(0, np.array([[6, 1]]))  # both cached: a deferred projection has nothing to wait for
+    assert submitted == [] and s.pending == ()
+    st = s.stats()
+    assert (st.routed, st.hits, st.misses, st.n_routes) == (4, 2, 2, 2)
+    assert st.read_bytes == 2 * layout.expert_nbytes_in_layer(0)
+    s.on_route(0, np.array([[1, 3]]))  # one miss: read as before
+    assert len(submitted) == 1
+    s.drain()
+    assert s.stats().n_routes == 3 and s.stats().misses == 3
+    s.close()
+
+
+@pytest.mark.parametrize("rows", [[[5, 2, 5]], [5, 2, 5], [[7]], [[3, 1], [1, 4], [3, 3]]])
+def test_a_routes_union_counts_each_experts_tokens_and_last_row(rows: list) -> None:
+    from bmoe.stream.streamer import _union
+    experts, uses = _union(np.array(rows))
+    grid = np.array(rows).reshape(-1, np.array(rows).shape[-1])
+    assert experts.tolist() == sorted(set(grid.ravel().tolist()))
+    assert uses.n_tokens == grid.shape[0]
+    assert list(uses.counts) == [int((grid == e).sum()) for e in experts]
+    assert list(uses.last) == [max(i for i, r in enumerate(grid) if e in r) for e in experts]

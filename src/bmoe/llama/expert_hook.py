@@ -6,9 +6,10 @@ answering True for a node makes it compute everything up to that node, synchroni
 
 - answers True only for the routing nodes ``ffn_moe_topk-<il>``; on their data call it reads
   the selected expert ids ``# [n_tokens, n_expert_used]`` and calls ``streamer.on_route``;
-- on the ask call of an expert matmul node (``ffn_moe_*``, or any MUL_MAT_ID: where an arch
-  scales an expert's output, as gemma4's ``ffn_down_exps.scale``, the builder gives the name to
-  the scaling MUL and leaves the matmul unnamed), which comes before that node is computed,
+- on the ask call of an expert matmul node (any MUL_MAT_ID, and until every streamed weight is
+  bound any ``ffn_moe_*`` node too: where an arch scales an expert's output, as gemma4's
+  ``ffn_down_exps.scale``, the builder gives the name to the scaling MUL and leaves the matmul
+  unnamed), which comes before that node is computed,
   rebinds the stacked expert weight among its sources (``src[0]`` of MUL_MAT_ID)
   onto the streamer's buffer. Weight tensors belong to the model, so a rebind lasts for the
   model's life and later graphs (any ubatch size) reuse it.
@@ -151,9 +152,13 @@ class ExpertHook:
         self.slots = bool(streamer.slots)
         self._route_prefix = ((WEIGHTS_NODE if self.slots else entry.route_node) + "-").encode()
         self._renumbered: set[int] = set()  # layers whose ids this graph renumbered (slots)
+        self._route_il: dict[bytes, int] = {}  # route node name -> its layer
         self._name_probe = max(len(self._route_prefix), len(_MOE_PREFIX))
         self._checked: set[int] = set()          # weight pointers already looked at
         self._bound: dict[str, int] = {}         # tensor name -> address it now points to
+        self._n_bindings = len(streamer.bindings())
+        # Until every streamed weight is bound, any ffn_moe_* node is looked at, not only MUL_MAT_ID.
+        self._unbound = self._n_bindings > 0
         self.error: EngineFailure | None = None
         # Split phase: what the first graph taught us, per layer.
         self.overlap = overlap
@@ -250,12 +255,9 @@ class ExpertHook:
                         self._inp[pair[0]] = (t, pair[1])
                         self.inp_found.add(pair[0])
                     return False
-                if head.startswith(_MOE_PREFIX) or ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id:
-                    self._bind_sources(t)
-                    if self.slots:
-                        self._check_renumbered(t)
-                    if self._learning or self._stops:
-                        self._consumer(t, prev)
+                if ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id or (
+                        self._unbound and head.startswith(_MOE_PREFIX)):
+                    self._matmul(t, prev)
                 if self._stops:
                     stop = self._stops[0][0]
                     if ctypes.string_at(t + NAME_OFFSET, len(stop)) == stop:
@@ -330,12 +332,22 @@ class ExpertHook:
         finally:
             self.route_s += time.perf_counter() - r0
 
-    def _consumer(self, node: int, prev: int) -> None:
-        """``node`` is an ``ffn_moe_*`` node: if it reads a streamed weight, learn from it (first
-        graph) and make sure that projection is not still being read (any graph)."""
+    def _matmul(self, node: int, prev: int) -> None:
+        """``node`` is a MUL_MAT_ID (or, until every streamed weight is bound, any ``ffn_moe_*``
+        node): bind the streamed weights among its sources; if it reads one, check its layer was
+        renumbered (slots), learn from it (first graph) and make sure that projection is not still
+        being read (any graph)."""
+        self._bind_sources(node)
         key = self._weights.get(ctypes.c_void_p.from_address(node + SRC_OFFSET).value or 0)
         if key is None:
             return
+        if self.slots and key[0] not in self._renumbered:
+            raise HookError(f"layer {key[0]}'s expert matmul came before its {self._route_prefix.decode()}{key[0]} "
+                            "node, where the routed ids are renumbered to slots; refusing to compute it")
+        if self._learning or self._stops:
+            self._consumer(node, prev, key)
+
+    def _consumer(self, node: int, prev: int, key: tuple[int, str]) -> None:
         il, proj = key
         if self._learning:
             self._learn(il, proj, prev)
@@ -364,14 +376,6 @@ class ExpertHook:
                 set(v) == self._layer_projs[k] for k, v in self._seen.items()):
             self._learning = False
 
-    def _check_renumbered(self, node: int) -> None:
-        """With slots, a matmul on a streamed weight must come after its layer's ids were renumbered
-        in this graph: on the expert ids it would read other experts' slots."""
-        key = self._weights.get(ctypes.c_void_p.from_address(node + SRC_OFFSET).value or 0)
-        if key is not None and key[0] not in self._renumbered:
-            raise HookError(f"layer {key[0]}'s expert matmul came before its {self._route_prefix.decode()}{key[0]} "
-                            "node, where the routed ids are renumbered to slots; refusing to compute it")
-
     def _bind_sources(self, node: int) -> None:
         for i in range(_N_SRC_CHECKED):
             src = ctypes.c_void_p.from_address(node + SRC_OFFSET + 8 * i).value
@@ -395,6 +399,7 @@ class ExpertHook:
             ctypes.c_void_p.from_address(src + DATA_OFFSET).value = b.data_addr
             self._bound[name] = b.data_addr
             self._weights[src] = (b.il, b.proj)
+            self._unbound = len(self._bound) < self._n_bindings
 
     def _ids_words(self, t: int, s: GgmlTensor, n_words: int) -> ctypes.Array:
         """The view's words: in place on the host, copied out when a prefill device computed them
@@ -406,9 +411,16 @@ class ExpertHook:
         lib.ggml_backend_tensor_get(t, out, 0, 4 * n_words)
         return out
 
+    def _layer_of(self, node: GgmlTensor) -> int:
+        name = node.name
+        il = self._route_il.get(name)
+        if il is None:
+            il = self._route_il[name] = int(name[len(self._route_prefix):])
+        return il
+
     def _route(self, t: int) -> None:
         node = GgmlTensor.from_address(t)
-        il = int(node.name[len(self._route_prefix):])
+        il = self._layer_of(node)
         if self.slots:  # the gathered weights: get_rows(probs, ids), the ids its second source
             t = ctypes.c_void_p.from_address(t + SRC_OFFSET + 8).value or 0
             if not t:
@@ -429,8 +441,8 @@ class ExpertHook:
         if self.slots and not self.ggml.lib.ggml_backend_buffer_is_host(s.buffer):
             raise HookError(f"the ids of layer {il} were computed off the host; slots renumber them in place")
         # The ids are a view into the argsort result: rows are nb[1] bytes apart, not k*4.
-        flat = np.ctypeslib.as_array(self._ids_words(t, s, (n_tokens - 1) * row // 4 + k))
-        live = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, k), strides=(row, 4))  # [n_tokens, k]
+        words = self._ids_words(t, s, (n_tokens - 1) * row // 4 + k)
+        live = np.ndarray((n_tokens, k), np.int32, words, strides=(row, 4))  # [n_tokens, k], in place
         ids = live.copy()
         self._stops.clear()
         try:

@@ -175,7 +175,7 @@ class Streamer:
             if ahead is None:
                 plan = self.cache.plan(il, experts.tolist(), uses)
                 parts: tuple[tuple[Batch, tuple[str, ...]], ...] = (
-                    (self.reader.submit([plan.ops_of(p) for p in order]), order),)
+                    ((self.reader.submit([plan.ops_of(p) for p in order]), order),) if plan.ops else ())
             else:
                 routed = experts.tolist()
                 fresh = [e for e in routed if e not in ahead.experts]
@@ -200,6 +200,9 @@ class Streamer:
         busy = frozenset(experts.tolist()) | (ahead.experts if ahead is not None else frozenset())
         self._inflight = self._last = _Route(il, plan, len(experts), order, parts, busy)
         self._mgmt_s += time.perf_counter() - t0
+        if not parts:  # every expert was cached: nothing to read or wait for
+            self._finish(self._inflight)
+            return
         for p in order:
             if p not in deferred:
                 self.wait(p)
@@ -282,12 +285,16 @@ class Streamer:
             self._stop_all()  # nothing of it is in flight now; its misses are not recorded
             raise
         if r.done:
-            t0 = time.perf_counter()
-            self._inflight = None
-            self._commit(r)
-            self._routed += r.n_experts
-            self._n_routes += 1
-            self._mgmt_s += time.perf_counter() - t0
+            self._finish(r)
+
+    def _finish(self, r: "_Route") -> None:
+        """``r``'s reads are all in place: record it, and nothing is in flight any more."""
+        t0 = time.perf_counter()
+        self._inflight = None
+        self._commit(r)
+        self._routed += r.n_experts
+        self._n_routes += 1
+        self._mgmt_s += time.perf_counter() - t0
 
     def _commit(self, r: "_Route") -> None:
         """Record ``r``'s misses in the cache, once (after its last wait, or earlier for an early guess)."""
@@ -362,6 +369,10 @@ def _union(expert_ids: np.ndarray) -> tuple[np.ndarray, Uses]:
     if ids.size == 0:
         return ids.reshape(0), Uses(1, [], [])
     rows = ids.reshape(1, -1) if ids.ndim < 2 else ids.reshape(-1, ids.shape[-1])
+    if rows.shape[0] == 1:  # one token (decode): a few ids, where np.unique's machinery is most of the route's cost
+        row = rows[0].tolist()
+        experts = sorted(set(row))
+        return np.array(experts, dtype=np.int64), Uses(1, [row.count(e) for e in experts], [0] * len(experts))
     experts, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
     last = np.full(experts.size, -1, dtype=np.int64)
     np.maximum.at(last, inverse.reshape(-1), np.repeat(np.arange(rows.shape[0], dtype=np.int64), rows.shape[1]))
