@@ -316,8 +316,8 @@ class ExpertHook:
             il = self._next[s.name]
         g0 = time.perf_counter()
         n_embd, n_tokens, row = int(s.ne[0]), int(s.ne[1]), int(s.nb[1])
-        flat = np.ctypeslib.as_array((ctypes.c_float * ((n_tokens - 1) * row // 4 + n_embd)).from_address(s.data))
-        h = np.lib.stride_tricks.as_strided(flat, shape=(n_tokens, n_embd), strides=(row, 4))  # [n_tokens, n_embd]
+        words = (ctypes.c_float * ((n_tokens - 1) * row // 4 + n_embd)).from_address(s.data)
+        h = np.ndarray((n_tokens, n_embd), np.float32, words, strides=(row, 4))  # [n_tokens, n_embd], in place
         ids = self.guess.guess(il, h)  # type: ignore[union-attr]
         self.guess_s += time.perf_counter() - g0
         self._streamer_call(self.streamer.prefetch, il, ids, early=early)
