@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -180,17 +181,27 @@ def test_evicting_cache_is_bit_identical(tiny_models: Callable[[str, str], Path]
         streamer.close()
 
 
+@contextmanager
+def _streamer(path: Path, *, slots: bool = False) -> Iterator[Streamer]:
+    """A streamer of ``path``, closed afterwards: the cache off, or with ``slots`` a slot cache of
+    one layer's experts over the floor (so it evicts)."""
+    layout = read_layout(path)
+    budget = (Budget(layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0]), 0, "fixed")
+              if slots else Budget(0, 0, "off"))
+    streamer = Streamer(layout, StreamOptions(), budget=budget, warn=lambda m: None, slots=slots)
+    try:
+        yield streamer
+    finally:
+        streamer.close()
+
+
 def test_sabotaged_streamer_changes_logits(tiny_models: Callable[[str, str], Path]) -> None:
     """Proof that the matmuls read bmoe's buffers: if nothing is read, the output changes."""
     path = tiny_models("qwen3moe", "q8_0")
-    layout = read_layout(path)
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
-    hook = ExpertHook(Recorder(streamer, sabotage=True), lookup(layout.arch))
-    try:
+    with _streamer(path) as streamer:
+        hook = ExpertHook(Recorder(streamer, sabotage=True), lookup(streamer.layout.arch))
         _, logits = run(path, hook)
         assert not np.array_equal(logits, plain(path)[1])
-    finally:
-        streamer.close()
 
 
 class _Unnumbered(Recorder):
@@ -204,16 +215,11 @@ def test_slots_without_renumbering_change_logits(tiny_models: Callable[[str, str
     """Proof that the renumbering is what makes slots exact: the same slots read by the router's
     own ids give other logits (the experts' bytes sit in other slots than their ids)."""
     path = tiny_models("qwen3moe", "q8_0")
-    layout = read_layout(path)
-    budget = layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0])
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(budget, 0, "fixed"), warn=lambda m: None, slots=True)
-    hook = ExpertHook(_Unnumbered(streamer), lookup(layout.arch))
-    try:
+    with _streamer(path, slots=True) as streamer:
+        hook = ExpertHook(_Unnumbered(streamer), lookup(streamer.layout.arch))
         assert hook.slots
         _, logits = run(path, hook)
         assert not np.array_equal(logits, plain(path)[1])
-    finally:
-        streamer.close()
 
 
 def test_a_matmul_before_its_renumbering_is_refused(tiny_models: Callable[[str, str], Path]) -> None:
@@ -221,50 +227,37 @@ def test_a_matmul_before_its_renumbering_is_refused(tiny_models: Callable[[str, 
     a node no graph has), the first expert matmul stops the graph instead of reading slots by the
     router's ids."""
     path = tiny_models("qwen3moe", "q8_0")
-    layout = read_layout(path)
-    budget = layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0])
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(budget, 0, "fixed"), warn=lambda m: None, slots=True)
-    hook = ExpertHook(streamer, lookup(layout.arch))
-    hook._route_prefix = b"no-such-node-"
-    try:
+    with _streamer(path, slots=True) as streamer:
+        hook = ExpertHook(streamer, lookup(streamer.layout.arch))
+        hook._route_prefix = b"no-such-node-"
         with pytest.raises(Exception, match="expert matmul came before its no-such-node-0"):
             run(path, hook)
         assert streamer.stats().n_routes == 0  # nothing was computed on a slot
-    finally:
-        streamer.close()
 
 
 def test_a_kept_error_aborts_llama_decode(tiny_models: Callable[[str, str], Path]) -> None:
     path = tiny_models("qwen3moe", "q8_0")
-    layout = read_layout(path)
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
-    hook = ExpertHook(streamer, lookup(layout.arch))
-    hook.error = HookError("kept from an earlier call")
-    rcs: list[int] = []
-    try:
+    with _streamer(path) as streamer:
+        hook = ExpertHook(streamer, lookup(streamer.layout.arch))
+        hook.error = HookError("kept from an earlier call")
+        rcs: list[int] = []
         with pytest.raises(HookError, match="kept from an earlier call"):
             run(path, hook, rcs=rcs)
         assert rcs == [2]  # llama_decode: aborted, before any node ran (no route was taken)
         assert hook.n_routes == 0
-    finally:
-        streamer.close()
 
 
 def test_changed_file_is_sticky_and_aborts_decode(tiny_models: Callable[[str, str], Path], tmp_path: Path) -> None:
     path = tmp_path / "copy.gguf"
     shutil.copyfile(tiny_models("qwen3moe", "q8_0"), path)
-    layout = read_layout(path)
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
-    hook = ExpertHook(streamer, lookup(layout.arch))
-    path.touch()  # same bytes, new mtime: the file "changed under the session"
-    try:
+    with _streamer(path) as streamer:
+        hook = ExpertHook(streamer, lookup(streamer.layout.arch))
+        path.touch()  # same bytes, new mtime: the file "changed under the session"
         with pytest.raises(Exception, match="changed while streaming"):
             run(path, hook)
         assert hook.error is not None and streamer.error is not None
         with pytest.raises(Exception, match="changed while streaming"):
-            streamer.on_route(layout.layers[0], np.array([[0, 1]]))
-    finally:
-        streamer.close()
+            streamer.on_route(streamer.layout.layers[0], np.array([[0, 1]]))
 
 
 def _read_bytes() -> int:
