@@ -14,7 +14,7 @@ the decode hit % of three policies, with the accounting of the traces' README:
   the header; eviction runs after the batch and never evicts what the batch touched;
 - the hit % is decode hits / decode lookups (the prefill only fills the cache).
 
-``bmoe`` is the class bmoe's streamer runs (``bmoe.stream.cache.DEFAULT_POLICY``), driven as
+``bmoe`` is the class bmoe's streamer runs (``bmoe.stream.policy.DEFAULT_POLICY``), driven as
 ExpertCache drives it: ``plan(layer, distinct experts, uses)`` then ``admit``; a prefill batch
 hands it each expert's token count and last token, as ``Streamer.on_route`` does. ``lru`` is
 global LRU with the C++ replay's order inside a batch (token by token, slot by slot; a repeat
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bmoe.stream.cache import DEFAULT_POLICY
+from bmoe.stream.policy import DEFAULT_POLICY
 from bmoe.stream.policy import CachePolicy, ExpertKey, Uses
 
 MIB = 1 << 20

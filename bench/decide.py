@@ -36,7 +36,7 @@ import numpy as np
 from bmoe.config import SessionConfig
 from bmoe.runtime.decide import saved_bytes
 from bmoe.decide.port import KeptState
-from bmoe.decide.prefix_cache import KeptPrefix, LastPrefixCache
+from bmoe.decide.kept_prefix import KeptPrefix, LastPrefixStore
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.session import Session
@@ -167,13 +167,13 @@ def _expect(result: DecideResult, reuse: str) -> DecideResult:
 
 class Bench:
     def __init__(self, session: Session) -> None:
-        if session.decider is None or not session.decider.policy.prefix_cache:
+        if session.decider is None or not session.decider.policy.keep_prefix:
             raise ValueError("the session needs decide on and a prefix cache")
         self.s = session
         self.backend = session.decider.backend
         cache = session.decider.cache
-        if not isinstance(cache, LastPrefixCache):
-            raise TypeError("the benchmark resets the kept state through LastPrefixCache")
+        if not isinstance(cache, LastPrefixStore):
+            raise TypeError("the benchmark resets the kept state through LastPrefixStore")
         self.cache = cache
         self._ids = iter(range(1, 1 << 30))
 

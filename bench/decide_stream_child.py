@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", action="store_true")
     ap.add_argument("--wide-tokens", type=int, default=0, help="with --prefetch: --prefetch-wide-tokens (0: the rule)")
     ap.add_argument("--dense-weights", choices=("anon", "mmap"), default="anon")
-    from bmoe.config import CACHE_POLICIES
+    from bmoe.stream.policy import POLICIES
 
-    ap.add_argument("--cache-policy", choices=CACHE_POLICIES, default="next-use",
+    ap.add_argument("--cache-policy", choices=list(POLICIES), default="next-use",
                     help="bmoe with --cache-mb: which experts the cache keeps")
     ap.add_argument("--cache-memory", choices=("slots", "pages"), default="slots",
                     help="bmoe with --cache-mb: slots (the default) or page moves (BMOE_CACHE_SLOTS=0)")

@@ -1,8 +1,14 @@
-"""Session: the public face over one Runtime.
+"""Session: the public face over one Runtime, and the one door the edges use into the engine.
 
 One request runs at a time (a lock); cancel() may come from any thread and takes effect at the
 next decode boundary. A refused request raises RequestError before anything in the session
 changes. A streaming failure is sticky: every later call raises the same StreamFailedError.
+
+The edges (bmoe-cli, bmoe-server, bmoe-eval, bmoe-batch and bmoe.ray.data) import the engine's
+records and facts from here, never from ``bmoe.runtime``, ``bmoe.llama`` or ``bmoe.stream``: the
+requests and results, ``Message``, a config's ``footprint``, and what needs no model at all (the
+streamable architectures, the devices, the dense twins' garbage collection). An import-linter
+contract holds them to it (pyproject.toml).
 """
 from __future__ import annotations
 
@@ -20,12 +26,24 @@ from .errors import EngineFailure, RequestError, SessionClosedError, StreamFaile
 from .llama.model import LlamaModel
 from .runtime.chat import ChatRenderer, Message
 from .runtime.decide import DecideService
-from .runtime.results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step
-from .runtime.kv import KvCache
+from .llama.devices import format_devices, list_devices
+from .runtime.footprint import Footprint, footprint
+from .runtime.results import (
+    GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, check_generate,
+)
+from .runtime.scoring import TOP_CAP
+from .runtime.kv import KvSequence
 from .runtime.runtime import Runtime
-from .runtime.streaming import StreamRuntime
+from .runtime.streaming import ExpertStreaming
+from .stream import format_archs
 from .stream.stats import StreamStats
-from .wire.protocol import validate_generate
+from .stream.twin import default_twin_dir, gc_twins
+
+__all__ = [
+    "DECIDE_OFF", "TOP_CAP", "DecideRequest", "DecideResult", "Footprint", "GenerateRequest", "GenerateResult",
+    "Message", "PerplexityResult", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
+    "default_twin_dir", "footprint", "format_archs", "format_devices", "gc_twins", "list_devices",
+]
 
 DECIDE_OFF = "decide is off in this session: open it with --decide (SessionConfig.decide=True)"
 
@@ -57,7 +75,7 @@ class Session:
         return self.runtime.model
 
     @property
-    def kv(self) -> KvCache:
+    def kv(self) -> KvSequence:
         return self.runtime.kv
 
     @property
@@ -81,7 +99,7 @@ class Session:
         return self.runtime.load_read_bytes
 
     @property
-    def streaming(self) -> StreamRuntime | None:
+    def streaming(self) -> ExpertStreaming | None:
         """The live expert streaming of a --moe-stream session (its layout, counters, hook); None
         for a resident model."""
         return self.runtime.stream
@@ -140,7 +158,7 @@ class Session:
         sets it too. Without one, only cancel() does."""
         self._check_open()
         with self._lock, self._engine():
-            validate_generate(request)
+            check_generate(request)
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions

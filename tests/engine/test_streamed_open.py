@@ -77,12 +77,12 @@ def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(ti
 
 
 def test_a_failure_after_the_load_frees_the_model_too(tiny_models, tmp_path: Path, monkeypatch) -> None:
-    # StreamRuntime.attach runs after llama.cpp loaded the model; if it raises, the model (with its
+    # ExpertStreaming.attach runs after llama.cpp loaded the model; if it raises, the model (with its
     # anonymous dense weights) is freed along with the streamer, not left to the process.
     import pytest
 
     from bmoe.llama.model import LlamaModel
-    from bmoe.runtime.streaming import StreamRuntime
+    from bmoe.runtime.streaming import ExpertStreaming
 
     closed: list[LlamaModel] = []
     real_close = LlamaModel.close
@@ -95,7 +95,7 @@ def test_a_failure_after_the_load_frees_the_model_too(tiny_models, tmp_path: Pat
         raise ValueError("attach refused")
 
     monkeypatch.setattr(LlamaModel, "close", close)
-    monkeypatch.setattr(StreamRuntime, "attach", attach)
+    monkeypatch.setattr(ExpertStreaming, "attach", attach)
     model = tiny_models("qwen3moe", "q8_0")
     with pytest.raises(ValueError, match="attach refused"):
         Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe.decide.options import rendered
+from bmoe.decide.option_list import rendered
 from bmoe.eval import dataset
 from bmoe.eval.data import generate  # type: ignore[attr-defined]
 

@@ -313,7 +313,7 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
     computed scores, with the device and against the CPU. The policy is switched on directly so
     the CPU session keeps states the same way."""
     def keeping(s: Session) -> Session:
-        s.decider.policy = DecidePolicy(prefix_cache=True)
+        s.decider.policy = DecidePolicy(keep_prefix=True)
         return s
 
     dev, cpu = (keeping(s) for s in open_pair(arch, mode))

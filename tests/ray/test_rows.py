@@ -85,7 +85,7 @@ def test_sizing_adds_weights_kv_and_overhead() -> None:
     from bmoe.testing import smollm2_gguf_path
 
     smollm2 = smollm2_gguf_path()
-    cfg = SessionConfig(model=smollm2, decide=True, n_ctx=4096)
+    cfg = SessionConfig(model=smollm2, decide=True, n_ctx=4096, decide_batch=1)
     s = actor_sizing(cfg, num_cpus=2, flash_resource="nvme0")
     # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16 K and V: 22.5 KiB a token (docs/decide.md)
     assert s.kv == 4096 * 30 * 3 * (64 + 64) * 2 == 4096 * 22.5 * 1024
@@ -93,6 +93,9 @@ def test_sizing_adds_weights_kv_and_overhead() -> None:
     assert s.memory == s.weights + s.kv + s.overhead and s.num_cpus == 2 and s.resources == {"nvme0": 1.0}
     batched = actor_sizing(SessionConfig(model=smollm2, decide=True, n_ctx=4096, decide_batch=8, kv_f32=True))
     assert batched.kv == s.kv * 9 * 2  # 8 side sequences + the main one, f32
+    # decide_batch auto (the default) may open up to 8 side sequences: the actor is sized for them
+    assert actor_sizing(SessionConfig(model=smollm2, decide=True, n_ctx=4096)).kv == s.kv * 9
+    assert actor_sizing(SessionConfig(model=smollm2, n_ctx=4096)).kv == s.kv  # no decide: one sequence
     assert actor_sizing(cfg, memory_mb=100).memory == 100 * 2**20
 
 
@@ -100,12 +103,16 @@ def test_sizing_of_a_streamed_model(tiny_models) -> None:
     from bmoe.stream.layout import read_layout
 
     path = tiny_models("qwen3moe", "q8_0")
+    layout = read_layout(path)
     s = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb=3))
-    assert s.weights == read_layout(path).dense_nbytes + 3 * 2**20
+    # the budget, but never more than the model's experts: a bigger cache holds nothing more
+    assert s.weights == layout.dense_nbytes + min(3 * 2**20, layout.expert_nbytes)
+    huge = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb=1 << 20))
+    assert huge.weights == layout.dense_nbytes + layout.expert_nbytes
     with pytest.raises(ConfigError, match="cache_mb: auto sizes the cache"):
         actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"))
     assert actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto", cache_ceil_mb=5)).weights == \
-        read_layout(path).dense_nbytes + 5 * 2**20
+        layout.dense_nbytes + min(5 * 2**20, layout.expert_nbytes)
     # the memory given: nothing is computed, so cache_mb auto needs no ceiling
     given = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"), memory_mb=8000)
     assert (given.memory, given.weights, given.kv, given.overhead) == (8000 * 2**20, None, None, None)

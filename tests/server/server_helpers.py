@@ -10,7 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from bmoe.server.engine import Engine
+from bmoe.server.job_queue import JobQueue
 from bmoe.session import Session
 
 
@@ -40,8 +40,8 @@ class LiveServer:
         self.sock.close()
 
 
-def hold_engine(engine: Engine, extra_waiting: int = 0) -> threading.Event:
-    """Occupy the engine's worker until the returned event is set (and queue ``extra_waiting``
+def hold_queue(queue: JobQueue, extra_waiting: int = 0) -> threading.Event:
+    """Occupy the job queue's worker until the returned event is set (and queue ``extra_waiting``
     no-op jobs behind it), so a test can fill the queue deterministically."""
     started, release = threading.Event(), threading.Event()
 
@@ -50,11 +50,11 @@ def hold_engine(engine: Engine, extra_waiting: int = 0) -> threading.Event:
         release.wait(30)
 
     async def submit_gate() -> None:
-        engine.submit(gate)
+        queue.submit(gate)
 
     async def submit_extra() -> None:
         for _ in range(extra_waiting):
-            engine.submit(lambda session, job: None)
+            queue.submit(lambda session, job: None)
 
     asyncio.run(submit_gate())
     assert started.wait(10)  # running, so the extra jobs wait behind it

@@ -174,11 +174,11 @@ def test_a_client_that_leaves_mid_list_stops_the_scoring_and_is_counted(app) -> 
     client went away) after the first prompt, the second is not scored, the job ends as
     Cancelled (a 499 for nobody), and what was scored counts in the metrics."""
     from bmoe.server.completions_route import CompletionsRoute
-    from bmoe.server.engine import Cancelled, Job
+    from bmoe.server.job_queue import Cancelled, Job
     from bmoe.server.schemas import CompletionRequest
 
     session, metrics = app.state.session, app.state.metrics
-    route = CompletionsRoute(app.state.engine, metrics, "m")
+    route = CompletionsRoute(app.state.queue, metrics, "m")
     fn = route._fn(CompletionRequest(model="m", prompt=["The sea is", "The sky is"], max_tokens=1))
     job = object.__new__(Job)
     job.cancelled = __import__("threading").Event()

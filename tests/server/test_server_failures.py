@@ -33,7 +33,7 @@ def run_failing_job(app, error: BaseException) -> BaseException:
         raise error
 
     async def run():
-        ev = await app.state.engine.submit(fail).outcome()
+        ev = await app.state.queue.submit(fail).outcome()
         assert ev.kind == "error"
         return ev.value
 
@@ -61,7 +61,7 @@ def test_any_other_error_fails_only_its_request(make_app, tiny_path, error) -> N
     with TestClient(app, base_url="http://localhost") as c:
         assert run_failing_job(app, error) is error  # the request that met it gets it back
         assert c.get("/health").json() == {"status": "ok", "queue": 0}
-        assert app.state.engine.broken is None
+        assert app.state.queue.broken is None
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 

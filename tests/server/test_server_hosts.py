@@ -38,7 +38,7 @@ def test_other_hosts_are_refused_on_every_route(make_app, tiny_path, host) -> No
     with TestClient(app, base_url="http://localhost") as c:
         for method, path, body in ROUTES:
             refused(c.request(method, path, json=body, headers={"Host": host}), host)
-        assert app.state.engine.last_stats["n_past"] == 0  # nothing reached the session
+        assert app.state.queue.last_stats["n_past"] == 0  # nothing reached the session
         m = c.get("/metrics", headers={"Host": "localhost"}).text
         assert metric(m, "bmoe_http_requests_total", route="/v1/chat/completions", status="400") == 1
         assert label_sets(m, "bmoe_chat_completions_total") == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bmoe.cli import build_parser
-from bmoe.config import SESSION_FLAGS
+from bmoe.flags import SESSION_FLAGS
 from bmoe.server.main import build_server_parser, main
 
 

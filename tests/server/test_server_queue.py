@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from server_helpers import hold_engine, label_sets, metric
+from server_helpers import hold_queue, label_sets, metric
 
 from bmoe.server import ServerSettings
 
@@ -18,9 +18,9 @@ DECIDE = {"prefix": "Pick.\n", "suffix": "A or B?", "choices": ["A", "B"]}
 
 def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path) -> None:
     app = make_app(tiny_path, ServerSettings(max_queue=1))
-    engine = app.state.engine
+    queue = app.state.queue
     with TestClient(app, base_url="http://localhost") as c:
-        release = hold_engine(engine, extra_waiting=1)  # one running, one waiting: the queue is full
+        release = hold_queue(queue, extra_waiting=1)  # one running, one waiting: the queue is full
         try:
             for path, body in (("/v1/chat/completions", CHAT), ("/v1/decide", DECIDE),
                                ("/v1/chat/completions", {**CHAT, "stream": True})):
@@ -33,7 +33,7 @@ def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path)
         finally:
             release.set()
         deadline = time.monotonic() + 30  # the held job and the waiting one finish first
-        while engine.depth() and time.monotonic() < deadline:
+        while queue.depth() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # the session still answers
 
@@ -42,7 +42,7 @@ def test_max_queue_zero_serves_one_at_a_time(make_app, tiny_path) -> None:
     app = make_app(tiny_path, ServerSettings(max_queue=0))
     with TestClient(app, base_url="http://localhost") as c:
         assert c.post("/v1/decide", json=DECIDE).status_code == 200  # idle: admitted
-        release = hold_engine(app.state.engine)
+        release = hold_queue(app.state.queue)
         try:
             assert c.post("/v1/decide", json=DECIDE).status_code == 503
         finally:
@@ -50,12 +50,12 @@ def test_max_queue_zero_serves_one_at_a_time(make_app, tiny_path) -> None:
 
 
 def test_jobs_run_in_arrival_order_and_a_cancelled_waiter_is_dropped(make_app, tiny_path) -> None:
-    engine = make_app(tiny_path, ServerSettings(max_queue=4)).state.engine
+    queue = make_app(tiny_path, ServerSettings(max_queue=4)).state.queue
     ran: list[int] = []
-    release = hold_engine(engine)
+    release = hold_queue(queue)
 
     async def scenario() -> list[str]:
-        jobs = [engine.submit(lambda s, j, i=i: ran.append(i)) for i in range(4)]
+        jobs = [queue.submit(lambda s, j, i=i: ran.append(i)) for i in range(4)]
         jobs[2].cancel()  # its client left while it waited
         release.set()
         return [(await j.outcome()).kind for j in jobs]
@@ -67,11 +67,11 @@ def test_jobs_run_in_arrival_order_and_a_cancelled_waiter_is_dropped(make_app, t
 
 def test_a_dropped_waiter_counts_as_cancelled(make_app, tiny_path) -> None:
     app = make_app(tiny_path, ServerSettings(max_queue=4))
-    engine = app.state.engine
-    release = hold_engine(engine)
+    queue = app.state.queue
+    release = hold_queue(queue)
 
     async def scenario() -> None:
-        job = engine.submit(lambda s, j: None)
+        job = queue.submit(lambda s, j: None)
         job.cancel()  # its client left while it waited
         job.cancel()  # a second cancel of the same job counts nothing more
         assert (await job.outcome()).kind == "error"
@@ -87,12 +87,12 @@ def test_a_dropped_waiter_counts_as_cancelled(make_app, tiny_path) -> None:
 def test_a_client_that_leaves_while_queued_is_dropped_and_counted(make_app, tiny_path, live, path, body) -> None:
     app = make_app(tiny_path, ServerSettings(max_queue=4))
     server = live(app)
-    release = hold_engine(app.state.engine)
+    release = hold_queue(app.state.queue)
     try:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + path, json=body, timeout=0.5)  # waits behind the held job, then gives up
         deadline = time.monotonic() + 10
-        while app.state.engine.depth() > 1:  # the server notices the client left and drops its request
+        while app.state.queue.depth() > 1:  # the server notices the client left and drops its request
             assert time.monotonic() < deadline, "the queued request was not dropped"
             time.sleep(0.05)
     finally:
@@ -103,14 +103,14 @@ def test_a_client_that_leaves_while_queued_is_dropped_and_counted(make_app, tiny
 
 
 def test_a_cancelled_waiter_frees_its_slot(make_app, tiny_path) -> None:
-    engine = make_app(tiny_path, ServerSettings(max_queue=1)).state.engine
-    release = hold_engine(engine)
+    queue = make_app(tiny_path, ServerSettings(max_queue=1)).state.queue
+    release = hold_queue(queue)
     done = threading.Event()
 
     async def scenario() -> None:
-        waiting = engine.submit(lambda s, j: None)
+        waiting = queue.submit(lambda s, j: None)
         waiting.cancel()
-        engine.submit(lambda s, j: done.set())  # admitted: the slot is free again
+        queue.submit(lambda s, j: done.set())  # admitted: the slot is free again
 
     try:
         asyncio.run(scenario())
@@ -124,12 +124,12 @@ def test_a_chat_client_that_leaves_as_its_turn_starts_is_counted(make_app, tiny_
     """The worker side of a chat turn whose client left after the queue handed it over but before
     it generated: it ends as a 499 for nobody, and counts in bmoe_cancelled_total."""
     from bmoe.server.chat_route import ChatRoute, to_turn
-    from bmoe.server.engine import Job
+    from bmoe.server.job_queue import Job
     from bmoe.server.errors import ApiError
     from bmoe.server.schemas import ChatCompletionRequest
 
     app = make_app(tiny_path, ServerSettings())
-    route = ChatRoute(app.state.engine, app.state.metrics, "m")
+    route = ChatRoute(app.state.queue, app.state.metrics, "m")
     fn = route._worker_fn(to_turn(ChatCompletionRequest(model="m", **CHAT)))
     job = object.__new__(Job)
     job.cancelled = threading.Event()

@@ -75,7 +75,7 @@ def test_defaults_are_valid(model: Path) -> None:
 # --- the one flag table ---------------------------------------------------------------------
 def test_every_session_flag_reaches_its_field(model: Path) -> None:
     from bmoe.cli import build_parser
-    from bmoe.config import config_from_flags
+    from bmoe.flags import config_from_flags
 
     args = build_parser().parse_args([
         "-n", "7", "-c", "64", "-b", "32", "-ub", "16", "-t", "1", "--temp", "0.5", "--top-p", "0.9",
@@ -98,7 +98,7 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
 
 
 def test_a_config_message_names_the_flag_at_a_command_line() -> None:
-    from bmoe.config import flag_message
+    from bmoe.flags import flag_message
 
     assert flag_message("n_ctx: must be an integer >= 16, got 8") == "--ctx-size (n_ctx): must be an integer >= 16, got 8"
     assert flag_message("cache_mb: 3 is below the floor") == "--cache-mb (cache_mb): 3 is below the floor"

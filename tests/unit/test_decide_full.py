@@ -23,8 +23,8 @@ from bmoe.decide import (
     DecideRequestError,
     EmptyChoiceError,
     KeptState,
-    LastPrefixCache,
-    NeutralCache,
+    LastPrefixStore,
+    NeutralStore,
     NoSideSequenceError,
     PrefillCost,
     run_decide,
@@ -33,7 +33,7 @@ from bmoe.decide import (
 from bmoe.wire.records import decide_fields
 from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text
 
-ON = DecidePolicy(prefix_cache=True)
+ON = DecidePolicy(keep_prefix=True)
 PREFIX, SUFFIX = "Task: x. ", " Pick one."
 # "ab" and "abx" share their first token (refused under "first"); "Hello world" is two merges
 CHOICES = ("ab", "abx", "Hello world", "c")
@@ -82,9 +82,9 @@ def full(choices: tuple[str, ...] = CHOICES, **kw: object) -> DecideRequest:
     return DecideRequest(prefix=PREFIX, suffix=SUFFIX, choices=choices, **kw)  # type: ignore[arg-type]
 
 
-def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralCache | None = None,
-           cache: LastPrefixCache | None = None):
-    return run_decide(backend, cache or LastPrefixCache(), request, ON, neutral)
+def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralStore | None = None,
+           cache: LastPrefixStore | None = None):
+    return run_decide(backend, cache or LastPrefixStore(), request, ON, neutral)
 
 
 def hand_scores(pieces: Sequence[tuple[int, ...]], choice: str) -> list[float]:
@@ -151,7 +151,7 @@ def test_a_choice_scored_among_others_equals_it_scored_alone(forks: int) -> None
 def test_one_token_choices_need_no_fork() -> None:
     b = ForkingBackend()
     r = decide(b, full(("A", "B", "C")))
-    first = run_decide(ScriptedBackend(), LastPrefixCache(), DecideRequest(
+    first = run_decide(ScriptedBackend(), LastPrefixStore(), DecideRequest(
         id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")), ON)
     assert "prefill_forks" not in b.touched()
     assert r.scores.choice_logp == first.scores.choice_logp  # the same number as "first" scoring
@@ -183,9 +183,9 @@ def test_abstaining_compares_the_whole_choice_probability() -> None:
 
 
 def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does() -> None:
-    b, cache = ForkingBackend(), LastPrefixCache()
+    b, cache = ForkingBackend(), LastPrefixStore()
     decide(b, full(), cache=cache)
-    f, fcache = ScriptedBackend(), LastPrefixCache()
+    f, fcache = ScriptedBackend(), LastPrefixStore()
     run_decide(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
     assert b.pieces == f.pieces
     assert cache.kept is not None and cache.kept.tokens == fcache.kept.tokens
@@ -196,7 +196,7 @@ def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does()
 
 
 def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
-    b, cache = ForkingBackend(), LastPrefixCache()
+    b, cache = ForkingBackend(), LastPrefixStore()
     b.fail_on = "prefill_forks"
     r = decide(b, full(), cache=cache)
     assert r.error is not None and "scoring the choices" in r.error and "scripted failure" in r.error
@@ -265,7 +265,7 @@ def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
             DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
             DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")), full(id=5, best_by="norm")]
     b = ForkingBackend(batch=4)
-    got = run_many(b, LastPrefixCache(), reqs, ON)
+    got = run_many(b, LastPrefixStore(), reqs, ON)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]
     assert got[1].refused and got[1].error.startswith('decide: "best_by" is "max"')
     # the first-token decisions are batched together; the full ones run alone
@@ -295,7 +295,7 @@ def test_unconditional_scores_match_a_hand_computation() -> None:
 
 
 def test_the_neutral_side_is_prefilled_once_then_forked_then_remembered() -> None:
-    b, neutral, cache = ForkingBackend(), NeutralCache(), LastPrefixCache()
+    b, neutral, cache = ForkingBackend(), NeutralStore(), LastPrefixStore()
     r1 = decide(b, full(("A", "Hello world"), unconditional="Answer:"), neutral, cache)
     r2 = decide(b, full(("Hello world", "abx"), unconditional="Answer:"), neutral, cache)
     r3 = decide(b, full(("abx", "A"), unconditional="Answer:"), neutral, cache)

@@ -33,11 +33,11 @@ from bmoe.decide import (
     EmptyChoiceError,
     EmptyPromptError,
     KeptState,
-    LastPrefixCache,
+    LastPrefixStore,
     NoChoicesError,
     PrefillCost,
     PromptTooLongError,
-    resolve_prefix_cache,
+    resolve_keep_prefix,
     run_decide,
     run_many,
     score_choices,
@@ -187,8 +187,8 @@ def prompt_tokens(text: str) -> list[int]:
     return [BOS] + tokenize_text(f"<u>{text}<e><a>", specials=True)
 
 
-ON = DecidePolicy(prefix_cache=True)
-OFF = DecidePolicy(prefix_cache=False)
+ON = DecidePolicy(keep_prefix=True)
+OFF = DecidePolicy(keep_prefix=False)
 CHOICES = ("A", "B", "C")
 
 
@@ -209,7 +209,7 @@ def req(
 
 def fresh(request: DecideRequest, policy: DecidePolicy = ON) -> DecideResult:
     """The same request on a new backend with nothing kept."""
-    return run_decide(ScriptedBackend(), LastPrefixCache(), request, policy)
+    return run_decide(ScriptedBackend(), LastPrefixStore(), request, policy)
 
 
 def untimed(result: DecideResult) -> DecideResult:
@@ -273,8 +273,8 @@ def test_split_prefix_is_shared_by_both_renderings(prefix: str, suffix: str) -> 
 # Up-front checks: exact messages, nothing prefilled, the kept state unchanged
 
 
-def primed() -> tuple[ScriptedBackend, LastPrefixCache]:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+def primed() -> tuple[ScriptedBackend, LastPrefixStore]:
+    b, cache = ScriptedBackend(), LastPrefixStore()
     assert run_decide(b, cache, req("Task: x. "), ON).error is None
     b.calls.clear()
     return b, cache
@@ -319,12 +319,12 @@ def test_refusals_touch_nothing(
 def test_prompt_of_exactly_n_ctx_tokens_fits() -> None:
     r = req("T" * 30, "x" * 30)
     assert len(prompt_tokens("T" * 30 + "x" * 30)) == 64
-    assert run_decide(ScriptedBackend(n_ctx=64), LastPrefixCache(), r, ON).error is None
+    assert run_decide(ScriptedBackend(n_ctx=64), LastPrefixStore(), r, ON).error is None
 
 
 def test_empty_prompt_is_refused() -> None:
     b = ScriptedBackend(template=False, bos=False)
-    result = run_decide(b, LastPrefixCache(), req("", ""), ON)
+    result = run_decide(b, LastPrefixStore(), req("", ""), ON)
     assert result.error == "decide: the prompt renders to no tokens; give a prefix or a suffix"
     assert isinstance(result.cause, EmptyPromptError)
     assert b.calls == []
@@ -346,7 +346,7 @@ def test_score_choices_against_a_hand_computation() -> None:
 
 def test_decision_scores_match_the_logit_row() -> None:
     b = ScriptedBackend()
-    result = run_decide(b, LastPrefixCache(), req("Task: x. ", choices=("A", "Yes", "c")), ON)
+    result = run_decide(b, LastPrefixStore(), req("Task: x. ", choices=("A", "Yes", "c")), ON)
     row = b.last_logits()
     ids = [TOKEN_ID["A"], TOKEN_ID["Yes"], TOKEN_ID["c"]]
     expected = [hand_logp(row, t) for t in ids]
@@ -367,7 +367,7 @@ def test_abstention_is_strictly_below_the_threshold(threshold: float, abstains: 
 
 
 def test_abstained_decision_still_reports_scores() -> None:
-    result = run_decide(ScriptedBackend(), LastPrefixCache(), req("Task: x. ", abstain_below=1.0), ON)
+    result = run_decide(ScriptedBackend(), LastPrefixStore(), req("Task: x. ", abstain_below=1.0), ON)
     assert result.scores is not None and result.scores.abstained and result.scores.best == -1
     out = decide_fields(result)
     assert out["best"] == -1 and out["abstained"] is True
@@ -379,7 +379,7 @@ def test_abstained_decision_still_reports_scores() -> None:
 
 
 def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     result = run_decide(b, cache, r, ON)
@@ -398,7 +398,7 @@ def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
 
 
 def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     run_decide(b, cache, req("Task: x. "), ON)
     kept = cache.kept
     b.calls.clear()
@@ -418,7 +418,7 @@ def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
 
 
 def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     first = split_prompt(b, "Task: x. ", " Pick one.")
     run_decide(b, cache, req("Task: x. "), ON)
     b.calls.clear()
@@ -440,7 +440,7 @@ def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
 def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
     # "Task: a" ends on the token "a"; the next prefix "Task: ab. " turns it into "ab". The token
     # given back at the join kept "a" out of the stored prefix, so the grown prefix still hits.
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     first = run_decide(b, cache, req("Task: a", " Pick"), ON)
     assert cache.kept is not None and TOKEN_ID["a"] not in cache.kept.tokens
     grown = run_decide(b, cache, req("Task: ab. ", " Pick"), ON)
@@ -449,7 +449,7 @@ def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
 
 
 def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     run_decide(b, cache, req("Task: x. "), ON)
     old = cache.kept
     assert old is not None
@@ -466,7 +466,7 @@ def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
 
 
 def test_shorter_prefix_is_a_miss_where_it_ends() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     run_decide(b, cache, req("Task: x. Hello world. "), ON)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
@@ -490,7 +490,7 @@ def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
 
 
 def test_policy_off_never_touches_the_cache() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     result = run_decide(b, cache, req("Task: x. "), OFF)
     assert result.reuse == REUSE_OFF
     assert b.touched() == ["clear", "prefill"]
@@ -498,7 +498,7 @@ def test_policy_off_never_touches_the_cache() -> None:
 
 
 def test_no_prefix_on_tokens_prefills_whole() -> None:
-    b, cache = ScriptedBackend(template=False, bos=False), LastPrefixCache()
+    b, cache = ScriptedBackend(template=False, bos=False), LastPrefixStore()
     result = run_decide(b, cache, req("", "Pick"), ON)
     assert result.reuse == "no prefix"
     assert b.touched() == ["clear", "prefill"]
@@ -516,7 +516,7 @@ def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
 
 def test_store_refuses_a_state_of_another_length() -> None:
     with pytest.raises(ValueError, match="a saved state of 3 tokens cannot be kept for a 2-token prefix"):
-        LastPrefixCache().store([1, 2], KeptState(data=b"x", n_tokens=3))
+        LastPrefixStore().store([1, 2], KeptState(data=b"x", n_tokens=3))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,7 +524,7 @@ def test_store_refuses_a_state_of_another_length() -> None:
 
 
 def test_restored_prefix_equals_fresh_computation() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     run_decide(b, cache, req("Task: x. ", " First."), ON)
     r = req("Task: x. ", " Second.")
     restored = run_decide(b, cache, r, ON)
@@ -535,7 +535,7 @@ def test_restored_prefix_equals_fresh_computation() -> None:
 
 
 def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     run_decide(b, cache, req("Task: x. "), ON)
     grown = req("Task: x. Hello world. ")
     computed = run_decide(b, cache, grown, ON)
@@ -555,11 +555,11 @@ def test_run_many_shares_the_kept_state_in_order() -> None:
         req("Task: x. Hello world. ", id=3),
         req("Task: x. Hello world. ", id=4, reuse_prefix=False),
     ]
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     results = run_many(b, cache, requests, ON)
     assert [r.id for r in results] == [1, 2, 3, 4]
     assert [r.reuse for r in results] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED_STORED, REUSE_OPTED_OUT]
-    one_by_one_b, one_by_one_cache = ScriptedBackend(), LastPrefixCache()
+    one_by_one_b, one_by_one_cache = ScriptedBackend(), LastPrefixStore()
     one_by_one = [run_decide(one_by_one_b, one_by_one_cache, r, ON) for r in requests]
     assert [untimed(r) for r in results] == [untimed(r) for r in one_by_one]
     assert cache.kept is not None
@@ -589,7 +589,7 @@ def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> N
 
 
 def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
-    b, cache = ScriptedBackend(), LastPrefixCache()
+    b, cache = ScriptedBackend(), LastPrefixStore()
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     original_prefill = b.prefill
@@ -645,7 +645,7 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
 
 
 def test_streaming_counters_pass_through() -> None:
-    b, cache = ScriptedBackend(streaming=True), LastPrefixCache()
+    b, cache = ScriptedBackend(streaming=True), LastPrefixStore()
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     result = run_decide(b, cache, r, ON)
@@ -659,7 +659,7 @@ def test_streaming_counters_pass_through() -> None:
 def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
     """As BMOE_DONE's: hits over lookups summed over the request's own prefills, not the
     session's rate so far (nor its last piece's)."""
-    b, cache = ScriptedBackend(streaming=True), LastPrefixCache()
+    b, cache = ScriptedBackend(streaming=True), LastPrefixStore()
     b.lookups = [(30, 10), (1, 9)]  # the prefix piece, then the rest
     first = run_decide(b, cache, req("Task: x. "), ON)
     assert first.reuse == REUSE_STORED and first.cache_hit_pct == 62.0  # 31 of 50
@@ -671,7 +671,7 @@ def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
 
 
 def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> None:
-    off = run_decide(ScriptedBackend(streaming=True, expert_cache=False), LastPrefixCache(), req("Task: x. "), ON)
+    off = run_decide(ScriptedBackend(streaming=True, expert_cache=False), LastPrefixStore(), req("Task: x. "), ON)
     assert off.read_mb is not None and off.cache_hit_pct == -1.0 and decide_fields(off)["cache_hit_pct"] == -1.0
     resident = fresh(req("Task: x. "))
     assert resident.cache_hit_pct is None and "cache_hit_pct" not in decide_fields(resident)
@@ -708,7 +708,7 @@ def test_to_json_keys() -> None:
      ("off", False, False), ("off", True, False)],
 )
 def test_prefix_cache_policy(mode: str, prefill_device: bool, keeps: bool) -> None:
-    assert resolve_prefix_cache(mode, prefill_device=prefill_device) is keeps
+    assert resolve_keep_prefix(mode, prefill_device=prefill_device) is keeps
 
 
 def test_copying_the_kept_state_out_on_clear_is_the_store_of_that_call() -> None:
@@ -736,8 +736,8 @@ def test_a_miss_drops_the_kept_state_before_clearing() -> None:
 # Batches: decide_many over a backend that prefills several suffixes together
 
 
-def sequential(requests: list[DecideRequest], policy: DecidePolicy = ON) -> tuple[list[DecideResult], LastPrefixCache]:
-    cache = LastPrefixCache()
+def sequential(requests: list[DecideRequest], policy: DecidePolicy = ON) -> tuple[list[DecideResult], LastPrefixStore]:
+    cache = LastPrefixStore()
     return run_many(ScriptedBackend(), cache, requests, policy), cache
 
 
@@ -754,7 +754,7 @@ BATCH = [req("Task: wifi. ", " Screen 1.", id=1), req("Task: wifi. ", " Screen t
 @pytest.mark.parametrize("cap", [2, 3, 8])
 def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
     alone, alone_cache = sequential(BATCH)
-    b, cache = ScriptedBackend(batch=cap), LastPrefixCache()
+    b, cache = ScriptedBackend(batch=cap), LastPrefixStore()
     batched = run_many(b, cache, BATCH, ON)
     assert scores_of(batched) == scores_of(alone)
     assert [r.id for r in batched] == [1, 2, 3, 4, 5, 6]  # request order
@@ -774,7 +774,7 @@ def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
 def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> None:
     b = ScriptedBackend(batch=8, streaming=True)
     b.lookups = [(3, 1), (1, 3)]  # the prefix piece, then the batch
-    rs = run_many(b, LastPrefixCache(), [BATCH[0], BATCH[1], BATCH[3]], ON)
+    rs = run_many(b, LastPrefixStore(), [BATCH[0], BATCH[1], BATCH[3]], ON)
     assert [r.reuse for r in rs] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED]
     share = rs[0].batch
     assert share is not None and all(r.batch == share for r in rs) and share.size == 3
@@ -799,7 +799,7 @@ def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> Non
 def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_on() -> None:
     b = ScriptedBackend(batch=8)
     b.fail_on = "prefill_batch"
-    rs = run_many(b, LastPrefixCache(), BATCH[:4], ON)
+    rs = run_many(b, LastPrefixStore(), BATCH[:4], ON)
     assert [r.error is not None for r in rs] == [True, True, False, True]
     assert all("scripted failure in prefill_batch" in (r.error or "") for r in (rs[0], rs[1], rs[3]))
     assert rs[2].scores is not None
@@ -807,5 +807,5 @@ def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_o
 
 def test_no_batching_without_the_prefix_cache_or_a_batching_backend() -> None:
     for backend, policy in ((ScriptedBackend(batch=1), ON), (ScriptedBackend(batch=8), OFF)):
-        run_many(backend, LastPrefixCache(), BATCH, policy)
+        run_many(backend, LastPrefixStore(), BATCH, policy)
         assert "prefill_batch" not in backend.touched()

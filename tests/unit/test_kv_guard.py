@@ -1,4 +1,4 @@
-"""KvCache.guard: whoever still needs the first n tokens' state hears before any of them goes."""
+"""KvSequence.guard: whoever still needs the first n tokens' state hears before any of them goes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from bmoe.runtime.kv import KvCache
+from bmoe.runtime.kv import KvSequence
 
 
 class FakeContext:
@@ -29,9 +29,9 @@ class FakeContext:
         return np.zeros(4, dtype=np.float32)
 
 
-def guarded(n_tokens: int = 10, n_guard: int = 6) -> tuple[KvCache, FakeContext, list[list[int]]]:
+def guarded(n_tokens: int = 10, n_guard: int = 6) -> tuple[KvSequence, FakeContext, list[list[int]]]:
     ctx = FakeContext()
-    kv = KvCache(ctx)  # type: ignore[arg-type]
+    kv = KvSequence(ctx)  # type: ignore[arg-type]
     kv.append(list(range(n_tokens)))
     saved: list[list[int]] = []
     kv.guard(n_guard, lambda: saved.append(list(kv.tokens)))
@@ -124,7 +124,7 @@ def test_a_decode_failing_part_way_is_cut_back_before_the_guard_saves(exc: BaseE
     kept prefix state then carried). A KeyboardInterrupt is handled the same (before: it skipped
     the reset, leaving the bookkeeping 10 tokens behind what the KV held)."""
     ctx = PieceContext(n_batch=4, fail_at_piece=2, exc=exc)
-    kv = KvCache(ctx)  # type: ignore[arg-type]
+    kv = KvSequence(ctx)  # type: ignore[arg-type]
     ctx.fail_at_piece = -1
     kv.append(list(range(10)))
     ctx.fail_at_piece = 2

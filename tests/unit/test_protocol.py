@@ -151,15 +151,25 @@ def test_any_bytes_decode_and_parse_or_are_refused_cleanly(raw: bytes) -> None:
 
 
 def test_python_requests_get_the_same_rules() -> None:
-    from bmoe.wire.protocol import validate_generate
+    from bmoe.rules import FieldError
+    from bmoe.runtime.results import check_generate
 
-    validate_generate(GenerateRequest(prompt="ok", n_predict=3))
-    with pytest.raises(ProtocolError, match=r"^generate: field 'prompt' must be a string, got 12$"):
-        validate_generate(GenerateRequest(prompt=12))  # type: ignore[arg-type]
-    with pytest.raises(ProtocolError, match=r"^generate: field 'top_p' must be a number in \(0, 1\], got 0$"):
-        validate_generate(GenerateRequest(prompt="x", top_p=0))
-    with pytest.raises(ProtocolError, match=r"^generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 0$"):
-        validate_generate(GenerateRequest(prompt="\ud800", id=2))
+    check_generate(GenerateRequest(prompt="ok", n_predict=3))
+    cases = [
+        (GenerateRequest(prompt=12), '{"cmd":"generate","prompt":12}',  # type: ignore[arg-type]
+         r"^generate: field 'prompt' must be a string, got 12$"),
+        (GenerateRequest(prompt="x", top_p=0), '{"cmd":"generate","prompt":"x","top_p":0}',
+         r"^generate: field 'top_p' must be a number in \(0, 1\], got 0$"),
+        (GenerateRequest(prompt="x", temperature=10.5), '{"cmd":"generate","prompt":"x","temperature":10.5}',
+         r"^generate: field 'temperature' must be a number in \[0, 10\], got 10.5$"),
+        (GenerateRequest(prompt="\ud800", id=2), '{"cmd":"generate","id":2,"prompt":"\\ud800"}',
+         r"^generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 0$"),
+    ]
+    for request, line, message in cases:  # one table: the session and the protocol refuse alike
+        with pytest.raises(FieldError, match=message):
+            check_generate(request)
+        with pytest.raises(ProtocolError, match=message):
+            parse_line(line)
 
 
 def test_a_record_with_a_lone_surrogate_is_still_writable_utf8() -> None:

@@ -19,9 +19,10 @@ import pytest
 import llama_cpp  # noqa: E402
 
 from bmoe.llama.expert_hook import ExpertHook, HookError  # noqa: E402
-from bmoe.stream import StreamOptions, Streamer, lookup, read_layout  # noqa: E402
-from bmoe.stream.cache import DEFAULT_POLICY, SlotCache  # noqa: E402
-from bmoe.stream.options import Budget  # noqa: E402
+from bmoe.stream import StreamSettings, Streamer, lookup, read_layout  # noqa: E402
+from bmoe.stream.cache import SlotCache  # noqa: E402
+from bmoe.stream.policy import DEFAULT_POLICY  # noqa: E402
+from bmoe.stream.budget import Budget  # noqa: E402
 from bmoe.stream.policy import Uses  # noqa: E402
 from bmoe.stream.twin import allocated_bytes, dense_twin  # noqa: E402
 
@@ -128,7 +129,7 @@ def plain(path: Path) -> tuple[list[int], np.ndarray]:
 def _streamed(path: Path, budget: Budget, slots: bool = False,
               **opts: object) -> tuple[list[int], np.ndarray, Streamer, Recorder, ExpertHook]:
     layout = read_layout(path)
-    streamer = Streamer(layout, StreamOptions(**opts), budget=budget, warn=lambda m: None, slots=slots)
+    streamer = Streamer(layout, StreamSettings(**opts), budget=budget, warn=lambda m: None, slots=slots)
     rec = Recorder(streamer)
     hook = ExpertHook(rec, lookup(layout.arch))
     tokens, logits = run(path, hook)
@@ -188,7 +189,7 @@ def _streamer(path: Path, *, slots: bool = False) -> Iterator[Streamer]:
     layout = read_layout(path)
     budget = (Budget(layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0]), 0, "fixed")
               if slots else Budget(0, 0, "off"))
-    streamer = Streamer(layout, StreamOptions(), budget=budget, warn=lambda m: None, slots=slots)
+    streamer = Streamer(layout, StreamSettings(), budget=budget, warn=lambda m: None, slots=slots)
     try:
         yield streamer
     finally:
@@ -312,7 +313,7 @@ def test_streaming_over_the_dense_twin_is_bit_identical(
     path = tiny_models(arch, quant)
     layout = read_layout(path)  # experts are read from the original...
     twin = dense_twin(layout, tmp_path / "twins")  # ...llama.cpp loads the twin (zeros for experts)
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), warn=lambda m: None)
+    streamer = Streamer(layout, StreamSettings(), budget=Budget(0, 0, "off"), warn=lambda m: None)
     hook = ExpertHook(streamer, lookup(layout.arch))
     try:
         tokens, logits = run(twin, hook)
@@ -326,7 +327,7 @@ def test_small_ubatches_route_once_per_ubatch_and_stay_identical(tiny_models: Ca
     path = tiny_models("qwen35moe", "q8_0")
     layout = read_layout(path)
     ref_tokens, ref_logits = run(path, None, n_ubatch=4)  # same ubatch shapes as the streamed run
-    streamer = Streamer(layout, StreamOptions(), budget=Budget(layout.floor_bytes(), 0, "fixed"), warn=lambda m: None)
+    streamer = Streamer(layout, StreamSettings(), budget=Budget(layout.floor_bytes(), 0, "fixed"), warn=lambda m: None)
     rec = Recorder(streamer)
     try:
         tokens, logits = run(path, ExpertHook(rec, lookup(layout.arch)), n_ubatch=4)

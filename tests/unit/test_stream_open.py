@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bmoe.stream import StreamOptions, Streamer
+from bmoe.stream import StreamSettings, Streamer
 from bmoe.stream import cache as cache_mod
 from bmoe.stream.layout import FileId
-from bmoe.stream.options import Budget
+from bmoe.stream.budget import Budget
 from bmoe.stream.reader import ExpertReader
 
 from test_stream_cache import make_layout
@@ -56,7 +56,7 @@ def test_a_failed_buffer_map_leaves_no_lane_fd_or_mapping(tmp_path: Path, monkey
     budget = Budget(layout.floor_bytes() if cache_on else 0, layout.floor_bytes(), "fixed" if cache_on else "off")
     lanes, fds = _lanes(), _fds()
     with pytest.raises(OSError) as e:
-        Streamer(layout, StreamOptions(cache_mb=1 if cache_on else 0, io_threads=4), budget=budget)
+        Streamer(layout, StreamSettings(cache_mb=1 if cache_on else 0, io_threads=4), budget=budget)
     assert _lanes() == lanes and _fds() == fds
     assert all(b.mm.closed for b in made)  # the two mapped before the refusal are unmapped
     sizes = [-(-(t.offset % 4096 + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE for t in layout.experts]

@@ -12,8 +12,8 @@ import pytest
 
 from bmoe.llama.expert_hook import ExpertHook
 from bmoe.llama.ggml_tensor import SRC_OFFSET
-from bmoe.stream import StreamOptions, Streamer, lookup, read_layout
-from bmoe.stream.options import Budget
+from bmoe.stream import StreamSettings, Streamer, lookup, read_layout
+from bmoe.stream.budget import Budget
 from test_stream_e2e import plain, run
 
 
@@ -53,7 +53,7 @@ class CheckedHook(ExpertHook):
 
 def _run(path: Path, budget: Budget, **hook_kw) -> tuple[list[int], np.ndarray, CheckedHook, Streamer]:  # noqa: ANN003
     layout = read_layout(path)
-    streamer = Streamer(layout, StreamOptions(), budget=budget, warn=lambda m: None)
+    streamer = Streamer(layout, StreamSettings(), budget=budget, warn=lambda m: None)
     hook = CheckedHook(streamer, lookup(layout.arch), **hook_kw)
     try:
         tokens, logits = run(path, hook)

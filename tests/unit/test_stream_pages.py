@@ -1,4 +1,4 @@
-"""The cache hands an evicted expert's pages to the expert that replaces it (bmoe.llama.pages over
+"""The cache hands an evicted expert's pages to the expert that replaces it (bmoe.llama.mremap_mover over
 mremap), and read-ahead (--prefetch) fills the cache. Exact: contents, counts, and which pages the
 cache's buffers hold, on synthetic layouts (no llama.cpp needed)."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import bmoe.llama.libc as libc_consts
-import bmoe.llama.pages as pages_mod
-from bmoe.llama.pages import LibcPageMover
-from bmoe.stream import ExpertKey, StreamOptions, Streamer
+import bmoe.llama.mremap_mover as pages_mod
+from bmoe.llama.mremap_mover import LibcPageMover
+from bmoe.stream import ExpertKey, StreamSettings, Streamer
 from bmoe.stream.cache import ExpertCache
 from bmoe.stream.layout import ExpertTensor
-from bmoe.stream.options import Budget
+from bmoe.stream.budget import Budget
 from test_stream_cache import _expert_bytes_in_buffer, make_layout
 
 PAGE = mmap.PAGESIZE
@@ -81,7 +81,7 @@ def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(
     per = layout.expert_nbytes_in_layer(0)
     runs = {}
     for name, pages in (("moved", LibcPageMover(dontunmap=one_call)), ("released", None)):
-        s = Streamer(layout, StreamOptions(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), pages=pages)
+        s = Streamer(layout, StreamSettings(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), pages=pages)
         drive(s, layout, data, seed=3)
         assert_holds_exactly_its_experts(s, layout)
         assert s.stats().resident_bytes <= 5 * per
@@ -100,7 +100,7 @@ def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(
 def test_a_victim_moves_to_an_incoming_expert_of_another_layer(tmp_path: Path) -> None:
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=5 * 4096 + 100)
     per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(), budget=Budget(2 * per, 0, "fixed"), pages=MOVER)
+    s = Streamer(layout, StreamSettings(), budget=Budget(2 * per, 0, "fixed"), pages=MOVER)
     s.on_route(0, np.array([[1, 2]]))
     s.on_route(3, np.array([[6, 7]]))  # evicts layer 0's two: their pages go to layer 3's two
     assert isinstance(s.cache, ExpertCache)
@@ -115,7 +115,7 @@ def test_a_victim_moves_to_an_incoming_expert_of_another_layer(tmp_path: Path) -
 def test_read_ahead_fills_the_cache_and_counts_what_it_read(tmp_path: Path) -> None:
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=3 * 4096 + 528)
     per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(), budget=Budget(6 * per, 0, "fixed"), pages=MOVER)
+    s = Streamer(layout, StreamSettings(), budget=Budget(6 * per, 0, "fixed"), pages=MOVER)
     s.on_route(1, np.array([[0, 1]]))            # 0, 1 cached: 2 misses
     s.prefetch(1, np.array([0, 2, 3]))           # 0 is cached: only 2 and 3 are read ahead
     st = s.stats()
@@ -137,7 +137,7 @@ def test_read_ahead_fills_the_cache_and_counts_what_it_read(tmp_path: Path) -> N
 def test_read_ahead_then_a_route_that_needs_room_never_evicts_a_guess_in_flight(tmp_path: Path) -> None:
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=3 * 4096 + 528)
     per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(), budget=Budget(3 * per, 0, "fixed"), pages=MOVER)
+    s = Streamer(layout, StreamSettings(), budget=Budget(3 * per, 0, "fixed"), pages=MOVER)
     s.prefetch(0, np.array([0, 1]))
     s.on_route(0, np.array([[2, 3]]))  # needs 2 slots: only 1 is free besides the guesses in flight
     assert isinstance(s.cache, ExpertCache)
@@ -150,7 +150,7 @@ def test_read_ahead_then_a_route_that_needs_room_never_evicts_a_guess_in_flight(
 
 
 class _Spy:
-    """Stands in for libc in bmoe.llama.pages: records each call, forwards it (or fails mremap
+    """Stands in for libc in bmoe.llama.mremap_mover: records each call, forwards it (or fails mremap
     with ``fail_errno`` while it is set)."""
 
     def __init__(self, fail_errno: int | None = None) -> None:
@@ -249,7 +249,7 @@ def test_a_bigger_victim_moved_to_a_smaller_slice_counts_the_cut_pages_as_releas
     (tmp_path / "experts.bin").write_bytes(data)
     layout = ModelLayout("qwen3moe", (FileId.of(tmp_path / "experts.bin"),), tuple(experts), n_expert, 2, 1056,
                          off - 1056)
-    s = Streamer(layout, StreamOptions(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"),
+    s = Streamer(layout, StreamSettings(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"),
                  pages=LibcPageMover())
     assert isinstance(s.cache, ExpertCache)
     s.on_route(0, np.array([[1, 2]]))

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.stream import StreamOptions, Streamer
-from bmoe.stream.cache import DEFAULT_POLICY, ExpertCache
-from bmoe.stream.options import Budget
+from bmoe.stream import StreamSettings, Streamer
+from bmoe.stream.cache import ExpertCache
+from bmoe.stream.policy import DEFAULT_POLICY
+from bmoe.stream.budget import Budget
 from bmoe.stream.policy import ExpertKey, LruPolicy, NextUsePolicy, Uses
 from test_stream_cache import make_layout
 
@@ -186,7 +187,7 @@ def test_policy_knobs_are_checked() -> None:
 
 def test_the_replay_tool_runs_the_class_the_streamer_runs(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)  # 4 layers x 8 experts, top-2
-    s = Streamer(layout, StreamOptions(), budget=Budget(5 * layout.expert_nbytes_in_layer(0), 0, "fixed"))
+    s = Streamer(layout, StreamSettings(), budget=Budget(5 * layout.expert_nbytes_in_layer(0), 0, "fixed"))
     assert isinstance(s.cache, ExpertCache)
     assert type(s.cache.policy) is cache_replay.DEFAULT_POLICY is DEFAULT_POLICY is NextUsePolicy
     # The same routes, as a trace file and through the streamer (reads and all): the same counts.
@@ -318,11 +319,19 @@ def test_the_replay_tool_judges_the_figures_it_computed_not_their_rounding(monke
     assert verdict.startswith("FAIL") and "bmoe 45.06 vs 45.1" in verdict
 
 
-def test_the_config_names_every_policy_the_cache_runs() -> None:
-    from bmoe.config import CACHE_POLICIES
-    from bmoe.stream.cache import POLICIES
+def test_the_flag_takes_the_names_of_the_policy_registry() -> None:
+    """--cache-policy offers the names of the registry the streamer runs from, and only them."""
+    import argparse
 
-    assert tuple(POLICIES) == CACHE_POLICIES and POLICIES["next-use"] is DEFAULT_POLICY
+    from bmoe.flags import add_session_flags
+    from bmoe.stream.policy import DEFAULT_POLICY_NAME, POLICIES
+
+    parser = argparse.ArgumentParser()
+    add_session_flags(parser)
+    assert POLICIES[DEFAULT_POLICY_NAME] is DEFAULT_POLICY
+    for name in POLICIES:
+        assert parser.parse_args(["--cache-policy", name]).cache_policy == name
+    assert parser.parse_args([]).cache_policy == DEFAULT_POLICY_NAME
 
 
 def test_a_route_that_evicts_nothing_sorts_nothing() -> None:

@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
-from bmoe.stream import ExpertKey, StreamOptions, Streamer, lookup, read_layout
+from bmoe.stream import ExpertKey, StreamSettings, Streamer, lookup, read_layout
 from bmoe.stream.archs import _entry
-from bmoe.stream.options import Budget
+from bmoe.stream.budget import Budget
 from bmoe.stream.prefetch import WIDE_COVER, PrefetchError, RouterGuess, wide_cut
 from bmoe.stream.reader import StreamIOError
 from test_stream_cache import PROJS, make_layout
@@ -22,7 +22,7 @@ ORDER = (GATE, UP, DOWN)
 
 
 def _off(layout, io_threads: int = 2) -> Streamer:  # noqa: ANN001
-    s = Streamer(layout, StreamOptions(io_threads=io_threads), budget=Budget(0, 0, "off"))
+    s = Streamer(layout, StreamSettings(io_threads=io_threads), budget=Budget(0, 0, "off"))
     for il in layout.layers:
         s.set_schedule(il, ORDER, {DOWN})
     return s
@@ -170,7 +170,7 @@ def test_a_guess_for_another_layer_is_finished_and_wasted(tmp_path: Path) -> Non
 
 def test_prefetch_refuses_ids_outside_the_layer_with_the_cache_off_or_on(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    for s in (_off(layout), Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed"))):
+    for s in (_off(layout), Streamer(layout, StreamSettings(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed"))):
         with pytest.raises(ValueError, match="cannot prefetch"):
             s.prefetch(0, np.array([layout.n_expert]))
         with pytest.raises(ValueError, match="cannot prefetch"):
@@ -203,8 +203,8 @@ def test_a_failed_prefetch_read_is_the_sticky_error(tmp_path: Path, taken_over: 
 # --- read-ahead two layers deep -------------------------------------------------------------------
 def test_two_buffer_sets_give_consecutive_layers_buffers_of_their_own(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    one = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"))
-    two = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"), buffer_sets=2)
+    one = Streamer(layout, StreamSettings(), budget=Budget(0, 0, "off"))
+    two = Streamer(layout, StreamSettings(), budget=Budget(0, 0, "off"), buffer_sets=2)
     addr = {s: {t.il: s.cache._buffer(t).window.addr for t in layout.experts if t.proj == GATE} for s in (one, two)}
     assert len(set(addr[one].values())) == 1 and not one.two_deep
     assert addr[two][0] == addr[two][2] != addr[two][1] == addr[two][3] and two.two_deep
@@ -223,7 +223,7 @@ def test_an_early_guess_reads_behind_the_route_without_waiting_for_it(tmp_path: 
     layout, data = make_layout(tmp_path)
     per = layout.expert_nbytes_in_layer(1)
     budget = Budget(layout.expert_nbytes, 0, "fixed") if cache else Budget(0, 0, "off")
-    s = Streamer(layout, StreamOptions(io_threads=1), budget=budget, buffer_sets=2)
+    s = Streamer(layout, StreamSettings(io_threads=1), budget=budget, buffer_sets=2)
     for il in layout.layers:
         s.set_schedule(il, ORDER, {DOWN})
     held = HeldReads(s, hold=DOWN)
@@ -252,7 +252,7 @@ def test_an_early_guess_evicts_nothing_of_the_route_whose_matmuls_are_still_to_r
     (the route is waited, its matmuls have not run yet)."""
     layout, data = make_layout(tmp_path)
     two = 2 * layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(cache_mb=1), budget=Budget(two, 0, "fixed"))
+    s = Streamer(layout, StreamSettings(cache_mb=1), budget=Budget(two, 0, "fixed"))
     assert s.two_deep
     s.on_route(2, np.array([[4]]))
     s.on_route(3, np.array([[5]]))  # resident: (2, 4), (3, 5)

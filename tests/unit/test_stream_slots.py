@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmoe.stream import ExpertKey, StreamOptions, Streamer
+from bmoe.stream import ExpertKey, StreamSettings, Streamer
 from bmoe.stream.cache import PAGE, ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import ExpertTensor, ModelLayout
-from bmoe.stream.options import Budget
+from bmoe.stream.budget import Budget
 
 from test_stream_cache import make_layout
 
@@ -56,7 +56,7 @@ def _check_all_resident(s: Streamer, layout: ModelLayout, data: bytes) -> int:
 def test_random_routes_keep_every_resident_expert_in_its_slot(tmp_path: Path, slice_nbytes: int, odirect: bool) -> None:
     layout, data = make_layout(tmp_path, n_layer=4, n_expert=8, slice_nbytes=slice_nbytes)
     per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), slots=True)
+    s = Streamer(layout, StreamSettings(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), slots=True)
     cache = s.cache
     assert isinstance(cache, SlotCache) and s.slots
     assert cache.n_slots == 5 + 2 * 8
@@ -78,7 +78,7 @@ def test_random_routes_keep_every_resident_expert_in_its_slot(tmp_path: Path, sl
 
 def test_bindings_point_every_layer_at_one_pool_with_the_slot_stride(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path, slice_nbytes=3 * PAGE)
-    s = Streamer(layout, StreamOptions(), budget=Budget(3 * layout.expert_nbytes_in_layer(0), 0, "fixed"), slots=True)
+    s = Streamer(layout, StreamSettings(), budget=Budget(3 * layout.expert_nbytes_in_layer(0), 0, "fixed"), slots=True)
     ups = [s.binding(t.name) for t in layout.experts if t.proj == "ffn_up_exps"]
     assert {b.n_slots for b in ups} == {s.cache.n_slots} and {b.expert_stride for b in ups} == {4 * PAGE}
     # one pool: the layers differ only by their own offset modulo the page
@@ -89,7 +89,7 @@ def test_bindings_point_every_layer_at_one_pool_with_the_slot_stride(tmp_path: P
 def _two_layers(tmp_path: Path, n_budget: int) -> tuple[ModelLayout, bytes, Streamer, SlotCache]:
     """2 layers x 8 experts of 3-page slices, a slot cache of ``n_budget`` experts."""
     layout, data = make_layout(tmp_path, n_layer=2, n_expert=8, slice_nbytes=3 * PAGE)
-    s = Streamer(layout, StreamOptions(), budget=Budget(n_budget * layout.expert_nbytes_in_layer(0), 0, "fixed"),
+    s = Streamer(layout, StreamSettings(), budget=Budget(n_budget * layout.expert_nbytes_in_layer(0), 0, "fixed"),
                  slots=True)
     assert isinstance(s.cache, SlotCache)
     return layout, data, s, s.cache
@@ -127,7 +127,7 @@ def test_mixed_pools_release_the_pool_the_newcomer_does_not_use(tmp_path: Path) 
     t = next(t for t in layout.experts if t.il == 1 and t.proj == "ffn_down_exps")
     small = replace(t, nbytes=t.n_expert * 2 * PAGE)
     layout = replace(layout, experts=tuple(small if x is t else x for x in layout.experts))
-    s = Streamer(layout, StreamOptions(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"), slots=True)
+    s = Streamer(layout, StreamSettings(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"), slots=True)
     cache = s.cache
     assert isinstance(cache, SlotCache) and len(cache._buffers) == 4
     s.on_route(0, np.array([[1, 2]]))
@@ -142,7 +142,7 @@ def test_mixed_pools_release_the_pool_the_newcomer_does_not_use(tmp_path: Path) 
 def test_read_ahead_assigns_slots_and_never_takes_a_busy_one(tmp_path: Path) -> None:
     layout, data = make_layout(tmp_path, n_layer=3, n_expert=8, slice_nbytes=6528)
     per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(), budget=Budget(3 * per, 0, "fixed"), slots=True)
+    s = Streamer(layout, StreamSettings(), budget=Budget(3 * per, 0, "fixed"), slots=True)
     cache = s.cache
     assert isinstance(cache, SlotCache)
     s.on_route(0, np.array([[0, 1], [2, 3]]))       # a wide route, its matmuls still to run
@@ -162,7 +162,7 @@ def test_slots_refused_where_other_tensors_gather_by_the_ids(tmp_path: Path) -> 
     gpt = replace(layout, expert_side=("blk.0.ffn_gate_exps.bias", "blk.0.ffn_up_exps.bias"))
     assert slots_refusal(layout) == ""
     assert "ffn_gate_exps.bias" in slots_refusal(gpt)
-    s = Streamer(gpt, StreamOptions(), budget=Budget(3 * gpt.expert_nbytes_in_layer(0), 0, "fixed"), slots=True)
+    s = Streamer(gpt, StreamSettings(), budget=Budget(3 * gpt.expert_nbytes_in_layer(0), 0, "fixed"), slots=True)
     assert isinstance(s.cache, ExpertCache) and not s.slots  # page moves instead
     with pytest.raises(ValueError, match="no slots"):
         s.slot_map(0)
@@ -187,7 +187,7 @@ def test_pools_hold_only_resident_slots_and_decide_as_page_moves_do(tmp_path: Pa
     per = layout.expert_nbytes_in_layer(0)
     runs = {}
     for slots in (True, False):
-        s = Streamer(layout, StreamOptions(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), slots=slots)
+        s = Streamer(layout, StreamSettings(odirect=odirect), budget=Budget(5 * per, 0, "fixed"), slots=slots)
         rng = np.random.default_rng(3)
         for r in range(25):
             for il in layout.layers:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmoe.stream import StreamOptions, Streamer
-from bmoe.stream.options import Budget
+from bmoe.stream import StreamSettings, Streamer
+from bmoe.stream.budget import Budget
 from bmoe.stream.reader import StreamIOError
 from test_stream_cache import PROJS, _expert_bytes_in_buffer, make_layout
 
@@ -48,7 +48,7 @@ class HeldReads:
 def test_deferred_projection_is_pending_until_waited_and_counted_then(tmp_path: Path, cache: bool) -> None:
     layout, data = make_layout(tmp_path)
     budget = Budget(layout.expert_nbytes, 0, "fixed") if cache else Budget(0, 0, "off")
-    s = Streamer(layout, StreamOptions(io_threads=2), budget=budget)
+    s = Streamer(layout, StreamSettings(io_threads=2), budget=budget)
     held = HeldReads(s, hold=DOWN)
     s.set_schedule(0, ORDER, {DOWN})
     s.on_route(0, np.array([[1, 6]]))  # returns although every down read is held
@@ -68,7 +68,7 @@ def test_deferred_projection_is_pending_until_waited_and_counted_then(tmp_path: 
 
 def test_reads_are_queued_in_the_schedules_order(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    s = Streamer(layout, StreamOptions(io_threads=1), budget=Budget(0, 0, "off"))
+    s = Streamer(layout, StreamSettings(io_threads=1), budget=Budget(0, 0, "off"))
     held = HeldReads(s)
     s.on_route(0, np.array([[0, 5, 3]]))  # no schedule: all waited, the layout's order
     assert held.taken == [DOWN] * 3 + [GATE] * 3 + [UP] * 3 and s.pending == ()
@@ -85,7 +85,7 @@ def test_next_route_drains_the_previous_one_before_planning(tmp_path: Path) -> N
     read: the next route waits for the previous one first."""
     layout, data = make_layout(tmp_path)
     per = layout.expert_nbytes_in_layer(0)
-    s = Streamer(layout, StreamOptions(io_threads=2), budget=Budget(2 * per, 0, "fixed"))
+    s = Streamer(layout, StreamSettings(io_threads=2), budget=Budget(2 * per, 0, "fixed"))
     for il in layout.layers:
         s.set_schedule(il, ORDER, {DOWN})
     s.on_route(0, np.array([[2, 3]]))
@@ -103,7 +103,7 @@ def test_next_route_drains_the_previous_one_before_planning(tmp_path: Path) -> N
 
 def test_failed_deferred_read_raises_at_its_wait_and_is_sticky(tmp_path: Path) -> None:
     layout, data = make_layout(tmp_path)
-    s = Streamer(layout, StreamOptions(io_threads=1), budget=Budget(0, 0, "off"))
+    s = Streamer(layout, StreamSettings(io_threads=1), budget=Budget(0, 0, "off"))
     HeldReads(s, fail=DOWN)
     s.set_schedule(0, ORDER, {DOWN})
     s.on_route(0, np.array([[1, 2]]))  # one lane: gate and up are read before the down failure
@@ -119,7 +119,7 @@ def test_failed_deferred_read_raises_at_its_wait_and_is_sticky(tmp_path: Path) -
 
 def test_close_with_a_route_in_flight_lets_no_read_outlive_the_buffers(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    s = Streamer(layout, StreamOptions(io_threads=2), budget=Budget(0, 0, "off"))
+    s = Streamer(layout, StreamSettings(io_threads=2), budget=Budget(0, 0, "off"))
     held = HeldReads(s, hold=DOWN)
     s.set_schedule(0, ORDER, {DOWN})
     s.on_route(0, np.array([[0, 1, 2, 3]]))
@@ -130,7 +130,7 @@ def test_close_with_a_route_in_flight_lets_no_read_outlive_the_buffers(tmp_path:
 
 def test_schedule_must_fit_the_layer(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    s = Streamer(layout, StreamOptions(), budget=Budget(0, 0, "off"))
+    s = Streamer(layout, StreamSettings(), budget=Budget(0, 0, "off"))
     with pytest.raises(ValueError, match="does not fit layer 0"):
         s.set_schedule(0, (GATE, UP), {UP})  # down missing
     with pytest.raises(ValueError, match="does not fit layer 0"):
@@ -142,7 +142,7 @@ def test_schedule_must_fit_the_layer(tmp_path: Path) -> None:
 
 def test_a_route_of_cached_experts_queues_nothing_and_is_recorded_at_once(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    s = Streamer(layout, StreamOptions(io_threads=2), budget=Budget(layout.expert_nbytes, 0, "fixed"))
+    s = Streamer(layout, StreamSettings(io_threads=2), budget=Budget(layout.expert_nbytes, 0, "fixed"))
     s.set_schedule(0, ORDER, {DOWN})
     s.on_route(0, np.array([[1, 6]]))
     s.drain()

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, TextIO
 
 from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
-from bmoe.runtime.results import GenerateRequest
-from bmoe.session import DECIDE_OFF, Session
+from bmoe.session import DECIDE_OFF, GenerateRequest, Session
 from bmoe.wire import records as telemetry
 from bmoe.wire.protocol import (
     MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.flags import add_session_flags, config_from_flags, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
 
 
@@ -36,7 +36,7 @@ def _gc_budget(text: str) -> int:
 
 def gc_twins_main(args: argparse.Namespace) -> int:
     """--gc-twins: one line per removed twin, then a summary line; exit 0 (1 if one cannot be removed)."""
-    from bmoe.stream.twin import default_twin_dir, gc_twins
+    from bmoe.session import default_twin_dir, gc_twins
 
     cache = args.stream_cache_dir or default_twin_dir()
     budget = None if args.gc_twins is True else args.gc_twins << 20
@@ -57,12 +57,12 @@ def gc_twins_main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_archs:
-        from bmoe.stream import format_archs
+        from bmoe.session import format_archs
 
         print(format_archs())
         return 0
     if args.list_devices:
-        from bmoe.llama.devices import format_devices, list_devices
+        from bmoe.session import format_devices, list_devices
 
         print(format_devices(list_devices()))
         return 0

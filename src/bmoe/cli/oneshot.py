@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from bmoe.runtime.results import GenerateRequest
-from bmoe.session import Session
+from bmoe.session import GenerateRequest, Session
 from bmoe.wire import records as telemetry
 
 

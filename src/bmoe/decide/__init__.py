@@ -9,7 +9,7 @@ from bmoe.decide.continuations import (
     UNCOND_CACHED,
     UNCOND_RESTORED,
     UNCOND_STORED,
-    NeutralCache,
+    NeutralStore,
     continuation_logps,
 )
 from bmoe.decide.debias import DebiasState, NoPriorError, decide_all
@@ -38,12 +38,12 @@ from bmoe.decide.errors import (
     PromptTooLongError,
 )
 from bmoe.decide.port import DecideBackend, KeptState, PrefillCost
-from bmoe.decide.prefix_cache import (
+from bmoe.decide.kept_prefix import (
     KeptPrefix,
-    LastPrefixCache,
+    LastPrefixStore,
     Lookup,
-    PrefixCache,
-    resolve_prefix_cache,
+    PrefixStore,
+    resolve_keep_prefix,
 )
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
@@ -54,7 +54,7 @@ from bmoe.decide.scoring_modes import (
     SCORING_MODES,
     full_scores,
 )
-from bmoe.decide.options import CONTENT_FREE, DEBIAS_MODES, render_block, rendered
+from bmoe.decide.option_list import CONTENT_FREE, DEBIAS_MODES, render_block, rendered
 from bmoe.decide.types import ChoiceScores, DebiasScores, DecideRequest, DecideResult, RenderRule
 
 __all__ = [
@@ -76,7 +76,7 @@ __all__ = [
     "UNCOND_RESTORED",
     "UNCOND_STORED",
     "ChoiceTooLongError",
-    "NeutralCache",
+    "NeutralStore",
     "NoSideSequenceError",
     "continuation_logps",
     "full_scores",
@@ -101,16 +101,16 @@ __all__ = [
     "EmptyPromptError",
     "KeptPrefix",
     "KeptState",
-    "LastPrefixCache",
+    "LastPrefixStore",
     "Lookup",
     "NoChoicesError",
     "PrefillCost",
-    "PrefixCache",
+    "PrefixStore",
     "PromptTooLongError",
     "SplitPrompt",
     "check_prompt_fits",
     "first_tokens",
-    "resolve_prefix_cache",
+    "resolve_keep_prefix",
     "run_decide",
     "run_many",
     "score_choices",

@@ -58,7 +58,7 @@ class _KeptNeutral:
     row: np.ndarray  # [n_vocab] logits after the neutral prompt
 
 
-class NeutralCache:
+class NeutralStore:
     """The neutral prompt's side of a session: the latest neutral prompt's state and last logits
     (one prefill, then forked for every new choice), and the per-token log-probs of the choices
     already scored after a neutral prompt (up to ``max_choices``, oldest forgotten first)."""

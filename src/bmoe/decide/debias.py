@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from bmoe.decide.errors import DecideRefusal
-from bmoe.decide.options import check_structured, labels_of, rendered, rotation
+from bmoe.decide.option_list import check_structured, labels_of, rendered, rotation
 from bmoe.decide.types import DebiasScores, DecideRequest, DecideResult
 from bmoe.numerics import log_softmax
 

@@ -27,10 +27,10 @@ from typing import TypeVar
 import numpy as np
 
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
-from bmoe.decide.continuations import NeutralCache, continuation_logps
+from bmoe.decide.continuations import NeutralStore, continuation_logps
 from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
 from bmoe.decide.port import BYTES_PER_MIB, DecideBackend, PrefillCost
-from bmoe.decide.prefix_cache import PrefixCache
+from bmoe.decide.kept_prefix import PrefixStore
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
     SCORING_FULL,
@@ -56,7 +56,7 @@ REUSE_NO_PREFIX = "no prefix"  # the prefix is empty on tokens: prefilled whole,
 class DecidePolicy:
     """Session-wide decide settings, resolved at startup."""
 
-    prefix_cache: bool  # from resolve_prefix_cache()
+    keep_prefix: bool  # from resolve_keep_prefix()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +90,8 @@ class _Prefilled:
 
 
 def run_decide(
-    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy,
-    neutral: NeutralCache | None = None,
+    backend: DecideBackend, cache: PrefixStore, request: DecideRequest, policy: DecidePolicy,
+    neutral: NeutralStore | None = None,
 ) -> DecideResult:
     """Answer one request. Never raises for a bad request or a backend failure: the result then
     carries ``error``, and the kept prefix state is still a valid state for its own tokens.
@@ -106,8 +106,8 @@ def run_decide(
 
 
 def _run_planned(
-    backend: DecideBackend, cache: PrefixCache, request: DecideRequest, policy: DecidePolicy, plan: _Plan,
-    neutral: NeutralCache | None = None,
+    backend: DecideBackend, cache: PrefixStore, request: DecideRequest, policy: DecidePolicy, plan: _Plan,
+    neutral: NeutralStore | None = None,
 ) -> DecideResult:
     try:
         done = _prefill(backend, cache, request, policy, plan.prompt)
@@ -118,14 +118,14 @@ def _run_planned(
         if plan.tokens is None:
             scores, scored = score_choices(row, plan.first, request.abstain_below), _Scored()
         else:
-            scores, scored = _score_full(backend, neutral or NeutralCache(), request, plan, row)
+            scores, scored = _score_full(backend, neutral or NeutralStore(), request, plan, row)
     except Exception as exc:
         return DecideResult.failed(request.id, _failure_message("scoring the choices", exc), exc)
     return _result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
 
 
 def _score_full(
-    backend: DecideBackend, neutral: NeutralCache, request: DecideRequest, plan: _Plan, row: np.ndarray
+    backend: DecideBackend, neutral: NeutralStore, request: DecideRequest, plan: _Plan, row: np.ndarray
 ) -> tuple[ChoiceScores, _Scored]:
     """Every token of every choice after the prompt (the sequence holds it, ``row`` is its last
     logits), and after the neutral prompt when the request wants that."""
@@ -171,10 +171,10 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
 
 def run_many(
     backend: DecideBackend,
-    cache: PrefixCache,
+    cache: PrefixStore,
     requests: Sequence[DecideRequest],
     policy: DecidePolicy,
-    neutral: NeutralCache | None = None,
+    neutral: NeutralStore | None = None,
 ) -> list[DecideResult]:
     """Answer requests, each as if answered alone in order after the ones before it.
 
@@ -184,8 +184,8 @@ def run_many(
     and spoils nothing. Groups run in the order of their last request, so the state kept at the
     end is the one the last request would have left. Results come back in request order.
     Full-scored requests run alone (their choices take the side sequences)."""
-    neutral = neutral or NeutralCache()
-    cap = backend.max_batch() if policy.prefix_cache else 1
+    neutral = neutral or NeutralStore()
+    cap = backend.max_batch() if policy.keep_prefix else 1
     if cap <= 1 or len(requests) < 2:
         return [run_decide(backend, cache, r, policy, neutral) for r in requests]
     results: list[DecideResult | None] = [None] * len(requests)
@@ -219,7 +219,7 @@ _batch_ids = itertools.count(1)  # BatchShare.id: batches prefilled in this proc
 
 
 def _run_batch(
-    backend: DecideBackend, cache: PrefixCache, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]]
+    backend: DecideBackend, cache: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]]
 ) -> list[DecideResult]:
     """Prefill the members' rest pieces together after their shared prefix (kept, restored or
     computed and stored, as ``_prefill`` does for one decision)."""
@@ -295,16 +295,16 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
 
 def _prefill(
     backend: DecideBackend,
-    cache: PrefixCache,
+    cache: PrefixStore,
     request: DecideRequest,
     policy: DecidePolicy,
     prompt: SplitPrompt,
 ) -> _Prefilled:
     tokens = prompt.tokens
-    if not policy.prefix_cache or not request.reuse_prefix or prompt.n_prefix == 0:
+    if not policy.keep_prefix or not request.reuse_prefix or prompt.n_prefix == 0:
         reuse = (
             REUSE_OFF
-            if not policy.prefix_cache
+            if not policy.keep_prefix
             else REUSE_OPTED_OUT if not request.reuse_prefix else REUSE_NO_PREFIX
         )
         store_s = backend.clear()  # a kept state still in the sequence is copied out first
@@ -318,7 +318,7 @@ def _prefill(
                       store_s=head.store_s, reuse=head.reuse)
 
 
-def _prefix_piece(backend: DecideBackend, cache: PrefixCache, prompt: SplitPrompt) -> _Prefilled:
+def _prefix_piece(backend: DecideBackend, cache: PrefixStore, prompt: SplitPrompt) -> _Prefilled:
     """Bring the sequence to exactly the prompt's prefix: the kept state restored, extended or
     replaced (then stored). ``costs`` holds the prefix piece's prefill when one ran."""
     tokens = prompt.tokens

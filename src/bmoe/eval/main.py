@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
+from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
 from bmoe.ray.flags import add_actor_flags, run_failure
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from bmoe.config import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
+from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 

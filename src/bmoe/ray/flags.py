@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bmoe.config import int_at_least
+from bmoe.flags import int_at_least
 
 
 def _cpus(v: str) -> float:

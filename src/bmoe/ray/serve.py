@@ -18,7 +18,8 @@ from typing import Any
 
 from ray import serve
 
-from bmoe.config import SessionConfig, config_from_flags, model_from_flags
+from bmoe.config import SessionConfig
+from bmoe.flags import config_from_flags, model_from_flags
 from bmoe.errors import ConfigError
 from bmoe.server.app import ServerSettings, close_app, create_app
 from bmoe.server.main import build_server_parser, server_settings

@@ -22,12 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..decide.continuations import NeutralCache
+from ..decide.continuations import NeutralStore
 from ..decide.debias import DebiasState, decide_all
 from ..decide.decider import DecidePolicy, run_decide, run_many
 from ..decide.errors import DecideBackendError
 from ..decide.port import KeptState, PrefillCost
-from ..decide.prefix_cache import KeptPrefix, LastPrefixCache, resolve_prefix_cache
+from ..decide.kept_prefix import KeptPrefix, LastPrefixStore, resolve_keep_prefix
 from ..decide.types import DecideRequest, DecideResult
 from ..stream.stats import StreamStats
 from .chat import Message
@@ -298,13 +298,13 @@ class DecideService:
     sessions opened with decide on, so a session without it allocates nothing."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self.policy = DecidePolicy(prefix_cache=resolve_prefix_cache(
+        self.policy = DecidePolicy(keep_prefix=resolve_keep_prefix(
             runtime.config.decide_prefix_cache, prefill_device=runtime.config.prefill_device is not None))
-        self.cache = LastPrefixCache()
+        self.cache = LastPrefixStore()
         self.backend = LlamaDecideBackend(runtime, kept=lambda: self.cache.kept)
         # The neutral prompt's side of full scoring: kept for the session's life (a generate()
         # does not touch it: it lives in a copy, not in the sequence).
-        self.neutral = NeutralCache()
+        self.neutral = NeutralStore()
         # Order debiasing's per-session state: PriDe's priors, contextual calibration's layouts.
         self.debias = DebiasState(pride_sample=runtime.config.decide_pride_sample)
 

@@ -1,4 +1,4 @@
-"""KvCache: which tokens the context's sequence holds, and how to reach a new prompt.
+"""KvSequence: which tokens the context's sequence holds, and how to reach a new prompt.
 
 A new prompt reuses the longest common token prefix with what is in the KV; the divergent
 tail is trimmed. Memory that cannot be trimmed (recurrent layers) falls back to a full
@@ -26,7 +26,7 @@ class KvPlan:
     fallback: str  # "" when the prefix was reused as planned
 
 
-class KvCache:
+class KvSequence:
     def __init__(self, ctx: LlamaContext) -> None:
         self.ctx = ctx
         self.tokens: list[int] = []

@@ -14,12 +14,12 @@ import math
 import numpy as np
 
 from ..errors import RequestError
-from .kv import KvCache
+from .kv import KvSequence
 from .results import PerplexityResult
 from .scoring import row_logprobs
 
 
-def perplexity(kv: KvCache, tokens: list[int], n_window: int, *, keep_logits: bool = False) -> PerplexityResult:
+def perplexity(kv: KvSequence, tokens: list[int], n_window: int, *, keep_logits: bool = False) -> PerplexityResult:
     if isinstance(n_window, bool) or not isinstance(n_window, int) or not 2 <= n_window <= kv.ctx.n_ctx:
         raise RequestError(f"n_window: must be an integer in [2, n_ctx {kv.ctx.n_ctx}], got {n_window!r}")
     if len(tokens) < 2:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import rules
 from ..stream.stats import StreamStats
 
 
@@ -19,6 +20,21 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     keep_logits: bool = False  # keep every step's logit row (gates compare them bit for bit)
+
+
+# What a generate request may hold, field by field: the session checks a GenerateRequest built in
+# Python against it (check_generate), the line protocol a generate line (wire/protocol.py).
+GENERATE_FIELDS: rules.Spec = {
+    "id": (rules.INT, False), "prompt": (rules.STR, True), "n_predict": (rules.POS_INT, False),
+    "think": (rules.BOOL, False), "clear_kv": (rules.BOOL, False), "temperature": (rules.TEMPERATURE, False),
+    "top_p": (rules.TOP_P, False), "seed": (rules.SEED, False),
+}
+
+
+def check_generate(req: GenerateRequest) -> None:
+    """Refuse (``rules.FieldError``, a RequestError) a request whose fields break GENERATE_FIELDS."""
+    rules.check_fields({k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None},
+                       GENERATE_FIELDS, "generate")
 
 
 @dataclass(frozen=True, slots=True)

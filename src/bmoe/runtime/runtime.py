@@ -23,12 +23,12 @@ from ..llama.model import LlamaModel, ModelLoadParams
 from ..numerics import log_softmax
 from ..stream.stats import StreamStats
 from .chat import ChatRenderer, Message
-from .kv import KvCache
+from .kv import KvSequence
 from .perplexity import perplexity as _perplexity
 from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
 from .sampling import Sampler
 from .scoring import PromptScorer, check_token_ids
-from .streaming import StreamRuntime, open_streaming
+from .streaming import ExpertStreaming, open_streaming
 from .textstream import TextStream
 
 
@@ -69,7 +69,7 @@ class Runtime:
         # First: the device backends fix their offload threshold when the registry is first read.
         self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
             if config.prefill_device is not None else None
-        self.stream: StreamRuntime | None = open_streaming(config) if config.moe_stream else None
+        self.stream: ExpertStreaming | None = open_streaming(config) if config.moe_stream else None
         try:
             self.model = LlamaModel(ModelLoadParams(
                 path=self.stream.load_path if self.stream is not None else config.model,
@@ -110,12 +110,11 @@ class Runtime:
                 flash_attn=config.flash_attn,
                 kv_f32=config.kv_f32,
                 offload_min_tokens=self.prefill_device.min_tokens if self.prefill_device is not None else None,
-                # seq 0, and one side sequence per decision a batch prefills together
-                n_seq=config.decide_batch + 1 if config.decide and config.decide_batch > 1 else 1,
+                n_seq=config.n_seq_at_open,
             ),
             eval_callback=self.stream.hook if self.stream is not None else None,
         )
-        self.kv = KvCache(self.ctx)
+        self.kv = KvSequence(self.ctx)
         self.scorer = PromptScorer(self.kv, self.model)
         if self.stream is not None and self.prefill_device is not None:
             # The hook binds streamed experts when a CPU graph first reads them; a device graph

@@ -6,7 +6,7 @@ This is what an OpenAI-style ``/v1/completions`` request with ``echo`` and ``log
 and what log-likelihood evaluation (lm-evaluation-harness) reads.
 
 Consecutive requests that share a prefix (one context, several continuations) reuse it twice:
-the KV keeps the common token prefix (``KvCache.align``), and the scores already computed for
+the KV keeps the common token prefix (``KvSequence.align``), and the scores already computed for
 that prefix are kept too, so that only the new tail is prefilled. A kept score is a function of
 the tokens before it only, so it stays valid whatever else the session did in between. The score
 of the first new token comes from the row of the token before it, so reuse stops one token short
@@ -14,7 +14,7 @@ of the common prefix (that one token is prefilled again).
 
 Rows are reduced to scores ``ROW_BLOCK`` at a time, so memory stays a few rows of the vocabulary
 wide whatever the prompt's length; the prefill itself runs in the same pieces (``n_batch``) as one
-``KvCache.append`` of the whole tail would.
+``KvSequence.append`` of the whole tail would.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ContextOverflowError, RequestError
 from ..llama.model import LlamaModel
 from ..numerics import common_prefix_len, log_softmax
-from .kv import KvCache
+from .kv import KvSequence
 from .results import ScoreRequest, ScoreResult
 from .sampling import Sampler
 
@@ -72,7 +72,7 @@ def check_token_ids(tokens: Sequence[int], n_vocab: int, field: str = "tokens") 
 class PromptScorer:
     """Scores token lists on the session's KV, keeping the scores of the last one for the next."""
 
-    def __init__(self, kv: KvCache, model: LlamaModel) -> None:
+    def __init__(self, kv: KvSequence, model: LlamaModel) -> None:
         self.kv = kv
         self.model = model
         # The kept scores: position j of ``_tokens`` (j >= 1) scored as _lp[j], _top_*[j].

@@ -17,11 +17,11 @@ from ..config import SessionConfig
 from ..errors import BmoeError, ConfigError, ModelFileError
 from ..llama.expert_hook import ExpertHook
 from ..llama.ggml_tensor import GgmlLayoutError
-from ..llama.pages import LibcPageMover
+from ..llama.mremap_mover import LibcPageMover
 from ..llama.dense_anon import AnonDense
 from ..llama.residency import PageResidency
 from ..stream import (
-    CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamOptions, Streamer, TwinError,
+    CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamSettings, Streamer, TwinError,
     UnsupportedArchError, lookup, read_layout,
 )
 from ..stream.stats import StreamStats
@@ -44,7 +44,7 @@ class StreamModelError(StreamSetupError, ModelFileError):
 
 
 @dataclass
-class StreamRuntime:
+class ExpertStreaming:
     """The live streaming parts a session holds, behind the few calls the session makes."""
 
     streamer: Streamer
@@ -126,7 +126,16 @@ def stream_slots(config: SessionConfig) -> bool:
     return config.prefill_device is None and os.environ.get("BMOE_CACHE_SLOTS", "1") != "0"
 
 
-def open_streaming(config: SessionConfig) -> StreamRuntime:
+def stream_settings(config: SessionConfig) -> StreamSettings:
+    """The streamer's settings of a (checked) config."""
+    return StreamSettings(
+        cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
+        policy=config.cache_policy, odirect=config.odirect, io_threads=config.io_threads,
+        read_all=config.stream_read_all,
+    )
+
+
+def open_streaming(config: SessionConfig) -> ExpertStreaming:
     # read_layout comes first and checks that every tensor lies inside its file, so a truncated
     # or malformed GGUF is refused here, naming it, before a dense twin of it is written.
     try:
@@ -136,16 +145,12 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
         # bytes, and the reader compares it again on a schedule (an overwrite in place that kept
         # size, mtime and inode becomes the sticky FileChangedError).
         content = ContentSample.take(layout)
-        options = StreamOptions(
-            cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
-            policy=config.cache_policy,
-            odirect=config.odirect, io_threads=config.io_threads, read_all=config.stream_read_all,
-        )
+        settings = stream_settings(config)
         guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None
         pages = LibcPageMover.available(sum(t.n_expert for t in layout.experts))
         # Read-ahead two layers deep needs the next layer's buffers apart from this one's: with the
         # cache off that is a second set of shared buffers (one layer of expert bytes more).
-        streamer = Streamer(layout, options, pages=pages, buffer_sets=2 if guess else 1, slots=stream_slots(config))
+        streamer = Streamer(layout, settings, pages=pages, buffer_sets=2 if guess else 1, slots=stream_slots(config))
     except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError,
             StreamIOError) as e:  # StreamIOError: a shard changed before the reader opened it
         raise _setup_error(config, e) from e
@@ -174,7 +179,7 @@ def open_streaming(config: SessionConfig) -> StreamRuntime:
     except BaseException:
         streamer.close()
         raise
-    return StreamRuntime(streamer=streamer, hook=hook, load_path=load_path, dense_files=dense_files,
+    return ExpertStreaming(streamer=streamer, hook=hook, load_path=load_path, dense_files=dense_files,
                          expert_files=expert_files, dense_weights=mode, dense=dense)
 
 

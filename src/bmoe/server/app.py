@@ -1,7 +1,7 @@
 """create_app(): the FastAPI app over one open Session.
 
 The caller owns the session (opens it before, closes it after); the app owns the worker thread
-that feeds it (``app.state.engine``; ``close_app`` stops it).
+that feeds it (``app.state.queue``; ``close_app`` stops it).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from bmoe.session import Session
 from .chat_route import ChatRoute
 from .completions_route import CompletionsRoute
 from .decide_route import DecideRoute
-from .engine import Engine, QueueFull
+from .job_queue import JobQueue, QueueFull
 from .errors import ApiError, error_response, install_handlers
 from .metrics import Metrics
 from .middleware import AllowedHosts, BodyLimit, CountRequests
@@ -50,7 +50,7 @@ def model_id(session: Session) -> str:
     return Path(session.config.model).stem
 
 
-def session_info(session: Session, settings: ServerSettings, engine: Engine) -> dict[str, Any]:
+def session_info(session: Session, settings: ServerSettings, queue: JobQueue) -> dict[str, Any]:
     """The model and session settings, read-only, for the page (no filesystem paths)."""
     cfg = session.config
     conf = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "model"}
@@ -61,7 +61,7 @@ def session_info(session: Session, settings: ServerSettings, engine: Engine) -> 
         "decide": session.decider is not None, "streaming": cfg.moe_stream, "config": conf,
         "server": {"max_queue": settings.max_queue, "max_body_bytes": settings.max_body_bytes,
                    "auth": settings.api_key is not None},
-        "stats": engine.last_stats,
+        "stats": queue.last_stats,
     }
 
 
@@ -78,11 +78,11 @@ def _auth(settings: ServerSettings):
 
 
 def create_app(session: Session, settings: ServerSettings = ServerSettings()) -> FastAPI:
-    metrics = Metrics(lambda: engine.depth(), lambda: engine.last_stats)
-    engine = Engine(session, settings.max_queue, on_drop=metrics.cancelled.inc)  # a waiter whose client left
+    metrics = Metrics(lambda: queue.depth(), lambda: queue.last_stats)
+    queue = JobQueue(session, settings.max_queue, on_drop=metrics.cancelled.inc)  # a waiter whose client left
     app = FastAPI(title="bmoe-server", version="0.1.0",
                   description="OpenAI-compatible chat and bmoe decisions over one bmoe session.")
-    app.state.engine, app.state.metrics, app.state.session = engine, metrics, session
+    app.state.queue, app.state.metrics, app.state.session = queue, metrics, session
     install_handlers(app)
 
     @app.exception_handler(QueueFull)
@@ -92,23 +92,23 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
 
     api = APIRouter(dependencies=[Depends(_auth(settings))])
     busy = {503: {"description": "the queue is full (Retry-After says when to retry)"}}
-    api.add_api_route("/v1/chat/completions", ChatRoute(engine, metrics, model_id(session)), methods=["POST"],
+    api.add_api_route("/v1/chat/completions", ChatRoute(queue, metrics, model_id(session)), methods=["POST"],
                       summary="OpenAI chat completion (stream=true for SSE)", responses=busy)
-    api.add_api_route("/v1/decide", DecideRoute(engine, metrics), methods=["POST"],
+    api.add_api_route("/v1/decide", DecideRoute(queue, metrics), methods=["POST"],
                       summary="One decision, or a list answered in order", responses=busy)
-    api.add_api_route("/v1/completions", CompletionsRoute(engine, metrics, model_id(session)), methods=["POST"],
+    api.add_api_route("/v1/completions", CompletionsRoute(queue, metrics, model_id(session)), methods=["POST"],
                       summary="OpenAI legacy completion for scoring prompts: echo, logprobs, max_tokens 0 or 1",
                       responses=busy)
-    api.include_router(tokenizer_router(engine))
+    api.include_router(tokenizer_router(queue))
 
     @api.get("/v1/models", summary="The one model this server serves")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_id(session), "object": "model", "created": int(started),
-                                            "owned_by": "bmoe", "meta": session_info(session, settings, engine)}]}
+                                            "owned_by": "bmoe", "meta": session_info(session, settings, queue)}]}
 
     @api.get("/v1/session", summary="Model and session settings, read-only, and the latest stats")
     async def info() -> dict[str, Any]:
-        return session_info(session, settings, engine)
+        return session_info(session, settings, queue)
 
     @api.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus() -> Response:
@@ -118,9 +118,9 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
 
     @app.get("/health", summary="Liveness; never needs the API key", responses={503: {"description": "broken"}})
     async def health() -> Any:
-        if engine.broken is not None:  # the session hit an error it cannot recover from
-            return JSONResponse({"status": "error", "error": engine.broken, "queue": engine.depth()}, 503)
-        return {"status": "ok", "queue": engine.depth()}
+        if queue.broken is not None:  # the session hit an error it cannot recover from
+            return JSONResponse({"status": "error", "error": queue.broken, "queue": queue.depth()}, 503)
+        return {"status": "ok", "queue": queue.depth()}
 
     # The page is public (it holds no data and asks for the key itself); every API route is not.
     @app.get("/", include_in_schema=False)
@@ -150,4 +150,4 @@ def _static(name: str) -> Response:
 
 
 def close_app(app: FastAPI) -> None:
-    app.state.engine.close()
+    app.state.queue.close()

@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bmoe.runtime.chat import Message
+from bmoe.session import Message
 from bmoe.wire.records import done_fields
 
 from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
-from .engine import ERROR, RESULT, Engine, Event, Job
+from .job_queue import ERROR, RESULT, JobQueue, Event, Job
 from .errors import ApiError, error_body, from_request_error
 from .jobs import cancel_on_disconnect, job_error
 from .metrics import Metrics
@@ -65,8 +65,8 @@ def raise_for(ev: Event) -> None:
 
 
 class ChatRoute:
-    def __init__(self, engine: Engine, metrics: Metrics, model_id: str) -> None:
-        self.engine, self.metrics, self.model_id = engine, metrics, model_id
+    def __init__(self, queue: JobQueue, metrics: Metrics, model_id: str) -> None:
+        self.queue, self.metrics, self.model_id = queue, metrics, model_id
 
     def _worker_fn(self, turn: ChatTurn):  # runs in the worker thread
         def fn(session, job: Job) -> TurnOutcome:
@@ -84,7 +84,7 @@ class ChatRoute:
 
     async def __call__(self, body: ChatCompletionRequest, request: Request):
         turn = to_turn(body)
-        job = self.engine.submit(self._worker_fn(turn))
+        job = self.queue.submit(self._worker_fn(turn))
         watcher = asyncio.create_task(cancel_on_disconnect(request, job))
         handed_over = False
         try:

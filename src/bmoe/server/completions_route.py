@@ -19,10 +19,9 @@ from typing import Any
 from fastapi import Request
 
 from bmoe.errors import RequestError
-from bmoe.runtime.results import ScoreRequest, ScoreResult
-from bmoe.session import Session
+from bmoe.session import ScoreRequest, ScoreResult, Session
 
-from .engine import Cancelled, Engine, Job
+from .job_queue import Cancelled, JobQueue, Job
 from .errors import ApiError, from_request_error
 from .jobs import run_job
 from .metrics import Metrics
@@ -140,8 +139,8 @@ def refusal(e: RequestError, param: str) -> ApiError:
 
 
 class CompletionsRoute:
-    def __init__(self, engine: Engine, metrics: Metrics, model_id: str) -> None:
-        self.engine, self.metrics, self.model_id = engine, metrics, model_id
+    def __init__(self, queue: JobQueue, metrics: Metrics, model_id: str) -> None:
+        self.queue, self.metrics, self.model_id = queue, metrics, model_id
 
     def _fn(self, body: CompletionRequest) -> Callable[[Session, Job], dict[str, Any]]:
         prompts, many = prompts_of(body)
@@ -180,6 +179,6 @@ class CompletionsRoute:
 
     async def __call__(self, body: CompletionRequest, request: Request) -> dict[str, Any]:
         _unsupported(body)
-        answer = await run_job(self.engine, request, self._fn(body))
+        answer = await run_job(self.queue, request, self._fn(body))
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_id, **answer}

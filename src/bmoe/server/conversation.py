@@ -10,12 +10,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
-from bmoe.runtime.results import GenerateRequest, GenerateResult
-from bmoe.session import Session
+from bmoe.session import GenerateRequest, GenerateResult, Message, Session
 
-from .engine import STEP, Job
+from .job_queue import STEP, Job
 from .errors import ApiError
 from .stops import StopMatcher
 

@@ -16,7 +16,7 @@ from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.wire.protocol import render_rule
 from bmoe.wire.records import decide_fields
 
-from .engine import Engine, Job
+from .job_queue import JobQueue, Job
 from .errors import ApiError
 from .jobs import run_job
 from .metrics import Metrics
@@ -46,8 +46,8 @@ def _param(r: DecideResult) -> str | None:
 
 
 class DecideRoute:
-    def __init__(self, engine: Engine, metrics: Metrics) -> None:
-        self.engine, self.metrics = engine, metrics
+    def __init__(self, queue: JobQueue, metrics: Metrics) -> None:
+        self.queue, self.metrics = queue, metrics
 
     def _fn(self, requests: list[DecideRequest], batch: bool):
         def fn(session, job: Job) -> list[DecideResult]:
@@ -63,7 +63,7 @@ class DecideRoute:
         # A decision is not interrupted once it runs; one whose client left while it waited is dropped.
         # A RequestError from the session: decide is off in it.
         results: list[DecideResult] = await run_job(
-            self.engine, request, self._fn([to_request(b) for b in items], batch),
+            self.queue, request, self._fn([to_request(b) for b in items], batch),
             request_error=lambda e: ApiError(400, str(e), None, "decide_off"))
         if batch:
             return [decide_fields(r) for r in results]

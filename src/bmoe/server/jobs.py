@@ -11,7 +11,7 @@ from fastapi import Request
 from bmoe.errors import RequestError
 from bmoe.session import Session
 
-from .engine import Cancelled, Engine, Job, QueueFull
+from .job_queue import Cancelled, JobQueue, Job, QueueFull
 from .errors import ApiError, from_request_error
 
 
@@ -37,11 +37,11 @@ def job_error(e: BaseException, request_error: Callable[[RequestError], ApiError
     return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error")
 
 
-async def run_job(engine: Engine, request: Request, fn: Callable[[Session, Job], Any],
+async def run_job(queue: JobQueue, request: Request, fn: Callable[[Session, Job], Any],
                   request_error: Callable[[RequestError], ApiError] = lambda e: from_request_error(e, None)) -> Any:
     """Queue ``fn`` on the worker and return its result; a client that leaves while it waits
     drops it. A failure is raised as ``job_error`` maps it."""
-    job = engine.submit(fn)
+    job = queue.submit(fn)
     watcher = asyncio.create_task(cancel_on_disconnect(request, job))
     try:
         ev = await job.outcome()

@@ -1,4 +1,4 @@
-"""bmoe-server: every session flag (bmoe.config.SESSION_FLAGS, as bmoe-cli), plus where to listen
+"""bmoe-server: every session flag (bmoe.flags.SESSION_FLAGS, as bmoe-cli), plus where to listen
 and how to guard it."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from bmoe.config import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.flags import add_session_flags, config_from_flags, model_from_flags, opening_failure
 from bmoe.errors import ConfigError
 
 from .hosts import bound_name, normalize, parse_allowed

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from bmoe.decide.types import DecideResult
-from bmoe.runtime.results import GenerateResult, ScoreResult
+from bmoe.session import GenerateResult, ScoreResult
 
 MIB = 2**20
 

@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from bmoe.runtime.scoring import TOP_CAP
+from bmoe import rules
+from bmoe.session import TOP_CAP
 
 
 def _utf8(v: str) -> str:
@@ -54,7 +55,7 @@ class ChatCompletionRequest(BaseModel):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
     max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20, description="OpenAI's newer name for max_tokens")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=rules.TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
@@ -136,7 +137,7 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=0, le=1 << 20, description="0 or 1 here (default 1)")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=TOP_CAP)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=rules.TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     n: int | None = Field(None, ge=1, le=1 << 10)

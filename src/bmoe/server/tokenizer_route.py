@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 
 from bmoe.session import Session
 
-from .engine import Engine, Job
+from .job_queue import JobQueue, Job
 from .errors import ApiError
 from .jobs import run_job
 from .schemas import DetokenizeBody, TokenizeBody
@@ -34,7 +34,7 @@ def tokenizer_info(session: Session) -> dict[str, Any]:
     }
 
 
-def tokenizer_router(engine: Engine) -> APIRouter:
+def tokenizer_router(queue: JobQueue) -> APIRouter:
     r = APIRouter()
 
     @r.post("/tokenize", summary="Text to the model's token ids (special tokens in the text parsed)")
@@ -42,7 +42,7 @@ def tokenizer_router(engine: Engine) -> APIRouter:
         def fn(session: Session, job: Job) -> dict[str, Any]:
             toks = session.model.tokenize(body.prompt, add_special=body.add_special_tokens, parse_special=True)
             return {"tokens": toks, "count": len(toks), "max_model_len": session.n_ctx}
-        return await run_job(engine, request, fn)
+        return await run_job(queue, request, fn)
 
     @r.post("/detokenize", summary="Token ids to text (special tokens written out)")
     async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
@@ -53,10 +53,10 @@ def tokenizer_router(engine: Engine) -> APIRouter:
                 raise ApiError(400, f"tokens.{bad}: {body.tokens[bad]} is not a token id of this model "
                                     f"(0..{n_vocab - 1})", f"tokens.{bad}", "invalid_token")
             return {"prompt": session.model.detokenize(body.tokens, special=True)}
-        return await run_job(engine, request, fn)
+        return await run_job(queue, request, fn)
 
     @r.get("/tokenizer_info", summary="The tokenizer's special tokens, vocabulary size and chat template")
     async def info(request: Request) -> dict[str, Any]:
-        return await run_job(engine, request, lambda session, job: tokenizer_info(session))
+        return await run_job(queue, request, lambda session, job: tokenizer_info(session))
 
     return r

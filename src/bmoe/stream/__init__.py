@@ -5,7 +5,7 @@ Pure Python + numpy + os: nothing here imports llama_cpp or ctypes (bmoe.llama d
 from .archs import ArchEntry, NothingToStreamError, UnsupportedArchError, format_archs, list_archs, lookup
 from .cache import ExpertKey
 from .layout import ExpertTensor, LayoutError, ModelLayout, read_layout
-from .options import Budget, CacheBudgetError, StreamOptions, resolve_budget
+from .budget import Budget, CacheBudgetError, StreamSettings, resolve_budget
 from .reader import FileChangedError, StreamIOError
 from .stats import StreamStats
 from .streamer import Binding, RouteError, Streamer
@@ -13,7 +13,7 @@ from .twin import TwinError, dense_twin
 
 __all__ = [
     "ArchEntry", "Binding", "Budget", "CacheBudgetError", "ExpertKey", "ExpertTensor", "FileChangedError",
-    "LayoutError", "ModelLayout", "NothingToStreamError", "RouteError", "StreamIOError", "StreamOptions",
+    "LayoutError", "ModelLayout", "NothingToStreamError", "RouteError", "StreamIOError", "StreamSettings",
     "StreamStats", "Streamer", "TwinError", "UnsupportedArchError", "dense_twin", "format_archs", "list_archs", "lookup",
     "read_layout", "resolve_budget",
 ]

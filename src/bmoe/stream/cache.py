@@ -33,8 +33,8 @@ from typing import Callable, Collection, Mapping, Sequence, TypeVar
 import numpy as np
 
 from .layout import ExpertTensor, ModelLayout
-from .pages import PageMover
-from .policy import CachePolicy, ExpertKey, LruPolicy, NextUsePolicy, Uses
+from .page_mover import PageMover
+from .policy import DEFAULT_POLICY, CachePolicy, ExpertKey, PolicyFactory, Uses
 from .reader import ALIGN, ReadOp, Window
 from .stats import StreamStats
 
@@ -224,12 +224,6 @@ class SharedBuffers:
     def close(self) -> None:
         for b in self._buffers.values():
             b.close()
-
-
-PolicyFactory = Callable[[Mapping[int, int], int], CachePolicy]
-DEFAULT_POLICY: PolicyFactory = NextUsePolicy  # what every cache-on streamer runs (and bench/cache_replay.py)
-# --cache-policy: the default, and plain global LRU (the baseline the benchmarks compare it with)
-POLICIES: dict[str, PolicyFactory] = {"next-use": DEFAULT_POLICY, "lru": LruPolicy}
 
 
 class _PolicyCache:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Collection, Mapping, Protocol, Sequence
+from typing import Callable, Collection, Mapping, Protocol, Sequence
 
 
 _NOTHING: frozenset[int] = frozenset()  # a layer's list that holds no expert back
@@ -331,3 +331,11 @@ class NextUsePolicy(_Sizes):
             self.resident_bytes -= self.expert_bytes[best]
             victims.append(ExpertKey(best, e))
         return victims
+
+
+PolicyFactory = Callable[[Mapping[int, int], int], CachePolicy]
+DEFAULT_POLICY: PolicyFactory = NextUsePolicy  # what every cache-on streamer runs (and bench/cache_replay.py)
+# The --cache-policy names (SessionConfig.cache_policy takes these keys): the default, and plain
+# global LRU, the baseline the benchmarks compare it with.
+POLICIES: dict[str, PolicyFactory] = {"next-use": DEFAULT_POLICY, "lru": LruPolicy}
+DEFAULT_POLICY_NAME = "next-use"

@@ -40,11 +40,11 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import POLICIES, ExpertCache, ExpertKey, Plan, SharedBuffers, SlotCache, slots_refusal
+from .cache import ExpertCache, ExpertKey, Plan, SharedBuffers, SlotCache, slots_refusal
 from .layout import ExpertTensor, ModelLayout
-from .pages import PageMover
-from .options import Budget, StreamOptions, resolve_budget
-from .policy import Uses
+from .page_mover import PageMover
+from .budget import Budget, StreamSettings, resolve_budget
+from .policy import POLICIES, Uses
 from .reader import Batch, ExpertReader, StreamIOError, stderr_warn
 from .stats import StreamStats
 
@@ -68,7 +68,7 @@ class Binding:
 
 
 class Streamer:
-    def __init__(self, layout: ModelLayout, options: StreamOptions = StreamOptions(), *,
+    def __init__(self, layout: ModelLayout, settings: StreamSettings = StreamSettings(), *,
                  budget: Budget | None = None, warn: Callable[[str], None] = stderr_warn,
                  pages: PageMover | None = None, buffer_sets: int = 1, slots: bool = False) -> None:
         """``buffer_sets``: with the cache off, 2 gives the layers two sets of buffers in turn, so
@@ -77,8 +77,8 @@ class Streamer:
         on, a SlotCache where the layout allows it (``slots_refusal``), else page moves; the hook
         then renumbers each route's ids (``slot_map``)."""
         self.layout = layout
-        self.options = options
-        self.budget = budget if budget is not None else resolve_budget(options, layout, warn=warn)
+        self.settings = settings
+        self.budget = budget if budget is not None else resolve_budget(settings, layout, warn=warn)
         self._layers = frozenset(layout.layers)
         self._first_layer = layout.layers[0]
         self._by_name = layout.by_name()
@@ -92,7 +92,7 @@ class Streamer:
         self._ahead: _Ahead | None = None  # a prefetch no route has taken over yet
         self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
         self._guessed = self._guess_hits = self._wasted = 0
-        policy = POLICIES[options.policy]
+        policy = POLICIES[settings.policy]
         self.cache: SlotCache | ExpertCache | SharedBuffers
         if self.budget.budget_bytes <= 0:
             self.cache = SharedBuffers(layout, sets=buffer_sets)
@@ -102,8 +102,8 @@ class Streamer:
             self.cache = ExpertCache(layout, self.budget.budget_bytes, policy, pages=pages)
         # The reader comes last: its lanes and fds would outlive a constructor that raised after it.
         try:
-            self.reader = ExpertReader([f for f in layout.files], odirect=options.odirect,
-                                       io_threads=options.io_threads, warn=warn)
+            self.reader = ExpertReader([f for f in layout.files], odirect=settings.odirect,
+                                       io_threads=settings.io_threads, warn=warn)
         except BaseException:
             self.cache.close()
             raise
@@ -165,7 +165,7 @@ class Streamer:
                              f"0..{self.layout.n_expert - 1}")
         if il not in self._layers:
             self._fail_route(f"layer {il} routed experts but the GGUF has no expert tensors for it")
-        if self.options.read_all:  # verification mode: the routed subset must not matter
+        if self.settings.read_all:  # verification mode: the routed subset must not matter
             experts, uses = np.arange(self.layout.n_expert, dtype=np.int64), None
         if il == self._first_layer:
             self.reader.verify_files()  # once per ubatch: a replaced file must not feed a token

@@ -9,14 +9,14 @@ every command: a field not in the table is refused).
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass, fields as dataclass_fields
-from typing import Callable, Union
+from typing import Union
 
 from bmoe.decide.types import DEFAULT_CUE, DEFAULT_JOINER, DEFAULT_OPTION, DEFAULT_TEMPLATE, DecideRequest, RenderRule
 from bmoe.errors import RequestError
-from bmoe.runtime.results import GenerateRequest
+from bmoe import rules
+from bmoe.rules import FieldError, Spec, check_fields
+from bmoe.runtime.results import GENERATE_FIELDS, GenerateRequest
 
 
 class ProtocolError(RequestError):
@@ -115,24 +115,10 @@ class DecideBatch:
 
 Command = Union[GenerateRequest, Cancel, Close, Stats, Decide, DecideBatch]
 
-# a type check per field: (type name for messages, predicate)
-_INT = ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
-_POS_INT = ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
-_BOOL = ("true or false", lambda v: isinstance(v, bool))
-_STR = ("a string", lambda v: isinstance(v, str))
-_NUM = ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-_PROB = ("a number in [0, 1]", lambda v: _NUM[1](v) and 0.0 <= v <= 1.0)
-_TEMP = ("a number in [0, 10]", lambda v: _NUM[1](v) and 0.0 <= v <= 10.0)
-_TOP_P = ("a number in (0, 1]", lambda v: _NUM[1](v) and 0.0 < v <= 1.0)
-_SEED = ("a non-negative integer", lambda v: _INT[1](v) and v >= 0)
-_STR_LIST = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
+# the field rules and the table check are bmoe.rules'; a generate line's table is the session's own
+# (GENERATE_FIELDS, next to GenerateRequest)
+_INT, _BOOL, _STR, _PROB, _STR_LIST = rules.INT, rules.BOOL, rules.STR, rules.PROB, rules.STR_LIST
 
-Spec = dict[str, tuple[tuple[str, Callable[[object], bool]], bool]]  # name -> (type, required)
-
-GENERATE_FIELDS: Spec = {
-    "id": (_INT, False), "prompt": (_STR, True), "n_predict": (_POS_INT, False), "think": (_BOOL, False),
-    "clear_kv": (_BOOL, False), "temperature": (_TEMP, False), "top_p": (_TOP_P, False), "seed": (_SEED, False),
-}
 DECIDE_FIELDS: Spec = {
     # "choices" or "options" (with "question"): one of the two is required, checked by _check_decide
     "id": (_INT, False), "prefix": (_STR, False), "suffix": (_STR, False), "choices": (_STR_LIST, False),
@@ -141,7 +127,7 @@ DECIDE_FIELDS: Spec = {
     "scoring": (_STR, False), "best_by": (_STR, False), "unconditional": (_STR, False),
     # the structured form and order debiasing: docs/decide.md "Order debiasing"
     "question": (_STR, False), "options": (_STR_LIST, False),
-    "render": (("an object", lambda v: isinstance(v, dict)), False), "debias": (_STR, False),
+    "render": (rules.OBJECT, False), "debias": (_STR, False),
 }
 RENDER_FIELDS: Spec = {
     "template": (_STR, False), "option": (_STR, False), "joiner": (_STR, False), "cue": (_STR, False),
@@ -155,39 +141,12 @@ DECIDE_BATCH_FIELDS: Spec = {
     "requests": (("a list of decide objects", lambda v: isinstance(v, list) and len(v) > 0), True),
 }
 
-_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uD800-\uDFFF escapes not paired into one character
-
-
-def _lone_surrogate(value: object) -> str | None:
-    """Where ``value`` (a string or a list of strings) holds a lone surrogate, or None."""
-    if isinstance(value, str):
-        m = _SURROGATE.search(value)
-        return None if m is None else f"a lone surrogate \\u{ord(m.group()):04x} at index {m.start()}"
-    if isinstance(value, list):
-        for i, v in enumerate(value):
-            where = _lone_surrogate(v)
-            if where is not None:
-                return f"{where} of item {i}"
-    return None
-
-
 def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
-    """``obj`` (the request without its "cmd") against its command's table: every field known,
-    the required ones present, each of its type, every string valid Unicode."""
-    unknown = sorted(set(obj) - set(spec))
-    if unknown:
-        raise ProtocolError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}", rid)
-    for name, ((tname, ok), required) in spec.items():
-        if name not in obj:
-            if required:
-                raise ProtocolError(f"{what}: missing field {name!r}", rid)
-            continue
-        if not ok(obj[name]):
-            raise ProtocolError(f"{what}: field {name!r} must be {tname}, got {json.dumps(obj[name])[:60]}", rid)
-        where = _lone_surrogate(obj[name])
-        if where is not None:
-            raise ProtocolError(f"{what}: field {name!r} is not valid Unicode: {where}", rid)
-    return dict(obj)
+    """``obj`` (the request without its "cmd") against its command's table (``bmoe.rules``)."""
+    try:
+        return check_fields(obj, spec, what)
+    except FieldError as e:
+        raise ProtocolError(str(e), rid) from None
 
 
 def _check_decide(obj: dict, what: str, rid: int | None) -> dict:
@@ -198,12 +157,6 @@ def _check_decide(obj: dict, what: str, rid: int | None) -> dict:
     if "choices" not in fields and "options" not in fields:
         raise ProtocolError(f"{what}: missing field 'choices'", rid)  # or 'options' (docs/protocol.md)
     return fields
-
-
-def validate_generate(req: GenerateRequest) -> None:
-    """The line protocol's rules applied to a request built in Python (Session.generate)."""
-    fields = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
-    _check(fields, GENERATE_FIELDS, "generate", fields.get("id") if _INT[1](fields.get("id")) else None)
 
 
 def _request_id(obj: dict) -> int | None:

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import RequestError, SessionClosedError, StreamFailedError
-from bmoe.runtime.results import GenerateRequest
-from bmoe.session import Session
+from bmoe.session import GenerateRequest, Session
 from bmoe.wire.protocol import Decide, ProtocolError, parse_line, request_fields
 from bmoe.wire.records import decide_fields, done_fields
 

@@ -1,4 +1,4 @@
-"""The page port's Linux adapter (``bmoe.stream.pages.PageMover``): mremap(2) through libc.
+"""The page port's Linux adapter (``bmoe.stream.page_mover.PageMover``): mremap(2) through libc.
 
 Where the two ranges are the same length (the usual case: one tensor's slices all have interiors
 of the same number of pages), ``move`` is one call: ``mremap(src, n, n, MAYMOVE | FIXED |

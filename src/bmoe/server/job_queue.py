@@ -53,10 +53,10 @@ JobFn = Callable[[Session, "Job"], Any]
 class Job:
     """One request's passage through the worker."""
 
-    def __init__(self, fn: JobFn, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+    def __init__(self, fn: JobFn, loop: asyncio.AbstractEventLoop, queue: JobQueue) -> None:
         self.fn = fn
         self._loop = loop
-        self._engine = engine
+        self._queue = queue
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.finished = False
@@ -81,10 +81,10 @@ class Job:
     def cancel(self) -> None:
         """Thread-safe: drop the job if it still waits, stop it at its next token if it runs."""
         self.cancelled.set()
-        self._engine._cancel(self)
+        self._queue._cancel(self)
 
 
-class Engine:
+class JobQueue:
     def __init__(self, session: Session, max_queue: int, on_drop: Callable[[], None] = lambda: None) -> None:
         """``on_drop`` is called (in the cancelling thread) for every job dropped before it ran
         because its client left."""

@@ -13,7 +13,7 @@ entries move, page contents and frames stay), and leaves the victim's range rese
 uncommitted. Only the two partial pages at a slice's ends (shared with its neighbours in the
 tensor) are still released and faulted the old way.
 
-This package imports no ctypes (layer contract): the adapter lives in ``bmoe.llama.pages`` and the
+This package imports no ctypes (layer contract): the adapter lives in ``bmoe.llama.mremap_mover`` and the
 runtime hands it to the streamer. Without one (tests that drive the cache alone, a platform
 without ``mremap``) the cache releases and refaults as before; what it holds is the same.
 """

@@ -36,7 +36,7 @@ class Lookup:
     differs_at: int | None = None
 
 
-class PrefixCache(Protocol):
+class PrefixStore(Protocol):
     def lookup(self, prefix_tokens: Sequence[int]) -> Lookup:
         """The kept state usable for ``prefix_tokens``, or why there is none."""
         ...
@@ -50,7 +50,7 @@ class PrefixCache(Protocol):
         ...
 
 
-class LastPrefixCache:
+class LastPrefixStore:
     """Keeps one state: the latest prefix stored. Storing replaces it."""
 
     def __init__(self) -> None:
@@ -83,7 +83,7 @@ class LastPrefixCache:
         return self._kept
 
 
-def resolve_prefix_cache(mode: str, *, prefill_device: bool) -> bool:
+def resolve_keep_prefix(mode: str, *, prefill_device: bool) -> bool:
     """Whether a session keeps prefix states, for a valid ``SessionConfig.decide_prefix_cache``
     (``auto``, ``on`` or ``off``; the config checked it).
 

@@ -1,6 +1,6 @@
-"""Streaming options and how the cache budget is decided.
+"""The streamer's settings and how the cache budget is decided.
 
-StreamOptions is built from a SessionConfig that was already checked (bmoe.config): nothing here
+StreamSettings is built from a SessionConfig that was already checked (bmoe.config): nothing here
 checks a value again. What only the model can tell (the budget's floor) is checked here.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from .layout import ModelLayout
+from .policy import DEFAULT_POLICY_NAME
 from bmoe.errors import ConfigError
 
 MIB = 1 << 20
@@ -23,14 +24,14 @@ class CacheBudgetError(ConfigError):
 
 
 @dataclass(frozen=True, slots=True)
-class StreamOptions:
+class StreamSettings:
     cache_mb: int | Literal["auto"] = 0   # 0 = cache off (shared buffers, re-read every token)
     cache_ceil_mb: int | None = None      # cap for "auto"
     cache_force: bool = False             # accept a budget below the floor (it will churn)
     odirect: bool = True                  # --no-odirect sets False
     io_threads: int = 4                   # parallel read lanes
     read_all: bool = False                # verification: read every expert at every route (gate G3)
-    policy: str = "next-use"              # which resident experts stay: cache.POLICIES
+    policy: str = DEFAULT_POLICY_NAME     # which resident experts stay: policy.POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,30 +80,40 @@ def available_bytes() -> int:
     return min(avail, cg) if cg is not None else avail
 
 
-def resolve_budget(options: StreamOptions, layout: ModelLayout,
+def most_cache_bytes(settings: StreamSettings, layout: ModelLayout) -> int | None:
+    """The most bytes the expert cache of ``settings`` holds on any machine: a fixed budget, or
+    auto's ceiling, capped at the model's expert bytes (a bigger cache would hold nothing more);
+    0 with the cache off; None for auto without a ceiling, which depends on the machine's memory."""
+    if settings.cache_mb == 0:
+        return 0
+    if settings.cache_mb == "auto":
+        if settings.cache_ceil_mb is None:
+            return None
+        return min(settings.cache_ceil_mb * MIB, layout.expert_nbytes)
+    return min(int(settings.cache_mb) * MIB, layout.expert_nbytes)
+
+
+def resolve_budget(settings: StreamSettings, layout: ModelLayout,
                    available: Callable[[], int] = available_bytes,
                    warn: Callable[[str], None] = lambda m: None) -> Budget:
     """Turn cache_mb / cache_ceil_mb / cache_force into bytes, or raise CacheBudgetError."""
     floor = layout.floor_bytes()
     floor_mib = -(-floor // MIB)
-    if options.cache_mb == 0:
+    if settings.cache_mb == 0:
         return Budget(0, floor, "off")
-    if options.cache_mb == "auto":
-        budget = int(available() * AUTO_FRACTION)
-        if options.cache_ceil_mb is not None:
-            budget = min(budget, options.cache_ceil_mb * MIB)
-        # Everything fits: no point reserving more than the experts themselves.
-        budget = min(budget, layout.expert_nbytes)
-        if budget < floor and not options.cache_force:
+    if settings.cache_mb == "auto":
+        ceiling = most_cache_bytes(settings, layout)
+        budget = min(int(available() * AUTO_FRACTION), layout.expert_nbytes if ceiling is None else ceiling)
+        if budget < floor and not settings.cache_force:
             warn(f"bmoe: cache_mb auto found {budget // MIB} MiB, below the {floor_mib} MiB floor; cache off")
             return Budget(0, floor, "auto-below-floor")
         return Budget(budget, floor, "auto")
-    budget = int(options.cache_mb) * MIB
-    if budget < floor and not options.cache_force:
+    budget = int(settings.cache_mb) * MIB
+    if budget < floor and not settings.cache_force:
         per_expert = floor / (len(layout.layers) * layout.n_expert_used) / MIB
         raise CacheBudgetError(
-            f"cache_mb: {options.cache_mb} is below the floor of {floor_mib} MiB, one token's routed experts "
+            f"cache_mb: {settings.cache_mb} is below the floor of {floor_mib} MiB, one token's routed experts "
             f"({len(layout.layers)} layers x {layout.n_expert_used} experts x {per_expert:.2f} MiB); "
             f"a smaller cache only churns. Give {floor_mib} or more, 0 (cache off), or set cache_force"
         )
-    return Budget(min(budget, layout.expert_nbytes), floor, "fixed")
+    return Budget(most_cache_bytes(settings, layout) or 0, floor, "fixed")

@@ -1,0 +1,83 @@
+"""The rule each value of a setting or a request field keeps, written once.
+
+A rule is a ``(text, test)`` pair: the text completes "must be ..." in a refusal, the test says
+whether a value keeps it. The config's check (``bmoe.config.validate``), the session's check of a
+``GenerateRequest`` (``bmoe.runtime.results.GENERATE_FIELDS``), the line protocol's field tables
+(``bmoe.wire.protocol``) and the server's request bodies (their bounds) all read them from here,
+so that a temperature the CLI accepts is one the protocol and the server accept too.
+
+``check_fields`` applies a table of rules to one object: every field known, the required ones
+present, each keeping its rule, every string valid Unicode.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+
+from bmoe.errors import RequestError
+
+Rule = tuple[str, Callable[[object], bool]]  # ("a number in [0, 10]", test)
+Spec = dict[str, tuple[Rule, bool]]  # field name -> (rule, required)
+
+TEMPERATURE_MAX = 10.0  # sampling temperature: 0 (greedy) .. this
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+INT: Rule = ("an integer", _int)
+POS_INT: Rule = ("an integer >= 1", lambda v: _int(v) and v >= 1)
+BOOL: Rule = ("true or false", lambda v: isinstance(v, bool))
+STR: Rule = ("a string", lambda v: isinstance(v, str))
+NUM: Rule = ("a number", _num)
+PROB: Rule = ("a number in [0, 1]", lambda v: _num(v) and 0.0 <= v <= 1.0)
+TEMPERATURE: Rule = (f"a number in [0, {TEMPERATURE_MAX:g}]", lambda v: _num(v) and 0.0 <= v <= TEMPERATURE_MAX)
+TOP_P: Rule = ("a number in (0, 1]", lambda v: _num(v) and 0.0 < v <= 1.0)
+SEED: Rule = ("a non-negative integer", lambda v: _int(v) and v >= 0)
+STR_LIST: Rule = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
+OBJECT: Rule = ("an object", lambda v: isinstance(v, dict))
+
+
+class FieldError(RequestError):
+    """A request object broke its table's rules (the message names the field)."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \uD800-\uDFFF escapes not paired into one character
+
+
+def lone_surrogate(value: object) -> str | None:
+    """Where ``value`` (a string or a list of strings) holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        m = _SURROGATE.search(value)
+        return None if m is None else f"a lone surrogate \\u{ord(m.group()):04x} at index {m.start()}"
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            where = lone_surrogate(v)
+            if where is not None:
+                return f"{where} of item {i}"
+    return None
+
+
+def check_fields(obj: dict, spec: Spec, what: str) -> dict:
+    """``obj`` against its table ``spec``: a copy of it, or FieldError naming ``what`` and the field."""
+    unknown = sorted(set(obj) - set(spec))
+    if unknown:
+        raise FieldError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}")
+    for name, ((text, ok), required) in spec.items():
+        if name not in obj:
+            if required:
+                raise FieldError(f"{what}: missing field {name!r}")
+            continue
+        if not ok(obj[name]):
+            raise FieldError(f"{what}: field {name!r} must be {text}, got {json.dumps(obj[name])[:60]}")
+        where = lone_surrogate(obj[name])
+        if where is not None:
+            raise FieldError(f"{what}: field {name!r} is not valid Unicode: {where}")
+    return dict(obj)
