@@ -11,9 +11,21 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_dir(request: pytest.FixtureRequest) -> Path:
     """Where tiny models are written: ``$BMOE_TINY_DIR`` when set, else pytest's cache folder
-    (kept between runs; every file is reused only while its recipe hash is unchanged)."""
+    (kept between runs; every file is reused only while its recipe hash is unchanged). With the
+    cache plugin off (``-p no:cacheprovider``: no ``config.cache``) it is ``python -m bmoe.testing``'s
+    own folder, ``~/.cache/bmoe/tiny``, kept between runs too (files are written to a temporary name
+    and renamed, so runs may share it)."""
+    from bmoe.testing import default_tiny_dir
+
     env = os.environ.get("BMOE_TINY_DIR")
-    return Path(env) if env else request.config.cache.mkdir("bmoe-tiny")
+    if env:
+        return Path(env)
+    cache = getattr(request.config, "cache", None)  # absent with -p no:cacheprovider
+    if cache is None:
+        path = default_tiny_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return cache.mkdir("bmoe-tiny")
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def test_server_defaults() -> None:
     assert (args.host, args.port, args.max_queue, args.no_decide) == ("127.0.0.1", 8080, 8, False)
 
 
-@pytest.mark.parametrize("argv", [["-p", "hi"], ["--session"], ["--progress"], ["--max-queue", "-1"],
+@pytest.mark.parametrize("argv", [["-p", "hi"], ["--session"], ["--progress"], ["--json"], ["--max-queue", "-1"],
                                   ["--max-body-kb", "0"]])
 def test_refused_flags(argv, capsys) -> None:
     with pytest.raises(SystemExit) as e:

@@ -117,6 +117,16 @@ def test_the_cli_refuses_a_bad_setting_with_one_line(model: Path, capsys) -> Non
     assert out == 'BMOE_ERROR {"id":null,"fatal":true,"msg":"--ctx-size (n_ctx): must be an integer >= 16, got 8"}\n'
 
 
+def test_json_is_refused_with_session(capsys) -> None:
+    """--json shapes the one-shot answer's stdout; the line protocol has its own (exit 2, usage error)."""
+    from bmoe.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--session", "--json"])
+    assert e.value.code == 2
+    assert "bmoe-cli: error: argument --json: not allowed with argument --session" in capsys.readouterr().err
+
+
 def test_a_folder_is_not_a_model(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"model: {tmp_path} is a folder, not a .gguf file"):
         SessionConfig(model=tmp_path)

@@ -4,6 +4,7 @@ reorder of a kept key fails here. The lists are the protocol's, written out (doc
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from bmoe.runtime.results import GenerateResult, Step
 from bmoe.stream.stats import StreamStats
@@ -54,23 +55,51 @@ def test_a_token_whose_experts_were_read_sends_load_then_progress() -> None:
     assert [_keys(ln)[0] for ln in records.step_lines(resident, 8, 1.0)] == ["PROGRESS"]
 
 
-def test_one_shot_progress_sends_load_lines_too() -> None:
+class _OneShotSession:
+    """Enough of a Session for run_oneshot: one token, then RESULT."""
+
+    config = SimpleNamespace(n_predict=8)
+
+    def dense_resident_frac(self) -> float:
+        return 1.0
+
+    def generate(self, req, on_step):  # noqa: ANN001
+        on_step(STEP)
+        return RESULT
+
+
+def _one_shot(**kw: bool) -> tuple[str, str]:
     import io
-    from types import SimpleNamespace
 
     from bmoe.cli.oneshot import run_oneshot
 
-    class _Session:
-        config = SimpleNamespace(n_predict=8)
+    out, err = io.StringIO(), io.StringIO()
+    assert run_oneshot(_OneShotSession(), "hi", out=out, err=err, **kw) == 0  # type: ignore[arg-type]
+    return out.getvalue(), err.getvalue()
 
-        def dense_resident_frac(self) -> float:
-            return 1.0
 
-        def generate(self, req, on_step):  # noqa: ANN001
-            on_step(STEP)
-            return RESULT
+def _tags(text: str) -> list[str]:
+    return [ln.split(" ", 1)[0] for ln in text.splitlines() if ln.startswith("BMOE_")]
 
-    out = io.StringIO()
-    assert run_oneshot(_Session(), "hi", progress=True, out=out) == 0  # type: ignore[arg-type]
-    tags = [ln.split(" ", 1)[0] for ln in out.getvalue().splitlines() if ln.startswith("BMOE_")]
-    assert tags == ["BMOE_LOAD", "BMOE_PROGRESS", "BMOE_DONE"]
+
+def test_one_shot_stdout_is_the_answer_alone_and_stderr_the_rest() -> None:
+    out, err = _one_shot(progress=False)
+    assert out == RESULT.text + "\n"
+    assert _tags(err) == ["BMOE_DONE"] and err.endswith(records.done(RESULT) + "\n")
+    assert err.startswith("\n" + records.summary(RESULT) + "\n")
+
+
+def test_one_shot_progress_sends_load_lines_too() -> None:
+    out, err = _one_shot(progress=True)
+    assert out == RESULT.text + "\n"
+    assert _tags(err) == ["BMOE_LOAD", "BMOE_PROGRESS", "BMOE_DONE"]
+
+
+def test_one_shot_json_is_one_line_the_done_object() -> None:
+    for progress in (False, True):
+        out, err = _one_shot(progress=progress, as_json=True)
+        assert out.count("\n") == 1 and out.endswith("\n")
+        assert json.loads(out) == json.loads(records.done(RESULT).removeprefix("BMOE_DONE "))
+        assert json.loads(out)["text"] == RESULT.text
+        assert _tags(err) == (["BMOE_LOAD", "BMOE_PROGRESS"] if progress else [])
+        assert records.summary(RESULT) in err

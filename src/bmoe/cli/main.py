@@ -13,8 +13,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_flags(p)
     a = p.add_argument
     a("-p", "--prompt", help="one-shot: the prompt to answer")
-    a("--session", action="store_true", help="read JSON requests from stdin, one per line (docs/protocol.md)")
-    a("--progress", action="store_true", help="one-shot: print BMOE_PROGRESS lines too")
+    mode = p.add_mutually_exclusive_group()  # argparse refuses --json with --session (exit 2)
+    mode.add_argument("--session", action="store_true",
+                      help="read JSON requests from stdin, one per line (docs/protocol.md)")
+    mode.add_argument("--json", action="store_true",
+                      help="one-shot: stdout gets one line, the BMOE_DONE object (its \"text\" is the answer), "
+                           "instead of the answer text")
+    a("--progress", action="store_true", help="one-shot: print BMOE_PROGRESS lines too (on stderr)")
     a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
     a("--list-devices", action="store_true", help="print the devices this llama-cpp-python provides and exit")
     a("--gc-twins", nargs="?", const=True, default=False, type=_gc_budget, metavar="MAX_MB",
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         from bmoe.cli.oneshot import run_oneshot
 
         try:
-            return run_oneshot(session, args.prompt, progress=args.progress, out=sys.stdout)
+            return run_oneshot(session, args.prompt, progress=args.progress, out=sys.stdout, err=sys.stderr,
+                               as_json=args.json)
         except BmoeError as e:
             print(f"bmoe-cli: {e}", file=sys.stderr)
             return 1

@@ -1,4 +1,5 @@
-"""One-shot mode: answer one prompt, print the answer and a perf summary for people."""
+"""One-shot mode: answer one prompt. As llama.cpp's CLI: the answer alone on stdout (so
+``bmoe-cli -p ... > answer.txt`` holds just the answer), everything else on stderr."""
 from __future__ import annotations
 
 from typing import TextIO
@@ -7,20 +8,33 @@ from bmoe.session import GenerateRequest, Session
 from bmoe.wire import records as telemetry
 
 
-def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO) -> int:
+def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO, err: TextIO,
+                as_json: bool = False) -> int:
+    """Generate one answer. ``out`` gets the answer text, streamed token by token and ended by one
+    newline, or with ``as_json`` only one line, the BMOE_DONE object (its ``text`` is the answer).
+    ``err`` gets the BMOE_LOAD/BMOE_PROGRESS lines of ``progress``, the perf summary for people
+    and, without ``as_json``, the BMOE_DONE line. With ``progress`` the answer is written to ``out``
+    when the generation ends (the progress lines carry each token's ``delta_text``), so that on a
+    terminal the text does not run into them."""
     steps = session.config.n_predict
+    stream_text = not (progress or as_json)
 
     def on_step(step) -> None:
         if progress:
-            out.writelines(ln + "\n" for ln in telemetry.step_lines(step, steps, session.dense_resident_frac()))
-        else:
+            err.writelines(ln + "\n" for ln in telemetry.step_lines(step, steps, session.dense_resident_frac()))
+            err.flush()
+        if stream_text:
             out.write(step.delta_text)
-        out.flush()
+            out.flush()
 
     result = session.generate(GenerateRequest(prompt=prompt), on_step=on_step)
-    if progress:
-        out.write(result.text)
-    out.write("\n\n" + telemetry.summary(result) + "\n")
-    out.write(telemetry.done(result) + "\n")
+    if as_json:
+        out.write(telemetry.json_object(telemetry.done_fields(result)) + "\n")
+    else:
+        out.write(("" if stream_text else result.text) + "\n")
     out.flush()
+    err.write("\n" + telemetry.summary(result) + "\n")
+    if not as_json:
+        err.write(telemetry.done(result) + "\n")
+    err.flush()
     return 0

@@ -13,7 +13,7 @@ from .hosts import bound_name, normalize, parse_allowed
 
 
 # bmoe-cli's modes mean nothing to a server: accepted by the parser only to be refused by name.
-_CLI_MODES = (("-p", "--prompt"), ("--session",), ("--progress",), ("--list-archs",), ("--list-devices",))
+_CLI_MODES = (("-p", "--prompt"), ("--session",), ("--progress",), ("--json",), ("--list-archs",), ("--list-devices",))
 
 
 def build_server_parser() -> argparse.ArgumentParser:

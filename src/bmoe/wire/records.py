@@ -17,12 +17,17 @@ MIB = 2**20
 
 
 def line(tag: str, obj: dict) -> str:
+    return f"BMOE_{tag} " + json_object(obj)
+
+
+def json_object(obj: dict) -> str:
+    """The JSON of a BMOE_* line, on one line (also ``bmoe-cli -p --json``'s stdout)."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate (e.g. an undecodable byte of a path): escape it
         text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
-    return f"BMOE_{tag} " + text
+    return text
 
 
 def _r(x: float, nd: int = 4) -> float:
