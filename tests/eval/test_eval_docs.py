@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bmoe.config import DECIDE_BATCH_AUTO
 from bmoe.eval.main import RAY_BATCH_ROWS, SKIPPED_FLAGS, build_parser
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -34,4 +35,5 @@ def test_the_left_out_session_flags_are_named_in_eval_md() -> None:
 
 def test_the_batch_row_gives_both_defaults() -> None:
     row = next(c for c in (DOCS / "eval.md").read_text().splitlines() if c.startswith("| `--batch N` |"))
-    assert row.split("|")[2].strip() == f"`--decide-batch`; with `--ray`, max(`--decide-batch`, {RAY_BATCH_ROWS})"
+    assert row.split("|")[2].strip() == \
+        f"the batch width (`--decide-batch N`, {DECIDE_BATCH_AUTO} with `auto`); with `--ray`, max(that, {RAY_BATCH_ROWS})"

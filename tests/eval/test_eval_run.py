@@ -189,7 +189,7 @@ def units5(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_resumed_pride_run_gives_the_figures_of_a_fresh_one(units5: Path, tmp_path: Path, monkeypatch,
                                                                 calls, capsys) -> None:
-    pride = ["--debias", "pride", "--decide-pride-sample", "2", *FAST]
+    pride = ["--debias", "pride", "--decide-pride-sample", "2", "--batch", "1", *FAST]  # a call a row
     assert main([str(units5), "--out", str(tmp_path / "fresh"), *pride]) == 0
     fresh = _results(tmp_path / "fresh")
     assert [r["pride_stage"] for r in fresh] == ["sample"] * 2 + ["prior"] * 3

@@ -146,3 +146,14 @@ def test_a_cache_ceiling_needs_the_auto_budget(model: Path) -> None:
     with pytest.raises(ConfigError, match=r"^cache_ceil_mb: only means something with cache_mb auto, got cache_mb 512$"):
         SessionConfig(model=model, moe_stream=True, cache_mb=512, cache_ceil_mb=1024)
     assert SessionConfig(model=model, moe_stream=True, cache_mb="auto", cache_ceil_mb=1024).cache_ceil_mb == 1024
+
+
+@pytest.mark.parametrize("extra, named", [(["-p", "hi"], "-p/--prompt"), (["--progress"], "--progress")])
+def test_one_shot_flags_are_refused_with_session(capsys, extra: list[str], named: str) -> None:
+    """A session reads its prompts from stdin: a -p or --progress beside --session would be ignored."""
+    from bmoe.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--session", *extra])
+    assert e.value.code == 2
+    assert f"bmoe-cli: error: argument --session: not allowed with argument {named}" in capsys.readouterr().err

@@ -60,7 +60,11 @@ def gc_twins_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.session and (args.prompt is not None or args.progress):
+        # one-shot flags a session would silently ignore (exit 2, as argparse's own refusals)
+        parser.error(f"argument --session: not allowed with argument {'-p/--prompt' if args.prompt is not None else '--progress'}")
     if args.list_archs:
         from bmoe.session import format_archs
 

@@ -25,7 +25,7 @@ _positive = int_at_least(1)
 SKIPPED_FLAGS = ("--decide", "--n-predict", "--temp", "--top-p", "--seed", "--no-think")
 EXTRA = ("tqdm", "matplotlib", "scipy")
 EXIT_INTERRUPTED = 130
-RAY_BATCH_ROWS = 32  # with --ray, --batch's default is max(--decide-batch, this): rows per actor batch
+RAY_BATCH_ROWS = 32  # with --ray, --batch's default is max(the batch width, this): rows per actor batch
 
 
 def _probability(text: str) -> float:
@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--list-sets", action="store_true", help="print the shipped data sets and exit")
     g.add_argument("--out", type=Path, metavar="DIR", help="output folder (made if missing; a rerun resumes)")
     g.add_argument("--batch", type=_positive, default=None, metavar="N",
-                   help="rows per Session.decide_many call (default: --decide-batch); with --ray, rows per "
-                        f"batch handed to an actor (default: the larger of --decide-batch and {RAY_BATCH_ROWS})")
+                   help="rows per Session.decide_many call (default: the session's batch width, --decide-batch, 8 "
+                        "with auto); with --ray, rows per batch handed to an actor (default: the larger of that "
+                        f"and {RAY_BATCH_ROWS})")
     g.add_argument("--abstain-below", type=_probability, default=None, metavar="T",
                    help="abstain_below for every row that does not set its own; reports the session's "
                         "accuracy/coverage with it")
@@ -151,7 +152,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                      decide_pride_sample=cfg.decide_pride_sample if pride else None)
     done = store.open(ident, {"data": str(path), "rows": len(ds.rows)})
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
-    # session's settings (scoring "full" without --decide-batch) rather than the row
+    # session's settings (scoring "full" with --decide-batch 1) rather than the row
     todo = [r for r in ds.rows if r.line not in done or "error" in done[r.line]]
     asked = {r.line for r in todo}
     if pride & asked:
@@ -193,7 +194,7 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
         from bmoe.errors import ConfigError
 
         raise ConfigError(opening_failure(e)) from e
-    size = args.batch or cfg.decide_batch
+    size = args.batch or cfg.batch_width
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
 
     def on_result(row, result) -> None:
@@ -237,7 +238,7 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
 
     saved = f"rerun the same command to resume (answered rows are in {store.results})"
     options = RayOptions(address=args.ray, actors=args.actors or 1,
-                         batch_rows=args.batch or max(cfg.decide_batch, RAY_BATCH_ROWS),
+                         batch_rows=args.batch or max(cfg.batch_width, RAY_BATCH_ROWS),
                          num_cpus=args.actor_cpus or 1.0, memory_mb=args.actor_memory_mb)
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
 
