@@ -99,5 +99,5 @@ def test_g19_decide_batch_refusals(tiny_models) -> None:
     model = tiny_models("qwen3moe", "q8_0")
     with pytest.raises(ConfigError, match="decide_batch: 4 needs decide on"):
         SessionConfig(model=model, decide_batch=4)
-    with pytest.raises(ConfigError, match="decide_batch: must be an integer >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"decide_batch: must be auto or an integer in \[1, 255\], got 0"):
         SessionConfig(model=model, decide=True, decide_batch=0)

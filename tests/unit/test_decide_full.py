@@ -27,8 +27,8 @@ from bmoe.decide import (
     NeutralStore,
     NoSideSequenceError,
     PrefillCost,
-    run_decide,
-    run_many,
+    answer_one,
+    answer_many,
 )
 from bmoe.wire.records import decide_fields
 from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text
@@ -84,7 +84,7 @@ def full(choices: tuple[str, ...] = CHOICES, **kw: object) -> DecideRequest:
 
 def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralStore | None = None,
            cache: LastPrefixStore | None = None):
-    return run_decide(backend, cache or LastPrefixStore(), request, ON, neutral)
+    return answer_one(backend, cache or LastPrefixStore(), request, ON, neutral)
 
 
 def hand_scores(pieces: Sequence[tuple[int, ...]], choice: str) -> list[float]:
@@ -151,7 +151,7 @@ def test_a_choice_scored_among_others_equals_it_scored_alone(forks: int) -> None
 def test_one_token_choices_need_no_fork() -> None:
     b = ForkingBackend()
     r = decide(b, full(("A", "B", "C")))
-    first = run_decide(ScriptedBackend(), LastPrefixStore(), DecideRequest(
+    first = answer_one(ScriptedBackend(), LastPrefixStore(), DecideRequest(
         id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")), ON)
     assert "prefill_forks" not in b.touched()
     assert r.scores.choice_logp == first.scores.choice_logp  # the same number as "first" scoring
@@ -186,7 +186,7 @@ def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does()
     b, cache = ForkingBackend(), LastPrefixStore()
     decide(b, full(), cache=cache)
     f, fcache = ScriptedBackend(), LastPrefixStore()
-    run_decide(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
+    answer_one(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
     assert b.pieces == f.pieces
     assert cache.kept is not None and cache.kept.tokens == fcache.kept.tokens
     # the next decision restores the kept prefix and answers what a fresh session answers
@@ -265,7 +265,7 @@ def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
             DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
             DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")), full(id=5, best_by="norm")]
     b = ForkingBackend(batch=4)
-    got = run_many(b, LastPrefixStore(), reqs, ON)
+    got = answer_many(b, LastPrefixStore(), reqs, ON)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]
     assert got[1].refused and got[1].error.startswith('decide: "best_by" is "max"')
     # the first-token decisions are batched together; the full ones run alone

@@ -6,7 +6,7 @@ one that restored the same prefix therefore run the same rest-piece graph over t
 their logits agree bit for bit. Without the cache (off, opted out) the prompt is prefilled whole,
 as one piece, which is what perplexity() over the same text computes.
 
-Batches (``run_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
+Batches (``answer_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
 same prefix share one prefix piece, and their rest pieces go into one ``prefill_batch`` call, each
 on its own copy of the prefix state. Each rest piece is the same piece the decision would prefill
 alone after its restored prefix.
@@ -22,7 +22,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, Union
 
 import numpy as np
 
@@ -89,20 +89,58 @@ class _Prefilled:
     reuse: str
 
 
-def run_decide(
+Checked = Union[_Plan, DecideResult]  # a request that passed its checks, or its refusal
+
+
+def answer_one(
     backend: DecideBackend, cache: PrefixStore, request: DecideRequest, policy: DecidePolicy,
     neutral: NeutralStore | None = None,
 ) -> DecideResult:
     """Answer one request. Never raises for a bad request or a backend failure: the result then
     carries ``error``, and the kept prefix state is still a valid state for its own tokens.
     ``neutral`` keeps the neutral prompt's side between requests (a new one each call without)."""
-    try:
-        plan = _plan(backend, request)
-    except DecideRefusal as exc:
-        return DecideResult.failed(request.id, str(exc), exc)
-    except Exception as exc:  # a backend failure while rendering or tokenizing
-        return DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
-    return _run_planned(backend, cache, request, policy, plan, neutral)
+    [checked] = check_requests(backend, [request])
+    if isinstance(checked, DecideResult):
+        return checked
+    return _run_planned(backend, cache, request, policy, checked, neutral)
+
+
+def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) -> list[Checked]:
+    """Every check that can refuse each request, in order; touches no model state. A refused
+    request (or one whose prompt the backend failed to render or tokenize) comes back as its
+    failed result, the others as their plans, for ``answer_checked``."""
+    out: list[Checked] = []
+    for request in requests:
+        try:
+            out.append(_plan(backend, request))
+        except DecideRefusal as exc:
+            out.append(DecideResult.failed(request.id, str(exc), exc))
+        except Exception as exc:  # a backend failure while rendering or tokenizing
+            out.append(DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc))
+    return out
+
+
+def _shares_prefix(request: DecideRequest, plan: _Plan) -> bool:
+    """Whether the request can share its prefix piece with others: a first-token decision that
+    keeps a non-empty prefix."""
+    return bool(request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None)
+
+
+def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Checked], policy: DecidePolicy) -> bool:
+    """Whether answering ``checked`` (``check_requests``'s answer for ``requests``) would use side
+    sequences: a full-scored request (its choices are scored on them), or, with the prefix cache
+    on, two first-token decisions that keep the same prefix (a batch)."""
+    seen: set[tuple[int, ...]] = set()
+    for request, plan in zip(requests, checked):
+        if isinstance(plan, DecideResult):
+            continue
+        if plan.tokens is not None:
+            return True
+        if policy.keep_prefix and _shares_prefix(request, plan):
+            if plan.prompt.prefix_tokens in seen:
+                return True
+            seen.add(plan.prompt.prefix_tokens)
+    return False
 
 
 def _run_planned(
@@ -169,39 +207,44 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
     )
 
 
-def run_many(
+def answer_many(
     backend: DecideBackend,
     cache: PrefixStore,
     requests: Sequence[DecideRequest],
     policy: DecidePolicy,
     neutral: NeutralStore | None = None,
 ) -> list[DecideResult]:
-    """Answer requests, each as if answered alone in order after the ones before it.
+    """Answer requests, each as if answered alone in order after the ones before it: every
+    request is checked first (``check_requests``), then ``answer_checked`` runs them."""
+    return answer_checked(backend, cache, requests, check_requests(backend, requests), policy, neutral)
 
-    With a backend that batches (``max_batch() > 1``) and the prefix cache on, the requests that
-    keep a prefix are grouped by it, and each group's rest pieces are prefilled together, at most
-    ``max_batch()`` per call. Every request is checked first: a refused one is answered at once
-    and spoils nothing. Groups run in the order of their last request, so the state kept at the
-    end is the one the last request would have left. Results come back in request order.
-    Full-scored requests run alone (their choices take the side sequences)."""
+
+def answer_checked(
+    backend: DecideBackend,
+    cache: PrefixStore,
+    requests: Sequence[DecideRequest],
+    checked: Sequence[Checked],
+    policy: DecidePolicy,
+    neutral: NeutralStore | None = None,
+) -> list[DecideResult]:
+    """Run requests already checked (``check_requests``), each as if answered alone in order.
+
+    A refused one is answered at once and spoils nothing. With a backend that batches
+    (``max_batch() > 1``) and the prefix cache on, the requests that keep a prefix are grouped by
+    it, and each group's rest pieces are prefilled together, at most ``max_batch()`` per call.
+    Groups run in the order of their last request, so the state kept at the end is the one the
+    last request would have left. Results come back in request order. Full-scored requests run
+    alone (their choices take the side sequences)."""
     neutral = neutral or NeutralStore()
-    cap = backend.max_batch() if policy.keep_prefix else 1
-    if cap <= 1 or len(requests) < 2:
-        return [run_decide(backend, cache, r, policy, neutral) for r in requests]
+    cap = backend.max_batch() if policy.keep_prefix and len(requests) > 1 else 1
     results: list[DecideResult | None] = [None] * len(requests)
     units: dict[object, list[tuple[int, _Plan]]] = {}
-    for i, request in enumerate(requests):
-        try:
-            plan = _plan(backend, request)
-        except DecideRefusal as exc:
-            results[i] = DecideResult.failed(request.id, str(exc), exc)
-            continue
-        except Exception as exc:
-            results[i] = DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
+    for i, (request, plan) in enumerate(zip(requests, checked)):
+        if isinstance(plan, DecideResult):
+            results[i] = plan
             continue
         # Only first-token decisions that keep a prefix can share one; the others run alone, in order.
-        shares = request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None
-        key: object = plan.prompt.prefix_tokens if shares else ("alone", i)
+        key: object = plan.prompt.prefix_tokens if cap > 1 and _shares_prefix(request, plan) else ("alone", i)
         units.setdefault(key, []).append((i, plan))
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:

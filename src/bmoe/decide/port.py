@@ -4,6 +4,10 @@ The policy only ever sees token ids, one logit row and an opaque saved state; ev
 llama.cpp-specific lives in the one adapter (``bmoe.runtime.decide``) that implements
 ``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
 without a model.
+
+Calls go one way, policy to backend. The one thing the backend reads back is which state the
+policy keeps (``watch_kept``): a backend may keep that state in the live sequence, uncopied, and
+must then know whether it is still worth a copy before the sequence loses it.
 """
 from __future__ import annotations
 
@@ -54,6 +58,21 @@ class KeptState:
     @property
     def mib(self) -> float:
         return len(self.data) / BYTES_PER_MIB
+
+
+@dataclass(frozen=True, slots=True)
+class KeptPrefix:
+    """A prefix's tokens and the sequence state right after them: what the policy keeps."""
+
+    tokens: tuple[int, ...]
+    state: KeptState
+
+
+class KeptView(Protocol):
+    """Where a backend reads which prefix state the policy keeps now (``PrefixStore.kept``)."""
+
+    @property
+    def kept(self) -> KeptPrefix | None: ...
 
 
 class PromptRenderer(Protocol):
@@ -112,6 +131,18 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
     def load_state(self, state: KeptState) -> None:
         """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
+        ...
+
+    def watch_kept(self, store: KeptView) -> None:
+        """From now on read ``store.kept`` whenever the backend needs to know which state the
+        policy keeps: a state that lives in the sequence is copied out before the sequence loses
+        it only while it is still the kept one, and a copy's buffer is not reused while the kept
+        state is in it. The service calls it once, with its store."""
+        ...
+
+    def forget(self) -> None:
+        """The policy dropped its kept state: nothing in the sequence needs saving any more, and
+        the buffers held for it go back to the OS."""
         ...
 
     @property

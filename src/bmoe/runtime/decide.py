@@ -1,5 +1,6 @@
-"""Decide wired to the engine: the one DecideBackend adapter over a Runtime, and the service
-that holds a session's decide settings, kept prefix state and adapter together.
+"""Decide wired to the engine: the one DecideBackend adapter over a Runtime. The policy that
+drives it (``bmoe.decide.service.DecideService``) imports nothing of the engine; the session
+builds this adapter over its Runtime and the service over the adapter.
 
 The adapter drives the runtime's own KV bookkeeping, so whatever a decision leaves in the
 context is known to the next generate(). Three shortcuts keep a restored decision close to the cost of
@@ -18,17 +19,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
-
 import numpy as np
 
-from ..decide.continuations import NeutralStore
-from ..decide.debias import DebiasState, decide_all
-from ..decide.decider import DecidePolicy, run_decide, run_many
 from ..decide.errors import DecideBackendError
-from ..decide.port import KeptState, PrefillCost
-from ..decide.kept_prefix import KeptPrefix, LastPrefixStore, resolve_keep_prefix
-from ..decide.types import DecideRequest, DecideResult
+from ..decide.port import KeptPrefix, KeptState, KeptView, PrefillCost
 from ..stream.stats import StreamStats
 from .chat import Message
 from .forks import decode_forks, pack_calls, prefill_apart
@@ -62,9 +56,9 @@ class InSequence:
 
 
 class LlamaDecideBackend:
-    def __init__(self, runtime: Runtime, kept: Callable[[], KeptPrefix | None] = lambda: None) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._kept = kept  # what the prefix cache keeps now: its tokens, and which buffer is in use
+        self._store: KeptView | None = None  # what the policy keeps: its tokens, and which buffer is in use
         self._logits: np.ndarray | None = None
         self._pool: list[np.ndarray] = []  # at most two state buffers: the kept one and a spare
         model = runtime.model
@@ -72,6 +66,12 @@ class LlamaDecideBackend:
         self._cuttable = not (model.is_recurrent or model.is_hybrid)
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
         self._holding: KeptState | None = None  # the state the sequence's first tokens are
+
+    def watch_kept(self, store: KeptView) -> None:
+        self._store = store
+
+    def _kept(self) -> KeptPrefix | None:
+        return self._store.kept if self._store is not None else None
 
     # --- prompt side (no model state) -------------------------------------------------
     def render_user(self, text: str) -> str:
@@ -291,34 +291,3 @@ def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:
     sequence."""
     data = state.data
     return data.copy if isinstance(data, InSequence) else data
-
-
-class DecideService:
-    """A session's decide settings, kept prefix state and adapter, in one place. Created only for
-    sessions opened with decide on, so a session without it allocates nothing."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.policy = DecidePolicy(keep_prefix=resolve_keep_prefix(
-            runtime.config.decide_prefix_cache, prefill_device=runtime.config.prefill_device is not None))
-        self.cache = LastPrefixStore()
-        self.backend = LlamaDecideBackend(runtime, kept=lambda: self.cache.kept)
-        # The neutral prompt's side of full scoring: kept for the session's life (a generate()
-        # does not touch it: it lives in a copy, not in the sequence).
-        self.neutral = NeutralStore()
-        # Order debiasing's per-session state: PriDe's priors, contextual calibration's layouts.
-        self.debias = DebiasState(pride_sample=runtime.config.decide_pride_sample)
-
-    def _run(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        if len(requests) == 1:
-            return [run_decide(self.backend, self.cache, requests[0], self.policy, self.neutral)]
-        return run_many(self.backend, self.cache, requests, self.policy, self.neutral)
-
-    def decide(self, request: DecideRequest) -> DecideResult:
-        return decide_all(self._run, [request], self.debias)[0]
-
-    def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        return decide_all(self._run, requests, self.debias)
-
-    def drop(self) -> None:
-        self.cache.drop()
-        self.backend.forget()
