@@ -231,6 +231,7 @@ class Session:
             "read_mib": io.read_bytes / 2**20, "cache_hit_pct": io.hit_pct, "hits": io.hits,
             "misses": io.misses, "routed": io.routed, "evictions": io.evictions,
             "cache_resident_mib": io.resident_bytes / 2**20, "cache_budget_mib": io.budget_bytes / 2**20,
+            "side_sequences": self.runtime.side_sequences,
         }
 
     def _check_open(self) -> None:

@@ -30,6 +30,7 @@ from bmoe.decide import (
     answer_one,
     answer_many,
 )
+from bmoe.decide.port import SIDE_MEMORY, SIDE_OFF, SideSequences
 from bmoe.wire.records import decide_fields
 from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text
 
@@ -40,12 +41,16 @@ CHOICES = ("ab", "abx", "Hello world", "c")
 
 
 class ForkingBackend(ScriptedBackend):
-    def __init__(self, *, forks: int = 4, **kw: object) -> None:
+    def __init__(self, *, forks: int = 4, sides: SideSequences | None = None, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.forks = forks
+        self.sides = sides  # what side_sequences() says; by default forks open, or none (decide_batch 1)
 
     def max_forks(self) -> int:
         return self.forks
+
+    def side_sequences(self) -> SideSequences:
+        return self.sides or SideSequences(self.forks, self.forks, "" if self.forks else SIDE_OFF)
 
     def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
                       base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
@@ -228,14 +233,20 @@ def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
          "they do not fit the context of 30: shorten the choice or the prompt, or open the session with a larger "
          "context"),
         (full(("A", "B")), {"forks": 0}, NoSideSequenceError,
-         'decide: "scoring": "full" scores each choice on a side sequence and this session has none: open it '
-         "with --decide-batch 2 or more (SessionConfig.decide_batch)"),
+         'decide: "scoring": "full" scores each choice on a side sequence and this session has none '
+         "(--decide-batch 1): open it with --decide-batch auto (the default) or 2 or more "
+         "(SessionConfig.decide_batch)"),
+        (full(("A", "B")), {"forks": 0, "sides": SideSequences(0, 0, SIDE_MEMORY, kv_bytes=90 * 2**20,
+                                                                room_bytes=60 * 2**20)}, NoSideSequenceError,
+         'decide: "scoring": "full" scores each choice on a side sequence and none fits in memory: one takes '
+         "90.0 MiB (the KV of a 512-token sequence) and half of what this process may still allocate is 60.0 MiB; "
+         "free memory, or open the session with a smaller --ctx-size"),
         (full(("A", "B"), unconditional=""), {"template": False, "bos": False}, DecideRequestError,
          'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral text, e.g. '
          '"Answer:"'),
     ],
     ids=["scoring", "best_by", "best_by-first", "uncond-first", "empty-choice", "too-long", "no-forks",
-         "empty-neutral"],
+         "no-memory", "empty-neutral"],
 )
 def test_refusals_touch_nothing(request_: DecideRequest, backend: dict, exc: type, message: str) -> None:
     b = ForkingBackend(**backend)

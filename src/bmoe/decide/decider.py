@@ -15,6 +15,10 @@ Full scoring (``scoring="full"``, docs/decide.md "Scoring modes"): after the pro
 sequence, every choice's tokens are prefilled on their own forked copies of it (``continuations``);
 the sequence and the kept prefix state are exactly as after a first-token decision. Such a
 request is not batched with others: its choices already fill the side sequences.
+
+Both need side sequences open before they run: ``wants_side_sequences`` says whether a checked
+request list would use them, and the service opens them (``DecideBackend.open_side_sequences``)
+before anything of the list is prefilled.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import numpy as np
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
 from bmoe.decide.continuations import NeutralStore, continuation_logps
 from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
-from bmoe.decide.port import BYTES_PER_MIB, DecideBackend, PrefillCost
+from bmoe.decide.port import BYTES_PER_MIB, SIDE_FAILED, SIDE_MEMORY, DecideBackend, PrefillCost, SideSequences
 from bmoe.decide.kept_prefix import PrefixStore
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
@@ -116,7 +120,7 @@ def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) ->
         except DecideRefusal as exc:
             out.append(DecideResult.failed(request.id, str(exc), exc))
         except Exception as exc:  # a backend failure while rendering or tokenizing
-            out.append(DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc))
+            out.append(DecideResult.failed(request.id, failure_message("preparing the prompt", exc), exc))
     return out
 
 
@@ -151,14 +155,14 @@ def _run_planned(
         done = _prefill(backend, cache, request, policy, plan.prompt)
         row = backend.last_logits()
     except Exception as exc:
-        return DecideResult.failed(request.id, _failure_message("running the prompt", exc), exc)
+        return DecideResult.failed(request.id, failure_message("running the prompt", exc), exc)
     try:
         if plan.tokens is None:
             scores, scored = score_choices(row, plan.first, request.abstain_below), _Scored()
         else:
             scores, scored = _score_full(backend, neutral or NeutralStore(), request, plan, row)
     except Exception as exc:
-        return DecideResult.failed(request.id, _failure_message("scoring the choices", exc), exc)
+        return DecideResult.failed(request.id, failure_message("scoring the choices", exc), exc)
     return _result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
 
 
@@ -272,7 +276,7 @@ def _run_batch(
         n_prefix = first.n_prefix
         rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix)
     except Exception as exc:
-        msg = _failure_message("running the prompt", exc)
+        msg = failure_message("running the prompt", exc)
         return [DecideResult.failed(requests[i].id, msg, exc) for i, _ in members]
     share = BatchShare(id=next(_batch_ids), size=len(members), n_tokens=cost.n_tokens, prefill_s=cost.prefill_s,
                        read_mb=cost.read_mb)
@@ -294,7 +298,7 @@ def _run_batch(
         try:
             scores = score_choices(row, plan.first, request.abstain_below)
         except Exception as exc:
-            out.append(DecideResult.failed(request.id, _failure_message("scoring", exc), exc))
+            out.append(DecideResult.failed(request.id, failure_message("scoring", exc), exc))
             continue
         out.append(_result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, batch=share))
     return out
@@ -320,9 +324,7 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
     n_ctx = backend.n_ctx()
     check_prompt_fits(prompt.n_tokens, n_ctx)
     if backend.max_forks() < 1:
-        raise NoSideSequenceError(
-            'decide: "scoring": "full" scores each choice on a side sequence and this session has none: '
-            "open it with --decide-batch 2 or more (SessionConfig.decide_batch)")
+        raise NoSideSequenceError(no_side_sequence_message(backend.side_sequences(), n_ctx))
     check_choices_fit(request.choices, tokens, prompt.n_tokens, n_ctx)
     neutral: tuple[int, ...] | None = None
     text = neutral_text(request)
@@ -334,6 +336,20 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
                 'text, e.g. "Answer:"', field="unconditional")
         check_choices_fit(request.choices, tokens, len(neutral), n_ctx, before="unconditional prompt")
     return _Plan(prompt=prompt, first=tuple(t[0] for t in tokens), tokens=tokens, neutral=neutral)
+
+
+def no_side_sequence_message(sides: SideSequences, n_ctx: int) -> str:
+    """The refusal of full scoring where the backend has no side sequence and will open none."""
+    head = 'decide: "scoring": "full" scores each choice on a side sequence'
+    if sides.why_none == SIDE_MEMORY:
+        return (f"{head} and none fits in memory: one takes {sides.kv_bytes / BYTES_PER_MIB:.1f} MiB (the KV of a "
+                f"{n_ctx}-token sequence) and half of what this process may still allocate is "
+                f"{sides.room_bytes / BYTES_PER_MIB:.1f} MiB; free memory, or open the session with a smaller "
+                "--ctx-size")
+    if sides.why_none == SIDE_FAILED:
+        return f"{head} and opening them failed: {sides.detail}"
+    return (f"{head} and this session has none (--decide-batch 1): open it with --decide-batch auto (the "
+            "default) or 2 or more (SessionConfig.decide_batch)")
 
 
 def _prefill(
@@ -394,7 +410,8 @@ def _prefix_piece(backend: DecideBackend, cache: PrefixStore, prompt: SplitPromp
     )
 
 
-def _failure_message(stage: str, exc: Exception) -> str:
+def failure_message(stage: str, exc: Exception) -> str:
+    """An ``error`` for a backend failure during ``stage``: its own message when it is decide's."""
     if isinstance(exc, DecideBackendError):
         return str(exc)
     return f"decide: the backend failed while {stage}: {type(exc).__name__}: {exc}"

@@ -5,6 +5,11 @@ llama.cpp-specific lives in the one adapter (``bmoe.runtime.decide``) that imple
 ``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
 without a model.
 
+Side sequences (batches, full scoring) may be opened late: a backend can report the width it
+would have (``max_batch``, ``max_forks``, ``side_sequences``) before it has them, and opens them
+when the policy says so (``open_side_sequences``), between decisions only, since opening may
+cost it the sequence's KV.
+
 Calls go one way, policy to backend. The one thing the backend reads back is which state the
 policy keeps (``watch_kept``): a backend may keep that state in the live sequence, uncopied, and
 must then know whether it is still worth a copy before the sequence loses it.
@@ -73,6 +78,29 @@ class KeptView(Protocol):
 
     @property
     def kept(self) -> KeptPrefix | None: ...
+
+
+SIDE_OFF = "off"  # the session was opened without side sequences (decide_batch 1)
+SIDE_MEMORY = "memory"  # none fits in the memory the process may still allocate
+SIDE_FAILED = "failed"  # opening them failed (``detail`` says how); the session went on without
+
+
+@dataclass(frozen=True, slots=True)
+class SideSequences:
+    """The side sequences a backend has beside its main sequence, or can open.
+
+    ``n_open``: open now. ``n_most``: the most it will have: ``n_open`` once open, else what
+    ``open_side_sequences()`` would open now (0: none). When ``n_most`` is 0, ``why_none`` says
+    why (``SIDE_OFF``, ``SIDE_MEMORY`` or ``SIDE_FAILED``); for ``SIDE_MEMORY`` ``kv_bytes`` is
+    what one side sequence would take and ``room_bytes`` what they may take together (half of
+    what the process may still allocate); for ``SIDE_FAILED`` ``detail`` is the failure."""
+
+    n_open: int
+    n_most: int
+    why_none: str = ""
+    kv_bytes: int = 0
+    room_bytes: int = 0
+    detail: str = ""
 
 
 class PromptRenderer(Protocol):
@@ -153,7 +181,8 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
     def max_batch(self) -> int:
         """How many suffixes one ``prefill_batch`` call takes at most; 1 when the backend cannot
-        prefill several together (then decisions are answered one by one)."""
+        prefill several together (then decisions are answered one by one). Before the side
+        sequences are open: the width they would have (``side_sequences().n_most``, at least 1)."""
         ...
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
@@ -166,7 +195,23 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
     def max_forks(self) -> int:
         """How many continuations one ``prefill_forks`` call takes at most: the side sequences
-        the backend can fork the sequence into; 0 when it has none (no full scoring then)."""
+        the backend can fork the sequence into, open or to be opened (``side_sequences().n_most``);
+        0 when it has none and will open none (no full scoring then)."""
+        ...
+
+    def side_sequences(self) -> SideSequences:
+        """The side sequences open now, the most there will be, and why none where none will be."""
+        ...
+
+    def open_side_sequences(self) -> int:
+        """Open the side sequences now, if they are not open yet and some can be; returns how many
+        are open afterwards (0: none; ``side_sequences().why_none`` says why). ``prefill_batch``,
+        ``prefill_forks`` and ``prefill_apart`` need them open.
+
+        Opening may re-create the model context: the sequence is then emptied (its KV is lost;
+        next position 0), so the caller drops its kept prefix state first (``forget``) and calls
+        this only between decisions, never between a decision's prefix and its rest. Saved states
+        (``KeptState`` copies) stay loadable. Once open they stay open; a call then changes nothing."""
         ...
 
     def prefill_forks(

@@ -5,6 +5,14 @@ decisions to run (``debias.expand``), checks them (``decider.check_requests``), 
 the backend port (``decider.answer_checked``) and combines their answers (``debias.combine``).
 Nothing here calls back up, and nothing here imports the engine: the settings come as plain
 values, the model as a ``DecideBackend``.
+
+When side sequences open: a backend may have none yet (``decide_batch`` auto opens them late, so
+that a session that never batches never pays their memory). Before a list of plain decisions
+runs, if it would use them (a full-scored request, or two first-token decisions that keep the
+same prefix: ``wants_side_sequences``) and none are open, the service drops its kept prefix state
+and has the backend open them, before anything of the list is prefilled: opening may cost the
+sequence its KV, which the kept state may live in. The next decision prefills its prefix again
+(exact, just not reused once).
 """
 from __future__ import annotations
 
@@ -12,7 +20,13 @@ from collections.abc import Sequence
 
 from bmoe.decide.continuations import NeutralStore
 from bmoe.decide.debias import PRIDE_SAMPLE, DebiasState, combine, expand
-from bmoe.decide.decider import DecidePolicy, answer_checked, check_requests
+from bmoe.decide.decider import (
+    DecidePolicy,
+    answer_checked,
+    check_requests,
+    failure_message,
+    wants_side_sequences,
+)
 from bmoe.decide.kept_prefix import LastPrefixStore
 from bmoe.decide.port import DecideBackend
 from bmoe.decide.types import DecideRequest, DecideResult
@@ -43,7 +57,24 @@ class DecideService:
 
     def _answer_plain(self, jobs: Sequence[DecideRequest]) -> list[DecideResult]:
         checked = check_requests(self.backend, jobs)
+        if wants_side_sequences(jobs, checked, self.policy):
+            try:
+                self._open_side_sequences()
+            except Exception as exc:  # the engine failed while re-creating its context
+                msg = failure_message("opening the side sequences", exc)
+                return [c if isinstance(c, DecideResult) else DecideResult.failed(r.id, msg, exc)
+                        for r, c in zip(jobs, checked)]
         return answer_checked(self.backend, self.cache, jobs, checked, self.policy, self.neutral)
+
+    def _open_side_sequences(self) -> None:
+        """Open the backend's side sequences if none are open and some can be; the kept prefix
+        state is dropped first (opening may empty the sequence it lives in)."""
+        sides = self.backend.side_sequences()
+        if sides.n_open or not sides.n_most:
+            return  # open already, or none can be: batches run one by one, full scoring was refused
+        self.cache.drop()
+        self.backend.forget()
+        self.backend.open_side_sequences()
 
     def drop(self) -> None:
         """Drop the kept prefix state (a generate() or a score() is about to overwrite the

@@ -22,11 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..decide.errors import DecideBackendError
-from ..decide.port import KeptPrefix, KeptState, KeptView, PrefillCost
+from ..decide.port import (
+    SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
+)
 from ..stream.stats import StreamStats
 from .chat import Message
 from .forks import decode_forks, pack_calls, prefill_apart
-from .runtime import Runtime
+from .runtime import Runtime, SideSequencesError
 
 UNKNOWN_TOKEN = -1
 
@@ -66,6 +68,7 @@ class LlamaDecideBackend:
         self._cuttable = not (model.is_recurrent or model.is_hybrid)
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
         self._holding: KeptState | None = None  # the state the sequence's first tokens are
+        self._open_failed: str | None = None  # why opening the side sequences failed, once it did
 
     def watch_kept(self, store: KeptView) -> None:
         self._store = store
@@ -131,8 +134,43 @@ class LlamaDecideBackend:
             prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
         )
 
+    # --- side sequences ---------------------------------------------------------------
+    def side_sequences(self) -> SideSequences:
+        rt = self._rt
+        if rt.side_sequences:
+            return SideSequences(n_open=rt.side_sequences, n_most=rt.side_sequences)
+        if rt.config.n_seq_max == 1:
+            return SideSequences(n_open=0, n_most=0, why_none=SIDE_OFF)
+        if self._open_failed is not None:
+            return SideSequences(n_open=0, n_most=0, why_none=SIDE_FAILED, detail=self._open_failed)
+        room = rt.side_room()
+        return SideSequences(n_open=0, n_most=room.n, why_none="" if room.n else SIDE_MEMORY,
+                             kv_bytes=room.kv_bytes, room_bytes=room.room_bytes)
+
+    def open_side_sequences(self) -> int:
+        """Re-create the runtime's context with the side sequences that fit now (the KV is lost,
+        so the kept state must have been forgotten). A refused context leaves the session as it
+        was, without side sequences, and is not tried again."""
+        rt = self._rt
+        if rt.side_sequences:
+            return rt.side_sequences
+        n = self.side_sequences().n_most
+        if n < 1:
+            return 0
+        self.forget()
+        self._logits = None
+        try:
+            rt.open_side_sequences(n)
+        except SideSequencesError as exc:
+            self._open_failed = str(exc)
+        return rt.side_sequences
+
     def max_batch(self) -> int:
-        return max(1, self._rt.ctx.n_seq - 1)
+        return max(1, self.max_forks())
+
+    def _need_side_sequences(self, what: str) -> None:
+        if not self._rt.side_sequences:
+            raise DecideBackendError(f"decide: {what} needs side sequences and none are open")
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
@@ -144,6 +182,7 @@ class LlamaDecideBackend:
         it; their positions are dropped with the side sequence. Resident, reads cost nothing and
         padding only costs compute: the suffixes go in as they are, and llama.cpp splits the call
         into ubatches that take as many tokens from each sequence."""
+        self._need_side_sequences("a batch")
         ctx, kv = self._rt.ctx, self._rt.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
@@ -174,12 +213,13 @@ class LlamaDecideBackend:
         return rows, self._cost_since(start, sum(len(s) for s in suffixes))
 
     def max_forks(self) -> int:
-        return self._rt.ctx.n_seq - 1
+        return self.side_sequences().n_most
 
     def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
                       base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
         """Each continuation on a side sequence (``bmoe.runtime.forks``), always padded so that each
         goes in one piece: the same graph shapes resident and streamed."""
+        self._need_side_sequences("scoring choices")
         if base is None and n_past != self._rt.kv.n_past:
             raise DecideBackendError(f"decide: choices at position {n_past} but the sequence holds {self._rt.kv.n_past} tokens")
         data = None if base is None else saved_bytes(base)
@@ -190,6 +230,7 @@ class LlamaDecideBackend:
         return rows, self._cost_since(start, sum(len(c) for c in continuations))
 
     def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
+        self._need_side_sequences("a neutral prompt")
         start = self._mark()
         row, state = prefill_apart(self._rt.ctx, tokens)
         return row, KeptState(data=state, n_tokens=len(tokens)), self._cost_since(start, len(tokens))
