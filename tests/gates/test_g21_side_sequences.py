@@ -159,3 +159,33 @@ def test_g21f_a_debiased_request_opens_them_for_its_permutations(tiny_models, op
     a, b = s.decide(r), alone.decide(r)
     assert a.error is None and s.stats()["side_sequences"] == 8 and alone.stats()["side_sequences"] == 0
     assert a.debias.debiased_p == b.debias.debiased_p and a.scores == b.scores and a.debias.decisions == 3
+
+
+def test_g21g_a_refused_context_leaves_the_session_as_it_was(tiny_models, open_session, monkeypatch) -> None:
+    """llama.cpp refusing the context with side sequences: the old shape is re-created, batches
+    run one by one, full scoring is refused naming the failure, and nothing is tried again."""
+    import bmoe.runtime.runtime as runtime_mod
+    from bmoe.llama.context import ContextError
+
+    real, tried = runtime_mod.LlamaContext, []
+
+    def refusing(model, params, eval_callback=None):  # noqa: ANN001
+        if params.n_seq > 1:
+            tried.append(params.n_seq)
+            raise ContextError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
+        return real(model, params, eval_callback=eval_callback)
+
+    model = tiny_models("qwen3moe", "q8_0")
+    s, alone = open_session(model, decide=True), open_session(model, decide=True, decide_batch=1)
+    monkeypatch.setattr(runtime_mod, "LlamaContext", refusing)
+    reqs = [plain(1, S1), plain(2, S2)]
+    got = s.decide_many(reqs)
+    assert tried == [9] and s.runtime.ctx.n_seq == 1 and all(r.batch is None for r in got)
+    assert [answer(r) for r in got] == [answer(alone.decide(r)) for r in reqs]
+    r = s.decide(DecideRequest(id=3, prefix=P1, suffix=S1, choices=FULL, scoring="full"))
+    assert r.refused and r.error == (
+        'decide: "scoring": "full" scores each choice on a side sequence and opening them failed: llama.cpp '
+        f"could not create a context of 9 sequences of {N_CTX} tokens: llama.cpp could not create a context "
+        f"of {N_CTX} tokens")
+    s.decide_many(reqs)
+    assert tried == [9] and s.stats()["side_sequences"] == 0

@@ -45,10 +45,10 @@ class LateBackend(ForkingBackend):
         return self.open
 
     def max_forks(self) -> int:
-        return self.side_sequences().n_most
+        return self.open
 
     def max_batch(self) -> int:
-        return max(1, self.max_forks())
+        return max(1, self.open)
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
         assert self.open, "a batch before the side sequences were opened"

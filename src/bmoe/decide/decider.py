@@ -323,8 +323,9 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
     prompt = split_prompt(backend, request.prefix, request.suffix)
     n_ctx = backend.n_ctx()
     check_prompt_fits(prompt.n_tokens, n_ctx)
-    if backend.max_forks() < 1:
-        raise NoSideSequenceError(no_side_sequence_message(backend.side_sequences(), n_ctx))
+    sides = backend.side_sequences()  # open or to be opened before the request runs (the service)
+    if sides.n_most < 1:
+        raise NoSideSequenceError(no_side_sequence_message(sides, n_ctx))
     check_choices_fit(request.choices, tokens, prompt.n_tokens, n_ctx)
     neutral: tuple[int, ...] | None = None
     text = neutral_text(request)

@@ -5,10 +5,10 @@ llama.cpp-specific lives in the one adapter (``bmoe.runtime.decide``) that imple
 ``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
 without a model.
 
-Side sequences (batches, full scoring) may be opened late: a backend can report the width it
-would have (``max_batch``, ``max_forks``, ``side_sequences``) before it has them, and opens them
-when the policy says so (``open_side_sequences``), between decisions only, since opening may
-cost it the sequence's KV.
+Side sequences (batches, full scoring) may be opened late: a backend reports how many it will
+have (``side_sequences``) before it has them, and opens them when the policy says so
+(``open_side_sequences``), between decisions only, since opening may cost it the sequence's KV.
+``max_batch`` and ``max_forks`` are what one call takes now, with the side sequences open now.
 
 Calls go one way, policy to backend. The one thing the backend reads back is which state the
 policy keeps (``watch_kept``): a backend may keep that state in the live sequence, uncopied, and
@@ -181,8 +181,8 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
     def max_batch(self) -> int:
         """How many suffixes one ``prefill_batch`` call takes at most; 1 when the backend cannot
-        prefill several together (then decisions are answered one by one). Before the side
-        sequences are open: the width they would have (``side_sequences().n_most``, at least 1)."""
+        prefill several together, or has no side sequence open (then decisions are answered one
+        by one)."""
         ...
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
@@ -194,13 +194,13 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         ...
 
     def max_forks(self) -> int:
-        """How many continuations one ``prefill_forks`` call takes at most: the side sequences
-        the backend can fork the sequence into, open or to be opened (``side_sequences().n_most``);
-        0 when it has none and will open none (no full scoring then)."""
+        """How many continuations one ``prefill_forks`` call takes at most: the side sequences open
+        now, which the backend forks the sequence into; 0 when none are open."""
         ...
 
     def side_sequences(self) -> SideSequences:
-        """The side sequences open now, the most there will be, and why none where none will be."""
+        """The side sequences open now, the most there will be, and why none where none will be
+        (full scoring is refused where ``n_most`` is 0)."""
         ...
 
     def open_side_sequences(self) -> int:

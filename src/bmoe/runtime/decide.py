@@ -166,7 +166,7 @@ class LlamaDecideBackend:
         return rt.side_sequences
 
     def max_batch(self) -> int:
-        return max(1, self.max_forks())
+        return max(1, self._rt.side_sequences)
 
     def _need_side_sequences(self, what: str) -> None:
         if not self._rt.side_sequences:
@@ -213,7 +213,7 @@ class LlamaDecideBackend:
         return rows, self._cost_since(start, sum(len(s) for s in suffixes))
 
     def max_forks(self) -> int:
-        return self.side_sequences().n_most
+        return self._rt.side_sequences
 
     def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
                       base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
