@@ -210,8 +210,8 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
         Opening may re-create the model context: the sequence is then emptied (its KV is lost;
         next position 0), so the caller drops its kept prefix state first (``forget``) and calls
-        this only between decisions, never between a decision's prefix and its rest. Saved states
-        (``KeptState`` copies) stay loadable. Once open they stay open; a call then changes nothing."""
+        this only between decisions, never between a decision's prefix and its rest. Once open they
+        stay open; a call then changes nothing."""
         ...
 
     def prefill_forks(
