@@ -21,11 +21,13 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .config import SessionConfig
+from .decide.kept_prefix import resolve_keep_prefix
+from .decide.service import DecideService
 from .decide.types import DecideRequest, DecideResult
 from .errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
 from .llama.model import LlamaModel
 from .runtime.chat import ChatRenderer, Message
-from .runtime.decide import DecideService
+from .runtime.decide import LlamaDecideBackend
 from .llama.devices import format_devices, list_devices
 from .runtime.footprint import Footprint, footprint
 from .runtime.results import (
@@ -57,7 +59,7 @@ class Session:
         self.runtime = Runtime(config)
         # Only sessions opened with decide on allocate its state.
         try:
-            self.decider = DecideService(self.runtime) if config.decide else None
+            self.decider = self._open_decide(config, self.runtime) if config.decide else None
         except BaseException:
             self.runtime.close()
             raise
@@ -68,6 +70,12 @@ class Session:
         self._running = False
         self._closed = False
         self._broken: StreamFailedError | None = None
+
+    @staticmethod
+    def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
+        """Decide's adapter over the runtime, and the policy over the adapter, given its settings."""
+        keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
+        return DecideService(LlamaDecideBackend(runtime), keep_prefix=keep, pride_sample=config.decide_pride_sample)
 
     # --- facts ------------------------------------------------------------------------
     @property
@@ -205,14 +213,15 @@ class Session:
         if self.decider is None:
             raise RequestError(DECIDE_OFF)
         with self._lock:
-            return self._check_decide(self.decider.decide(request))
+            [result] = self.decider.answer([request])
+            return self._check_decide(result)
 
     def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
         self._check_open()
         if self.decider is None:
             raise RequestError(DECIDE_OFF)
         with self._lock:
-            return [self._check_decide(r) for r in self.decider.decide_many(requests)]
+            return [self._check_decide(r) for r in self.decider.answer(requests)]
 
     # --- lifecycle --------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
@@ -222,6 +231,7 @@ class Session:
             "read_mib": io.read_bytes / 2**20, "cache_hit_pct": io.hit_pct, "hits": io.hits,
             "misses": io.misses, "routed": io.routed, "evictions": io.evictions,
             "cache_resident_mib": io.resident_bytes / 2**20, "cache_budget_mib": io.budget_bytes / 2**20,
+            "side_sequences": self.runtime.side_sequences,
         }
 
     def _check_open(self) -> None:

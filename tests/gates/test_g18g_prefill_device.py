@@ -329,6 +329,36 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
     assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])
 
 
+@pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
+def test_g18g_side_sequences_opened_later_keep_the_device_equal_to_cpu(mode: str, open_pair, observed: Observer) -> None:
+    """decide_batch auto: the first full-scored decision re-creates the context with side
+    sequences. A streamed device session warms the new context up as it warmed the first (one
+    CPU-wide token before the device's first graph), and goes on equal to the CPU session."""
+    dev, cpu = open_pair("qwen3moe", mode)
+    observed.take()
+    r = DecideRequest(id=1, prefix=P1, suffix=S1, choices=ABC)
+    assert dev.decide(r).scores == cpu.decide(r).scores
+    assert dev.runtime.side_sequences == cpu.runtime.side_sequences == 0
+    observed.take()
+    full = DecideRequest(id=2, prefix=P1, suffix=S2, choices=("Open Settings", "Call Mom"), scoring="full")
+    a = dev.decide(full)
+    ran = observed.take()
+    b = cpu.decide(full)
+    assert a.error is None and b.error is None, (a.error, b.error)
+    assert dev.runtime.side_sequences == cpu.runtime.side_sequences == 8
+    assert a.scores == b.scores
+    widths = [u.width for u in ran]
+    warm = [1] if mode != "resident" else []
+    assert widths[: len(warm) + 1] == warm + ubatch_widths(a.n_tokens, 512, UBATCH)[:1]
+    check_placement(ran[len(warm):])
+    for i, prefix, suffix in REQUESTS:
+        q = DecideRequest(id=i, prefix=prefix, suffix=suffix, choices=ABC)
+        assert dev.decide(q).scores == cpu.decide(q).scores
+    g = GenerateRequest(prompt=P2 + S3, keep_logits=True)
+    ga, gb = dev.generate(g), cpu.generate(g)
+    assert ga.tokens == gb.tokens and all(np.array_equal(x, y) for x, y in zip(ga.logits, gb.logits))
+
+
 def test_g18g_cli_session_reports_device_tokens(tiny_models, rpc, monkeypatch: pytest.MonkeyPatch,
                                                 capfd: pytest.CaptureFixture[str]) -> None:
     """The flags end to end: bmoe-cli --session with the device, BMOE_DECIDE and BMOE_DONE lines."""

@@ -16,7 +16,8 @@ c. against the prompt and the choice prefilled as one piece (perplexity over the
    models; differently chunked prefills round differently with llama.cpp's CPU flash attention,
    so the default ``auto`` is not held to it).
 d. the sequence and the kept prefix state are left as a first-token decision leaves them, and a
-   session without side sequences refuses full scoring and stays usable.
+   session without side sequences (``decide_batch`` 1) refuses full scoring and stays usable.
+   (With the default ``decide_batch`` auto, full scoring opens them: G21b.)
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_g20d_the_session_is_left_as_a_first_token_decision_leaves_it(tiny_model
     a, b = s.decide(nxt), plain.decide(nxt)
     assert a.reuse == b.reuse == "restored" and scores(a) == scores(b)
 
-    none = open_session(model, decide=True)  # decide_batch 1: no side sequences
+    none = open_session(model, decide=True, decide_batch=1)  # no side sequences, ever
     r = none.decide(full())
-    assert r.refused and "--decide-batch 2 or more" in r.error
-    assert scores(none.decide(first)) == scores(open_session(model, decide=True).decide(first))
+    assert r.refused and "--decide-batch auto (the default) or 2 or more" in r.error
+    assert scores(none.decide(first)) == scores(open_session(model, decide=True, decide_batch=1).decide(first))

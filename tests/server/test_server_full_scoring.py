@@ -54,9 +54,17 @@ def test_a_bad_item_of_a_list_spoils_only_itself(client) -> None:
     assert a["choice_logp"] == c["choice_logp"] and a["scoring"] == "full"
 
 
-def test_without_side_sequences_full_scoring_is_refused(make_app, tiny_path) -> None:
+def test_a_plain_decide_session_opens_side_sequences_for_full_scoring(make_app, tiny_path) -> None:
+    """decide_batch auto (the default): the first full-scored request opens them."""
     with TestClient(make_app(tiny_path, n_ctx=256), base_url="http://localhost") as c:
         r = c.post("/v1/decide", json=FULL)
+        assert r.status_code == 200, r.text
+        assert r.json()["scoring"] == "full" and len(r.json()["choice_tokens"]) == 3
+
+
+def test_without_side_sequences_full_scoring_is_refused(make_app, tiny_path) -> None:
+    with TestClient(make_app(tiny_path, n_ctx=256, decide_batch=1), base_url="http://localhost") as c:
+        r = c.post("/v1/decide", json=FULL)
         assert r.status_code == 400 and r.json()["error"]["param"] == "scoring"
-        assert "--decide-batch 2 or more" in r.json()["error"]["message"]
+        assert "--decide-batch auto (the default) or 2 or more" in r.json()["error"]["message"]
         assert c.post("/v1/decide", json={**FULL, "choices": ["A", "B"], "scoring": "first"}).status_code == 200

@@ -27,9 +27,10 @@ from bmoe.decide import (
     NeutralStore,
     NoSideSequenceError,
     PrefillCost,
-    run_decide,
-    run_many,
+    answer_one,
+    answer_many,
 )
+from bmoe.decide.port import SIDE_MEMORY, SIDE_OFF, SideSequences
 from bmoe.wire.records import decide_fields
 from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text
 
@@ -40,12 +41,16 @@ CHOICES = ("ab", "abx", "Hello world", "c")
 
 
 class ForkingBackend(ScriptedBackend):
-    def __init__(self, *, forks: int = 4, **kw: object) -> None:
+    def __init__(self, *, forks: int = 4, sides: SideSequences | None = None, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.forks = forks
+        self.sides = sides  # what side_sequences() says; by default forks open, or none (decide_batch 1)
 
     def max_forks(self) -> int:
         return self.forks
+
+    def side_sequences(self) -> SideSequences:
+        return self.sides or SideSequences(self.forks, self.forks, "" if self.forks else SIDE_OFF)
 
     def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
                       base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
@@ -84,7 +89,7 @@ def full(choices: tuple[str, ...] = CHOICES, **kw: object) -> DecideRequest:
 
 def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralStore | None = None,
            cache: LastPrefixStore | None = None):
-    return run_decide(backend, cache or LastPrefixStore(), request, ON, neutral)
+    return answer_one(backend, cache or LastPrefixStore(), request, ON, neutral)
 
 
 def hand_scores(pieces: Sequence[tuple[int, ...]], choice: str) -> list[float]:
@@ -151,7 +156,7 @@ def test_a_choice_scored_among_others_equals_it_scored_alone(forks: int) -> None
 def test_one_token_choices_need_no_fork() -> None:
     b = ForkingBackend()
     r = decide(b, full(("A", "B", "C")))
-    first = run_decide(ScriptedBackend(), LastPrefixStore(), DecideRequest(
+    first = answer_one(ScriptedBackend(), LastPrefixStore(), DecideRequest(
         id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")), ON)
     assert "prefill_forks" not in b.touched()
     assert r.scores.choice_logp == first.scores.choice_logp  # the same number as "first" scoring
@@ -186,7 +191,7 @@ def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does()
     b, cache = ForkingBackend(), LastPrefixStore()
     decide(b, full(), cache=cache)
     f, fcache = ScriptedBackend(), LastPrefixStore()
-    run_decide(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
+    answer_one(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
     assert b.pieces == f.pieces
     assert cache.kept is not None and cache.kept.tokens == fcache.kept.tokens
     # the next decision restores the kept prefix and answers what a fresh session answers
@@ -228,14 +233,20 @@ def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
          "they do not fit the context of 30: shorten the choice or the prompt, or open the session with a larger "
          "context"),
         (full(("A", "B")), {"forks": 0}, NoSideSequenceError,
-         'decide: "scoring": "full" scores each choice on a side sequence and this session has none: open it '
-         "with --decide-batch 2 or more (SessionConfig.decide_batch)"),
+         'decide: "scoring": "full" scores each choice on a side sequence and this session has none '
+         "(--decide-batch 1): open it with --decide-batch auto (the default) or 2 or more "
+         "(SessionConfig.decide_batch)"),
+        (full(("A", "B")), {"forks": 0, "sides": SideSequences(0, 0, SIDE_MEMORY, kv_bytes=90 * 2**20,
+                                                                room_bytes=60 * 2**20)}, NoSideSequenceError,
+         'decide: "scoring": "full" scores each choice on a side sequence and none fits in memory: one takes '
+         "90.0 MiB (the KV of a 512-token sequence) and half of what this process may still allocate is 60.0 MiB; "
+         "free memory, or open the session with a smaller --ctx-size"),
         (full(("A", "B"), unconditional=""), {"template": False, "bos": False}, DecideRequestError,
          'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral text, e.g. '
          '"Answer:"'),
     ],
     ids=["scoring", "best_by", "best_by-first", "uncond-first", "empty-choice", "too-long", "no-forks",
-         "empty-neutral"],
+         "no-memory", "empty-neutral"],
 )
 def test_refusals_touch_nothing(request_: DecideRequest, backend: dict, exc: type, message: str) -> None:
     b = ForkingBackend(**backend)
@@ -265,7 +276,7 @@ def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
             DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
             DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")), full(id=5, best_by="norm")]
     b = ForkingBackend(batch=4)
-    got = run_many(b, LastPrefixStore(), reqs, ON)
+    got = answer_many(b, LastPrefixStore(), reqs, ON)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]
     assert got[1].refused and got[1].error.startswith('decide: "best_by" is "max"')
     # the first-token decisions are batched together; the full ones run alone

@@ -38,8 +38,8 @@ from bmoe.decide import (
     PrefillCost,
     PromptTooLongError,
     resolve_keep_prefix,
-    run_decide,
-    run_many,
+    answer_one,
+    answer_many,
     score_choices,
     split_prompt,
 )
@@ -209,7 +209,7 @@ def req(
 
 def fresh(request: DecideRequest, policy: DecidePolicy = ON) -> DecideResult:
     """The same request on a new backend with nothing kept."""
-    return run_decide(ScriptedBackend(), LastPrefixStore(), request, policy)
+    return answer_one(ScriptedBackend(), LastPrefixStore(), request, policy)
 
 
 def untimed(result: DecideResult) -> DecideResult:
@@ -275,7 +275,7 @@ def test_split_prefix_is_shared_by_both_renderings(prefix: str, suffix: str) -> 
 
 def primed() -> tuple[ScriptedBackend, LastPrefixStore]:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    assert run_decide(b, cache, req("Task: x. "), ON).error is None
+    assert answer_one(b, cache, req("Task: x. "), ON).error is None
     b.calls.clear()
     return b, cache
 
@@ -306,7 +306,7 @@ def test_refusals_touch_nothing(
     b, cache = primed()
     b._n_ctx = 63
     kept = cache.kept
-    result = run_decide(b, cache, request_, ON)
+    result = answer_one(b, cache, request_, ON)
     assert result.error == message
     assert isinstance(result.cause, exc_type)
     assert result.refused
@@ -319,12 +319,12 @@ def test_refusals_touch_nothing(
 def test_prompt_of_exactly_n_ctx_tokens_fits() -> None:
     r = req("T" * 30, "x" * 30)
     assert len(prompt_tokens("T" * 30 + "x" * 30)) == 64
-    assert run_decide(ScriptedBackend(n_ctx=64), LastPrefixStore(), r, ON).error is None
+    assert answer_one(ScriptedBackend(n_ctx=64), LastPrefixStore(), r, ON).error is None
 
 
 def test_empty_prompt_is_refused() -> None:
     b = ScriptedBackend(template=False, bos=False)
-    result = run_decide(b, LastPrefixStore(), req("", ""), ON)
+    result = answer_one(b, LastPrefixStore(), req("", ""), ON)
     assert result.error == "decide: the prompt renders to no tokens; give a prefix or a suffix"
     assert isinstance(result.cause, EmptyPromptError)
     assert b.calls == []
@@ -346,7 +346,7 @@ def test_score_choices_against_a_hand_computation() -> None:
 
 def test_decision_scores_match_the_logit_row() -> None:
     b = ScriptedBackend()
-    result = run_decide(b, LastPrefixStore(), req("Task: x. ", choices=("A", "Yes", "c")), ON)
+    result = answer_one(b, LastPrefixStore(), req("Task: x. ", choices=("A", "Yes", "c")), ON)
     row = b.last_logits()
     ids = [TOKEN_ID["A"], TOKEN_ID["Yes"], TOKEN_ID["c"]]
     expected = [hand_logp(row, t) for t in ids]
@@ -367,7 +367,7 @@ def test_abstention_is_strictly_below_the_threshold(threshold: float, abstains: 
 
 
 def test_abstained_decision_still_reports_scores() -> None:
-    result = run_decide(ScriptedBackend(), LastPrefixStore(), req("Task: x. ", abstain_below=1.0), ON)
+    result = answer_one(ScriptedBackend(), LastPrefixStore(), req("Task: x. ", abstain_below=1.0), ON)
     assert result.scores is not None and result.scores.abstained and result.scores.best == -1
     out = decide_fields(result)
     assert out["best"] == -1 and out["abstained"] is True
@@ -382,7 +382,7 @@ def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     n = split.n_prefix
     assert result.reuse == REUSE_STORED
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, 0)
@@ -399,12 +399,12 @@ def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
 
 def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    run_decide(b, cache, req("Task: x. "), ON)
+    answer_one(b, cache, req("Task: x. "), ON)
     kept = cache.kept
     b.calls.clear()
     r = req("Task: x. ", " Pick again.")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.reuse == REUSE_RESTORED
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, split.n_prefix)
     assert b.calls == [
@@ -420,11 +420,11 @@ def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
 def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
     first = split_prompt(b, "Task: x. ", " Pick one.")
-    run_decide(b, cache, req("Task: x. "), ON)
+    answer_one(b, cache, req("Task: x. "), ON)
     b.calls.clear()
     r = req("Task: x. Hello world. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     k, n = first.n_prefix, split.n_prefix
     assert result.reuse == REUSE_RESTORED_STORED
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, k)
@@ -441,16 +441,16 @@ def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
     # "Task: a" ends on the token "a"; the next prefix "Task: ab. " turns it into "ab". The token
     # given back at the join kept "a" out of the stored prefix, so the grown prefix still hits.
     b, cache = ScriptedBackend(), LastPrefixStore()
-    first = run_decide(b, cache, req("Task: a", " Pick"), ON)
+    first = answer_one(b, cache, req("Task: a", " Pick"), ON)
     assert cache.kept is not None and TOKEN_ID["a"] not in cache.kept.tokens
-    grown = run_decide(b, cache, req("Task: ab. ", " Pick"), ON)
+    grown = answer_one(b, cache, req("Task: ab. ", " Pick"), ON)
     assert (first.reuse, grown.reuse) == (REUSE_STORED, REUSE_RESTORED_STORED)
     assert grown.n_reused == first.n_tokens - len(tokenize_text(" Pick<e><a>", specials=True)) - 1
 
 
 def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    run_decide(b, cache, req("Task: x. "), ON)
+    answer_one(b, cache, req("Task: x. "), ON)
     old = cache.kept
     assert old is not None
     r = req("Task: y. ")
@@ -458,7 +458,7 @@ def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
     at = common_prefix_len(old.tokens, split.prefix_tokens)
     assert at == 5  # <s> <u> Task : " " -> then the x/y token
     b.calls.clear()
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.reuse == f"miss: prefix differs at token {at}"
     assert result.n_reused == 0
     assert b.touched() == ["clear", "prefill", "save_state", "prefill"]
@@ -467,10 +467,10 @@ def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
 
 def test_shorter_prefix_is_a_miss_where_it_ends() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    run_decide(b, cache, req("Task: x. Hello world. "), ON)
+    answer_one(b, cache, req("Task: x. Hello world. "), ON)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.reuse == f"miss: prefix differs at token {split.n_prefix}"
 
 
@@ -479,7 +479,7 @@ def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
     kept = cache.kept
     r = req("Task: x. ", reuse_prefix=False)
     split = split_prompt(b, r.prefix, r.suffix)
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.reuse == REUSE_OPTED_OUT
     assert b.calls == [("clear", (), 0), ("prefill", split.tokens, 0)]
     assert cache.kept is kept
@@ -491,7 +491,7 @@ def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
 
 def test_policy_off_never_touches_the_cache() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    result = run_decide(b, cache, req("Task: x. "), OFF)
+    result = answer_one(b, cache, req("Task: x. "), OFF)
     assert result.reuse == REUSE_OFF
     assert b.touched() == ["clear", "prefill"]
     assert cache.kept is None and result.prefix_state_mib == 0.0
@@ -499,7 +499,7 @@ def test_policy_off_never_touches_the_cache() -> None:
 
 def test_no_prefix_on_tokens_prefills_whole() -> None:
     b, cache = ScriptedBackend(template=False, bos=False), LastPrefixStore()
-    result = run_decide(b, cache, req("", "Pick"), ON)
+    result = answer_one(b, cache, req("", "Pick"), ON)
     assert result.reuse == "no prefix"
     assert b.touched() == ["clear", "prefill"]
     assert cache.kept is None
@@ -509,7 +509,7 @@ def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
     b, cache = primed()
     cache.drop()
     assert cache.kept is None
-    result = run_decide(b, cache, req("Task: x. "), ON)
+    result = answer_one(b, cache, req("Task: x. "), ON)
     assert result.reuse == REUSE_STORED
     assert untimed(result) == untimed(fresh(req("Task: x. ")))
 
@@ -525,9 +525,9 @@ def test_store_refuses_a_state_of_another_length() -> None:
 
 def test_restored_prefix_equals_fresh_computation() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    run_decide(b, cache, req("Task: x. ", " First."), ON)
+    answer_one(b, cache, req("Task: x. ", " First."), ON)
     r = req("Task: x. ", " Second.")
-    restored = run_decide(b, cache, r, ON)
+    restored = answer_one(b, cache, r, ON)
     assert restored.reuse == REUSE_RESTORED
     computed = fresh(r)
     assert computed.reuse == REUSE_STORED
@@ -536,11 +536,11 @@ def test_restored_prefix_equals_fresh_computation() -> None:
 
 def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None:
     b, cache = ScriptedBackend(), LastPrefixStore()
-    run_decide(b, cache, req("Task: x. "), ON)
+    answer_one(b, cache, req("Task: x. "), ON)
     grown = req("Task: x. Hello world. ")
-    computed = run_decide(b, cache, grown, ON)
+    computed = answer_one(b, cache, grown, ON)
     assert computed.reuse == REUSE_RESTORED_STORED
-    again = run_decide(b, cache, grown, ON)
+    again = answer_one(b, cache, grown, ON)
     assert again.reuse == REUSE_RESTORED
     assert again.scores == computed.scores
     # The grown prefix went in as two pieces, so it is not the one-piece fresh answer: the
@@ -548,7 +548,7 @@ def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None
     assert computed.scores != fresh(grown).scores
 
 
-def test_run_many_shares_the_kept_state_in_order() -> None:
+def test_answer_many_shares_the_kept_state_in_order() -> None:
     requests = [
         req("Task: x. ", id=1),
         req("Task: x. ", " Again.", id=2),
@@ -556,11 +556,11 @@ def test_run_many_shares_the_kept_state_in_order() -> None:
         req("Task: x. Hello world. ", id=4, reuse_prefix=False),
     ]
     b, cache = ScriptedBackend(), LastPrefixStore()
-    results = run_many(b, cache, requests, ON)
+    results = answer_many(b, cache, requests, ON)
     assert [r.id for r in results] == [1, 2, 3, 4]
     assert [r.reuse for r in results] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED_STORED, REUSE_OPTED_OUT]
     one_by_one_b, one_by_one_cache = ScriptedBackend(), LastPrefixStore()
-    one_by_one = [run_decide(one_by_one_b, one_by_one_cache, r, ON) for r in requests]
+    one_by_one = [answer_one(one_by_one_b, one_by_one_cache, r, ON) for r in requests]
     assert [untimed(r) for r in results] == [untimed(r) for r in one_by_one]
     assert cache.kept is not None
     assert cache.kept.tokens == split_prompt(b, requests[2].prefix, requests[2].suffix).prefix_tokens
@@ -575,7 +575,7 @@ def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> N
     b, cache = primed()
     kept = cache.kept
     b.fail_on = where
-    result = run_decide(b, cache, req("Task: x. Hello world. "), ON)
+    result = answer_one(b, cache, req("Task: x. Hello world. "), ON)
     assert result.error == (
         f"decide: the backend failed while running the prompt: ScriptedFailure: scripted failure in {where}"
     )
@@ -583,9 +583,9 @@ def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> N
     assert result.scores is None
     assert cache.kept is kept  # the failed call stored nothing
     # The kept state still restores exactly: a retry answers as a session that never failed.
-    retry = run_decide(b, cache, req("Task: x. Hello world. "), ON)
+    retry = answer_one(b, cache, req("Task: x. Hello world. "), ON)
     clean_b, clean_cache = primed()
-    assert untimed(retry) == untimed(run_decide(clean_b, clean_cache, req("Task: x. Hello world. "), ON))
+    assert untimed(retry) == untimed(answer_one(clean_b, clean_cache, req("Task: x. Hello world. "), ON))
 
 
 def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
@@ -603,10 +603,10 @@ def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
         return original_prefill(tokens, n_past)
 
     b.prefill = fail_second  # type: ignore[method-assign]
-    assert run_decide(b, cache, r, ON).error is not None
+    assert answer_one(b, cache, r, ON).error is not None
     assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
     b.prefill = original_prefill  # type: ignore[method-assign]
-    retry = run_decide(b, cache, r, ON)
+    retry = answer_one(b, cache, r, ON)
     assert retry.reuse == REUSE_RESTORED
     assert retry.scores == fresh(r).scores
 
@@ -615,7 +615,7 @@ def test_failure_while_preparing_touches_nothing() -> None:
     b, cache = primed()
     kept = cache.kept
     b.fail_on = "tokenize_prompt"
-    result = run_decide(b, cache, req("Task: x. "), ON)
+    result = answer_one(b, cache, req("Task: x. "), ON)
     assert result.error == (
         "decide: the backend failed while preparing the prompt: ScriptedFailure: scripted failure in tokenize_prompt"
     )
@@ -629,7 +629,7 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
     b.state_n_tokens_skew = 1
     r = req("Task: y. ")
     n = split_prompt(b, r.prefix, r.suffix).n_prefix
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.error == (
         "decide: the backend failed while running the prompt: ValueError: prefix cache: "
         f"a saved state of {n + 1} tokens cannot be kept for a {n}-token prefix"
@@ -648,7 +648,7 @@ def test_streaming_counters_pass_through() -> None:
     b, cache = ScriptedBackend(streaming=True), LastPrefixStore()
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.read_mb == 1.5 * split.n_tokens  # summed over both pieces
     assert result.cache_hit_pct == 25.0  # (1 + 1) hits of (4 + 4) lookups
     assert result.prefill_s == 0.25 * split.n_tokens
@@ -661,17 +661,17 @@ def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
     session's rate so far (nor its last piece's)."""
     b, cache = ScriptedBackend(streaming=True), LastPrefixStore()
     b.lookups = [(30, 10), (1, 9)]  # the prefix piece, then the rest
-    first = run_decide(b, cache, req("Task: x. "), ON)
+    first = answer_one(b, cache, req("Task: x. "), ON)
     assert first.reuse == REUSE_STORED and first.cache_hit_pct == 62.0  # 31 of 50
     b.lookups = [(5, 15)]  # the rest only: the prefix is restored
-    second = run_decide(b, cache, req("Task: x. ", " Pick two."), ON)
+    second = answer_one(b, cache, req("Task: x. ", " Pick two."), ON)
     assert second.reuse == REUSE_RESTORED and second.cache_hit_pct == 25.0  # the session's: 36 of 70
     b.lookups = [(0, 0)]  # streamed, but nothing was looked up
-    assert run_decide(b, cache, req("Task: x. ", " Pick three."), ON).cache_hit_pct == 0.0
+    assert answer_one(b, cache, req("Task: x. ", " Pick three."), ON).cache_hit_pct == 0.0
 
 
 def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> None:
-    off = run_decide(ScriptedBackend(streaming=True, expert_cache=False), LastPrefixStore(), req("Task: x. "), ON)
+    off = answer_one(ScriptedBackend(streaming=True, expert_cache=False), LastPrefixStore(), req("Task: x. "), ON)
     assert off.read_mb is not None and off.cache_hit_pct == -1.0 and decide_fields(off)["cache_hit_pct"] == -1.0
     resident = fresh(req("Task: x. "))
     assert resident.cache_hit_pct is None and "cache_hit_pct" not in decide_fields(resident)
@@ -682,11 +682,11 @@ def test_prefix_state_mib_is_what_the_backend_holds_not_the_kept_state_alone() -
     the answer reports all of it, after the request."""
     b, cache = primed()
     b.held_bytes = 3 * 2**20 + 2**19
-    result = run_decide(b, cache, req("Task: x. ", " Pick two."), ON)
+    result = answer_one(b, cache, req("Task: x. ", " Pick two."), ON)
     assert result.reuse == REUSE_RESTORED and cache.kept is not None
     assert result.prefix_state_mib == 3.5 != cache.kept.state.mib
     b.held_bytes = 0  # the state lives in the sequence, uncopied
-    assert run_decide(b, cache, req("Task: x. "), ON).prefix_state_mib == 0.0
+    assert answer_one(b, cache, req("Task: x. "), ON).prefix_state_mib == 0.0
 
 
 def test_to_json_keys() -> None:
@@ -715,7 +715,7 @@ def test_copying_the_kept_state_out_on_clear_is_the_store_of_that_call() -> None
     b, cache = primed()
     kept = cache.kept
     b.clear_copy_s = 0.125
-    result = run_decide(b, cache, req("Task: y. ", reuse_prefix=False), ON)
+    result = answer_one(b, cache, req("Task: y. ", reuse_prefix=False), ON)
     assert result.reuse == REUSE_OPTED_OUT and result.store_s == 0.125
     assert cache.kept is kept  # left alone
 
@@ -726,7 +726,7 @@ def test_a_miss_drops_the_kept_state_before_clearing() -> None:
     clear = b.clear
     b.clear = lambda: (seen.append(cache.kept), clear())[1]  # type: ignore[method-assign]
     r = req("Task: y. ")
-    result = run_decide(b, cache, r, ON)
+    result = answer_one(b, cache, r, ON)
     assert result.reuse.startswith("miss: prefix differs at token")
     assert seen == [None]  # nothing kept while the sequence was cleared: no copy to make
     assert cache.kept is not None and cache.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens
@@ -738,7 +738,7 @@ def test_a_miss_drops_the_kept_state_before_clearing() -> None:
 
 def sequential(requests: list[DecideRequest], policy: DecidePolicy = ON) -> tuple[list[DecideResult], LastPrefixStore]:
     cache = LastPrefixStore()
-    return run_many(ScriptedBackend(), cache, requests, policy), cache
+    return answer_many(ScriptedBackend(), cache, requests, policy), cache
 
 
 def scores_of(results: list[DecideResult]) -> list[object]:
@@ -755,7 +755,7 @@ BATCH = [req("Task: wifi. ", " Screen 1.", id=1), req("Task: wifi. ", " Screen t
 def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
     alone, alone_cache = sequential(BATCH)
     b, cache = ScriptedBackend(batch=cap), LastPrefixStore()
-    batched = run_many(b, cache, BATCH, ON)
+    batched = answer_many(b, cache, BATCH, ON)
     assert scores_of(batched) == scores_of(alone)
     assert [r.id for r in batched] == [1, 2, 3, 4, 5, 6]  # request order
     assert batched[4].refused and batched[4].batch is None  # refused up front, spoiling nothing
@@ -774,7 +774,7 @@ def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
 def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> None:
     b = ScriptedBackend(batch=8, streaming=True)
     b.lookups = [(3, 1), (1, 3)]  # the prefix piece, then the batch
-    rs = run_many(b, LastPrefixStore(), [BATCH[0], BATCH[1], BATCH[3]], ON)
+    rs = answer_many(b, LastPrefixStore(), [BATCH[0], BATCH[1], BATCH[3]], ON)
     assert [r.reuse for r in rs] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED]
     share = rs[0].batch
     assert share is not None and all(r.batch == share for r in rs) and share.size == 3
@@ -799,7 +799,7 @@ def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> Non
 def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_on() -> None:
     b = ScriptedBackend(batch=8)
     b.fail_on = "prefill_batch"
-    rs = run_many(b, LastPrefixStore(), BATCH[:4], ON)
+    rs = answer_many(b, LastPrefixStore(), BATCH[:4], ON)
     assert [r.error is not None for r in rs] == [True, True, False, True]
     assert all("scripted failure in prefill_batch" in (r.error or "") for r in (rs[0], rs[1], rs[3]))
     assert rs[2].scores is not None
@@ -807,5 +807,5 @@ def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_o
 
 def test_no_batching_without_the_prefix_cache_or_a_batching_backend() -> None:
     for backend, policy in ((ScriptedBackend(batch=1), ON), (ScriptedBackend(batch=8), OFF)):
-        run_many(backend, LastPrefixStore(), BATCH, policy)
+        answer_many(backend, LastPrefixStore(), BATCH, policy)
         assert "prefill_batch" not in backend.touched()

@@ -1,7 +1,8 @@
 """Decide: pick one of a fixed list of choices from one prefill, with the prefix state kept.
 
 This package is policy over token ids and one logit row; it imports nothing of the engine.
-``bmoe.runtime.decide`` is the one adapter that implements ``DecideBackend`` over a loaded model;
+``DecideService`` (service.py) is a session's decide, driven only through the ``DecideBackend``
+port; ``bmoe.runtime.decide`` is the one adapter that implements it over a loaded model;
 nothing here imports it.
 """
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
@@ -12,7 +13,7 @@ from bmoe.decide.continuations import (
     NeutralStore,
     continuation_logps,
 )
-from bmoe.decide.debias import DebiasState, NoPriorError, decide_all
+from bmoe.decide.debias import DebiasState, NoPriorError, answer_debiased, combine, expand
 from bmoe.decide.decider import (
     REUSE_MISS,
     REUSE_NO_PREFIX,
@@ -22,8 +23,11 @@ from bmoe.decide.decider import (
     REUSE_RESTORED_STORED,
     REUSE_STORED,
     DecidePolicy,
-    run_decide,
-    run_many,
+    answer_checked,
+    answer_many,
+    answer_one,
+    check_requests,
+    wants_side_sequences,
 )
 from bmoe.decide.errors import (
     ChoiceCollisionError,
@@ -37,9 +41,8 @@ from bmoe.decide.errors import (
     NoSideSequenceError,
     PromptTooLongError,
 )
-from bmoe.decide.port import DecideBackend, KeptState, PrefillCost
+from bmoe.decide.port import DecideBackend, KeptPrefix, KeptState, PrefillCost
 from bmoe.decide.kept_prefix import (
-    KeptPrefix,
     LastPrefixStore,
     Lookup,
     PrefixStore,
@@ -54,6 +57,7 @@ from bmoe.decide.scoring_modes import (
     SCORING_MODES,
     full_scores,
 )
+from bmoe.decide.service import DecideService
 from bmoe.decide.option_list import CONTENT_FREE, DEBIAS_MODES, render_block, rendered
 from bmoe.decide.types import ChoiceScores, DebiasScores, DecideRequest, DecideResult, RenderRule
 
@@ -64,7 +68,10 @@ __all__ = [
     "DebiasState",
     "NoPriorError",
     "RenderRule",
-    "decide_all",
+    "answer_debiased",
+    "combine",
+    "expand",
+    "DecideService",
     "render_block",
     "rendered",
     "BEST_BY",
@@ -111,8 +118,11 @@ __all__ = [
     "check_prompt_fits",
     "first_tokens",
     "resolve_keep_prefix",
-    "run_decide",
-    "run_many",
+    "answer_checked",
+    "answer_many",
+    "answer_one",
+    "check_requests",
+    "wants_side_sequences",
     "score_choices",
     "split_prompt",
 ]

@@ -1,9 +1,10 @@
 """Order debiasing: taking a model's preference for option positions out of a decision.
 
-Works over any ``Runner`` (a function answering plain requests in order, as ``run_many`` does),
-so it is pure policy: a structured request becomes one or more plain decisions (the options in
-other orders, or the content-free prompt), all run in one ``Runner`` call so that they share the
-kept prefix and, with side sequences, are prefilled together; their answers are combined here.
+Pure policy, in two steps around whatever answers plain requests: ``expand`` turns requests into
+the plain decisions to run (a structured request becomes one or more: the options in other
+orders, or the content-free prompt), all meant for one run (``answer_many``) so that they share
+the kept prefix and, with side sequences, are prefilled together; ``combine`` turns their answers
+into one answer per request. ``answer_debiased`` does both around a ``Runner``.
 
 Probabilities are over the labels (each decision's choice log-probs renormalised to sum 1):
 
@@ -100,8 +101,20 @@ def _layout(r: DecideRequest) -> tuple:
     return (r.prefix, r.suffix, r.render, labels_of(r), r.scoring, r.unconditional)
 
 
-def decide_all(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
-    """Answer ``requests`` in order (plain, structured and debiased alike) with one ``run`` call."""
+@dataclass
+class Expansion:
+    """What ``expand`` made of a request list: the plain decisions to run, in order, and per
+    request its plan over them (or its refusal)."""
+
+    jobs: list[DecideRequest]
+    plans: list[_Plan | DecideResult]
+
+
+def expand(requests: Sequence[DecideRequest], state: DebiasState) -> Expansion:
+    """The plain decisions that answer ``requests`` in order (plain, structured and debiased
+    alike): a plain request is its own one; a structured one is rendered, once per permutation
+    it needs and, for ``contextual``, once more content-free when its layout is not known yet.
+    A request refused by the structured form's checks runs nothing."""
     jobs: list[DecideRequest] = []
     plans: list[_Plan | DecideResult] = []
     planned_samples: dict[tuple[str, ...], int] = {}
@@ -138,8 +151,19 @@ def decide_all(run: Runner, requests: Sequence[DecideRequest], state: DebiasStat
                 plan.cf_job = len(jobs)
                 jobs.append(rendered(r, content_free=True, keep_abstain=False))
         plans.append(plan)
-    answers = run(jobs) if jobs else []
-    return [p if isinstance(p, DecideResult) else _combine(p, answers, state) for p in plans]
+    return Expansion(jobs, plans)
+
+
+def combine(expansion: Expansion, answers: list[DecideResult], state: DebiasState) -> list[DecideResult]:
+    """One answer per request of ``expansion`` from the answers of its ``jobs`` (in job order);
+    PriDe's samples and contextual calibration's layouts are added to ``state``."""
+    return [p if isinstance(p, DecideResult) else _combine(p, answers, state) for p in expansion.plans]
+
+
+def answer_debiased(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
+    """Answer ``requests`` in order (plain, structured and debiased alike) with one ``run`` call."""
+    expansion = expand(requests, state)
+    return combine(expansion, run(expansion.jobs) if expansion.jobs else [], state)
 
 
 def _combine(plan: _Plan, answers: list[DecideResult], state: DebiasState) -> DecideResult:

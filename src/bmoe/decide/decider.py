@@ -6,7 +6,7 @@ one that restored the same prefix therefore run the same rest-piece graph over t
 their logits agree bit for bit. Without the cache (off, opted out) the prompt is prefilled whole,
 as one piece, which is what perplexity() over the same text computes.
 
-Batches (``run_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
+Batches (``answer_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
 same prefix share one prefix piece, and their rest pieces go into one ``prefill_batch`` call, each
 on its own copy of the prefix state. Each rest piece is the same piece the decision would prefill
 alone after its restored prefix.
@@ -15,6 +15,10 @@ Full scoring (``scoring="full"``, docs/decide.md "Scoring modes"): after the pro
 sequence, every choice's tokens are prefilled on their own forked copies of it (``continuations``);
 the sequence and the kept prefix state are exactly as after a first-token decision. Such a
 request is not batched with others: its choices already fill the side sequences.
+
+Both need side sequences open before they run: ``wants_side_sequences`` says whether a checked
+request list would use them, and the service opens them (``DecideBackend.open_side_sequences``)
+before anything of the list is prefilled.
 """
 from __future__ import annotations
 
@@ -22,14 +26,14 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, Union
 
 import numpy as np
 
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
 from bmoe.decide.continuations import NeutralStore, continuation_logps
 from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
-from bmoe.decide.port import BYTES_PER_MIB, DecideBackend, PrefillCost
+from bmoe.decide.port import BYTES_PER_MIB, SIDE_FAILED, SIDE_MEMORY, DecideBackend, PrefillCost, SideSequences
 from bmoe.decide.kept_prefix import PrefixStore
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
@@ -89,20 +93,58 @@ class _Prefilled:
     reuse: str
 
 
-def run_decide(
+Checked = Union[_Plan, DecideResult]  # a request that passed its checks, or its refusal
+
+
+def answer_one(
     backend: DecideBackend, cache: PrefixStore, request: DecideRequest, policy: DecidePolicy,
     neutral: NeutralStore | None = None,
 ) -> DecideResult:
     """Answer one request. Never raises for a bad request or a backend failure: the result then
     carries ``error``, and the kept prefix state is still a valid state for its own tokens.
     ``neutral`` keeps the neutral prompt's side between requests (a new one each call without)."""
-    try:
-        plan = _plan(backend, request)
-    except DecideRefusal as exc:
-        return DecideResult.failed(request.id, str(exc), exc)
-    except Exception as exc:  # a backend failure while rendering or tokenizing
-        return DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
-    return _run_planned(backend, cache, request, policy, plan, neutral)
+    [checked] = check_requests(backend, [request])
+    if isinstance(checked, DecideResult):
+        return checked
+    return _run_planned(backend, cache, request, policy, checked, neutral)
+
+
+def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) -> list[Checked]:
+    """Every check that can refuse each request, in order; touches no model state. A refused
+    request (or one whose prompt the backend failed to render or tokenize) comes back as its
+    failed result, the others as their plans, for ``answer_checked``."""
+    out: list[Checked] = []
+    for request in requests:
+        try:
+            out.append(_plan(backend, request))
+        except DecideRefusal as exc:
+            out.append(DecideResult.failed(request.id, str(exc), exc))
+        except Exception as exc:  # a backend failure while rendering or tokenizing
+            out.append(DecideResult.failed(request.id, failure_message("preparing the prompt", exc), exc))
+    return out
+
+
+def _shares_prefix(request: DecideRequest, plan: _Plan) -> bool:
+    """Whether the request can share its prefix piece with others: a first-token decision that
+    keeps a non-empty prefix."""
+    return bool(request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None)
+
+
+def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Checked], policy: DecidePolicy) -> bool:
+    """Whether answering ``checked`` (``check_requests``'s answer for ``requests``) would use side
+    sequences: a full-scored request (its choices are scored on them), or, with the prefix cache
+    on, two first-token decisions that keep the same prefix (a batch)."""
+    seen: set[tuple[int, ...]] = set()
+    for request, plan in zip(requests, checked):
+        if isinstance(plan, DecideResult):
+            continue
+        if plan.tokens is not None:
+            return True
+        if policy.keep_prefix and _shares_prefix(request, plan):
+            if plan.prompt.prefix_tokens in seen:
+                return True
+            seen.add(plan.prompt.prefix_tokens)
+    return False
 
 
 def _run_planned(
@@ -113,14 +155,14 @@ def _run_planned(
         done = _prefill(backend, cache, request, policy, plan.prompt)
         row = backend.last_logits()
     except Exception as exc:
-        return DecideResult.failed(request.id, _failure_message("running the prompt", exc), exc)
+        return DecideResult.failed(request.id, failure_message("running the prompt", exc), exc)
     try:
         if plan.tokens is None:
             scores, scored = score_choices(row, plan.first, request.abstain_below), _Scored()
         else:
             scores, scored = _score_full(backend, neutral or NeutralStore(), request, plan, row)
     except Exception as exc:
-        return DecideResult.failed(request.id, _failure_message("scoring the choices", exc), exc)
+        return DecideResult.failed(request.id, failure_message("scoring the choices", exc), exc)
     return _result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
 
 
@@ -169,39 +211,44 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
     )
 
 
-def run_many(
+def answer_many(
     backend: DecideBackend,
     cache: PrefixStore,
     requests: Sequence[DecideRequest],
     policy: DecidePolicy,
     neutral: NeutralStore | None = None,
 ) -> list[DecideResult]:
-    """Answer requests, each as if answered alone in order after the ones before it.
+    """Answer requests, each as if answered alone in order after the ones before it: every
+    request is checked first (``check_requests``), then ``answer_checked`` runs them."""
+    return answer_checked(backend, cache, requests, check_requests(backend, requests), policy, neutral)
 
-    With a backend that batches (``max_batch() > 1``) and the prefix cache on, the requests that
-    keep a prefix are grouped by it, and each group's rest pieces are prefilled together, at most
-    ``max_batch()`` per call. Every request is checked first: a refused one is answered at once
-    and spoils nothing. Groups run in the order of their last request, so the state kept at the
-    end is the one the last request would have left. Results come back in request order.
-    Full-scored requests run alone (their choices take the side sequences)."""
+
+def answer_checked(
+    backend: DecideBackend,
+    cache: PrefixStore,
+    requests: Sequence[DecideRequest],
+    checked: Sequence[Checked],
+    policy: DecidePolicy,
+    neutral: NeutralStore | None = None,
+) -> list[DecideResult]:
+    """Run requests already checked (``check_requests``), each as if answered alone in order.
+
+    A refused one is answered at once and spoils nothing. With a backend that batches
+    (``max_batch() > 1``) and the prefix cache on, the requests that keep a prefix are grouped by
+    it, and each group's rest pieces are prefilled together, at most ``max_batch()`` per call.
+    Groups run in the order of their last request, so the state kept at the end is the one the
+    last request would have left. Results come back in request order. Full-scored requests run
+    alone (their choices take the side sequences)."""
     neutral = neutral or NeutralStore()
-    cap = backend.max_batch() if policy.keep_prefix else 1
-    if cap <= 1 or len(requests) < 2:
-        return [run_decide(backend, cache, r, policy, neutral) for r in requests]
+    cap = backend.max_batch() if policy.keep_prefix and len(requests) > 1 else 1
     results: list[DecideResult | None] = [None] * len(requests)
     units: dict[object, list[tuple[int, _Plan]]] = {}
-    for i, request in enumerate(requests):
-        try:
-            plan = _plan(backend, request)
-        except DecideRefusal as exc:
-            results[i] = DecideResult.failed(request.id, str(exc), exc)
-            continue
-        except Exception as exc:
-            results[i] = DecideResult.failed(request.id, _failure_message("preparing the prompt", exc), exc)
+    for i, (request, plan) in enumerate(zip(requests, checked)):
+        if isinstance(plan, DecideResult):
+            results[i] = plan
             continue
         # Only first-token decisions that keep a prefix can share one; the others run alone, in order.
-        shares = request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None
-        key: object = plan.prompt.prefix_tokens if shares else ("alone", i)
+        key: object = plan.prompt.prefix_tokens if cap > 1 and _shares_prefix(request, plan) else ("alone", i)
         units.setdefault(key, []).append((i, plan))
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:
@@ -229,7 +276,7 @@ def _run_batch(
         n_prefix = first.n_prefix
         rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix)
     except Exception as exc:
-        msg = _failure_message("running the prompt", exc)
+        msg = failure_message("running the prompt", exc)
         return [DecideResult.failed(requests[i].id, msg, exc) for i, _ in members]
     share = BatchShare(id=next(_batch_ids), size=len(members), n_tokens=cost.n_tokens, prefill_s=cost.prefill_s,
                        read_mb=cost.read_mb)
@@ -251,7 +298,7 @@ def _run_batch(
         try:
             scores = score_choices(row, plan.first, request.abstain_below)
         except Exception as exc:
-            out.append(DecideResult.failed(request.id, _failure_message("scoring", exc), exc))
+            out.append(DecideResult.failed(request.id, failure_message("scoring", exc), exc))
             continue
         out.append(_result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, batch=share))
     return out
@@ -276,10 +323,9 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
     prompt = split_prompt(backend, request.prefix, request.suffix)
     n_ctx = backend.n_ctx()
     check_prompt_fits(prompt.n_tokens, n_ctx)
-    if backend.max_forks() < 1:
-        raise NoSideSequenceError(
-            'decide: "scoring": "full" scores each choice on a side sequence and this session has none: '
-            "open it with --decide-batch 2 or more (SessionConfig.decide_batch)")
+    sides = backend.side_sequences()  # open or to be opened before the request runs (the service)
+    if sides.n_most < 1:
+        raise NoSideSequenceError(no_side_sequence_message(sides, n_ctx))
     check_choices_fit(request.choices, tokens, prompt.n_tokens, n_ctx)
     neutral: tuple[int, ...] | None = None
     text = neutral_text(request)
@@ -291,6 +337,20 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
                 'text, e.g. "Answer:"', field="unconditional")
         check_choices_fit(request.choices, tokens, len(neutral), n_ctx, before="unconditional prompt")
     return _Plan(prompt=prompt, first=tuple(t[0] for t in tokens), tokens=tokens, neutral=neutral)
+
+
+def no_side_sequence_message(sides: SideSequences, n_ctx: int) -> str:
+    """The refusal of full scoring where the backend has no side sequence and will open none."""
+    head = 'decide: "scoring": "full" scores each choice on a side sequence'
+    if sides.why_none == SIDE_MEMORY:
+        return (f"{head} and none fits in memory: one takes {sides.kv_bytes / BYTES_PER_MIB:.1f} MiB (the KV of a "
+                f"{n_ctx}-token sequence) and half of what this process may still allocate is "
+                f"{sides.room_bytes / BYTES_PER_MIB:.1f} MiB; free memory, or open the session with a smaller "
+                "--ctx-size")
+    if sides.why_none == SIDE_FAILED:
+        return f"{head} and opening them failed: {sides.detail}"
+    return (f"{head} and this session has none (--decide-batch 1): open it with --decide-batch auto (the "
+            "default) or 2 or more (SessionConfig.decide_batch)")
 
 
 def _prefill(
@@ -351,7 +411,8 @@ def _prefix_piece(backend: DecideBackend, cache: PrefixStore, prompt: SplitPromp
     )
 
 
-def _failure_message(stage: str, exc: Exception) -> str:
+def failure_message(stage: str, exc: Exception) -> str:
+    """An ``error`` for a backend failure during ``stage``: its own message when it is decide's."""
     if isinstance(exc, DecideBackendError):
         return str(exc)
     return f"decide: the backend failed while {stage}: {type(exc).__name__}: {exc}"

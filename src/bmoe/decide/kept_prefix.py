@@ -11,16 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bmoe.decide.port import KeptState
+from bmoe.decide.port import KeptPrefix, KeptState
 from bmoe.numerics import common_prefix_len
 
-
-@dataclass(frozen=True, slots=True)
-class KeptPrefix:
-    """A prefix's tokens and the sequence state right after them."""
-
-    tokens: tuple[int, ...]
-    state: KeptState
+__all__ = ["KeptPrefix", "LastPrefixStore", "Lookup", "PrefixStore", "resolve_keep_prefix"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +41,11 @@ class PrefixStore(Protocol):
 
     def drop(self) -> None:
         """Free the kept state (a generate() does this)."""
+        ...
+
+    @property
+    def kept(self) -> KeptPrefix | None:
+        """The state kept now, for the backend (``DecideBackend.watch_kept``)."""
         ...
 
 

@@ -4,6 +4,15 @@ The policy only ever sees token ids, one logit row and an opaque saved state; ev
 llama.cpp-specific lives in the one adapter (``bmoe.runtime.decide``) that implements
 ``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
 without a model.
+
+Side sequences (batches, full scoring) may be opened late: a backend reports how many it will
+have (``side_sequences``) before it has them, and opens them when the policy says so
+(``open_side_sequences``), between decisions only, since opening may cost it the sequence's KV.
+``max_batch`` and ``max_forks`` are what one call takes now, with the side sequences open now.
+
+Calls go one way, policy to backend. The one thing the backend reads back is which state the
+policy keeps (``watch_kept``): a backend may keep that state in the live sequence, uncopied, and
+must then know whether it is still worth a copy before the sequence loses it.
 """
 from __future__ import annotations
 
@@ -54,6 +63,44 @@ class KeptState:
     @property
     def mib(self) -> float:
         return len(self.data) / BYTES_PER_MIB
+
+
+@dataclass(frozen=True, slots=True)
+class KeptPrefix:
+    """A prefix's tokens and the sequence state right after them: what the policy keeps."""
+
+    tokens: tuple[int, ...]
+    state: KeptState
+
+
+class KeptView(Protocol):
+    """Where a backend reads which prefix state the policy keeps now (``PrefixStore.kept``)."""
+
+    @property
+    def kept(self) -> KeptPrefix | None: ...
+
+
+SIDE_OFF = "off"  # the session was opened without side sequences (decide_batch 1)
+SIDE_MEMORY = "memory"  # none fits in the memory the process may still allocate
+SIDE_FAILED = "failed"  # opening them failed (``detail`` says how); the session went on without
+
+
+@dataclass(frozen=True, slots=True)
+class SideSequences:
+    """The side sequences a backend has beside its main sequence, or can open.
+
+    ``n_open``: open now. ``n_most``: the most it will have: ``n_open`` once open, else what
+    ``open_side_sequences()`` would open now (0: none). When ``n_most`` is 0, ``why_none`` says
+    why (``SIDE_OFF``, ``SIDE_MEMORY`` or ``SIDE_FAILED``); for ``SIDE_MEMORY`` ``kv_bytes`` is
+    what one side sequence would take and ``room_bytes`` what they may take together (half of
+    what the process may still allocate); for ``SIDE_FAILED`` ``detail`` is the failure."""
+
+    n_open: int
+    n_most: int
+    why_none: str = ""
+    kv_bytes: int = 0
+    room_bytes: int = 0
+    detail: str = ""
 
 
 class PromptRenderer(Protocol):
@@ -114,6 +161,18 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
         ...
 
+    def watch_kept(self, store: KeptView) -> None:
+        """From now on read ``store.kept`` whenever the backend needs to know which state the
+        policy keeps: a state that lives in the sequence is copied out before the sequence loses
+        it only while it is still the kept one, and a copy's buffer is not reused while the kept
+        state is in it. The service calls it once, with its store."""
+        ...
+
+    def forget(self) -> None:
+        """The policy dropped its kept state: nothing in the sequence needs saving any more, and
+        the buffers held for it go back to the OS."""
+        ...
+
     @property
     def held_bytes(self) -> int:
         """Bytes of RAM the backend holds beyond the context for the kept state: its copy and any
@@ -122,7 +181,8 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
 
     def max_batch(self) -> int:
         """How many suffixes one ``prefill_batch`` call takes at most; 1 when the backend cannot
-        prefill several together (then decisions are answered one by one)."""
+        prefill several together, or has no side sequence open (then decisions are answered one
+        by one)."""
         ...
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
@@ -134,8 +194,24 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         ...
 
     def max_forks(self) -> int:
-        """How many continuations one ``prefill_forks`` call takes at most: the side sequences
-        the backend can fork the sequence into; 0 when it has none (no full scoring then)."""
+        """How many continuations one ``prefill_forks`` call takes at most: the side sequences open
+        now, which the backend forks the sequence into; 0 when none are open."""
+        ...
+
+    def side_sequences(self) -> SideSequences:
+        """The side sequences open now, the most there will be, and why none where none will be
+        (full scoring is refused where ``n_most`` is 0)."""
+        ...
+
+    def open_side_sequences(self) -> int:
+        """Open the side sequences now, if they are not open yet and some can be; returns how many
+        are open afterwards (0: none; ``side_sequences().why_none`` says why). ``prefill_batch``,
+        ``prefill_forks`` and ``prefill_apart`` need them open.
+
+        Opening may re-create the model context: the sequence is then emptied (its KV is lost;
+        next position 0), so the caller drops its kept prefix state first (``forget``) and calls
+        this only between decisions, never between a decision's prefix and its rest. Once open they
+        stay open; a call then changes nothing."""
         ...
 
     def prefill_forks(

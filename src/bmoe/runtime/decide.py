@@ -1,5 +1,6 @@
-"""Decide wired to the engine: the one DecideBackend adapter over a Runtime, and the service
-that holds a session's decide settings, kept prefix state and adapter together.
+"""Decide wired to the engine: the one DecideBackend adapter over a Runtime. The policy that
+drives it (``bmoe.decide.service.DecideService``) imports nothing of the engine; the session
+builds this adapter over its Runtime and the service over the adapter.
 
 The adapter drives the runtime's own KV bookkeeping, so whatever a decision leaves in the
 context is known to the next generate(). Three shortcuts keep a restored decision close to the cost of
@@ -18,21 +19,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
-
 import numpy as np
 
-from ..decide.continuations import NeutralStore
-from ..decide.debias import DebiasState, decide_all
-from ..decide.decider import DecidePolicy, run_decide, run_many
 from ..decide.errors import DecideBackendError
-from ..decide.port import KeptState, PrefillCost
-from ..decide.kept_prefix import KeptPrefix, LastPrefixStore, resolve_keep_prefix
-from ..decide.types import DecideRequest, DecideResult
+from ..decide.port import (
+    SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
+)
 from ..stream.stats import StreamStats
 from .chat import Message
 from .forks import decode_forks, pack_calls, prefill_apart
-from .runtime import Runtime
+from .runtime import Runtime, SideSequencesError
 
 UNKNOWN_TOKEN = -1
 
@@ -62,9 +58,9 @@ class InSequence:
 
 
 class LlamaDecideBackend:
-    def __init__(self, runtime: Runtime, kept: Callable[[], KeptPrefix | None] = lambda: None) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._kept = kept  # what the prefix cache keeps now: its tokens, and which buffer is in use
+        self._store: KeptView | None = None  # what the policy keeps: its tokens, and which buffer is in use
         self._logits: np.ndarray | None = None
         self._pool: list[np.ndarray] = []  # at most two state buffers: the kept one and a spare
         model = runtime.model
@@ -72,6 +68,13 @@ class LlamaDecideBackend:
         self._cuttable = not (model.is_recurrent or model.is_hybrid)
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
         self._holding: KeptState | None = None  # the state the sequence's first tokens are
+        self._open_failed: str | None = None  # why opening the side sequences failed, once it did
+
+    def watch_kept(self, store: KeptView) -> None:
+        self._store = store
+
+    def _kept(self) -> KeptPrefix | None:
+        return self._store.kept if self._store is not None else None
 
     # --- prompt side (no model state) -------------------------------------------------
     def render_user(self, text: str) -> str:
@@ -131,8 +134,43 @@ class LlamaDecideBackend:
             prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
         )
 
+    # --- side sequences ---------------------------------------------------------------
+    def side_sequences(self) -> SideSequences:
+        rt = self._rt
+        if rt.side_sequences:
+            return SideSequences(n_open=rt.side_sequences, n_most=rt.side_sequences)
+        if rt.config.n_seq_max == 1:
+            return SideSequences(n_open=0, n_most=0, why_none=SIDE_OFF)
+        if self._open_failed is not None:
+            return SideSequences(n_open=0, n_most=0, why_none=SIDE_FAILED, detail=self._open_failed)
+        room = rt.side_room()
+        return SideSequences(n_open=0, n_most=room.n, why_none="" if room.n else SIDE_MEMORY,
+                             kv_bytes=room.kv_bytes, room_bytes=room.room_bytes)
+
+    def open_side_sequences(self) -> int:
+        """Re-create the runtime's context with the side sequences that fit now (the KV is lost,
+        so the kept state must have been forgotten). A refused context leaves the session as it
+        was, without side sequences, and is not tried again."""
+        rt = self._rt
+        if rt.side_sequences:
+            return rt.side_sequences
+        n = self.side_sequences().n_most
+        if n < 1:
+            return 0
+        self.forget()
+        self._logits = None
+        try:
+            rt.open_side_sequences(n)
+        except SideSequencesError as exc:
+            self._open_failed = str(exc)
+        return rt.side_sequences
+
     def max_batch(self) -> int:
-        return max(1, self._rt.ctx.n_seq - 1)
+        return max(1, self._rt.side_sequences)
+
+    def _need_side_sequences(self, what: str) -> None:
+        if not self._rt.side_sequences:
+            raise DecideBackendError(f"decide: {what} needs side sequences and none are open")
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
@@ -144,6 +182,7 @@ class LlamaDecideBackend:
         it; their positions are dropped with the side sequence. Resident, reads cost nothing and
         padding only costs compute: the suffixes go in as they are, and llama.cpp splits the call
         into ubatches that take as many tokens from each sequence."""
+        self._need_side_sequences("a batch")
         ctx, kv = self._rt.ctx, self._rt.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
@@ -174,12 +213,13 @@ class LlamaDecideBackend:
         return rows, self._cost_since(start, sum(len(s) for s in suffixes))
 
     def max_forks(self) -> int:
-        return self._rt.ctx.n_seq - 1
+        return self._rt.side_sequences
 
     def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
                       base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
         """Each continuation on a side sequence (``bmoe.runtime.forks``), always padded so that each
         goes in one piece: the same graph shapes resident and streamed."""
+        self._need_side_sequences("scoring choices")
         if base is None and n_past != self._rt.kv.n_past:
             raise DecideBackendError(f"decide: choices at position {n_past} but the sequence holds {self._rt.kv.n_past} tokens")
         data = None if base is None else saved_bytes(base)
@@ -190,6 +230,7 @@ class LlamaDecideBackend:
         return rows, self._cost_since(start, sum(len(c) for c in continuations))
 
     def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
+        self._need_side_sequences("a neutral prompt")
         start = self._mark()
         row, state = prefill_apart(self._rt.ctx, tokens)
         return row, KeptState(data=state, n_tokens=len(tokens)), self._cost_since(start, len(tokens))
@@ -291,34 +332,3 @@ def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:
     sequence."""
     data = state.data
     return data.copy if isinstance(data, InSequence) else data
-
-
-class DecideService:
-    """A session's decide settings, kept prefix state and adapter, in one place. Created only for
-    sessions opened with decide on, so a session without it allocates nothing."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.policy = DecidePolicy(keep_prefix=resolve_keep_prefix(
-            runtime.config.decide_prefix_cache, prefill_device=runtime.config.prefill_device is not None))
-        self.cache = LastPrefixStore()
-        self.backend = LlamaDecideBackend(runtime, kept=lambda: self.cache.kept)
-        # The neutral prompt's side of full scoring: kept for the session's life (a generate()
-        # does not touch it: it lives in a copy, not in the sequence).
-        self.neutral = NeutralStore()
-        # Order debiasing's per-session state: PriDe's priors, contextual calibration's layouts.
-        self.debias = DebiasState(pride_sample=runtime.config.decide_pride_sample)
-
-    def _run(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        if len(requests) == 1:
-            return [run_decide(self.backend, self.cache, requests[0], self.policy, self.neutral)]
-        return run_many(self.backend, self.cache, requests, self.policy, self.neutral)
-
-    def decide(self, request: DecideRequest) -> DecideResult:
-        return decide_all(self._run, [request], self.debias)[0]
-
-    def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        return decide_all(self._run, requests, self.debias)
-
-    def drop(self) -> None:
-        self.cache.drop()
-        self.backend.forget()

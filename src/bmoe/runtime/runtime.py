@@ -4,6 +4,11 @@ The model, its context, the KV bookkeeping, the chat renderer and (with --moe-st
 streaming wiring, opened together from a valid SessionConfig. It runs one generation turn, a
 scoring prefill or a perplexity pass at a time; it has no lock and knows nothing of cancelling
 requests from other threads or of failures that outlive a call: the Session adds those.
+
+Side sequences (decide's batches and full scoring) are opened with the context when
+``decide_batch`` is a number, or later, when decide first needs them (``decide_batch`` auto):
+``open_side_sequences`` then re-creates the context with more sequences, as many as fit in half
+of the memory the process may still allocate (``side_room``).
 """
 from __future__ import annotations
 
@@ -11,18 +16,20 @@ import dataclasses
 import resource
 import threading
 import time
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from ..config import SessionConfig
-from ..errors import ContextOverflowError, RequestError
+from ..errors import BmoeError, ContextOverflowError, EngineFailure, RequestError
 from ..llama.context import ContextParams, LlamaContext
 from ..llama.devices import open_prefill_device
 from ..llama.model import LlamaModel, ModelLoadParams
 from ..numerics import log_softmax
+from ..stream.budget import available_bytes
 from ..stream.stats import StreamStats
 from .chat import ChatRenderer, Message
+from .footprint import kv_bytes_per_sequence
 from .kv import KvSequence
 from .perplexity import perplexity as _perplexity
 from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
@@ -62,9 +69,31 @@ class Turn(NamedTuple):
     opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
 
 
+class SideRoom(NamedTuple):
+    """Room for side sequences: how many ``open_side_sequences`` may open now (``n``), what one
+    takes (``kv_bytes``: one more sequence's KV) and the room they may take together
+    (``room_bytes``: half of what the process may still allocate)."""
+
+    n: int
+    kv_bytes: int
+    room_bytes: int
+
+
+class SideSequencesError(BmoeError):
+    """The context could not be re-created with side sequences; it was re-created as it was."""
+
+
+class ContextLostError(EngineFailure):
+    """The context could be re-created neither with side sequences nor as it was."""
+
+
 class Runtime:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
+        # What the process may still allocate, in bytes (MemAvailable capped by the cgroup's
+        # headroom); side_room() halves it. An attribute so that tests can give a machine.
+        self.available_bytes: Callable[[], int] = available_bytes
+        self._kv_per_sequence: int | None = None
         t0, read0 = time.perf_counter(), _storage_read_bytes()
         # First: the device backends fix their offload threshold when the registry is first read.
         self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
@@ -99,7 +128,17 @@ class Runtime:
     def _open_rest(self, config: SessionConfig) -> None:
         """The context, the warm-up a prefill device needs, and the chat template: what opening
         does after the model loaded (``__init__`` frees everything if any of it fails)."""
-        self.ctx = LlamaContext(
+        self._open_context(config.n_seq_at_open)
+        self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
+        eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
+        self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
+        self.history: list[Message] = []
+
+    def _open_context(self, n_seq: int) -> None:
+        """A context of ``n_seq`` sequences, and what is bound to it: the KV bookkeeping, the
+        prompt scorer and, with streaming and a prefill device, the warm-up."""
+        config = self.config
+        ctx = LlamaContext(
             self.model,
             ContextParams(
                 n_ctx=config.n_ctx,
@@ -110,21 +149,64 @@ class Runtime:
                 flash_attn=config.flash_attn,
                 kv_f32=config.kv_f32,
                 offload_min_tokens=self.prefill_device.min_tokens if self.prefill_device is not None else None,
-                n_seq=config.n_seq_at_open,
+                n_seq=n_seq,
             ),
+            # The same hook: what it keeps between graphs belongs to the model (the weights it
+            # rebound, the order it learned), not to a context.
             eval_callback=self.stream.hook if self.stream is not None else None,
         )
-        self.kv = KvSequence(self.ctx)
-        self.scorer = PromptScorer(self.kv, self.model)
+        kv = KvSequence(ctx)
         if self.stream is not None and self.prefill_device is not None:
             # The hook binds streamed experts when a CPU graph first reads them; a device graph
             # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
-            self.kv.append([max(0, self.model.bos)])
-            self.kv.reset()
-        self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
-        eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
-        self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
-        self.history: list[Message] = []
+            try:
+                kv.append([max(0, self.model.bos)])
+                kv.reset()
+            except BaseException:
+                ctx.close()
+                raise
+        self.ctx, self.kv = ctx, kv
+        self.scorer = PromptScorer(kv, self.model)
+
+    # --- side sequences ---------------------------------------------------------------
+    @property
+    def side_sequences(self) -> int:
+        """Side sequences the context holds beside seq 0 (0 until they are opened)."""
+        return self.ctx.n_seq - 1
+
+    def side_room(self) -> SideRoom:
+        """How many side sequences ``open_side_sequences`` may open now: the config's most
+        (``n_seq_max - 1``: 8 for decide_batch auto, 0 for 1), fewer where their KV does not fit
+        in half of what the process may still allocate."""
+        if self._kv_per_sequence is None:
+            self._kv_per_sequence = kv_bytes_per_sequence(self.config.model, self.config.n_ctx, self.config.kv_f32)
+        kv = max(1, self._kv_per_sequence)
+        room = max(0, self.available_bytes()) // 2
+        return SideRoom(n=min(self.config.n_seq_max - 1, room // kv), kv_bytes=kv, room_bytes=room)
+
+    def open_side_sequences(self, n: int) -> None:
+        """Re-create the context with seq 0 and ``n`` side sequences, freeing the old one first.
+
+        What the old context held is lost: the KV bookkeeping and the prompt scorer start empty
+        (a guard on the KV is told first, as before any clear). The chat history stays; the next
+        turn finds nothing in the KV to reuse and prefills it whole. If llama.cpp refuses the new
+        context, the old shape is re-created and ``SideSequencesError`` raised; if that fails
+        too, ``ContextLostError`` (the session cannot go on)."""
+        if n < 1 or self.side_sequences:
+            raise ValueError(f"open_side_sequences: {n} side sequences on a context holding {self.ctx.n_seq} sequences")
+        old_n_seq = self.ctx.n_seq
+        self.kv.reset()
+        self.ctx.close()
+        try:
+            self._open_context(n + 1)
+        except Exception as exc:
+            try:
+                self._open_context(old_n_seq)
+            except Exception as again:
+                raise ContextLostError(f"the context could not be re-created after opening {n} side sequences "
+                                       f"failed ({exc}): {again}") from again
+            raise SideSequencesError(f"llama.cpp could not create a context of {n + 1} sequences of "
+                                     f"{self.config.n_ctx} tokens: {exc}") from exc
 
     # --- facts ------------------------------------------------------------------------
     @property
