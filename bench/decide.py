@@ -171,7 +171,7 @@ class Bench:
             raise ValueError("the session needs decide on and a prefix cache")
         self.s = session
         self.backend = session.decider.backend
-        cache = session.decider.cache
+        cache = session.decider.store
         if not isinstance(cache, LastPrefixStore):
             raise TypeError("the benchmark resets the kept state through LastPrefixStore")
         self.cache = cache

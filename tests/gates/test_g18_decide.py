@@ -94,11 +94,11 @@ def test_g18b_prefix_state_mib_counts_every_state_buffer(decider) -> None:
     backend = a.decider.backend
     copies = a.model.is_hybrid or a.model.is_recurrent  # copied at the boundary, not kept in place
     out = [a.decide(req(1, P1, S1))]
-    s1 = a.decider.cache.kept.state  # the P1 state: a copy, or a promise of one while in the sequence
+    s1 = a.decider.store.kept.state  # the P1 state: a copy, or a promise of one while in the sequence
     out.append(a.decide(req(2, P2, S3, reuse_prefix=False)))  # attention-only: copies it out now
     n1 = s1.nbytes  # the copy now exists on every arch
     out.append(a.decide(req(3, P2, S3)))  # restores it and stores the grown prefix
-    n3 = a.decider.cache.kept.state.nbytes  # 0 while it lives in the sequence
+    n3 = a.decider.store.kept.state.nbytes  # 0 while it lives in the sequence
     assert [r.reuse for r in out] == ["stored", "opted out", "restored+stored"] and n1 > 0
     if copies:  # the grown state's buffer and, as the spare for the next store, the one before it
         held = [n1 + n1 // 4] * 2 + [n1 + n1 // 4 + n3 + n3 // 4]
@@ -138,7 +138,7 @@ def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -
     never = decider().generate(g)
     assert after.tokens == never.tokens and len(after.logits) == len(never.logits) > 0
     assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
-    assert a.decider.cache.kept is None  # generate() dropped the kept state
+    assert a.decider.store.kept is None  # generate() dropped the kept state
     assert a.decider.backend.held_bytes == 0  # and freed its memory
 
 
@@ -182,9 +182,9 @@ def test_g18e_dropping_the_kept_state_frees_its_copies(decider) -> None:
     a = decider()
     a.decide(req(1, P1, S1))
     a.decide(req(2, P2, S3, reuse_prefix=False))  # a copy exists now, on every arch
-    assert a.decider.backend.held_bytes >= a.decider.cache.kept.state.nbytes > 0
+    assert a.decider.backend.held_bytes >= a.decider.store.kept.state.nbytes > 0
     a.generate(GenerateRequest(prompt="Hello", n_predict=2))
-    assert a.decider.cache.kept is None and a.decider.backend.held_bytes == 0
+    assert a.decider.store.kept is None and a.decider.backend.held_bytes == 0
 
 
 def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_session) -> None:

@@ -85,7 +85,7 @@ def test_the_first_batch_opens_them_before_touching_the_sequence_and_then_they_s
     b = LateBackend(room=3)
     s = service(b)
     s.answer([plain(1)])
-    assert s.cache.kept is not None
+    assert s.store.kept is not None
     n = len(b.calls)
     got = s.answer([plain(2, " One."), plain(3, " Two."), plain(4, " Three.")])
     assert opened_at(b) == [n + 1] and b.calls[n][0] == "forget"  # dropped, then opened, then the batch

@@ -97,7 +97,7 @@ Checked = Union[_Plan, DecideResult]  # a request that passed its checks, or its
 
 
 def answer_one(
-    backend: DecideBackend, cache: PrefixStore, request: DecideRequest, policy: DecidePolicy,
+    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy,
     neutral: NeutralStore | None = None,
 ) -> DecideResult:
     """Answer one request. Never raises for a bad request or a backend failure: the result then
@@ -106,7 +106,7 @@ def answer_one(
     [checked] = check_requests(backend, [request])
     if isinstance(checked, DecideResult):
         return checked
-    return _run_planned(backend, cache, request, policy, checked, neutral)
+    return _run_planned(backend, store, request, policy, checked, neutral)
 
 
 def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) -> list[Checked]:
@@ -148,11 +148,11 @@ def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Ch
 
 
 def _run_planned(
-    backend: DecideBackend, cache: PrefixStore, request: DecideRequest, policy: DecidePolicy, plan: _Plan,
+    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy, plan: _Plan,
     neutral: NeutralStore | None = None,
 ) -> DecideResult:
     try:
-        done = _prefill(backend, cache, request, policy, plan.prompt)
+        done = _prefill(backend, store, request, policy, plan.prompt)
         row = backend.last_logits()
     except Exception as exc:
         return DecideResult.failed(request.id, failure_message("running the prompt", exc), exc)
@@ -213,19 +213,19 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
 
 def answer_many(
     backend: DecideBackend,
-    cache: PrefixStore,
+    store: PrefixStore,
     requests: Sequence[DecideRequest],
     policy: DecidePolicy,
     neutral: NeutralStore | None = None,
 ) -> list[DecideResult]:
     """Answer requests, each as if answered alone in order after the ones before it: every
     request is checked first (``check_requests``), then ``answer_checked`` runs them."""
-    return answer_checked(backend, cache, requests, check_requests(backend, requests), policy, neutral)
+    return answer_checked(backend, store, requests, check_requests(backend, requests), policy, neutral)
 
 
 def answer_checked(
     backend: DecideBackend,
-    cache: PrefixStore,
+    store: PrefixStore,
     requests: Sequence[DecideRequest],
     checked: Sequence[Checked],
     policy: DecidePolicy,
@@ -253,11 +253,11 @@ def answer_checked(
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:
             i, plan = members[0]
-            results[i] = _run_planned(backend, cache, requests[i], policy, plan, neutral)
+            results[i] = _run_planned(backend, store, requests[i], policy, plan, neutral)
             continue
         for start in range(0, len(members), cap):
             chunk = members[start : start + cap]
-            for i, result in zip((i for i, _ in chunk), _run_batch(backend, cache, requests, chunk)):
+            for i, result in zip((i for i, _ in chunk), _run_batch(backend, store, requests, chunk)):
                 results[i] = result
     return [r for r in results if r is not None]
 
@@ -266,13 +266,13 @@ _batch_ids = itertools.count(1)  # BatchShare.id: batches prefilled in this proc
 
 
 def _run_batch(
-    backend: DecideBackend, cache: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]]
+    backend: DecideBackend, store: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]]
 ) -> list[DecideResult]:
     """Prefill the members' rest pieces together after their shared prefix (kept, restored or
     computed and stored, as ``_prefill`` does for one decision)."""
     first = members[0][1].prompt
     try:
-        head = _prefix_piece(backend, cache, first)
+        head = _prefix_piece(backend, store, first)
         n_prefix = first.n_prefix
         rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix)
     except Exception as exc:
@@ -355,7 +355,7 @@ def no_side_sequence_message(sides: SideSequences, n_ctx: int) -> str:
 
 def _prefill(
     backend: DecideBackend,
-    cache: PrefixStore,
+    store: PrefixStore,
     request: DecideRequest,
     policy: DecidePolicy,
     prompt: SplitPrompt,
@@ -371,19 +371,19 @@ def _prefill(
         cost = backend.prefill(tokens, 0)
         return _Prefilled(costs=(cost,), n_reused=0, restore_s=0.0, store_s=store_s, reuse=reuse)
 
-    head = _prefix_piece(backend, cache, prompt)
+    head = _prefix_piece(backend, store, prompt)
     costs = list(head.costs)
     costs.append(backend.prefill(tokens[prompt.n_prefix:], prompt.n_prefix))
     return _Prefilled(costs=tuple(costs), n_reused=head.n_reused, restore_s=head.restore_s,
                       store_s=head.store_s, reuse=head.reuse)
 
 
-def _prefix_piece(backend: DecideBackend, cache: PrefixStore, prompt: SplitPrompt) -> _Prefilled:
+def _prefix_piece(backend: DecideBackend, store: PrefixStore, prompt: SplitPrompt) -> _Prefilled:
     """Bring the sequence to exactly the prompt's prefix: the kept state restored, extended or
     replaced (then stored). ``costs`` holds the prefix piece's prefill when one ran."""
     tokens = prompt.tokens
     n_prefix = prompt.n_prefix
-    lookup = cache.lookup(prompt.prefix_tokens)
+    lookup = store.lookup(prompt.prefix_tokens)
     restore_s = store_s = 0.0
     if lookup.kept is not None:
         t0 = time.perf_counter()
@@ -393,7 +393,7 @@ def _prefix_piece(backend: DecideBackend, cache: PrefixStore, prompt: SplitPromp
         reuse = REUSE_RESTORED if n_past == n_prefix else REUSE_RESTORED_STORED
     else:
         if lookup.differs_at is not None:
-            cache.drop()  # unusable for this prompt and about to be replaced: not worth a copy
+            store.drop()  # unusable for this prompt and about to be replaced: not worth a copy
         store_s = backend.clear()
         n_past = 0
         reuse = REUSE_STORED if lookup.differs_at is None else REUSE_MISS.format(n=lookup.differs_at)
@@ -405,7 +405,7 @@ def _prefix_piece(backend: DecideBackend, cache: PrefixStore, prompt: SplitPromp
         state = backend.save_state()
         store_s += time.perf_counter() - t0
         # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
-        cache.store(prompt.prefix_tokens, state)
+        store.store(prompt.prefix_tokens, state)
     return _Prefilled(
         costs=tuple(costs), n_reused=n_past, restore_s=restore_s, store_s=store_s, reuse=reuse
     )

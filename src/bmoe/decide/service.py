@@ -40,8 +40,8 @@ class DecideService:
     def __init__(self, backend: DecideBackend, *, keep_prefix: bool, pride_sample: int = PRIDE_SAMPLE) -> None:
         self.backend = backend
         self.policy = DecidePolicy(keep_prefix=keep_prefix)
-        self.cache = LastPrefixStore()
-        backend.watch_kept(self.cache)
+        self.store = LastPrefixStore()
+        backend.watch_kept(self.store)
         # The neutral prompt's side of full scoring: kept for the session's life (a generate()
         # does not touch it: it lives in a copy, not in the sequence).
         self.neutral = NeutralStore()
@@ -64,7 +64,7 @@ class DecideService:
                 msg = failure_message("opening the side sequences", exc)
                 return [c if isinstance(c, DecideResult) else DecideResult.failed(r.id, msg, exc)
                         for r, c in zip(jobs, checked)]
-        return answer_checked(self.backend, self.cache, jobs, checked, self.policy, self.neutral)
+        return answer_checked(self.backend, self.store, jobs, checked, self.policy, self.neutral)
 
     def _open_side_sequences(self) -> None:
         """Open the backend's side sequences if none are open and some can be; the kept prefix
@@ -72,12 +72,12 @@ class DecideService:
         sides = self.backend.side_sequences()
         if sides.n_open or not sides.n_most:
             return  # open already, or none can be: batches run one by one, full scoring was refused
-        self.cache.drop()
+        self.store.drop()
         self.backend.forget()
         self.backend.open_side_sequences()
 
     def drop(self) -> None:
         """Drop the kept prefix state (a generate() or a score() is about to overwrite the
         sequence): it is only worth its RAM between decisions."""
-        self.cache.drop()
+        self.store.drop()
         self.backend.forget()
