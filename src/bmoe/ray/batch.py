@@ -18,7 +18,7 @@ from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
 from .flags import add_actor_flags, run_failure
-from .data.run import LOCAL, RayOptions, answer
+from .data.run import LOCAL, RayOptions, answer, pride_refusal
 
 JSON_SPACE = " \t\r\n"
 
@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
         return 1
     todo = [i for i in range(len(rows)) if i not in refused]
+    refusal = pride_refusal([rows[i] for i in todo]) if options is not None else None
+    if refusal is not None:  # before Ray starts: each actor would estimate its own prior
+        print(f"bmoe-batch: {refusal}", file=sys.stderr)
+        return 1
     start = time.perf_counter()
     try:
         answered = answer([rows[i] for i in todo], cfg, options) if todo else []
