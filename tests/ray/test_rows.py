@@ -218,3 +218,42 @@ def test_bmoe_batch_refuses_pride_rows_on_ray_before_ray_starts(tiny_models, tmp
     with pytest.raises(ConfigError, match='--ray: 3 rows use "debias": "pride"'):  # the library refuses them too
         bmoe.ray.data.answer(data.read_text().splitlines(), SessionConfig(model=tiny_models("qwen3moe", "q8_0")),
                              RayOptions())
+
+
+def test_bmoe_batch_checks_out_before_any_work(tiny_models, tmp_path, unwritable_dir, capsys, monkeypatch) -> None:
+    """An --out that cannot take the results, or that is the input file by any name, is refused
+    before the model opens: neither a lost run nor overwritten data."""
+    import os
+
+    import bmoe.ray.data.run
+    from bmoe.ray.batch import main
+
+    def no_session(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the model was opened")
+
+    monkeypatch.setattr(bmoe.ray.data.run, "Session", no_session)
+    text = '{"prefix":"p","suffix":"s","choices":["A","B"]}\n'
+    data = tmp_path / "d.jsonl"
+    data.write_text(text)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(data)
+    os.link(data, tmp_path / "hard.jsonl")
+    model = str(tiny_models("qwen3moe", "q8_0"))
+    for out, msg in [
+        (data, "is the input file"), (tmp_path / "sub" / ".." / "d.jsonl", "is the input file"),
+        (tmp_path / "link.jsonl", "is the input file"), (tmp_path / "hard.jsonl", "is the input file"),
+    ]:
+        assert main([str(data), "--out", str(out), "-m", model]) == 1
+        assert capsys.readouterr().err.splitlines() == [
+            f"bmoe-batch: --out: {out} is the input file {data}; give another path (the results would replace "
+            "the data)"]
+    for out, msg in [
+        (tmp_path, f"{tmp_path} is a folder; give the path of the results file"),
+        (data / "r.jsonl", f"cannot write {data / 'r.jsonl'}: Not a directory"),
+        (tmp_path / "missing" / "r.jsonl", f"cannot write {tmp_path / 'missing' / 'r.jsonl'}: No such file or directory"),
+        (unwritable_dir / "r.jsonl", f"cannot write {unwritable_dir / 'r.jsonl'}: Permission denied"),
+    ]:
+        assert main([str(data), "--out", str(out), "-m", model]) == 1
+        assert capsys.readouterr().err.splitlines() == [f"bmoe-batch: --out: {msg}"]
+    assert data.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [
+        "d.jsonl", "hard.jsonl", "link.jsonl", "read-only", "sub"]
