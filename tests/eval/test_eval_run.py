@@ -181,6 +181,22 @@ def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args,
     assert not (tmp_path / "out" / "results.jsonl").exists()
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(data: Path, tmp_path: Path, unwritable_dir: Path,
+                                                                   calls, capsys) -> None:
+    blocked = tmp_path / "blocked"
+    (blocked / "metrics.json").mkdir(parents=True)
+    for out, msg in [
+        (unwritable_dir / "out", f"--out: cannot make the folder {unwritable_dir / 'out'}: "),
+        (unwritable_dir, f"--out: cannot write in the folder {unwritable_dir}: Permission denied"),
+        (data / "out", f"--out: cannot make the folder {data / 'out'}: Not a directory"),
+        (blocked, f"--out: {blocked / 'metrics.json'} is a folder; the run writes a file of that name"),
+    ]:
+        assert main([str(data), "--out", str(out), *FAST]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"bmoe-eval: {msg}") and "internal error" not in err[-1], err
+    assert calls == [] and sorted(p.name for p in blocked.iterdir()) == ["metrics.json"]
+
+
 @pytest.fixture(scope="module")
 def units5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Five structured rows of the units set: one prefix, one label list (A-D)."""
