@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from bmoe import rules
 from bmoe.session import TOP_CAP
+from bmoe.wire.protocol import repeated_id
 
 
 def _utf8(v: str) -> str:
@@ -112,7 +113,14 @@ class DecideBody(BaseModel):
         return v
 
 
-DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256)]
+def _ids_tell_answers_apart(v: list[DecideBody]) -> list[DecideBody]:
+    why = repeated_id([b.id for b in v], "body.{}")  # the protocol's decide_batch rule
+    if why is not None:
+        raise PydanticCustomError("repeated_id", why)
+    return v
+
+
+DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256), AfterValidator(_ids_tell_answers_apart)]
 
 
 # --- /v1/completions and the tokenizer routes (completions_route.py, tokenizer_route.py) ---------
