@@ -29,8 +29,9 @@ class ProtocolError(RequestError):
 # a 128k-token context in any text (English is ~4 bytes a token; CJK escaped as \uXXXX is 6
 # bytes a character, about one token), far past the contexts a CPU edge session runs, and it
 # bounds what one line can cost before its refusal: reading it, JSON, and tokenizing a prompt
-# that cannot fit (about 1.5 s for 1 MiB of whitespace on a 2-core machine, the slowest text
-# measured). A fixed number, so that a client knows it without asking the session.
+# that cannot fit (linear in the text whatever it holds, bmoe.llama.special_cuts: about 2.5 s for
+# 1 MiB of special tokens between short texts on a 2-core machine, the slowest text measured).
+# A fixed number, so that a client knows it without asking the session.
 MAX_LINE_BYTES = 1 << 20
 
 
