@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,3 +41,26 @@ def tiny_models(tiny_dir: Path) -> Callable[[str, str], Path]:
         return write_tiny(arch, quant, tiny_dir)
 
     return tiny_model
+
+
+@pytest.fixture()
+def unwritable_dir(tmp_path: Path) -> Iterator[Path]:
+    """A folder no file can be made in: one without write permission, or, where that does not stop
+    the user (root), a read-only /sys; skipped where neither refuses."""
+    import tempfile
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        for candidate in (folder, Path("/sys")):
+            try:
+                tempfile.TemporaryFile(dir=candidate).close()
+            except PermissionError:
+                yield candidate
+                return
+            except OSError:
+                continue
+        pytest.skip("no folder here refuses to have a file made in it")
+    finally:
+        folder.chmod(0o755)

@@ -35,6 +35,8 @@ def test_abstain_below_fills_in_only_where_the_line_has_none() -> None:
 
 @pytest.mark.parametrize("text, why", [
     ("{not json", "not valid JSON: "),
+    ('{"gold": 0, "choices": ["A", "B"], "prefix": "x", "n": ' + "7" * 5000 + "}",
+     "not valid JSON: an integer of more than 4300 digits, more than Python reads"),
     ("[1, 2]", "must be a JSON object, got list"),
     (_line(cmd="generate"), '"cmd" may only be "decide" here (or left out)'),
     (_line(gold=...), 'missing field "gold" (the index of the right choice)'),
@@ -59,10 +61,10 @@ def test_a_bad_line_is_refused_with_the_reason(text: str, why: str) -> None:
 def test_load_skips_bad_lines_by_number_and_keeps_the_rest(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_bytes(b"\n".join([_line().encode(), b"", _line(gold=5).encode(), b"\xff\xfe", b"   ",
-                                 _line(gold=0).encode()]) + b"\n")
+                                 _line(gold=0).encode(), b'{"gold": ' + b"1" * 5000 + b"}"]) + b"\n")
     ds = dataset.load(path)
     assert [r.line for r in ds.rows] == [1, 6]
-    assert [n for n, _ in ds.skipped] == [3, 4]
+    assert [n for n, _ in ds.skipped] == [3, 4, 7]
     assert ds.skipped[1][1].startswith("request line is not valid UTF-8: byte 0xff at offset 0")
     assert len(ds.sha256) == 64
 

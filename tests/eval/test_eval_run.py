@@ -131,6 +131,7 @@ def test_bad_lines_and_refused_rows_are_reported_not_fatal(tmp_path: Path, calls
         json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 2}),
         "not json",
         json.dumps({"suffix": "Is the sky green? " * 200, "choices": ["yes", "no"], "gold": 0}),
+        '{"prefix": "Say yes.", "choices": ["yes", "no"], "gold": ' + "1" * 5000 + "}",  # over Python's digit limit
     ]) + "\n")
     out = tmp_path / "out"
     assert main([str(path), "--out", str(out), *FAST]) == 0
@@ -139,11 +140,12 @@ def test_bad_lines_and_refused_rows_are_reported_not_fatal(tmp_path: Path, calls
     assert f"{path} line 3 skipped: not valid JSON: " in err
     assert "bmoe-eval: line 4 refused: decide: the prompt is " in err
     assert " tokens but the context holds 512; shorten the prefix or suffix" in err
-    assert "Traceback" not in err
+    assert f"{path} line 5 skipped: not valid JSON: an integer of more than 4300 digits, more than Python reads" in err
+    assert "Traceback" not in err and "internal error" not in err
     rows = _results(out)
     assert [r["line"] for r in rows] == [1, 4] and "error" in rows[1]
     doc = json.loads((out / "metrics.json").read_text())
-    assert [s["line"] for s in doc["skipped_lines"]] == [2, 3] and [r["line"] for r in doc["refused"]] == [4]
+    assert [s["line"] for s in doc["skipped_lines"]] == [2, 3, 5] and [r["line"] for r in doc["refused"]] == [4]
     assert doc["answered"] == doc["metrics"]["n"] == 1
     # a rerun asks the refused row again (it may have been the session's settings), and only it
     calls.clear()
@@ -177,6 +179,22 @@ def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args,
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"bmoe-eval: {msg}") and "Traceback" not in "\n".join(err)
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(data: Path, tmp_path: Path, unwritable_dir: Path,
+                                                                   calls, capsys) -> None:
+    blocked = tmp_path / "blocked"
+    (blocked / "metrics.json").mkdir(parents=True)
+    for out, msg in [
+        (unwritable_dir / "out", f"--out: cannot make the folder {unwritable_dir / 'out'}: "),
+        (unwritable_dir, f"--out: cannot write in the folder {unwritable_dir}: Permission denied"),
+        (data / "out", f"--out: cannot make the folder {data / 'out'}: Not a directory"),
+        (blocked, f"--out: {blocked / 'metrics.json'} is a folder; the run writes a file of that name"),
+    ]:
+        assert main([str(data), "--out", str(out), *FAST]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"bmoe-eval: {msg}") and "internal error" not in err[-1], err
+    assert calls == [] and sorted(p.name for p in blocked.iterdir()) == ["metrics.json"]
 
 
 @pytest.fixture(scope="module")

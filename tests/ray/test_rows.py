@@ -179,3 +179,81 @@ def test_a_failure_is_told_apart_from_a_refusal() -> None:
         {"id": 1, "error": "decide: the backend lost the sequence", "failed": True},
         {"id": 2, "error": "decide: refused"},
         {"id": 3, "error": "internal error: RuntimeError: bug", "failed": True}]
+
+
+def _pride_row(rid: int, prefix: str) -> str:
+    return json.dumps({"id": rid, "prefix": prefix, "question": f"Which is bigger, {rid} or {rid + 1}?",
+                       "options": [str(rid), str(rid + 1)], "debias": "pride"})
+
+
+def test_pride_rows_are_answered_in_input_order(tiny_models) -> None:
+    """The prior comes from the first pride rows a session answers: those of the file, not of the
+    prefixes' sorted order (here the second row's prefix sorts first)."""
+    cfg = SessionConfig(model=tiny_models("qwen3moe", "q8_0"), decide=True, decide_batch=4, n_ctx=512, n_threads=1,
+                        decide_pride_sample=1)
+    plain = '{"id": 9, "prefix": "Apple task.", "suffix": " Pick:", "choices": ["A", "B"]}'
+    rows = [_pride_row(1, "Zebra task."), plain, _pride_row(2, "Apple task."), _pride_row(3, "Zebra task.")]
+    got = answer_local(rows, cfg)
+    assert [g["id"] for g in got] == [1, 9, 2, 3] and all("error" not in g for g in got), got
+    assert [g.get("pride_stage") for g in got] == ["sample", None, "prior", "prior"]
+
+
+def test_bmoe_batch_refuses_pride_rows_on_ray_before_ray_starts(tiny_models, tmp_path, capsys, monkeypatch) -> None:
+    import sys
+
+    import bmoe.ray.data
+    from bmoe.ray.batch import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # an import of Ray would fail the test
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join([_pride_row(1, "P."), '{"prefix":"p","suffix":"s","choices":["A","B"]}',
+                               _pride_row(2, "P."), _pride_row(3, "Q.")]) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main([str(data), "--out", str(out), "--ray", "local", "-m", str(tiny_models("qwen3moe", "q8_0"))]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        'bmoe-batch: --ray: 3 rows use "debias": "pride", whose prior a session estimates from the first rows it '
+        'answers; each Ray actor has its own session and gets the rows in another order, so the answers would not '
+        'be those of one process; run them without --ray']
+    assert not out.exists()
+    with pytest.raises(ConfigError, match='--ray: 3 rows use "debias": "pride"'):  # the library refuses them too
+        bmoe.ray.data.answer(data.read_text().splitlines(), SessionConfig(model=tiny_models("qwen3moe", "q8_0")),
+                             RayOptions())
+
+
+def test_bmoe_batch_checks_out_before_any_work(tiny_models, tmp_path, unwritable_dir, capsys, monkeypatch) -> None:
+    """An --out that cannot take the results, or that is the input file by any name, is refused
+    before the model opens: neither a lost run nor overwritten data."""
+    import os
+
+    import bmoe.ray.data.run
+    from bmoe.ray.batch import main
+
+    def no_session(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the model was opened")
+
+    monkeypatch.setattr(bmoe.ray.data.run, "Session", no_session)
+    text = '{"prefix":"p","suffix":"s","choices":["A","B"]}\n'
+    data = tmp_path / "d.jsonl"
+    data.write_text(text)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(data)
+    os.link(data, tmp_path / "hard.jsonl")
+    model = str(tiny_models("qwen3moe", "q8_0"))
+    for out, msg in [
+        (data, "is the input file"), (tmp_path / "sub" / ".." / "d.jsonl", "is the input file"),
+        (tmp_path / "link.jsonl", "is the input file"), (tmp_path / "hard.jsonl", "is the input file"),
+    ]:
+        assert main([str(data), "--out", str(out), "-m", model]) == 1
+        assert capsys.readouterr().err.splitlines() == [
+            f"bmoe-batch: --out: {out} is the input file {data}; give another path (the results would replace "
+            "the data)"]
+    for out, msg in [
+        (tmp_path, f"{tmp_path} is a folder; give the path of the results file"),
+        (data / "r.jsonl", f"cannot write {data / 'r.jsonl'}: Not a directory"),
+        (tmp_path / "missing" / "r.jsonl", f"cannot write {tmp_path / 'missing' / 'r.jsonl'}: No such file or directory"),
+        (unwritable_dir / "r.jsonl", f"cannot write {unwritable_dir / 'r.jsonl'}: Permission denied"),
+    ]:
+        assert main([str(data), "--out", str(out), "-m", model]) == 1
+        assert capsys.readouterr().err.splitlines() == [f"bmoe-batch: --out: {msg}"]
+    assert data.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [
+        "d.jsonl", "hard.jsonl", "link.jsonl", "read-only", "sub"]

@@ -65,6 +65,15 @@ PARTS = [{"type": "text", "text": "x"}]
      "messages.0.content: at most 256 items, got 257"),
     ("/v1/chat/completions", {"messages": []}, "messages: at least 1 item, got 0"),
     ("/v1/decide", [{"choices": []}] * 257, "body: at most 256 items, got 257"),
+    # ids that would not tell the answers apart (0, given or left out, may repeat: answers come in order)
+    ("/v1/decide", [{"id": 3, "choices": ["A"]}, {"choices": ["A"]}, {"id": 0, "choices": ["A"]},
+                    {"id": 3, "choices": ["B"]}],
+     "body: id 3 is given to body.0 and body.3; give each request its own id (or none: those answer as id 0, in the "
+     "order of the requests)"),
+    # a list of prompts over its limit: not "prompt.0: a valid integer" (a list of token ids may be longer)
+    ("/v1/completions", {"prompt": ["x"] * 257, "max_tokens": 0}, "prompt: at most 256 items, got 257"),
+    ("/v1/completions", {"prompt": [[1, 2]] * 257, "max_tokens": 0}, "prompt: at most 256 items, got 257"),
+    ("/v1/completions", {"prompt": [1, "x"], "max_tokens": 0}, "prompt.1: Input should be a valid integer"),
     # JSON's NaN and Infinity (Python's json reads them): not a number in range, whatever the bound says
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
      "temperature: Input should be a finite number"),

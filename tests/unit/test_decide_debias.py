@@ -74,6 +74,17 @@ def test_the_option_list_is_rendered_by_the_rule_and_braces_in_a_text_stay_text(
         " Which? Options: (1) {cue} (2) {label}. Say the number."
 
 
+@pytest.mark.parametrize("m", ["\0q", "\0o", "\0c", "{question}", "{options}", "{cue}", "{label}", "{text}"])
+def test_no_text_is_taken_for_a_placeholder(m: str) -> None:
+    """Whatever a question, an option, a label, the cue or the joiner holds (NUL bytes, the names
+    of placeholders), it is shown as it is; so is the template's own text around them."""
+    own = m if m.startswith("\0") else "\0"  # a placeholder written in the template is one
+    rule = RenderRule(template=f"[{own}] {{question}} | {{options}} | {{cue}}", option=f"{{label}}={{text}}{own}",
+                      joiner=f",{m},", cue=f"cue{m}", labels=(f"A{m}", "B"))
+    got = render_block(f"q{m}?", [f"x{m}", "y"], [f"A{m}", "B"], rule)
+    assert got == f"[{own}] q{m}? | A{m}=x{m}{own},{m},B=y{own} | cue{m}"
+
+
 def test_structured_form_without_debias_is_the_plain_decision_it_renders_to() -> None:
     run = Runner()
     [res] = answer_debiased(run, [ask(["x", "y"])], DebiasState())

@@ -33,6 +33,11 @@ from bmoe.runtime.results import GenerateRequest
         ('{"cmd":"decide","choices":["A"],"unconditional":null}', "decide: field 'unconditional' must be a string, got null"),
         ('{"cmd":"decide_batch","requests":[]}', "decide_batch: field 'requests' must be a list of decide objects, got []"),
         ('{"cmd":"decide_batch","requests":[3]}', "decide_batch: requests[0] must be an object"),
+        # ids that could not tell the answers apart (0, given or left out, may repeat: answers are in order)
+        ('{"cmd":"decide_batch","requests":[{"id":5,"choices":["A"]},{"id":6,"choices":["A"]},{"id":5,"choices":["B"]},'
+         '{"choices":["A"]},{"id":5,"choices":["A"]}]}',
+         "decide_batch: id 5 is given to requests[0], requests[2] and requests[4]; give each request its own id (or "
+         "none: those answer as id 0, in the order of the requests)"),
         # one unknown-field rule for every command
         ('{"cmd":"close","x":1}', "close: unknown field(s) 'x'"),
         ('{"cmd":"cancel","x":1}', "cancel: unknown field(s) 'x'"),
@@ -100,6 +105,9 @@ def test_valid_commands() -> None:
     assert isinstance(d, Decide) and d.id == 1 and d.fields["choices"] == ["A", "B"]
     b = parse_line('{"cmd":"decide_batch","id":2,"requests":[{"id":5,"choices":["A"]}]}')
     assert isinstance(b, DecideBatch) and b.requests[0].id == 5
+    b = parse_line('{"cmd":"decide_batch","requests":[{"choices":["A"]},{"id":0,"choices":["A"]},{"choices":["A"]},'
+                   '{"id":3,"choices":["A"]}]}')
+    assert isinstance(b, DecideBatch) and [r.id for r in b.requests] == [0, 0, 0, 3]  # 0 is "no id": it may repeat
     assert (d.request.scoring, d.request.best_by, d.request.unconditional) == ("first", "sum", None)
     f = parse_line('{"cmd":"decide","choices":["A b"],"scoring":"full","best_by":"norm","unconditional":"Q:"}')
     assert isinstance(f, Decide)

@@ -7,6 +7,7 @@ Rendering in a given order (``order[i]`` is the option shown at position ``i``) 
 """
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import replace
@@ -96,13 +97,24 @@ def _check_rule(rule: RenderRule, n: int) -> None:
         seen[label] = i
 
 
+_BLOCK_KEYS = re.compile(r"\{(question|options|cue)\}")
+_OPTION_KEYS = re.compile(r"\{(label|text)\}")
+
+
+def _fill(pattern: re.Pattern[str], template: str, values: dict[str, str]) -> str:
+    """``template`` with each placeholder of ``pattern`` replaced by its value, in one pass over
+    the template: what is put in is never looked at again, so no text (a question holding
+    "{options}", a label "{text}", any bytes at all) can be taken for a placeholder."""
+    return pattern.sub(lambda m: values[m.group(1)], template)
+
+
 def render_block(question: str, texts: Sequence[str], labels: Sequence[str], rule: RenderRule) -> str:
     """The question, the options (``texts[i]`` under ``labels[i]``) and the cue, by ``rule``.
 
-    Placeholders are replaced literally (never ``str.format``), so braces in a text are text."""
-    lines = [rule.option.replace("{label}", label).replace("{text}", text) for label, text in zip(labels, texts)]
-    block = rule.template.replace("{question}", "\0q").replace("{options}", "\0o").replace("{cue}", "\0c")
-    return block.replace("\0c", rule.cue).replace("\0q", question).replace("\0o", rule.joiner.join(lines))
+    Placeholders are replaced as text (never ``str.format``, never through a marker), so braces
+    in a text are text and a text is shown as it is."""
+    lines = [_fill(_OPTION_KEYS, rule.option, {"label": label, "text": text}) for label, text in zip(labels, texts)]
+    return _fill(_BLOCK_KEYS, rule.template, {"question": question, "options": rule.joiner.join(lines), "cue": rule.cue})
 
 
 def rendered(request: DecideRequest, order: Sequence[int] | None = None, *, content_free: bool = False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -49,6 +50,9 @@ def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise BadRow(f"not valid JSON: {e}") from None
+    except ValueError:  # the one other ValueError json.loads raises: an integer over Python's digit limit
+        raise BadRow(f"not valid JSON: an integer of more than {sys.get_int_max_str_digits()} digits, "
+                     "more than Python reads") from None
     if not isinstance(obj, dict):
         raise BadRow(f"must be a JSON object, got {type(obj).__name__}")
     if obj.pop("cmd", "decide") != "decide":

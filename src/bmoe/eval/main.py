@@ -26,6 +26,9 @@ SKIPPED_FLAGS = ("--decide", "--n-predict", "--temp", "--top-p", "--seed", "--no
 EXTRA = ("tqdm", "matplotlib", "scipy")
 EXIT_INTERRUPTED = 130
 RAY_BATCH_ROWS = 32  # with --ray, --batch's default is max(the batch width, this): rows per actor batch
+# What _write_outputs writes into --out besides the store's results.jsonl and run.json (checked
+# writable before any work).
+OUTPUT_FILES = ("metrics.json", "report.md", "reliability.png", "coverage.png")
 
 
 def _probability(text: str) -> float:
@@ -150,7 +153,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
                      abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias,
                      decide_pride_sample=cfg.decide_pride_sample if pride else None)
-    done = store.open(ident, {"data": str(path), "rows": len(ds.rows)})
+    done = store.open(ident, {"data": str(path), "rows": len(ds.rows)}, OUTPUT_FILES)
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
     # session's settings (scoring "full" with --decide-batch 1) rather than the row
     todo = [r for r in ds.rows if r.line not in done or "error" in done[r.line]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -53,19 +54,41 @@ class ResultStore:
         self.run = out / RUN
         self._fh: IO[str] | None = None
 
-    def open(self, ident: dict[str, Any], info: dict[str, Any]) -> dict[int, dict]:
+    def open(self, ident: dict[str, Any], info: dict[str, Any], others: Iterable[str] = ()) -> dict[int, dict]:
         """Make the folder, check a previous run's identity and return its rows by line number.
 
-        Raises ConfigError (nothing written) when the folder holds another run's results."""
+        Raises ConfigError (nothing written) when the folder holds another run's results, or when
+        the folder, or a file the run writes there (results.jsonl, run.json and ``others``),
+        cannot be written: found now, before any work, rather than once the rows are answered."""
         if self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"--out: {self.out} is a file, not a folder")
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--out: cannot make the folder {self.out}: {e.strerror or e}") from None
+        self._check_writable((RESULTS, RUN, *others))
         done: dict[int, dict] = {}
         if self.results.exists() and self.results.read_text(encoding="utf-8", errors="replace").strip():
             self._check_identity(ident)
             done = self._read()
         self.run.write_text(json.dumps({**ident, **info}, indent=1) + "\n")
         return done
+
+    def _check_writable(self, names: Iterable[str]) -> None:
+        """A file can be made in the folder, and each of ``names`` that exists can be written."""
+        try:
+            tempfile.TemporaryFile(dir=self.out).close()
+        except OSError as e:
+            raise ConfigError(f"--out: cannot write in the folder {self.out}: {e.strerror or e}") from None
+        for name in names:
+            path = self.out / name
+            if path.is_dir():
+                raise ConfigError(f"--out: {path} is a folder; the run writes a file of that name")
+            if path.exists():
+                try:
+                    path.open("a").close()  # opened to append, nothing written: the file is unchanged
+                except OSError as e:
+                    raise ConfigError(f"--out: cannot write {path}: {e.strerror or e}") from None
 
     def _check_identity(self, ident: dict[str, Any]) -> None:
         again = f"give another --out, or delete {self.results} to start over"

@@ -10,6 +10,7 @@ import llama_cpp
 from .dense_anon import AnonDense, FileId, Segment, drop_unused, file_ids, file_segments
 from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
+from .special_cuts import PIECE_BYTES, Cutter, Special
 from bmoe.errors import ModelFileError
 
 
@@ -123,6 +124,7 @@ class LlamaModel:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self._cutters: dict[bool, Cutter] = {}  # by parse_special, built on the first long text
 
     # --- metadata -------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -144,7 +146,29 @@ class LlamaModel:
 
     # --- vocabulary -------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """llama.cpp's tokens of ``text``, in time linear in its length whatever it holds.
+
+        llama.cpp's split at the special tokens written in a text is quadratic in their number
+        (special_cuts.py); a long text is tokenized in pieces of a few KB cut where that gives
+        the same tokens, and what ``add_special`` adds (BOS, EOS) goes around the whole."""
         data = text.encode("utf-8")
+        cuts = self._cutter(parse_special).cuts(data) if len(data) > PIECE_BYTES else []
+        if not cuts:
+            return self._tokenize(data, add_special, parse_special)
+        bounds = [0, *cuts, len(data)]
+        pieces = [self._tokenize(data[i:j], False, parse_special) for i, j in zip(bounds, bounds[1:])]
+        toks = [t for piece in pieces for t in piece]
+        if not add_special:
+            return toks
+        # What add_special puts around the first piece goes around the whole text instead.
+        first = pieces[0]
+        with_special = self._tokenize(data[: cuts[0]], True, parse_special)
+        n_before = 1 if self.add_bos else 0
+        if with_special[n_before : n_before + len(first)] != first:  # not BOS + text + EOS: no cutting
+            return self._tokenize(data, add_special, parse_special)
+        return with_special[:n_before] + toks + with_special[n_before + len(first) :]
+
+    def _tokenize(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
         cap = len(data) + 8
         buf = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
@@ -153,6 +177,23 @@ class LlamaModel:
             buf = (llama_cpp.llama_token * cap)()
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def _cutter(self, parse_special: bool) -> Cutter:
+        """The special tokens llama.cpp's partition looks for under ``parse_special`` (the
+        control and unknown ones only when it is set), read from the vocabulary once."""
+        cutter = self._cutters.get(parse_special)
+        if cutter is None:
+            skip = 0 if parse_special else llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            partitioned = (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+                           | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN)
+            specials = []
+            for tok in range(self.n_vocab):
+                attr = int(llama_cpp.llama_vocab_get_attr(self.vocab, tok))
+                if attr & partitioned and not attr & skip:
+                    specials.append(Special(llama_cpp.llama_vocab_get_text(self.vocab, tok) or b"",
+                                            bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
+            cutter = self._cutters[parse_special] = Cutter(specials)
+        return cutter
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from bmoe.errors import BmoeError
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
 from .flags import add_actor_flags, run_failure
-from .data.run import LOCAL, RayOptions, answer
+from .data.run import LOCAL, RayOptions, answer, pride_refusal
 
 JSON_SPACE = " \t\r\n"
 
@@ -71,19 +72,49 @@ def read_rows(path: Path) -> tuple[list[str], dict[int, dict]]:
     return rows, refused
 
 
+def out_refusal(out: Path, data: Path) -> str | None:
+    """Why the results cannot go to ``out``, found before any row is read or answered (a run that
+    cannot write its results would be lost whole); None when they can. ``out`` may not be the
+    input file by any name (another path, a symbolic or hard link), and a file must be creatable
+    in its folder: the results are written there and renamed into place."""
+    if out.is_dir():
+        return f"--out: {out} is a folder; give the path of the results file"
+    try:
+        same = out.exists() and os.path.samefile(out, data)
+    except OSError:  # the data cannot be looked at: its own refusal follows
+        same = False
+    if same:
+        return f"--out: {out} is the input file {data}; give another path (the results would replace the data)"
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        return f"--out: cannot write {out}: {e.strerror or e}"
+    return None
+
+
 def write_results(path: Path, results: list[dict]) -> None:
-    """All results, one JSON object per line; written beside ``path`` and renamed, so a failed run
-    never leaves half a file."""
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in results:
-            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+    """All results, one JSON object per line; written to a new file beside ``path`` and renamed,
+    so a failed run never leaves half a file (nor touches another file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    f = open(tmp, "x", encoding="utf-8")
+    try:
+        with f:
+            for r in results:
+                f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_batch_parser()
     args = parser.parse_args(argv)
+    refusal = out_refusal(args.out, args.data)
+    if refusal is not None:
+        print(f"bmoe-batch: {refusal}", file=sys.stderr)
+        return 1
     try:
         rows, refused = read_rows(args.data)
     except OSError as e:
@@ -98,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
         return 1
     todo = [i for i in range(len(rows)) if i not in refused]
+    refusal = pride_refusal([rows[i] for i in todo]) if options is not None else None
+    if refusal is not None:  # before Ray starts: each actor would estimate its own prior
+        print(f"bmoe-batch: {refusal}", file=sys.stderr)
+        return 1
     start = time.perf_counter()
     try:
         answered = answer([rows[i] for i in todo], cfg, options) if todo else []

@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from bmoe import rules
 from bmoe.session import TOP_CAP
+from bmoe.wire.protocol import repeated_id
 
 
 def _utf8(v: str) -> str:
@@ -112,13 +113,21 @@ class DecideBody(BaseModel):
         return v
 
 
-DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256)]
+def _ids_tell_answers_apart(v: list[DecideBody]) -> list[DecideBody]:
+    why = repeated_id([b.id for b in v], "body.{}")  # the protocol's decide_batch rule
+    if why is not None:
+        raise PydanticCustomError("repeated_id", why)
+    return v
+
+
+DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256), AfterValidator(_ids_tell_answers_apart)]
 
 
 # --- /v1/completions and the tokenizer routes (completions_route.py, tokenizer_route.py) ---------
 
 TokenId = Annotated[int, Strict()]  # a JSON integer: true, 1.0 or "1" are not token ids
 TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)]
+MAX_PROMPTS = 256  # prompts in one /v1/completions request
 
 
 class CompletionRequest(BaseModel):
@@ -132,8 +141,8 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = Field(None, description="ignored: the server serves the model it was started with")
     prompt: (Text | Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)]
-             | Annotated[list[Text], Field(min_length=1, max_length=256)]
-             | Annotated[list[TokenIds], Field(min_length=1, max_length=256)])
+             | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
     max_tokens: int | None = Field(None, ge=0, le=1 << 20, description="0 or 1 here (default 1)")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=TOP_CAP)
@@ -148,6 +157,17 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _at_most_256_prompts(cls, v: object) -> object:
+        # A list of prompts (strings, or lists of token ids) over the limit is refused as such
+        # before the union is tried: otherwise the deepest error wins, and that is the list of
+        # token ids' "prompt.0: Input should be a valid integer".
+        if isinstance(v, list) and len(v) > MAX_PROMPTS and isinstance(v[0], (str, list)):
+            raise PydanticCustomError("too_long", "List should have at most {max_length} items, not {actual_length}",
+                                      {"max_length": MAX_PROMPTS, "actual_length": len(v)})
+        return v
 
 
 class TokenizeBody(BaseModel):

@@ -29,8 +29,9 @@ class ProtocolError(RequestError):
 # a 128k-token context in any text (English is ~4 bytes a token; CJK escaped as \uXXXX is 6
 # bytes a character, about one token), far past the contexts a CPU edge session runs, and it
 # bounds what one line can cost before its refusal: reading it, JSON, and tokenizing a prompt
-# that cannot fit (about 1.5 s for 1 MiB of whitespace on a 2-core machine, the slowest text
-# measured). A fixed number, so that a client knows it without asking the session.
+# that cannot fit (linear in the text whatever it holds, bmoe.llama.special_cuts: about 2.5 s for
+# 1 MiB of special tokens between short texts on a 2-core machine, the slowest text measured).
+# A fixed number, so that a client knows it without asking the session.
 MAX_LINE_BYTES = 1 << 20
 
 
@@ -159,6 +160,23 @@ def _check_decide(obj: dict, what: str, rid: int | None) -> dict:
     return fields
 
 
+def repeated_id(ids: list[int], where: str = "requests[{}]") -> str | None:
+    """Why a batch's ids cannot tell its answers apart, or None: an id other than 0 given to more
+    than one request (0 is the id of a request that gives none; any number may have it, and
+    their answers are told apart by their order). Names the first id repeated and where it is
+    (``where`` formats a request's position)."""
+    seen: dict[int, list[int]] = {}
+    for i, rid in enumerate(ids):
+        if rid != 0:
+            seen.setdefault(rid, []).append(i)
+    for rid, at in seen.items():
+        if len(at) > 1:
+            places = [where.format(i) for i in at]
+            return (f"id {rid} is given to {', '.join(places[:-1])} and {places[-1]}; give each request its "
+                    f"own id (or none: those answer as id 0, in the order of the requests)")
+    return None
+
+
 def _request_id(obj: dict) -> int | None:
     rid = obj.get("id")
     return rid if _INT[1](rid) else None
@@ -205,5 +223,8 @@ def parse_line(line: str) -> Command:
             if not isinstance(r, dict):
                 raise ProtocolError(f"decide_batch: requests[{i}] must be an object", rid)
             items.append(Decide(id=_request_id(r) or 0, fields=_check_decide(r, f"decide_batch: requests[{i}]", rid)))
+        repeated = repeated_id([item.id for item in items])
+        if repeated is not None:
+            raise ProtocolError(f"decide_batch: {repeated}", rid)
         return DecideBatch(id=rid or 0, requests=tuple(items))
     raise ProtocolError(f"unknown cmd {cmd[:40]!r} (expected generate, cancel, close, stats, decide, decide_batch)", rid)

@@ -10,7 +10,10 @@ when sent again; a refusal will not). A bad row never stops the others.
 
 Decisions are grouped by prefix text (groups in the order of their first row, rows in input
 order within a group) and each group goes through ``Session.decide_many``, so the kept prefix
-state is hit and, with ``decide_batch`` > 1, a group's suffixes are prefilled together.
+state is hit and, with ``decide_batch`` > 1, a group's suffixes are prefilled together. Rows with
+``"debias": "pride"`` are the exception: the session estimates their prior from the first such
+rows it answers, so they are answered in input order (a run of them with the same prefix in one
+call), and which rows form the prior does not depend on how the others are grouped.
 """
 from __future__ import annotations
 
@@ -63,6 +66,25 @@ def prefix_key(line: str) -> str:
     return cmd.fields.get("prefix", "") if isinstance(cmd, Decide) else ""
 
 
+def _is_pride(cmd: object) -> bool:
+    return isinstance(cmd, Decide) and cmd.fields.get("debias") == "pride"
+
+
+def is_pride(line: str) -> bool:
+    """Whether ``line`` is a decision that asks for ``"debias": "pride"``, whose answer depends on
+    the rows its session answered before it (docs/decide.md#order-debiasing)."""
+    return _is_pride(_parse(line))
+
+
+def order_key(line: str) -> tuple[int, str]:
+    """What rows are sorted by before batching (a stable sort): the pride rows first, in input
+    order, then the others by prefix, so a batch holds whole prefix groups."""
+    cmd = _parse(line)
+    if _is_pride(cmd):
+        return (0, "")
+    return (1, cmd.fields.get("prefix", "") if isinstance(cmd, Decide) else "")
+
+
 def _error(rid: int | None, msg: str) -> dict:
     return {"id": rid, "error": msg}
 
@@ -82,16 +104,28 @@ def answer_lines(session: Session, lines: Sequence[str]) -> list[dict]:
     error (``STICKY``): then nothing of this batch is answered and the session must be replaced."""
     out: list[dict | None] = [None] * len(lines)
     groups: dict[str, list[tuple[int, Decide]]] = {}
+    calls: list[list[tuple[int, Decide]]] = []  # the decide_many calls, in order
+    pride: list[tuple[int, Decide]] | None = None  # the call the last pride row went to
     generates: list[tuple[int, GenerateRequest]] = []
     for i, line in enumerate(lines):
         cmd = _parse(line)
         if isinstance(cmd, ProtocolError):
             out[i] = _error(cmd.request_id, str(cmd))
+        elif _is_pride(cmd):  # in input order: a pride row joins the last pride call only if it has its prefix
+            prefix = cmd.fields.get("prefix", "")
+            if pride is None or pride[0][1].fields.get("prefix", "") != prefix:
+                pride = []
+                calls.append(pride)
+            pride.append((i, cmd))
         elif isinstance(cmd, Decide):
-            groups.setdefault(cmd.fields.get("prefix", ""), []).append((i, cmd))
+            prefix = cmd.fields.get("prefix", "")
+            if prefix not in groups:
+                groups[prefix] = []
+                calls.append(groups[prefix])
+            groups[prefix].append((i, cmd))
         else:
             generates.append((i, cmd))
-    for group in groups.values():
+    for group in calls:
         try:
             results = session.decide_many([cmd.request for _, cmd in group])
             answers = [_decided(r) for r in results]

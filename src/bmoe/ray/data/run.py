@@ -1,7 +1,9 @@
 """Running rows through sessions: in this process, or over a Ray Dataset with an actor pool.
 
 Rows are protocol lines (rows.py). Before batching, rows are sorted by prefix (stable), so a
-batch holds whole prefix groups and an actor's kept prefix state is hit; every row carries its
+batch holds whole prefix groups and an actor's kept prefix state is hit (rows with
+``"debias": "pride"`` first and in input order: their answers depend on the order a session
+answers them in, and on Ray they are refused); every row carries its
 input index, and the results are put back in input order and checked: exactly one result per
 index, or ``RowsLost`` says which were missing or duplicated.
 """
@@ -18,7 +20,7 @@ from bmoe.config import SessionConfig
 from bmoe.errors import BmoeError, ConfigError
 from bmoe.session import Session
 
-from .rows import answer_lines, prefix_key
+from .rows import answer_lines, is_pride, order_key
 from .sizing import ActorSizing, actor_sizing
 
 LOCAL = "local"
@@ -68,9 +70,20 @@ def in_order(pairs: Iterable[tuple[int, dict]], n: int) -> list[dict]:
 
 
 def _sorted_rows(lines: Sequence[str]) -> list[dict[str, Any]]:
-    keyed = [(prefix_key(line), i, line) for i, line in enumerate(lines)]
-    keyed.sort(key=lambda t: t[0])  # stable: input order within a prefix
+    keyed = [(order_key(line), i, line) for i, line in enumerate(lines)]
+    keyed.sort(key=lambda t: t[0])  # stable: input order within a prefix, and among the pride rows
     return [{"index": i, "line": line} for _, i, line in keyed]
+
+
+def pride_refusal(lines: Sequence[str]) -> str | None:
+    """Why ``lines`` cannot run on Ray, or None: rows with ``"debias": "pride"``, whose prior a
+    session estimates from the first such rows it answers (bmoe-eval refuses them in the same words)."""
+    n = sum(map(is_pride, lines))
+    if not n:
+        return None
+    return (f'--ray: {n} rows use "debias": "pride", whose prior a session estimates from the first rows it '
+            f'answers; each Ray actor has its own session and gets the rows in another order, so the answers '
+            f'would not be those of one process; run them without --ray')
 
 
 def answer_local(lines: Sequence[str], config: SessionConfig) -> list[dict]:
@@ -131,6 +144,9 @@ class RayRun:
     any order), or call ``results()`` for all of them in input order, checked."""
 
     def __init__(self, lines: Sequence[str], config: SessionConfig, options: RayOptions) -> None:
+        refusal = pride_refusal(lines)
+        if refusal is not None:
+            raise ConfigError(refusal)
         import ray
         import ray.data
 
