@@ -1,7 +1,7 @@
 """Session: the public face over one Runtime, and the one door the edges use into the engine.
 
 One request runs at a time (a lock); cancel() may come from any thread and takes effect at the
-next decode boundary. A refused request raises RequestError before anything in the session
+next decode boundary (a decision list's: its next decision, or its batch's next llama_decode call). A refused request raises RequestError before anything in the session
 changes. A streaming failure is sticky: every later call raises the same StreamFailedError.
 
 The edges (bmoe-cli, bmoe-server, bmoe-eval, bmoe-batch and bmoe.ray.data) import the engine's
@@ -143,7 +143,8 @@ class Session:
             self.runtime.history = list(messages)
 
     def cancel(self) -> None:
-        """Interrupt the generation in flight at its next decode boundary (no-op when idle)."""
+        """Interrupt the generation in flight at its next decode boundary, or the decision list in
+        flight at its next decision or batch call (no-op when idle)."""
         event = self._cancel  # the event of the run in flight, or of one that ended: never the next one's
         if self._running:
             event.set()
@@ -208,20 +209,26 @@ class Session:
         self.runtime.scorer.check(request)
 
     # --- decide -----------------------------------------------------------------------
-    def decide(self, request: DecideRequest) -> DecideResult:
-        self._check_open()
-        if self.decider is None:
-            raise RequestError(DECIDE_OFF)
-        with self._lock:
-            [result] = self.decider.answer([request])
-            return self._check_decide(result)
+    def decide(self, request: DecideRequest, *, cancel: threading.Event | None = None) -> DecideResult:
+        [result] = self.decide_many([request], cancel=cancel)
+        return result
 
-    def decide_many(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
+    def decide_many(self, requests: Sequence[DecideRequest], *,
+                    cancel: threading.Event | None = None) -> list[DecideResult]:
+        """One answer per request, in order. ``cancel`` (an event of the caller's, as for
+        ``generate_iter``) or ``cancel()`` stops the list between decisions and between the
+        llama_decode calls of a batch: what has not run is answered as cancelled."""
         self._check_open()
         if self.decider is None:
             raise RequestError(DECIDE_OFF)
         with self._lock:
-            return [self._check_decide(r) for r in self.decider.answer(requests)]
+            self._cancel = cancel if cancel is not None else threading.Event()
+            self._running = True
+            try:
+                results = self.decider.answer(requests, stop=self._cancel.is_set)
+            finally:
+                self._running = False
+            return [self._check_decide(r) for r in results]
 
     # --- lifecycle --------------------------------------------------------------------
     def stats(self) -> dict[str, object]:

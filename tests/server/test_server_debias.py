@@ -46,3 +46,23 @@ def test_refusals_name_the_field(client, body, status, param) -> None:
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
     assert client.post("/v1/decide", json={**ASK, "debias": "permute"}).status_code == 200
+
+
+def test_a_request_over_the_work_limit_is_refused_before_it_runs(make_app, tiny_path) -> None:
+    """Each permutation, pride sample and fully scored choice counts one decision against
+    --max-request-decisions; the refusal comes before anything is queued."""
+    app = make_app(tiny_path, ServerSettings(max_request_decisions=5), n_ctx=256)
+    with TestClient(app, base_url="http://localhost") as c:
+        before = c.get("/v1/models").json()["data"][0]["meta"]["stats"]
+        six = {**ASK, "options": ["a", "b", "c", "d", "e", "f"], "debias": "permute"}
+        r = c.post("/v1/decide", json=six)
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "too_much_work"
+        assert r.json()["error"]["message"].startswith(
+            "decide: this request may run 6 decisions (each debias permutation, pride sample and choice scored in "
+            "full counts one), over this server's limit of 5 a request (--max-request-decisions)")
+        # a list is counted whole: two 3-option permutations are 6
+        assert c.post("/v1/decide", json=[{**ASK, "debias": "permute"}] * 2).status_code == 400
+        assert c.get("/v1/models").json()["data"][0]["meta"]["stats"] == before  # nothing ran
+        ok = c.post("/v1/decide", json={**ASK, "debias": "permute"})  # 3 decisions
+        assert ok.status_code == 200 and ok.json()["debias_decisions"] == 3

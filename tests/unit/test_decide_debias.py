@@ -11,6 +11,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -243,3 +244,17 @@ def test_the_answer_carries_raw_and_debiased_keys() -> None:
     assert out["debiased_p"] == pytest.approx([(0.6 + 1 / 7) / 2, (0.4 + 6 / 7) / 2])
     assert out["prior"] == pytest.approx([0.75, 0.25]) and out["debias_decisions"] == 2
     json.dumps(out, allow_nan=False)
+
+
+def test_decisions_needed_counts_what_a_request_may_run() -> None:
+    from bmoe.decide.debias import decisions_needed
+
+    ask = DecideRequest(id=1, prefix="P", suffix="", choices=(), question="Which?", options=("a", "b", "c", "d"))
+    plain = DecideRequest(id=2, prefix="", suffix="A or B?", choices=("A", "B"))
+    assert decisions_needed([plain]) == 1
+    assert decisions_needed([replace(plain, scoring="full")]) == 3  # the prompt, then each choice
+    assert decisions_needed([ask]) == 1
+    assert decisions_needed([replace(ask, debias="permute")]) == 4
+    assert decisions_needed([replace(ask, debias="pride")] * 3) == 12  # counted as if all still sampled
+    assert decisions_needed([replace(ask, debias="contextual")]) == 2  # and the content-free prompt
+    assert decisions_needed([replace(ask, debias="nope")]) == 0  # refused by the structured checks: runs nothing

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -165,7 +165,8 @@ class ScriptedBackend:
     def max_batch(self) -> int:
         return self.batch
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
+                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
         self.calls.append(("prefill_batch", tuple(len(s) for s in suffixes), n_past))
         self._maybe_fail("prefill_batch")
         assert n_past == self.n_past and 0 < len(suffixes) <= self.batch

@@ -7,7 +7,7 @@ for one decision alone, never twice, never where none can be opened.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -50,9 +50,10 @@ class LateBackend(ForkingBackend):
     def max_batch(self) -> int:
         return max(1, self.open)
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
+                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
         assert self.open, "a batch before the side sequences were opened"
-        return super().prefill_batch(suffixes, n_past)
+        return super().prefill_batch(suffixes, n_past, stop)
 
     def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
                       base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:

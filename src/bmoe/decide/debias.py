@@ -154,6 +154,16 @@ def expand(requests: Sequence[DecideRequest], state: DebiasState) -> Expansion:
     return Expansion(jobs, plans)
 
 
+def decisions_needed(requests: Sequence[DecideRequest]) -> int:
+    """The most prefills answering ``requests`` can take, a bound to check before any work: each
+    plain decision they expand to counts 1 (a permutation of ``permute``, a ``pride`` sample as if
+    every pride request were still sampling, ``contextual``'s content-free prompt as if its layout
+    were new), plus one per choice of a request scored in full. A request the structured form's
+    checks refuse runs nothing and counts 0."""
+    jobs = expand(requests, DebiasState(pride_sample=len(requests) + 1)).jobs
+    return sum(1 + (len(j.choices) if j.scoring == "full" else 0) for j in jobs)
+
+
 def combine(expansion: Expansion, answers: list[DecideResult], state: DebiasState) -> list[DecideResult]:
     """One answer per request of ``expansion`` from the answers of its ``jobs`` (in job order);
     PriDe's samples and contextual calibration's layouts are added to ``state``."""

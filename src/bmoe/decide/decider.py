@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, Union
 
@@ -32,7 +32,9 @@ import numpy as np
 
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
 from bmoe.decide.continuations import NeutralStore, continuation_logps
-from bmoe.decide.errors import DecideBackendError, DecideRefusal, DecideRequestError, NoSideSequenceError
+from bmoe.decide.errors import (
+    DecideBackendError, DecideCancelled, DecideRefusal, DecideRequestError, NoSideSequenceError,
+)
 from bmoe.decide.port import BYTES_PER_MIB, SIDE_FAILED, SIDE_MEMORY, DecideBackend, PrefillCost, SideSequences
 from bmoe.decide.kept_prefix import PrefixStore
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
@@ -230,8 +232,13 @@ def answer_checked(
     checked: Sequence[Checked],
     policy: DecidePolicy,
     neutral: NeutralStore | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[DecideResult]:
     """Run requests already checked (``check_requests``), each as if answered alone in order.
+
+    ``stop`` is asked before each decision or batch runs, and by the backend between the calls of
+    a batch: once it says so, every decision not answered yet is a ``DecideCancelled`` failure
+    (a client that left, ``Session.cancel()``).
 
     A refused one is answered at once and spoils nothing. With a backend that batches
     (``max_batch() > 1``) and the prefix cache on, the requests that keep a prefix are grouped by
@@ -253,20 +260,29 @@ def answer_checked(
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:
             i, plan = members[0]
-            results[i] = _run_planned(backend, store, requests[i], policy, plan, neutral)
+            results[i] = _cancelled(requests[i]) if stop() else \
+                _run_planned(backend, store, requests[i], policy, plan, neutral)
             continue
         for start in range(0, len(members), cap):
             chunk = members[start : start + cap]
-            for i, result in zip((i for i, _ in chunk), _run_batch(backend, store, requests, chunk)):
+            answered = [_cancelled(requests[i]) for i, _ in chunk] if stop() else \
+                _run_batch(backend, store, requests, chunk, stop)
+            for i, result in zip((i for i, _ in chunk), answered):
                 results[i] = result
     return [r for r in results if r is not None]
+
+
+def _cancelled(request: DecideRequest) -> DecideResult:
+    exc = DecideCancelled("decide: cancelled before this decision ran (the request was cancelled)")
+    return DecideResult.failed(request.id, str(exc), exc)
 
 
 _batch_ids = itertools.count(1)  # BatchShare.id: batches prefilled in this process
 
 
 def _run_batch(
-    backend: DecideBackend, store: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]]
+    backend: DecideBackend, store: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]],
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[DecideResult]:
     """Prefill the members' rest pieces together after their shared prefix (kept, restored or
     computed and stored, as ``_prefill`` does for one decision)."""
@@ -274,7 +290,10 @@ def _run_batch(
     try:
         head = _prefix_piece(backend, store, first)
         n_prefix = first.n_prefix
-        rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix)
+        rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix,
+                                           stop=stop)
+    except DecideCancelled:
+        return [_cancelled(requests[i]) for i, _ in members]
     except Exception as exc:
         msg = failure_message("running the prompt", exc)
         return [DecideResult.failed(requests[i].id, msg, exc) for i, _ in members]

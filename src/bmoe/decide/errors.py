@@ -49,5 +49,10 @@ class PromptTooLongError(DecideRefusal):
     """The rendered prompt does not fit in the context."""
 
 
+class DecideCancelled(RequestError):
+    """The request was cancelled (its client left, or ``Session.cancel()``) before this decision
+    ran, or between the ubatches of its batch; nothing of it is answered."""
+
+
 class DecideBackendError(BmoeError):
     """The backend failed (or broke its contract) while the decision ran."""

@@ -16,7 +16,7 @@ must then know whether it is still worth a copy before the sequence loses it.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence, Sized
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -185,12 +185,14 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         by one)."""
         ...
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
+                      stop: Callable[[], bool] = ...) -> tuple[list[np.ndarray], PrefillCost]:
         """Prefill each of ``suffixes`` after the ``n_past`` tokens the sequence holds, each as if
         it were the only one: every suffix continues its own copy of the sequence, in one piece.
         Returns ``float32 [n_vocab]`` logits after each suffix's last token, in order, and what the
         whole call cost (its ``n_tokens``: the suffixes' tokens). The sequence itself is left
-        holding its ``n_past`` tokens, unchanged."""
+        holding its ``n_past`` tokens, unchanged. Where the backend needs several calls of the
+        model, it asks ``stop()`` before each and raises ``DecideCancelled`` when it says so."""
         ...
 
     def max_forks(self) -> int:

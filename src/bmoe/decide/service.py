@@ -16,7 +16,7 @@ sequence its KV, which the kept state may live in. The next decision prefills it
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bmoe.decide.continuations import NeutralStore
 from bmoe.decide.debias import PRIDE_SAMPLE, DebiasState, combine, expand
@@ -48,14 +48,16 @@ class DecideService:
         # Order debiasing's per-session state: PriDe's priors, contextual calibration's layouts.
         self.debias = DebiasState(pride_sample=pride_sample)
 
-    def answer(self, requests: Sequence[DecideRequest]) -> list[DecideResult]:
-        """One answer per request, in order, each as if answered alone after the ones before it."""
+    def answer(self, requests: Sequence[DecideRequest], stop: Callable[[], bool] = lambda: False) -> list[DecideResult]:
+        """One answer per request, in order, each as if answered alone after the ones before it.
+        ``stop`` is asked between decisions (and between the calls of a batch): once it says so,
+        what has not run is answered as cancelled (``DecideCancelled``)."""
         expansion = expand(requests, self.debias)
         jobs = expansion.jobs
-        answers = self._answer_plain(jobs) if jobs else []
+        answers = self._answer_plain(jobs, stop) if jobs else []
         return combine(expansion, answers, self.debias)
 
-    def _answer_plain(self, jobs: Sequence[DecideRequest]) -> list[DecideResult]:
+    def _answer_plain(self, jobs: Sequence[DecideRequest], stop: Callable[[], bool]) -> list[DecideResult]:
         checked = check_requests(self.backend, jobs)
         if wants_side_sequences(jobs, checked, self.policy):
             try:
@@ -64,7 +66,7 @@ class DecideService:
                 msg = failure_message("opening the side sequences", exc)
                 return [c if isinstance(c, DecideResult) else DecideResult.failed(r.id, msg, exc)
                         for r, c in zip(jobs, checked)]
-        return answer_checked(self.backend, self.store, jobs, checked, self.policy, self.neutral)
+        return answer_checked(self.backend, self.store, jobs, checked, self.policy, self.neutral, stop)
 
     def _open_side_sequences(self) -> None:
         """Open the backend's side sequences if none are open and some can be; the kept prefix

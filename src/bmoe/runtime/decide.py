@@ -17,11 +17,11 @@ its new tokens, all exact:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
-from ..decide.errors import DecideBackendError
+from ..decide.errors import DecideBackendError, DecideCancelled
 from ..decide.port import (
     SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
 )
@@ -172,7 +172,8 @@ class LlamaDecideBackend:
         if not self._rt.side_sequences:
             raise DecideBackendError(f"decide: {what} needs side sequences and none are open")
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
+                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
         left as it is), all in as few llama_decode calls as fit.
 
@@ -192,6 +193,8 @@ class LlamaDecideBackend:
         rows: list[np.ndarray] = []
         pad = self._rt.stream is not None
         for call in pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
+            if stop():  # between llama_decode calls: seq 0 still holds the prefix, untouched
+                raise DecideCancelled("decide: the batch was cancelled between its ubatches")
             longest = max(len(suffixes[i]) for i in call)
             items = []
             for seq, i in enumerate(call, start=1):

@@ -42,6 +42,8 @@ class ServerSettings:
     api_key: str | None = None  # None: no auth
     max_queue: int = 8  # requests that may wait behind the running one
     max_body_bytes: int = 1 << 20
+    # /v1/decide: the most decisions one request may run (bmoe.decide.debias.decisions_needed)
+    max_request_decisions: int = 32
     # Host names answered besides localhost and loopback addresses ("*": every one); hosts.py.
     allowed_hosts: tuple[str, ...] = ()
 
@@ -94,7 +96,7 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
     busy = {503: {"description": "the queue is full (Retry-After says when to retry)"}}
     api.add_api_route("/v1/chat/completions", ChatRoute(queue, metrics, model_id(session)), methods=["POST"],
                       summary="OpenAI chat completion (stream=true for SSE)", responses=busy)
-    api.add_api_route("/v1/decide", DecideRoute(queue, metrics), methods=["POST"],
+    api.add_api_route("/v1/decide", DecideRoute(queue, metrics, settings.max_request_decisions), methods=["POST"],
                       summary="One decision, or a list answered in order", responses=busy)
     api.add_api_route("/v1/completions", CompletionsRoute(queue, metrics, model_id(session)), methods=["POST"],
                       summary="OpenAI legacy completion for scoring prompts: echo, logprobs, max_tokens 0 or 1",

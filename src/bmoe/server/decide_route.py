@@ -11,19 +11,20 @@ from typing import Any
 from fastapi import Request
 
 from bmoe.decide import errors as derr
-from bmoe.decide.debias import NoPriorError
+from bmoe.decide.errors import DecideCancelled
+from bmoe.decide.debias import NoPriorError, decisions_needed
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.wire.protocol import render_rule
 from bmoe.wire.records import decide_fields
 
-from .job_queue import JobQueue, Job
+from .job_queue import Cancelled, Job, JobQueue
 from .errors import ApiError
 from .jobs import run_job
 from .metrics import Metrics
 from .schemas import DecideBatch, DecideBody
 
 # Which request field each up-front refusal is about.
-_PARAM = {
+_PARAM: dict[type, str] = {
     derr.NoChoicesError: "choices", derr.EmptyChoiceError: "choices", derr.ChoiceCollisionError: "choices",
     derr.EmptyPromptError: "suffix", derr.PromptTooLongError: "prefix", derr.DecideRequestError: "abstain_below",
     derr.ChoiceTooLongError: "choices", derr.NoSideSequenceError: "scoring", NoPriorError: "debias",
@@ -46,24 +47,40 @@ def _param(r: DecideResult) -> str | None:
 
 
 class DecideRoute:
-    def __init__(self, queue: JobQueue, metrics: Metrics) -> None:
-        self.queue, self.metrics = queue, metrics
+    def __init__(self, queue: JobQueue, metrics: Metrics, max_decisions: int = 32) -> None:
+        self.queue, self.metrics, self.max_decisions = queue, metrics, max_decisions
 
-    def _fn(self, requests: list[DecideRequest], batch: bool):
+    def _fn(self, requests: list[DecideRequest]):
         def fn(session, job: Job) -> list[DecideResult]:
-            results = session.decide_many(requests) if batch else [session.decide(requests[0])]
+            # the job's event: a client that leaves stops the list between decisions
+            results = session.decide_many(requests, cancel=job.cancelled)
             for r in results:
-                self.metrics.decision(r)
+                if not isinstance(r.cause, DecideCancelled):
+                    self.metrics.decision(r)
+            if job.cancelled.is_set():
+                raise Cancelled("the client closed the request")
             return results
         return fn
+
+    def _check_work(self, requests: list[DecideRequest]) -> None:
+        """Refuse, before it is queued, a request that could hold the worker for more decisions
+        than the server allows one request."""
+        need = decisions_needed(requests)
+        if need > self.max_decisions:
+            raise ApiError(400, f"decide: this request may run {need} decisions (each debias permutation, pride "
+                                f"sample and choice scored in full counts one), over this server's limit of "
+                                f"{self.max_decisions} a request (--max-request-decisions); send it in smaller "
+                                "requests", None, "too_much_work")
 
     async def __call__(self, body: DecideBody | DecideBatch, request: Request) -> Any:
         batch = isinstance(body, list)
         items = body if isinstance(body, list) else [body]
-        # A decision is not interrupted once it runs; one whose client left while it waited is dropped.
+        requests = [to_request(b) for b in items]
+        self._check_work(requests)
+        # One whose client left while it waited is dropped; a running one stops at the next decision.
         # A RequestError from the session: decide is off in it.
         results: list[DecideResult] = await run_job(
-            self.queue, request, self._fn([to_request(b) for b in items], batch),
+            self.queue, request, self._fn(requests),
             request_error=lambda e: ApiError(400, str(e), None, "decide_off"))
         if batch:
             return [decide_fields(r) for r in results]

@@ -34,6 +34,9 @@ def build_server_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-queue", type=int, default=8,
                    help="requests that may wait behind the running one; more get 503 (default 8)")
     g.add_argument("--max-body-kb", type=int, default=1024, help="largest request body in KiB; more get 413 (default 1024)")
+    g.add_argument("--max-request-decisions", type=int, default=32, metavar="N",
+                   help="the most decisions one /v1/decide request may run (a debias permutation, a pride sample "
+                        "and a choice scored in full count one each); more get 400 before any work (default 32)")
     d = p.add_mutually_exclusive_group()
     d.add_argument("--decide", action="store_true", help="accept /v1/decide (the default)")
     d.add_argument("--no-decide", action="store_true", help="refuse /v1/decide (decide is on by default in the server)")
@@ -65,12 +68,14 @@ def server_settings(args: argparse.Namespace, extra: list[str]) -> dict:
         raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_kb < 1:
         raise ConfigError(f"--max-body-kb must be >= 1, got {args.max_body_kb}")
+    if args.max_request_decisions < 1:
+        raise ConfigError(f"--max-request-decisions must be >= 1, got {args.max_request_decisions}")
     try:
         hosts = allowed_hosts(args)
     except ValueError as e:
         raise ConfigError(f"--allowed-hosts: {e}") from None
     return {"api_key": args.api_key or None, "max_queue": args.max_queue, "max_body_bytes": args.max_body_kb * 1024,
-            "allowed_hosts": hosts}
+            "max_request_decisions": args.max_request_decisions, "allowed_hosts": hosts}
 
 
 def main(argv: list[str] | None = None) -> int:
