@@ -49,6 +49,10 @@ class SessionConfig:
     think: bool = True
     flash_attn: bool | None = None  # None: llama.cpp decides
     kv_f32: bool = False
+    # experts routed per token, overriding the model's <arch>.expert_used_count (None: the model's
+    # own). Lossy: fewer experts than the model was trained with change its answers. What the
+    # model allows (at most its expert count, and only an MoE) is checked at open (runtime.py).
+    n_expert_used: int | None = None
     # expert streaming (docs/streaming.md)
     moe_stream: bool = False
     cache_mb: int | Literal["auto"] = 0
@@ -141,6 +145,8 @@ def validate(cfg: SessionConfig) -> None:
             raise ConfigError(f"{name}: must be true or false, got {getattr(cfg, name)!r}")
     if cfg.flash_attn is not None and not isinstance(cfg.flash_attn, bool):
         raise ConfigError(f"flash_attn: must be true, false or unset, got {cfg.flash_attn!r}")
+    if cfg.n_expert_used is not None:
+        _int_at_least(cfg, "n_expert_used", 1)
     if cfg.cache_mb != "auto":
         _int_at_least(cfg, "cache_mb", 0)
     _int_at_least(cfg, "cache_ceil_mb", 0)

@@ -80,6 +80,10 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--flash-attn", field="flash_attn", to_field=lambda v: {"auto": None, "on": True, "off": False}[v],
           choices=["auto", "on", "off"], default="auto", help="llama.cpp flash attention (default auto)"),
     _flag("--kv-f32", field="kv_f32", action="store_true", help="f32 KV cache (reference comparisons)"),
+    _flag("--n-expert-used", field="n_expert_used", type=int, default=None, metavar="K",
+          help="route each token to K experts instead of the model's own number (llama.cpp's "
+               "<arch>.expert_used_count override; at most the model's expert count). Lossy: fewer experts "
+               "than the model was trained with change its answers; fewer bytes read per token streamed"),
     # streaming
     _flag("--moe-stream", field="moe_stream", action="store_true", help="stream routed experts from flash (docs/streaming.md)"),
     _flag("--cache-mb", field="cache_mb", type=_int_or_auto(" (MiB)"), default=0, help="expert cache budget in MiB, 0 = off, or auto"),

@@ -48,6 +48,12 @@ def model(tmp_path: Path) -> Path:
         ("decide_prefix_cache", "maybe", "decide_prefix_cache: must be one of auto, on, off, got 'maybe'"),
         ("prefetch_wide_tokens", -1, "prefetch_wide_tokens: must be an integer >= 0, got -1"),
         ("prefetch_wide_tokens", 8, "prefetch_wide_tokens: only means something with prefetch on"),
+        # what the model allows (its expert count) is checked at open: tests/engine/test_n_expert_used.py
+        ("n_expert_used", 0, "n_expert_used: must be an integer >= 1, got 0"),
+        ("n_expert_used", -1, "n_expert_used: must be an integer >= 1, got -1"),
+        ("n_expert_used", True, "n_expert_used: must be an integer >= 1, got True"),
+        ("n_expert_used", "4", "n_expert_used: must be an integer >= 1, got '4'"),
+        ("n_expert_used", 2.0, "n_expert_used: must be an integer >= 1, got 2.0"),
     ],
 )
 def test_each_bad_field_is_named(model: Path, field: str, value: object, message: str) -> None:
@@ -82,7 +88,7 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
         "--seed", "3", "--chatml", "--no-think", "--flash-attn", "off", "--kv-f32", "--moe-stream",
         "--cache-mb", "auto", "--cache-ceil-mb", "9", "--cache-force", "--no-odirect", "--io-threads", "2",
         "--stream-cache-dir", "/tmp/x", "--stream-read-all", "--decide", "--decide-prefix-cache", "on",
-        "--prefill-min-tokens", "5",
+        "--prefill-min-tokens", "5", "--n-expert-used", "3",
     ])
     cfg = config_from_flags(args, model)
     assert (cfg.n_predict, cfg.n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.n_threads) == (7, 64, 32, 16, 1)
@@ -92,7 +98,7 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
         (True, "auto", 9, True, False, 2)
     assert (cfg.stream_cache_dir, cfg.stream_read_all, cfg.decide, cfg.decide_prefix_cache) == \
         (Path("/tmp/x"), True, True, "on")
-    assert (cfg.prefill_device, cfg.prefill_min_tokens, cfg.prefetch) == (None, 5, False)
+    assert (cfg.prefill_device, cfg.prefill_min_tokens, cfg.prefetch, cfg.n_expert_used) == (None, 5, False, 3)
     # and the defaults are SessionConfig's own
     assert config_from_flags(build_parser().parse_args([]), model) == SessionConfig(model=model)
 

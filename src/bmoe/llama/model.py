@@ -41,6 +41,28 @@ class ModelLoadParams:
     # Byte ranges of those files nobody reads (a streamed model's experts): the pages llama.cpp's
     # MAP_POPULATE put there are given back once loaded (dense_anon.drop_unused).
     unused_ranges: tuple[tuple[Path, tuple[tuple[int, int], ...]], ...] = ()
+    # Integer metadata llama.cpp reads in place of the file's, as its --override-kv KEY=int:V does
+    # (``<arch>.expert_used_count`` for --n-expert-used); ``meta()`` still returns the file's value.
+    int_overrides: tuple[tuple[str, int], ...] = ()
+
+
+def kv_overrides(pairs: tuple[tuple[str, int], ...]) -> ctypes.Array | None:
+    """llama_model_params.kv_overrides for integer ``pairs``: an array of llama_model_kv_override
+    ended by an entry whose key is empty, or None for no pairs. llama.cpp reads it while it loads
+    (and the model keeps a copy of the params holding the pointer), so whoever sets it keeps the
+    array alive as long as the model."""
+    if not pairs:
+        return None
+    arr = (llama_cpp.llama_model_kv_override * (len(pairs) + 1))()
+    room = llama_cpp.llama_model_kv_override.key.size  # a NUL-ended char[128]
+    for entry, (key, value) in zip(arr, pairs):
+        raw = key.encode()
+        if not 0 < len(raw) < room:
+            raise ValueError(f"kv override key {key!r} is empty or longer than {room - 1} bytes")
+        entry.tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT
+        entry.key = raw
+        entry.value.val_i64 = int(value)
+    return arr  # the last entry stays zeroed: its empty key ends the array
 
 
 def _refuse_early(path: Path, named: Path) -> None:
@@ -81,6 +103,9 @@ class LlamaModel:
         self._devices = device_list(params.prefill_device)  # kept alive for the model's life
         mp.devices = ctypes.addressof(self._devices)
         mp.no_host = True  # weights in plain host buffers (mmap), never the device's pinned copies
+        self._kv_overrides = kv_overrides(params.int_overrides)  # kept alive for the model's life
+        if self._kv_overrides is not None:
+            mp.kv_overrides = ctypes.cast(self._kv_overrides, ctypes.POINTER(llama_cpp.llama_model_kv_override))
         mapped = {p for p, _ in params.anon_ranges + params.unused_ranges}
         # Before the load: what the files are (a twin removed while it loads is still found) and
         # which mappings exist (those llama.cpp makes are the new ones).
@@ -118,7 +143,10 @@ class LlamaModel:
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(ptr))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(ptr))
         used = self.meta(f"{self.arch}.expert_used_count")
-        self.n_expert_used = int(used) if used else 0
+        # The file's number of experts routed per token, and the one llama.cpp routes: the
+        # override where one was given (meta() reads the file's metadata, never an override).
+        self.n_expert_used_gguf = int(used) if used else 0
+        self.n_expert_used = dict(params.int_overrides).get(f"{self.arch}.expert_used_count", self.n_expert_used_gguf)
         count = self.meta(f"{self.arch}.expert_count")
         self.n_expert = int(count) if count else 0
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
