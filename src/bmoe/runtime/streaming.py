@@ -140,6 +140,8 @@ def open_streaming(config: SessionConfig) -> ExpertStreaming:
     # or malformed GGUF is refused here, naming it, before a dense twin of it is written.
     try:
         layout = read_layout(config.model)
+        if config.n_expert_used is not None:  # what llama.cpp will route (checked at open: runtime.py)
+            layout = layout.with_n_expert_used(config.n_expert_used)
         entry = lookup(layout.arch)
         # The content sample of the file as it is now: the twin must have been made from the same
         # bytes, and the reader compares it again on a schedule (an overwrite in place that kept

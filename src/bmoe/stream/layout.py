@@ -10,7 +10,7 @@ import mmap
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -66,7 +66,7 @@ class ModelLayout:
     files: tuple[FileId, ...]
     experts: tuple[ExpertTensor, ...]   # sorted by (il, proj)
     n_expert: int
-    n_expert_used: int
+    n_expert_used: int                  # routed per token: the file's, or --n-expert-used's (with_n_expert_used)
     dense_nbytes: int                   # every non-expert tensor: what a streamed load reads
     expert_nbytes: int                  # every expert tensor, all layers
     # Tensors of the multi-token-prediction (NextN) blocks after the trunk, experts included, as
@@ -99,6 +99,14 @@ class ModelLayout:
 
     def by_name(self) -> dict[str, ExpertTensor]:
         return {t.name: t for t in self.experts}
+
+    def with_n_expert_used(self, k: int) -> "ModelLayout":
+        """This layout with ``k`` experts routed per token instead of the file's
+        ``<arch>.expert_used_count``: what llama.cpp routes when that key is overridden at load
+        (``--n-expert-used``). The floor, the read-ahead's guess and its wide cut follow it."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= self.n_expert:
+            raise ValueError(f"n_expert_used must be an integer in 1..{self.n_expert}, got {k!r}")
+        return replace(self, n_expert_used=k)
 
 
 def shard_paths(path: Path) -> tuple[Path, ...]:
