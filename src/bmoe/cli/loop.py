@@ -157,7 +157,7 @@ def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> i
         n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
         decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
         dense_weights=session.streaming.dense_weights if session.streaming is not None else None,
-        dense_anon_mib=session.dense_anon_bytes / 2**20,
+        dense_anon_mib=session.dense_anon_bytes / 2**20, n_expert_used_gguf=m.n_expert_used_gguf,
     ))
     live = _Live()
     q: "queue.Queue[object]" = queue.Queue()
