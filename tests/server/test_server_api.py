@@ -97,6 +97,10 @@ def test_stop_string_cuts_the_answer_and_keeps_the_turn(client, make_app, smol_p
 
 
 def test_decide_single_and_batch(client) -> None:
+    # the session's first batch opens its side sequences (--decide-batch auto), which empties the
+    # context once: open them first, so that the batch below finds the single call's prefix kept
+    assert client.post("/v1/decide", json=[{**DECISION, "id": 5}, {**DECISION, "id": 6}]).status_code == 200
+    assert client.get("/v1/session").json()["stats"]["side_sequences"] > 0
     one = client.post("/v1/decide", json={**DECISION, "id": 7})
     assert one.status_code == 200
     d = one.json()
