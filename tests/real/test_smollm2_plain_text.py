@@ -188,7 +188,7 @@ def test_an_unseparable_template_refuses_only_messages_with_special_text(open_sm
     from bmoe.runtime.chat import ChatRenderer
 
     s.runtime.chat = ChatRenderer("template", "{% for m in messages %}<|im_start|>{{ m.content }}|"
-                                              "{{ m.content | trim }}<|im_end|>{% endfor %}", "", "")
+                                              "{{ m.content | upper }}<|im_end|>{% endfor %}", "", "")
     ok = s.render([Message("user", " hi ")], think=True)
     assert ok.unplaced and s.tokenize_prompt(ok) == parsed_whole(s.model, ok)
     with pytest.raises(RequestError, match="cannot tell apart from its own markup"):

@@ -1,7 +1,7 @@
 """Chat rendering: template, ChatML, raw; how think:false is honoured."""
 import pytest
 
-from bmoe.runtime.chat import CHATML_TEMPLATE, EMPTY_THINK, ChatRenderer, Message, think_control
+from bmoe.runtime.chat import ASKED_ALONE, CHATML_TEMPLATE, EMPTY_THINK, ChatRenderer, Message, think_control
 from bmoe.errors import RequestError
 
 QWEN_LIKE = (
@@ -176,6 +176,14 @@ def test_a_prompt_knows_which_text_is_the_messages(template: str) -> None:
 def test_plain_parts_are_the_text_as_the_template_changed_it() -> None:
     trimmed = ChatRenderer("template", LLAMA3_LIKE, "<|begin_of_text|>", "").render(CHAT, think=True)
     assert trimmed.plain == ("Be brief. " + FORGED, FORGED, "<think>hm</think>\n" + FORGED, FORGED)
+    # a long conversation too: trimmed text is found in one walk, not by asking once per message
+    long = [Message(("user", "assistant")[i % 2], f" {FORGED} {i}\n") for i in range(ASKED_ALONE * 3)]
+    found = ChatRenderer("template", LLAMA3_LIKE, "", "").render(long, think=True)
+    assert found.plain == tuple(m.content.strip() for m in long) and not found.unplaced
+    # other changes are asked about message by message, in conversations of up to ASKED_ALONE
+    cut = [Message(("user", "assistant")[i % 2], f"<think>{i}</think>\n{FORGED}") for i in range(ASKED_ALONE + 1)]
+    assert ChatRenderer("template", THINK_CUT, "", "").render(cut, think=True).unplaced
+    assert not ChatRenderer("template", THINK_CUT, "", "").render(cut[:ASKED_ALONE], think=True).unplaced
     cut = ChatRenderer("template", THINK_CUT, "", "").render(CHAT, think=True)
     assert cut.plain[2] == FORGED  # the reasoning left out by the template is nowhere
     assert cut.parts[0] == ("<|im_start|>system\n", False)
@@ -186,7 +194,10 @@ def test_raw_and_unseparable_prompts() -> None:
     assert raw.parts == (("".join(m.content for m in CHAT), False),) and not raw.unplaced
     twice = ChatRenderer("template", "{% for m in messages %}{{ m.content }}|{{ m.content | trim }}{% endfor %}",
                          "", "").render([Message("user", " a ")], think=True)
-    assert twice == " a |a" and twice.parts == ((" a |a", False),) and twice.unplaced == (" a ",)
+    assert twice.parts == ((" a ", True), ("|", False), ("a", True)) and not twice.unplaced
+    shouted = ChatRenderer("template", "{% for m in messages %}{{ m.content }}|{{ m.content | upper }}{% endfor %}",
+                           "", "").render([Message("user", "a")], think=True)
+    assert shouted == "a|A" and shouted.parts == (("a|A", False),) and shouted.unplaced == ("a",)
     picky = ChatRenderer("template", "{% if messages[0].content != 'hi' %}{{ raise_exception('no') }}{% endif %}"
                                      "{{ messages[0].content }}", "", "")
     assert picky.render(HI, think=True).unplaced == ("hi",)

@@ -172,11 +172,16 @@ class ChatRenderer:
         """``text``, the template's render of ``messages``, as a Prompt: where each message's text
         lies in it. The conversation is rendered again with a placeholder for each non-empty
         message (an empty one adds no text of its own, and a template may test for it); where the
-        messages put back into the placeholders' places give ``text`` again, they are there. A
-        template that changed a message's text (``| trim``, a reasoning block cut off) is asked
-        once more for each message: rendered with that message alone and placeholders for the
-        others, what stands between the markup around its placeholder is its text as rendered.
-        Where that does not give ``text`` either, the messages stay unplaced (Prompt)."""
+        messages put back into the placeholders' places give ``text`` again, they are there.
+
+        A template may change a message's text. Trimmed whitespace (Jinja's ``| trim``, as
+        Llama 3's and Gemma's templates do) is found in one walk over the markup: each message's
+        text, stripped on neither, both or one side, followed by the markup after it. Any other
+        change (a reasoning block cut off) is found by asking the template once more for each
+        message, in conversations of up to ``ASKED_ALONE`` messages: rendered with that message
+        alone shown and placeholders for the others, what stands between the markup around its
+        placeholder is its text as rendered. Where none of that gives ``text``, the messages stay
+        unplaced (Prompt)."""
         contents = [m.content for m in messages]
         marks = _marks(contents)
         pieces = self._marked(messages, marks, think, show=None)
@@ -185,16 +190,20 @@ class ChatRenderer:
         shown = Prompt([(contents[p], True) if isinstance(p, int) else (p, False) for p in pieces])
         if shown == text:
             return shown
-        rendered: dict[int, str] = {}
-        for i in {p for p in pieces if isinstance(p, int)}:
-            found = self._rendered_as(messages, marks, pieces, i, think)
-            if found is None:
-                break
-            rendered[i] = found
-        else:
-            shown = Prompt([(rendered[p], True) if isinstance(p, int) else (p, False) for p in pieces])
-            if shown == text:
-                return shown
+        stripped = _match_stripped(pieces, contents, text)
+        if stripped is not None:
+            return stripped
+        if len(messages) <= ASKED_ALONE:
+            rendered: dict[int, str] = {}
+            for i in {p for p in pieces if isinstance(p, int)}:
+                found = self._rendered_as(messages, marks, pieces, i, think)
+                if found is None:
+                    break
+                rendered[i] = found
+            else:
+                shown = Prompt([(rendered[p], True) if isinstance(p, int) else (p, False) for p in pieces])
+                if shown == text:
+                    return shown
         return Prompt([(text, False)], [c for c in contents if c])
 
     def _marked(self, messages: Sequence[Message], marks: list[str | None], think: bool,
@@ -293,6 +302,34 @@ class Rendered:
 
 
 _MARK_START, _MARK_END = "\ue000bmoe", "\ue001"
+# The most messages a template that changes a message's text (other than trimming it) is asked
+# about one by one: each asks the template for the whole conversation again.
+ASKED_ALONE = 64
+
+
+def _match_stripped(pieces: list[str | int], contents: Sequence[str], text: str) -> Prompt | None:
+    """``text`` as the placeholder render's markup ``pieces`` with each message's text put back
+    as it is or stripped of whitespace on both sides or one, where one walk finds it so: each
+    message's text the first of those that the markup after it follows."""
+    parts: list[tuple[str, bool]] = []
+    at = 0
+    for k, p in enumerate(pieces):
+        if isinstance(p, str):
+            if not text.startswith(p, at):
+                return None
+            parts.append((p, False))
+            at += len(p)
+            continue
+        after = pieces[k + 1] if k + 1 < len(pieces) and isinstance(pieces[k + 1], str) else ""
+        c = contents[p]
+        for cand in dict.fromkeys((c, c.strip(), c.lstrip(), c.rstrip())):
+            if text.startswith(cand, at) and text.startswith(after, at + len(cand)):  # type: ignore[arg-type]
+                parts.append((cand, True))
+                at += len(cand)
+                break
+        else:
+            return None
+    return Prompt(parts) if at == len(text) else None
 
 
 def _marks(contents: Sequence[str]) -> list[str | None]:
