@@ -131,7 +131,9 @@ class Session:
         return self.runtime.render(messages, think=think)
 
     def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokenize a rendered prompt: special tokens parsed, BOS as the model asks."""
+        """Tokenize a prompt, BOS as the model asks: one ``render`` gave with special tokens
+        parsed in the template's markup only (a message's text is plain text), any other text
+        with special tokens parsed throughout (a raw prompt)."""
         return self.runtime.tokenize_prompt(text)
 
     # --- generate ---------------------------------------------------------------------

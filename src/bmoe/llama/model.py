@@ -4,14 +4,20 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import llama_cpp
 
 from .dense_anon import AnonDense, FileId, Segment, drop_unused, file_ids, file_segments
 from .devices import PrefillDevice, device_list
 from .lib import ensure_backend
+from .markup import Control, PlainReader, Span
 from .special_cuts import PIECE_BYTES, Cutter, Special
 from bmoe.errors import ModelFileError
+
+
+# The tokens llama.cpp reads from a text only when it parses special tokens.
+_PARSED_ONLY = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 
 
 @llama_cpp.llama_progress_callback
@@ -153,6 +159,9 @@ class LlamaModel:
         self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
         self._cutters: dict[bool, Cutter] = {}  # by parse_special, built on the first long text
+        self._specials: list[tuple[int, bytes, int]] | None = None  # read on first need
+        self._reader: PlainReader | None = None
+        self._control_ids: dict[bytes, int] = {}
 
     # --- metadata -------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -179,7 +188,41 @@ class LlamaModel:
         llama.cpp's split at the special tokens written in a text is quadratic in their number
         (special_cuts.py); a long text is tokenized in pieces of a few KB cut where that gives
         the same tokens, and what ``add_special`` adds (BOS, EOS) goes around the whole."""
+        return self._tokenize_long(text.encode("utf-8"), add_special, parse_special)
+
+    def tokenize_parts(self, parts: Sequence[tuple[str, bool]]) -> list[int]:
+        """The tokens of the parts' texts end to end, each part ``(text, plain)``: special tokens
+        are parsed in the markup (``plain`` false) only, and a plain part (a message's text) is
+        read as plain text, a control token's text in it as the characters it is made of
+        (markup.py). Where no control token's text touches a plain part these are llama.cpp's
+        tokens of the whole text with special tokens parsed, computed so. Nothing is added
+        around the text (no BOS); linear in the text, as ``tokenize``."""
+        chunks = [text.encode("utf-8") for text, _ in parts]
+        data = b"".join(chunks)
+        plain: list[Span] = []
+        at = 0
+        for chunk, (_, is_plain) in zip(chunks, parts):
+            if is_plain and chunk:
+                plain.append((at, at + len(chunk)))
+            at += len(chunk)
+        reader = self._plain_reader()
+        if not plain or not reader.overlaps(data, plain):
+            return self._tokenize_long(data, False, True)
+        toks: list[int] = []
+        for frag in reader.partition(data, plain):
+            if isinstance(frag, bytes):
+                toks.append(self._control_id(frag))
+            else:
+                toks.extend(self._tokenize_long(data[frag[0]:frag[1]], False, False))
+        return toks
+
+    def holds_control_text(self, text: str) -> bool:
+        """True when ``text`` holds the text of a token llama.cpp reads only when it parses
+        special tokens (a control or unknown token): what a message must not turn into."""
         data = text.encode("utf-8")
+        return self._plain_reader().overlaps(data, [(0, len(data))])
+
+    def _tokenize_long(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
         cuts = self._cutter(parse_special).cuts(data) if len(data) > PIECE_BYTES else []
         if not cuts:
             return self._tokenize(data, add_special, parse_special)
@@ -206,22 +249,50 @@ class LlamaModel:
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
-    def _cutter(self, parse_special: bool) -> Cutter:
-        """The special tokens llama.cpp's partition looks for under ``parse_special`` (the
-        control and unknown ones only when it is set), read from the vocabulary once."""
-        cutter = self._cutters.get(parse_special)
-        if cutter is None:
-            skip = 0 if parse_special else llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+    def _special_tokens(self) -> list[tuple[int, bytes, int]]:
+        """Every token llama.cpp's split at special tokens looks for (control, user-defined and
+        unknown ones) as ``(id, text, attributes)``, read from the vocabulary once."""
+        if self._specials is None:
             partitioned = (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
                            | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN)
             specials = []
             for tok in range(self.n_vocab):
                 attr = int(llama_cpp.llama_vocab_get_attr(self.vocab, tok))
-                if attr & partitioned and not attr & skip:
-                    specials.append(Special(llama_cpp.llama_vocab_get_text(self.vocab, tok) or b"",
-                                            bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
-            cutter = self._cutters[parse_special] = Cutter(specials)
+                if attr & partitioned:
+                    specials.append((tok, llama_cpp.llama_vocab_get_text(self.vocab, tok) or b"", attr))
+            self._specials = specials
+        return self._specials
+
+    def _cutter(self, parse_special: bool) -> Cutter:
+        """The special tokens llama.cpp's partition looks for under ``parse_special`` (the
+        control and unknown ones only when it is set)."""
+        cutter = self._cutters.get(parse_special)
+        if cutter is None:
+            skip = 0 if parse_special else _PARSED_ONLY
+            cutter = self._cutters[parse_special] = Cutter(
+                Special(text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP))
+                for _, text, attr in self._special_tokens() if not attr & skip)
         return cutter
+
+    def _plain_reader(self) -> PlainReader:
+        """The tokens llama.cpp takes from text only when it parses special tokens (markup.py)."""
+        if self._reader is None:
+            self._reader = PlainReader(
+                Control(text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP))
+                for _, text, attr in self._special_tokens() if attr & _PARSED_ONLY)
+        return self._reader
+
+    def _control_id(self, text: bytes) -> int:
+        """The token llama.cpp takes for a control token's text in parsed text."""
+        tok = self._control_ids.get(text)
+        if tok is None:
+            alone = self._tokenize(text, False, True)
+            if len(alone) == 1:
+                tok = alone[0]
+            else:  # not one token alone (a strip?): the first token of that text
+                tok = next(t for t, s, attr in self._special_tokens() if s == text and attr & _PARSED_ONLY)
+            self._control_ids[text] = tok
+        return tok
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)

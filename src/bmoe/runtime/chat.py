@@ -3,10 +3,18 @@
 generate() and decide share it, so a decision and a first chat turn over the same text
 see the same prompt. The model's own Jinja template comes from the GGUF; --chatml forces
 ChatML; --no-chat feeds the text raw.
+
+A rendered prompt (``Prompt``) also says which of its text is the template's markup and which
+the messages' own: the tokenizer parses special tokens in the markup only, so a message holding
+``<|im_end|>`` cannot end its turn (llama/markup.py). The messages are found by rendering the
+conversation again with a placeholder for each message's text; a template that changes a
+message's text (``| trim``) is asked for each message on its own. A raw prompt (no template)
+is the client's own markup: its special tokens are parsed, as llama.cpp's raw prompt.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Sequence
@@ -34,6 +42,48 @@ EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 class Message:
     role: Literal["system", "user", "assistant"]
     content: str
+
+
+class Prompt(str):
+    """A rendered prompt: its text (it is a ``str``), and ``parts``, the text cut into
+    ``(text, plain)`` pieces, ``plain`` true for a message's own text (whoever wrote it: the
+    user, the system message, an assistant turn of the history, a decide field), false for the
+    template's markup and what bmoe adds. The tokenizer parses special tokens in the markup only.
+
+    ``unplaced``: messages' texts the renderer could not find in the text (a template that
+    renders a message's text in a way its placeholder does not show); the tokenizer refuses the
+    prompt when one of them holds a special token's text, and parses the whole text otherwise.
+    A plain ``str`` given where a ``Prompt`` is taken is all markup (a raw prompt)."""
+
+    parts: tuple[tuple[str, bool], ...]
+    unplaced: tuple[str, ...]
+
+    def __new__(cls, parts: "Sequence[tuple[str, bool]]", unplaced: "Sequence[str]" = ()) -> "Prompt":
+        merged: list[tuple[str, bool]] = []
+        for text, plain in parts:
+            if not text:
+                continue
+            if merged and merged[-1][1] == plain:
+                merged[-1] = (merged[-1][0] + text, plain)
+            else:
+                merged.append((text, plain))
+        self = super().__new__(cls, "".join(text for text, _ in merged))
+        self.parts = tuple(merged)
+        self.unplaced = tuple(unplaced)
+        return self
+
+    def __reduce__(self):  # noqa: ANN204  (copies and pickles keep the parts)
+        return (Prompt, (self.parts, self.unplaced))
+
+    def then(self, markup: str) -> "Prompt":
+        """The prompt followed by more markup (what bmoe appends after the template's text). A
+        plain ``+`` gives a ``str``, all of it markup."""
+        return Prompt(self.parts + ((markup, False),), self.unplaced)
+
+    @property
+    def plain(self) -> tuple[str, ...]:
+        """The plain parts' texts, in order."""
+        return tuple(text for text, plain in self.parts if plain)
 
 
 def _raise(msg: str) -> None:
@@ -86,8 +136,8 @@ class ChatRenderer:
     def templated(self) -> bool:
         return self._template is not None
 
-    def render(self, messages: Sequence[Message], *, think: bool) -> str:
-        """The prompt text for ``messages``, opening a fresh assistant turn."""
+    def render(self, messages: Sequence[Message], *, think: bool) -> Prompt:
+        """The prompt for ``messages``, opening a fresh assistant turn."""
         return self._render_turn(messages, think, want_opens=False).text
 
     def render_turn(self, messages: Sequence[Message], *, think: bool) -> "Rendered":
@@ -102,20 +152,102 @@ class ChatRenderer:
         ``_generation_prompt``) only where the text or ``want_opens`` needs it: ``render`` is on
         every decision's path, and with a template that takes ``enable_thinking`` it does not."""
         if self._template is None:
-            return Rendered("".join(m.content for m in messages), False)
-        text = self._render(messages, generation_prompt=True, think=think)
+            return Rendered(Prompt([("".join(m.content for m in messages), False)]), False)
+        rendered = self._render(messages, generation_prompt=True, think=think)
+        text = self._separate(messages, rendered, think)
         closes = not think and self.think_ctl == "prefill"
         if self.think_ctl == "none" or not (want_opens or closes):
             return Rendered(text, False)
-        prompt = self._generation_prompt(messages, text, think)
+        prompt = self._generation_prompt(messages, rendered, think)
         opens = _opens(prompt)
         if closes:
             if opens:  # the template opened the block itself: close it, without a second <think>
-                text += _closing(prompt[prompt.rfind(OPEN) + len(OPEN):])
+                text = text.then(_closing(prompt[prompt.rfind(OPEN) + len(OPEN):]))
                 opens = False
             elif not prompt.rstrip().endswith(CLOSE):
-                text += EMPTY_THINK
+                text = text.then(EMPTY_THINK)
         return Rendered(text, opens)
+
+    def _separate(self, messages: Sequence[Message], text: str, think: bool) -> Prompt:
+        """``text``, the template's render of ``messages``, as a Prompt: where each message's text
+        lies in it. The conversation is rendered again with a placeholder for each non-empty
+        message (an empty one adds no text of its own, and a template may test for it); where the
+        messages put back into the placeholders' places give ``text`` again, they are there.
+
+        A template may change a message's text. Trimmed whitespace (Jinja's ``| trim``, as
+        Llama 3's and Gemma's templates do) is found in one walk over the markup: each message's
+        text, stripped on neither, both or one side, followed by the markup after it. Any other
+        change (a reasoning block cut off) is found by asking the template once more for each
+        message, in conversations of up to ``ASKED_ALONE`` messages: rendered with that message
+        alone shown and placeholders for the others, what stands between the markup around its
+        placeholder is its text as rendered. Where none of that gives ``text``, the messages stay
+        unplaced (Prompt)."""
+        contents = [m.content for m in messages]
+        marks = _marks(contents)
+        pieces = self._marked(messages, marks, think, show=None)
+        if pieces is None:
+            return Prompt([(text, False)], [c for c in contents if c])
+        shown = Prompt([(contents[p], True) if isinstance(p, int) else (p, False) for p in pieces])
+        if shown == text:
+            return shown
+        stripped = _match_stripped(pieces, contents, text)
+        if stripped is not None:
+            return stripped
+        if len(messages) <= ASKED_ALONE:
+            rendered: dict[int, str] = {}
+            for i in {p for p in pieces if isinstance(p, int)}:
+                found = self._rendered_as(messages, marks, pieces, i, think)
+                if found is None:
+                    break
+                rendered[i] = found
+            else:
+                shown = Prompt([(rendered[p], True) if isinstance(p, int) else (p, False) for p in pieces])
+                if shown == text:
+                    return shown
+        return Prompt([(text, False)], [c for c in contents if c])
+
+    def _marked(self, messages: Sequence[Message], marks: list[str | None], think: bool,
+                show: int | None) -> list[str | int] | None:
+        """The conversation rendered with each marked message's text replaced by its mark (but
+        message ``show``'s), cut into markup strings and message indices; None where the template
+        refuses the placeholders."""
+        try:
+            out = self._render([Message(m.role, m.content if k is None or i == show else k)
+                                for i, (m, k) in enumerate(zip(messages, marks))],
+                               generation_prompt=True, think=think)
+        except RequestError:
+            return None
+        if not any(marks):
+            return [out]
+        tag = next(k for k in marks if k is not None)
+        find = re.compile(re.escape(tag[:tag.index("-") + 1]) + r"(\d+)" + re.escape(_MARK_END))
+        pieces: list[str | int] = []
+        at = 0
+        for m in find.finditer(out):
+            i = int(m.group(1))
+            if i >= len(marks) or marks[i] != m.group(0):
+                return None
+            pieces += [out[at:m.start()], i]
+            at = m.end()
+        pieces.append(out[at:])
+        return pieces
+
+    def _rendered_as(self, messages: Sequence[Message], marks: list[str | None], pieces: list[str | int],
+                     i: int, think: bool) -> str | None:
+        """Message ``i``'s text as the template renders it: the conversation rendered with it
+        alone shown, less the markup (and other marks) the placeholder render has around it."""
+        if pieces.count(i) != 1:
+            return None
+        j = pieces.index(i)
+        alone = self._marked(messages, marks, think, show=i)
+        if alone is None:
+            return None
+        before = "".join(p if isinstance(p, str) else marks[p] or "" for p in pieces[:j])
+        after = "".join(p if isinstance(p, str) else marks[p] or "" for p in pieces[j + 1:])
+        whole = "".join(p if isinstance(p, str) else marks[p] or "" for p in alone)
+        if len(whole) < len(before) + len(after) or not whole.startswith(before) or not whole.endswith(after):
+            return None
+        return whole[len(before):len(whole) - len(after)]
 
     def _render(self, messages: Sequence[Message], *, generation_prompt: bool, think: bool) -> str:
         assert self._template is not None
@@ -165,8 +297,47 @@ class ChatRenderer:
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
-    text: str
+    text: Prompt
     opens_reasoning: bool  # the generation prompt leaves a <think> block open
+
+
+_MARK_START, _MARK_END = "\ue000bmoe", "\ue001"
+# The most messages a template that changes a message's text (other than trimming it) is asked
+# about one by one: each asks the template for the whole conversation again.
+ASKED_ALONE = 64
+
+
+def _match_stripped(pieces: list[str | int], contents: Sequence[str], text: str) -> Prompt | None:
+    """``text`` as the placeholder render's markup ``pieces`` with each message's text put back
+    as it is or stripped of whitespace on both sides or one, where one walk finds it so: each
+    message's text the first of those that the markup after it follows."""
+    parts: list[tuple[str, bool]] = []
+    at = 0
+    for k, p in enumerate(pieces):
+        if isinstance(p, str):
+            if not text.startswith(p, at):
+                return None
+            parts.append((p, False))
+            at += len(p)
+            continue
+        after = pieces[k + 1] if k + 1 < len(pieces) and isinstance(pieces[k + 1], str) else ""
+        c = contents[p]
+        for cand in dict.fromkeys((c, c.strip(), c.lstrip(), c.rstrip())):
+            if text.startswith(cand, at) and text.startswith(after, at + len(cand)):  # type: ignore[arg-type]
+                parts.append((cand, True))
+                at += len(cand)
+                break
+        else:
+            return None
+    return Prompt(parts) if at == len(text) else None
+
+
+def _marks(contents: Sequence[str]) -> list[str | None]:
+    """A placeholder for each non-empty text, none of them written in any of the texts."""
+    k = 0
+    while any(f"{_MARK_START}{k}-" in c for c in contents):
+        k += 1
+    return [f"{_MARK_START}{k}-{i}{_MARK_END}" if c else None for i, c in enumerate(contents)]
 
 
 def _opens(prompt: str) -> bool:

@@ -30,7 +30,7 @@ from ..numerics import log_softmax
 from ..stream.budget import available_bytes
 from ..stream.layout import read_header, shard_paths
 from ..stream.stats import StreamStats
-from .chat import ChatRenderer, Message
+from .chat import ChatRenderer, Message, Prompt
 from .footprint import kv_bytes_per_sequence
 from .kv import KvSequence
 from .perplexity import perplexity as _perplexity
@@ -95,7 +95,7 @@ class Turn(NamedTuple):
     prompt: list[int]
     n_predict: int
     sampler: Sampler
-    rendered: str
+    rendered: Prompt
     think: bool
     opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
 
@@ -260,14 +260,30 @@ class Runtime:
         return self.stream.stats() if self.stream is not None else StreamStats()
 
     # --- prompts ----------------------------------------------------------------------
-    def render(self, messages: list[Message], *, think: bool) -> str:
+    def render(self, messages: list[Message], *, think: bool) -> Prompt:
         return self.chat.render(messages, think=think)
 
     def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokenize a rendered prompt: special tokens parsed, BOS as the model asks."""
-        add_bos = self.model.add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        toks = self.model.tokenize(text, add_special=False, parse_special=True)
-        return [self.model.bos] + toks if add_bos else toks
+        """Tokenize a prompt, BOS as the model asks. A rendered one (``chat.Prompt``): special
+        tokens parsed in the template's markup only, the messages' own text read as plain text,
+        so a special token's text a message holds is never that token (llama/markup.py). Any
+        other text (a raw prompt, perplexity's text) is the client's own markup: special tokens
+        parsed throughout, as llama.cpp's raw prompt."""
+        if isinstance(text, Prompt):
+            for content in text.unplaced:
+                if self.model.holds_control_text(content):
+                    raise RequestError("a message holds a special token's text, and this model's chat template "
+                                       "renders messages in a way bmoe cannot tell apart from its own markup, so it "
+                                       "could not keep that text plain; remove it, or run with --chatml")
+            parts = text.parts
+        else:
+            parts = ((text, False),)
+        toks = self.model.tokenize_parts(parts)
+        # A BOS the template wrote is the prompt's own; one written in a message's text is text.
+        starts = bool(self._bos_text) and text.startswith(self._bos_text)
+        if starts and parts and parts[0][1]:
+            starts = toks[:1] == [self.model.bos]
+        return [self.model.bos] + toks if self.model.add_bos and not starts else toks
 
     # --- generate ---------------------------------------------------------------------
     def prepare(self, req: GenerateRequest) -> "Turn":
