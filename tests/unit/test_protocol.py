@@ -15,7 +15,8 @@ from bmoe.runtime.results import GenerateRequest
     ("line", "message"),
     [
         ("{", "request is not valid JSON"),
-        ('{"cmd":"stats","id":' + "1" * 5000 + "}", "request is not valid JSON"),  # over Python's digit limit
+        ('{"cmd":"stats","id":' + "1" * 5000 + "}",  # over Python's digit limit: no advice a client cannot take
+         "request is not valid JSON: an integer of more than 4300 digits, more than Python reads"),
         ("[1,2]", "request must be a JSON object, got list"),
         ('{"id":1}', "request has no 'cmd' field"),
         ('{"cmd":5}', "field 'cmd' must be a string, got 5"),

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import ConfigError
-from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decide_object, decode_line
+from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decide_object, decode_line, read_json
 
 EVAL_FIELDS = ("gold", "id", "split")
 
@@ -47,12 +46,9 @@ def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
     """One data line -> a Row; ``defaults`` (decide fields: bmoe-eval's --abstain-below,
     --scoring and --debias) fill in the fields the line does not set itself."""
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise BadRow(f"not valid JSON: {e}") from None
-    except ValueError:  # the one other ValueError json.loads raises: an integer over Python's digit limit
-        raise BadRow(f"not valid JSON: an integer of more than {sys.get_int_max_str_digits()} digits, "
-                     "more than Python reads") from None
+        obj = read_json(text)
+    except ProtocolError as e:
+        raise BadRow(str(e)) from None
     if not isinstance(obj, dict):
         raise BadRow(f"must be a JSON object, got {type(obj).__name__}")
     if obj.pop("cmd", "decide") != "decide":

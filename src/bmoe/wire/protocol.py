@@ -9,6 +9,7 @@ every command: a field not in the table is refused).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, fields as dataclass_fields
 from typing import Union
 
@@ -189,11 +190,22 @@ def decide_object(obj: dict) -> Decide:
     return Decide(id=rid or 0, fields=_check_decide(obj, "decide", rid))
 
 
+def read_json(text: str) -> object:
+    """``json.loads``, its refusals in words a client can act on: ProtocolError ``not valid JSON: ...``."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ProtocolError(f"not valid JSON: {e}") from None
+    except ValueError:  # the one other ValueError json.loads raises: an integer over Python's digit limit
+        raise ProtocolError(f"not valid JSON: an integer of more than {sys.get_int_max_str_digits()} digits, "
+                            "more than Python reads") from None
+
+
 def parse_line(line: str) -> Command:
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, or an integer over Python's digit limit
-        raise ProtocolError(f"request is not valid JSON: {e}") from None
+        obj = read_json(line)
+    except ProtocolError as e:
+        raise ProtocolError(f"request is {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"request must be a JSON object, got {type(obj).__name__}")
     rid = _request_id(obj)
