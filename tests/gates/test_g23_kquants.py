@@ -26,6 +26,7 @@ import pytest
 
 from bmoe.decide.types import DecideRequest
 from bmoe.runtime.results import GenerateRequest
+from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import read_header, read_layout
 from bmoe.testing import HF_KQUANT_ARCHS, hf_arch
 from decide_prompts import ABC, MODES, P1, P2, S1, S2, S3, modes_of
@@ -111,10 +112,17 @@ def test_g23b_g2_evicting_cache_equals_resident(kq_variant, memory: str, monkeyp
     if memory == "pages":
         monkeypatch.setenv("BMOE_CACHE_SLOTS", "0")
     s = open_(moe_stream=True, cache_mb=1, cache_force=True)
+    cache = s.streaming.streamer.cache
+    slots = memory == "slots" and not slots_refusal(s.streaming.layout)  # gpt-oss, gemma4: pages
+    assert isinstance(cache, SlotCache if slots else ExpertCache)
     routes = record_routes(s)
     assert_same(resident, run(s))
     st = s.stream_stats()
     assert st.evictions > 0 and st.hits + st.misses == st.routed == sum(len(ex) for _, ex in routes)
+    if slots:  # victims' slots went to incoming experts (a slice of partial pages through the bounce buffer)
+        assert cache.reused_bytes > 0 and 0 < cache.high_water <= cache.n_slots
+    else:  # the whole pages inside a victim's slice went to the incoming one
+        assert cache.moved_bytes > 0
     per_expert = expert_bytes(s)
     assert st.resident_bytes <= max(st.budget_bytes, max(per_expert[il] * len(ex) for il, ex in routes))
 
