@@ -32,11 +32,12 @@ def tiny_dir(request: pytest.FixtureRequest) -> Path:
 def tiny_models(tiny_dir: Path) -> Callable[[str, str], Path]:
     """``tiny_models(arch, quant) -> Path`` of a tiny fixture GGUF: the hand-written qwen3moe and
     qwen35moe (bmoe.testing.write_tiny) or a converted model of a real architecture
-    (bmoe.testing.write_hf_arch, docs/tiny-models.md)."""
-    from bmoe.testing import HF_ARCHS, write_hf_arch, write_tiny
+    (bmoe.testing.write_hf_arch, docs/tiny-models.md), ``arch`` naming its recipe (a 256-wide one of
+    HF_KQUANT_ARCHS for the K-quant gates)."""
+    from bmoe.testing import HF_ARCHS, HF_KQUANT_ARCHS, write_hf_arch, write_tiny
 
     def tiny_model(arch: str, quant: str = "f32") -> Path:
-        if arch in HF_ARCHS:
+        if arch in HF_ARCHS or arch in HF_KQUANT_ARCHS:
             return write_hf_arch(arch, quant, tiny_dir)
         return write_tiny(arch, quant, tiny_dir)
 

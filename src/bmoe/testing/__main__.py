@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bmoe.testing.spec import ARCHS, QUANTS
+from bmoe.testing.spec import ALL_QUANTS, ARCHS, QUANTS
 from bmoe.testing.writer import default_tiny_dir, write_tiny
 
 
@@ -14,8 +14,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bmoe.testing",
         description="Write deterministic tiny random-weight MoE GGUFs (reused when already current).")
     ap.add_argument("--arch", choices=ARCHS, help="architecture to write")
-    ap.add_argument("--quant", choices=QUANTS, default="f32", help="variant (default: f32)")
-    ap.add_argument("--all", action="store_true", help="write every arch in every variant")
+    ap.add_argument("--quant", choices=ALL_QUANTS, default="f32", help="variant (default: f32)")
+    ap.add_argument("--all", action="store_true", help=f"write every arch in {', '.join(QUANTS)}")
     ap.add_argument("--out", type=Path, default=None,
                     help="output folder (default: $BMOE_TINY_DIR or ~/.cache/bmoe/tiny)")
     args = ap.parse_args(argv)

@@ -6,7 +6,8 @@ random weights (seeded), and the pinned llama.cpp's own ``convert_hf_to_gguf.py`
 recipe proves both that llama.cpp computes the architecture and that bmoe streams it.
 
 Shapes are as small as each architecture's loader allows; the vocabulary is SmolLM2's, whose
-tokenizer every recipe shares (hf_tokenizer.py).
+tokenizer every recipe shares (hf_tokenizer.py). HF_KQUANT_ARCHS holds 256-wide variants of some of
+them, whose experts can hold K-quants, for the K-quant gates (G23).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class HfArch:
     seed: int
     real_models: str  # what real models this stands for (docs/streaming.md's table)
     # Quantizations the gates run on: "q8_0" is written by the converter itself; anything else
-    # ("q4_k_m", "mxfp4_moe") by llama.cpp's quantizer from the F32 file.
+    # ("q4_k_m", "q6_k", "iq4_xs", "mxfp4_moe") by llama.cpp's quantizer from the F32 file.
     quants: tuple[str, ...] = ("q8_0",)
     # Config changes on the reference (transformers) side only, each for a documented rounding
     # or rule of llama.cpp that the reference reproduces instead of loosening the bound.
@@ -239,8 +240,52 @@ HF_ARCHS: dict[str, HfArch] = {
 }
 
 
+# 256-wide variants for the K-quant gates (G23, docs/testing.md). K-quant and IQ4_XS blocks are 256
+# values wide: llama.cpp's quantizer gives a row that is not a whole number of them another type
+# (Q4_K -> Q5_0, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL), so the 64-wide recipes above cannot hold the
+# types real GGUFs ship their experts in. Here n_embd (the expert gate/up rows) and the expert FFN
+# width (the down rows) are 256; the rest is each recipe above at its smallest: 2 MoE layers (plus
+# deepseek2's leading dense one), 8 experts of which 2 are used per token, so routes differ from
+# token to token and every K-quant file's experts (1.6-2.5 MiB) overflow the 1 MiB eviction cache.
+# Keyed by their own name (files tiny-<name>-<quant>.gguf, folder hf-<name>); general.architecture
+# is the recipe's arch. Not parity-checked against transformers: the 64-wide recipes are. The init
+# is half as wide as theirs so that a projection's output (fan-in 256, not 64) has the same scale.
+_WIDE = {"hidden_size": 256, "initializer_range": 0.05}
+HF_KQUANT_ARCHS: dict[str, HfArch] = {
+    "gpt-oss-w256": _arch(
+        "gpt-oss", "gpt_oss", 203, "gpt-oss-20b, gpt-oss-120b (MXFP4 experts, as they ship)",
+        config={**_WIDE, "intermediate_size": 256, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "head_dim": 64, "num_key_value_heads": 2, "sliding_window": 8,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                    "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                    "original_max_position_embeddings": 4096}},
+        quants=("q4_k_m", "q6_k", "iq4_xs", "mxfp4_moe")),
+    "deepseek2-w256": _arch(
+        "deepseek2", "deepseek_v3", 231, "DeepSeek-V3/R1, Kimi K2, Moonlight-16B-A3B",
+        config={**_WIDE, "num_hidden_layers": 3, "first_k_dense_replace": 1, "intermediate_size": 256,
+                "moe_intermediate_size": 256, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                "n_shared_experts": 1, "n_group": 4, "topk_group": 2, "norm_topk_prob": True,
+                "routed_scaling_factor": 2.5, "q_lora_rank": 32, "kv_lora_rank": 32,
+                "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                "scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+        quants=("q4_k_m", "q6_k", "iq4_xs"), random_init=("e_score_correction_bias",)),
+    "gemma4-w256": _arch(
+        "gemma4", "gemma4_text", 223, "Gemma-4-26B-A4B",
+        config={**_WIDE, "vocab_size": _VOCAB + 1, "tie_word_embeddings": True, "num_key_value_heads": 2,
+                "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+                "attention_k_eq_v": True, "layer_types": ["sliding_attention", "full_attention"],
+                "sliding_window": 8, "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
+                "moe_intermediate_size": 256, "intermediate_size": 256, "hidden_size_per_layer_input": 0,
+                "final_logit_softcapping": 30.0},
+        quants=("q4_k_m", "q6_k", "iq4_xs"), special_tokens=("<mask>",), tokenizer="spm-bpe",
+        random_init=("router.scale", "router.per_expert_scale")),
+}
+
+
 def hf_arch(arch: str) -> HfArch:
+    """The recipe named ``arch``: a key of HF_ARCHS (its GGUF arch) or of HF_KQUANT_ARCHS."""
     try:
-        return HF_ARCHS[arch]
+        return HF_ARCHS[arch] if arch in HF_ARCHS else HF_KQUANT_ARCHS[arch]
     except KeyError:
-        raise ValueError(f"no tiny HF recipe for {arch!r}; known: {', '.join(sorted(HF_ARCHS))}") from None
+        known = ", ".join(sorted([*HF_ARCHS, *HF_KQUANT_ARCHS]))
+        raise ValueError(f"no tiny HF recipe for {arch!r}; known: {known}") from None

@@ -27,7 +27,7 @@ from bmoe.testing.writer import _is_current, _sidecar
 
 # What the converter writes itself; anything else is quantized by llama.cpp from the F32 file.
 _CONVERTER_TYPES = ("f32", "q8_0")
-_QUANTIZER_TYPES = {"q4_k_m": "Q4_K_M", "mxfp4_moe": "MXFP4_MOE"}
+_QUANTIZER_TYPES = {"q4_k_m": "Q4_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS", "mxfp4_moe": "MXFP4_MOE"}
 RECIPE_VERSION = 1
 
 
@@ -125,7 +125,8 @@ def load_reference(arch: str, out_dir: Path):
 
 
 def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
-    """Path of the tiny ``arch`` GGUF in ``quant`` under ``out_dir``, made when missing or stale."""
+    """Path of the tiny ``arch`` GGUF in ``quant`` under ``out_dir``, made when missing or stale.
+    ``arch`` names the recipe (hf_archs.hf_arch): the file and HF folder are named after it."""
     a = hf_arch(arch)
     quant = quant.lower()
     if quant not in (*_CONVERTER_TYPES, *_QUANTIZER_TYPES):
@@ -134,7 +135,7 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"tiny-{arch}-{quant}.gguf"
     recipe = _recipe(a, quant)
-    folder = _current_hf_folder(a, out_dir)
+    folder = _current_hf_folder(arch, a, out_dir)
     if _is_current(path, recipe):
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -152,11 +153,11 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
     return path
 
 
-def _current_hf_folder(a: HfArch, out_dir: Path) -> Path:
+def _current_hf_folder(name: str, a: HfArch, out_dir: Path) -> Path:
     """The HF folder of recipe ``a``, rebuilt unless its stamp names this recipe. It is built under
     a temporary name and renamed into place, stamp included, so a folder is never half-written
     or stamped with a recipe it was not made from (two test runs may share the folder)."""
-    folder = hf_dir(a.arch, out_dir)
+    folder = hf_dir(name, out_dir)
     recipe = _recipe(a, "hf")
     stamp = folder / "bmoe-recipe.json"
     try:

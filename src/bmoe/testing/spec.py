@@ -13,6 +13,11 @@ import gguf
 
 ARCHS = ("qwen3moe", "qwen35moe")
 QUANTS = ("f32", "q8_0", "q4_k_m")
+# Variants llama.cpp's quantizer makes from the F32 file (gguf cannot write K-quants or i-quants),
+# by the LLAMA_FTYPE_MOSTLY_* name it is asked for. "q6_k" and "iq4_xs" are only for the K-quant
+# gates (G23): QUANTS is what every tiny-model check and `--all` go over.
+QUANTIZED = {"q4_k_m": "Q4_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}
+ALL_QUANTS = (*QUANTS, *(q for q in QUANTIZED if q not in QUANTS))
 
 # Bumped whenever the weights or metadata a spec produces change, so cached files are rewritten.
 RECIPE_VERSION = 1

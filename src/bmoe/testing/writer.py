@@ -1,8 +1,9 @@
 """Write (or reuse) a tiny fixture GGUF: ``write_tiny(arch, quant, out_dir) -> Path``.
 
-F32 and Q8_0 files are written by ``gguf.GGUFWriter`` from the HF-form weights; Q4_K_M is made
-from the F32 file by llama.cpp's quantizer. Every output is byte-identical from run to run, so a
-file is reused when a sidecar ``<name>.recipe.json`` records the same recipe hash and size.
+F32 and Q8_0 files are written by ``gguf.GGUFWriter`` from the HF-form weights; Q4_K_M (and, for
+the K-quant gates, Q6_K and IQ4_XS) is made from the F32 file by llama.cpp's quantizer. Every
+output is byte-identical from run to run, so a file is reused when a sidecar
+``<name>.recipe.json`` records the same recipe hash and size.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from bmoe.testing.convert import gguf_tensors, storage_type
 from bmoe.testing.smollm2 import smollm2_gguf_path, smollm2_tokenizer_fields
-from bmoe.testing.spec import QUANTS, RECIPE_VERSION, TinySpec, spec_for
+from bmoe.testing.spec import ALL_QUANTS, QUANTIZED, RECIPE_VERSION, TinySpec, spec_for
 from bmoe.testing.weights import hf_weights
 
 RECIPE_KEY = "bmoe.tiny.recipe"
@@ -49,19 +50,19 @@ def weights_recipe(spec: TinySpec) -> str:
 
 def variant_recipe(spec: TinySpec, quant: str) -> str:
     parts = {"weights": weights_recipe(spec), "quant": quant}
-    if quant == "q4_k_m":
+    if quant in QUANTIZED:
         # llama.cpp's quantizer makes this variant: a new version may choose other types.
         parts["llama_cpp"] = _llama_cpp_version()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def write_tiny(arch: str, quant: str, out_dir: Path) -> Path:
-    """Path of the tiny ``arch`` fixture in ``quant`` (``f32``, ``q8_0`` or ``q4_k_m``) under
-    ``out_dir``, written only when missing or made by a different recipe."""
+    """Path of the tiny ``arch`` fixture in ``quant`` (``f32``, ``q8_0``, ``q4_k_m``, ``q6_k`` or
+    ``iq4_xs``) under ``out_dir``, written only when missing or made by a different recipe."""
     spec = spec_for(arch)
     quant = quant.lower()
-    if quant not in QUANTS:
-        raise ValueError(f"unknown tiny quant {quant!r}; choose one of {', '.join(QUANTS)}")
+    if quant not in ALL_QUANTS:
+        raise ValueError(f"unknown tiny quant {quant!r}; choose one of {', '.join(ALL_QUANTS)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / tiny_file_name(arch, quant)
@@ -70,11 +71,11 @@ def write_tiny(arch: str, quant: str, out_dir: Path) -> Path:
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        if quant == "q4_k_m":
-            # Imported here: only this variant needs llama.cpp, and bmoe.llama owns that import.
+        if quant in QUANTIZED:
+            # Imported here: only these variants need llama.cpp, and bmoe.llama owns that import.
             from bmoe.llama.quantize import quantize_gguf
 
-            quantize_gguf(write_tiny(arch, "f32", out_dir), tmp, "Q4_K_M")
+            quantize_gguf(write_tiny(arch, "f32", out_dir), tmp, QUANTIZED[quant])
         else:
             _write_gguf(spec, quant, tmp)
         os.replace(tmp, path)
