@@ -161,6 +161,12 @@ _REGISTRY: dict[str, ArchEntry] = {
         # hook guesses a MoE layer from the l_out of whatever layer comes before it.
         _entry("llama4", "router, shared expert (ffn_*_shexp), the dense layers between MoE layers",
                norm="ffn_norm.weight"),
+        # qwen3vlmoe (the language model of Qwen3-VL; src/models/qwen3vlmoe.cpp): qwen3moe's layer,
+        # ffn_norm, then build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b. On its first
+        # n_deepstack layers the layer's output (l_out) gets a deepstack slice of the input
+        # embedding added (deepstack_out): zero for text tokens, so the guess from l_out is the
+        # next layer's input there; with image embeddings it is a guess, as everywhere.
+        _entry("qwen3vlmoe", "router", norm="ffn_norm.weight"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -72,9 +72,23 @@ class HfArch:
     # reads a spelling the real checkpoints carry and transformers no longer writes (it reads
     # both), e.g. Granite 4's legacy layer_types "mamba"/"attention".
     saved_config: dict[str, Any] = field(default_factory=dict)
+    # A composite (vision-language) model whose language model is the MoE: the tiny text config
+    # (_SMALL and ``config``) goes under "text_config", beside these top-level keys (a tiny
+    # vision_config, ...). None: a plain causal LM config.
+    outer_config: dict[str, Any] | None = None
+    # The transformers auto class that builds and loads the model (a composite model has no
+    # AutoModelForCausalLM entry).
+    auto_class: str = "AutoModelForCausalLM"
+    # Saved tensors (name suffixes) whose last two dims are swapped after save_pretrained: where
+    # transformers keeps a layout of its own in memory and writes it as is, but the real
+    # checkpoints (which the converter reads) hold the other one and transformers' loader
+    # transposes them on load (its conversion mapping, which checks the shapes): so the folder
+    # holds what a real one holds, and both sides read it.
+    checkpoint_transpose: tuple[str, ...] = ()
 
     def hf_config(self) -> dict[str, Any]:
-        return {**_SMALL, **self.config}
+        text = {**_SMALL, **self.config}
+        return text if self.outer_config is None else {**self.outer_config, "text_config": text}
 
 
 def _arch(arch: str, model_type: str, seed: int, real_models: str, **kw: Any) -> HfArch:
@@ -236,6 +250,28 @@ HF_ARCHS: dict[str, HfArch] = {
                       "num_key_value_heads": 2, "head_dim": 16, "use_qk_norm": True,
                       "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
                       "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+        # qwen3vlmoe: the language model of Qwen3-VL-30B-A3B, built as the whole vision-language
+        # model (transformers has no causal-LM class for it) with a one-block vision tower the
+        # converter leaves out of the text GGUF. Qwen3-MoE layers (q/k norms, softmax top-k) with
+        # interleaved M-RoPE (sections 4+2+2 of the 8 rotary pairs, as the real 24+20+20 of 64):
+        # on text every section sees the same position, so it is plain RoPE on both sides. The
+        # vision tower's one deepstack index makes llama.cpp carry a second embedding slice, zero
+        # for text tokens, that it adds after layer 0 (deepstack_out-0), as the real files do.
+        _arch("qwen3vlmoe", "qwen3_vl_moe", 136, "Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B (language model)",
+              config={"intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "decoder_sparse_step": 1, "mlp_only_layers": [],
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                          "mrope_section": [4, 2, 2], "mrope_interleaved": True}},
+              outer_config={"tie_word_embeddings": False,
+                            "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                                              "num_heads": 2, "out_hidden_size": 64,
+                                              "deepstack_visual_indexes": [0],
+                                              "num_position_embeddings": 64}},
+              auto_class="AutoModelForImageTextToText",
+              # The real checkpoints hold the packed experts as [n_expert, n_embd, 2*n_ff] and
+              # [n_expert, n_ff, n_embd], the converter's layout; transformers 5 writes its own.
+              checkpoint_transpose=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
     )
 }
 

@@ -64,21 +64,25 @@ def _recipe(a: HfArch, quant: str) -> str:
 def write_hf_model(a: HfArch, out: Path) -> Path:
     """The tiny HF folder (config, safetensors, tokenizer) of recipe ``a``; always rewritten."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
     from bmoe.testing.hf_tokenizer import write_hf_tokenizer
 
     ids = write_hf_tokenizer(out, a.special_tokens, a.tokenizer)
     cfg = a.hf_config()
-    n_layer = cfg["num_hidden_layers"]
+    n_layer = cfg.get("num_hidden_layers")
     if a.mtp_layers:  # built as ordinary trailing layers, then made NextN blocks (hf_mtp.py)
         cfg["num_hidden_layers"] = n_layer + a.mtp_layers
     config = AutoConfig.for_model(a.model_type, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
                                   pad_token_id=ids["pad"], **cfg)
     torch.manual_seed(a.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _randomize(model, a.random_init, float(config.initializer_range))
+    model = getattr(transformers, a.auto_class).from_config(config, dtype=torch.float32)
+    std = getattr(config, "initializer_range", None) or config.get_text_config().initializer_range
+    _randomize(model, a.random_init, float(std))
     model.save_pretrained(out)
+    if a.checkpoint_transpose:
+        _transpose_saved(out, a.checkpoint_transpose)
     if a.saved_config:
         saved = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**saved, **a.saved_config}, indent=2))
@@ -87,6 +91,21 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
 
         add_mtp_block(out, n_layer, a.mtp_layers, a.seed)
     return out
+
+
+def _transpose_saved(out: Path, suffixes: tuple[str, ...]) -> None:
+    """Swap the last two dims of the saved tensors named by ``suffixes`` (HfArch.checkpoint_transpose)."""
+    from safetensors.torch import load_file, save_file
+
+    (path,) = out.glob("*.safetensors")  # the tiny models are one shard
+    tensors = load_file(path)
+    hit = [n for n in tensors if n.endswith(suffixes)]
+    missing = [s for s in suffixes if not any(n.endswith(s) for n in hit)]
+    if missing:
+        raise ValueError(f"checkpoint_transpose names no saved tensor: {missing}")
+    for n in hit:
+        tensors[n] = tensors[n].transpose(-1, -2).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _randomize(model, suffixes: tuple[str, ...], std: float) -> None:
@@ -109,7 +128,8 @@ def load_reference(arch: str, out_dir: Path):
     """transformers' model of the tiny ``arch`` (eager attention, F32, eval mode), with the
     recipe's reference-side config changes applied."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
     from bmoe.testing import ggml_rounding
 
@@ -119,8 +139,8 @@ def load_reference(arch: str, out_dir: Path):
     config = AutoConfig.from_pretrained(folder)
     for key, value in a.reference_config.items():
         setattr(config, key, value)
-    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32,
-                                                 attn_implementation="eager")
+    model = getattr(transformers, a.auto_class).from_pretrained(folder, config=config, dtype=torch.float32,
+                                                                attn_implementation="eager")
     return model.eval()
 
 
