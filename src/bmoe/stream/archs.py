@@ -167,10 +167,17 @@ _REGISTRY: dict[str, ArchEntry] = {
         # embedding added (deepstack_out): zero for text tokens, so the guess from l_out is the
         # next layer's input there; with image embeddings it is a guess, as everywhere.
         _entry("qwen3vlmoe", "router", norm="ffn_norm.weight"),
+        # ernie4_5-moe (src/models/ernie4-5-moe.cpp): after the leading dense layers, every
+        # n_moe_layer_step-th layer: ffn_norm, then build_moe_ffn(SOFTMAX) with exp_probs_b added to
+        # the probabilities for the pick (not the weights); the shared experts run beside it.
+        _entry("ernie4_5-moe", "router, selection bias (exp_probs_b), shared experts (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) to the "
+               "probabilities before the pick, which the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
-# hunyuan-moe and ernie4_5-moe (their converters want a tiktoken or sentencepiece tokenizer),
+# hunyuan-moe (its converter wants a tiktoken tokenizer),
 # smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
 # not found: docs/streaming.md).

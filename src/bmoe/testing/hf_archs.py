@@ -17,6 +17,9 @@ from typing import Any
 from bmoe.testing.ggml_rounding import GELU_FP16
 
 _VOCAB = 49152
+# The "spm" tokenizer's byte pieces SmolLM2 has no <0xXX> token for, after its ids
+# (hf_tokenizer._write_spm_model checks the count).
+SPM_BYTE_PIECES = 143
 
 # Fields most recipes share: two layers is enough to route twice per token; 64-wide rows are whole
 # Q8_0 and MXFP4 blocks. Each recipe gives its MoE 32 experts of 128 (4 used): routes differ from
@@ -85,6 +88,10 @@ class HfArch:
     # transposes them on load (its conversion mapping, which checks the shapes): so the folder
     # holds what a real one holds, and both sides read it.
     checkpoint_transpose: tuple[str, ...] = ()
+    # The standard deviation ``random_init`` fills with (None: the config's initializer_range), for
+    # a bias that must stay on the scale of what it is added to (softmax probabilities) so the pick
+    # still follows the router.
+    random_init_std: float | None = None
 
     def hf_config(self) -> dict[str, Any]:
         text = {**_SMALL, **self.config}
@@ -272,6 +279,23 @@ HF_ARCHS: dict[str, HfArch] = {
               # The real checkpoints hold the packed experts as [n_expert, n_embd, 2*n_ff] and
               # [n_expert, n_ff, n_embd], the converter's layout; transformers 5 writes its own.
               checkpoint_transpose=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+        # ernie4_5-moe (ERNIE-4.5-21B-A3B's form): a leading dense layer, then MoE layers with a
+        # shared expert, softmax routing whose pick adds a per-expert selection bias
+        # (moe_statics.e_score_correction_bias, randomised: transformers starts it at zero), q/k
+        # without norms. The converter sizes the shared expert as intermediate_size //
+        # num_key_value_heads (true of the real configs: 12288 // 4 = 2 x 1536), so the dense FFN
+        # is 2 x 128 wide here. It reads only a SentencePiece model: tokenizer "spm", SmolLM2's
+        # vocabulary as one, plus the byte pieces it lacks (hf_tokenizer.SPM_BYTE_PIECES).
+        _arch("ernie4_5-moe", "ernie4_5_moe", 137, "ERNIE-4.5-21B-A3B, ERNIE-4.5-300B-A47B",
+              config={"vocab_size": _VOCAB + SPM_BYTE_PIECES, "tie_word_embeddings": True,
+                      "num_hidden_layers": 3, "num_key_value_heads": 2, "intermediate_size": 256,
+                      "moe_intermediate_size": 128, "moe_num_experts": 32, "moe_k": 4,
+                      "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "moe_layer_end_index": 2,
+                      "moe_layer_interval": 1},
+              # A selection bias of std 0.1 would swamp probabilities near 1/32 (every token would
+              # pick the same few experts, which fit the eviction gate's cache); 0.01 moves the pick
+              # without deciding it.
+              random_init=("e_score_correction_bias",), random_init_std=0.01, tokenizer="spm"),
     )
 }
 

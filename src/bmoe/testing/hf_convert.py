@@ -79,7 +79,7 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
     torch.manual_seed(a.seed)
     model = getattr(transformers, a.auto_class).from_config(config, dtype=torch.float32)
     std = getattr(config, "initializer_range", None) or config.get_text_config().initializer_range
-    _randomize(model, a.random_init, float(std))
+    _randomize(model, a.random_init, float(a.random_init_std or std))
     model.save_pretrained(out)
     if a.checkpoint_transpose:
         _transpose_saved(out, a.checkpoint_transpose)

@@ -13,6 +13,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 
 from gguf.vocab import bytes_to_unicode
 
+from bmoe.testing.hf_archs import SPM_BYTE_PIECES
 from bmoe.testing.smollm2 import smollm2_tokenizer_fields
 
 _CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
@@ -26,12 +27,14 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
 
     ``kind`` "smollm" is SmolLM2's own byte-level BPE; "spm-bpe" is the same vocabulary made
     SentencePiece-style (see _spm_style) for a converter that accepts only a Llama-style
-    byte-fallback BPE (Gemma 4's)."""
+    byte-fallback BPE (Gemma 4's); "spm" is "spm-bpe" plus that vocabulary as a SentencePiece
+    model file, ``tokenizer.model`` (_write_spm_model), for a converter that reads only that
+    (ERNIE 4.5's)."""
     f = {m.key.removeprefix("tokenizer."): m.value for m in smollm2_tokenizer_fields()}
     tokens: list[str] = f["ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in f["ggml.merges"]]
-    if kind == "spm-bpe":
+    if kind in ("spm-bpe", "spm"):
         tokens, merges = _spm_style(tokens, f["ggml.token_type"], merges)
         vocab = {t: i for i, t in enumerate(tokens)}
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
@@ -46,12 +49,14 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
         ])
         tok.decoder = decoders.ByteLevel()
     else:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; known: smollm, spm-bpe")
+        raise ValueError(f"unknown tokenizer kind {kind!r}; known: smollm, spm-bpe, spm")
     special = [t for t, kind in zip(tokens, f["ggml.token_type"]) if kind == _CONTROL]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
+    if kind == "spm":
+        _write_spm_model(out_dir / "tokenizer.model", tokens, f["ggml.token_type"], f["ggml.unknown_token_id"])
     ids = {"bos": f["ggml.bos_token_id"], "eos": f["ggml.eos_token_id"], "pad": f["ggml.padding_token_id"]}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -99,3 +104,45 @@ def _spm_style(tokens: list[str], types: list[int], merges: list[tuple[str, ...]
         if {ia, ib, ij} <= text and out[ia] + out[ib] == out[ij]:
             kept.append((out[ia], out[ib]))
     return out, kept
+
+
+def _write_spm_model(path: Path, pieces: list[str], types: list[int], unk: int) -> None:
+    """A SentencePiece BPE model (``tokenizer.model``) of the SentencePiece-style spelling of the
+    vocabulary (_spm_style's, ids unchanged): control tokens CONTROL, ``unk`` UNKNOWN, the
+    ``<0xXX>`` byte tokens BYTE, every other piece NORMAL with score -id, so SentencePiece's and
+    llama.cpp's SPM tokenizers (which join the adjacent pair of the highest score) merge the
+    tokens SmolLM2 learned first first. Byte fallback needs a piece for every byte: those with no
+    ``<0xXX>`` token (the ASCII ones, which the vocabulary spells as text, and the few bytes UTF-8
+    never uses) get theirs after it (SPM_BYTE_PIECES more ids; the config's vocab_size covers them). The text is only ever tokenized by llama.cpp here (the
+    reference runs on the same token ids), so this need not tokenize as SmolLM2 does."""
+    from sentencepiece import sentencepiece_model_pb2 as spm
+
+    m = spm.ModelProto()
+    m.trainer_spec.model_type = spm.TrainerSpec.BPE
+    m.trainer_spec.vocab_size = len(pieces)
+    m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = unk, -1, -1, -1
+    m.trainer_spec.byte_fallback = True
+    m.normalizer_spec.name = "identity"
+    m.normalizer_spec.add_dummy_prefix = True
+    m.normalizer_spec.escape_whitespaces = True
+    for i, (piece, kind) in enumerate(zip(pieces, types)):
+        p = m.pieces.add()
+        p.piece, p.score = piece, float(-i)
+        if i == unk:
+            p.type = spm.ModelProto.SentencePiece.UNKNOWN
+        elif kind == _CONTROL:
+            p.type = spm.ModelProto.SentencePiece.CONTROL
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            p.type = spm.ModelProto.SentencePiece.BYTE
+        else:
+            p.type = spm.ModelProto.SentencePiece.NORMAL
+    have = set(pieces)
+    for b in range(256):
+        if (name := f"<0x{b:02X}>") not in have:
+            p = m.pieces.add()
+            p.piece, p.score, p.type = name, 0.0, spm.ModelProto.SentencePiece.BYTE
+    if len(m.pieces) != len(pieces) + SPM_BYTE_PIECES:
+        raise ValueError(f"expected {SPM_BYTE_PIECES} byte pieces after the vocabulary, made {len(m.pieces) - len(pieces)}")
+    m.trainer_spec.vocab_size = len(m.pieces)
+    path.write_bytes(m.SerializeToString())
+
