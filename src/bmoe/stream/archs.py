@@ -174,10 +174,12 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layers",
                no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) to the "
                "probabilities before the pick, which the guess leaves out"),
+        # hunyuan-moe (src/models/hunyuan-moe.cpp): ffn_norm, then a shared MLP (ffn_*_shexp)
+        # and build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b side by side.
+        _entry("hunyuan-moe", "router, shared expert (ffn_*_shexp)", norm="ffn_norm.weight"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
-# hunyuan-moe (its converter wants a tiktoken tokenizer),
 # smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
 # not found: docs/streaming.md).

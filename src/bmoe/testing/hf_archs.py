@@ -296,6 +296,18 @@ HF_ARCHS: dict[str, HfArch] = {
               # pick the same few experts, which fit the eviction gate's cache); 0.01 moves the pick
               # without deciding it.
               random_init=("e_score_correction_bias",), random_init_std=0.01, tokenizer="spm"),
+        # hunyuan-moe (Hunyuan-A13B's form): every layer runs a shared MLP beside its routed
+        # experts (softmax top-k, weights renormalised), q/k RMS norms after RoPE, GQA. The
+        # converter reads per-layer lists (moe_topk, moe_intermediate_size, num_shared_expert) as
+        # the real config.json carries them, and takes the vocabulary only as tiktoken-style
+        # mergeable_ranks from the folder's own tokenizer class: tokenizer "ranks". Plain RoPE: the
+        # real config's dynamic-alpha RoPE is asserted by the converter to be exactly the real
+        # model's (head dim 128), and is only a different base.
+        _arch("hunyuan-moe", "hunyuan_v1_moe", 138, "Hunyuan-A13B",
+              config={"num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+                      "num_experts": 32, "moe_topk": [4, 4], "moe_intermediate_size": [128, 128],
+                      "num_shared_expert": [1, 1], "use_qk_norm": True, "use_cla": False},
+              tokenizer="ranks"),
     )
 }
 

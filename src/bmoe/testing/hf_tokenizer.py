@@ -29,7 +29,9 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
     SentencePiece-style (see _spm_style) for a converter that accepts only a Llama-style
     byte-fallback BPE (Gemma 4's); "spm" is "spm-bpe" plus that vocabulary as a SentencePiece
     model file, ``tokenizer.model`` (_write_spm_model), for a converter that reads only that
-    (ERNIE 4.5's)."""
+    (ERNIE 4.5's); "ranks" is SmolLM2's own files plus a tokenizer class (remote code in the
+    folder, _RANKS_MODULE) that also exposes them as tiktoken-style ``mergeable_ranks`` and
+    ``special_tokens``, for a converter that reads only those (Hunyuan's)."""
     f = {m.key.removeprefix("tokenizer."): m.value for m in smollm2_tokenizer_fields()}
     tokens: list[str] = f["ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -41,7 +43,7 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
                                    unk_token=tokens[f["ggml.unknown_token_id"]]))
         tok.normalizer = normalizers.Replace(" ", _SPACE)
         tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
-    elif kind == "smollm":
+    elif kind in ("smollm", "ranks"):
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
@@ -49,7 +51,7 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
         ])
         tok.decoder = decoders.ByteLevel()
     else:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; known: smollm, spm-bpe, spm")
+        raise ValueError(f"unknown tokenizer kind {kind!r}; known: smollm, spm-bpe, spm, ranks")
     special = [t for t, kind in zip(tokens, f["ggml.token_type"]) if kind == _CONTROL]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
@@ -68,6 +70,9 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
         "chat_template": f["chat_template"],
         "model_max_length": 8192,
     }
+    if kind == "ranks":
+        (out_dir / f"{_RANKS_MODULE}.py").write_text(_RANKS_SOURCE)
+        config["auto_map"] = {"AutoTokenizer": [None, f"{_RANKS_MODULE}.{_RANKS_CLASS}"]}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return ids
 
@@ -146,3 +151,39 @@ def _write_spm_model(path: Path, pieces: list[str], types: list[int], unk: int) 
     m.trainer_spec.vocab_size = len(m.pieces)
     path.write_bytes(m.SerializeToString())
 
+
+
+# The "ranks" tokenizer: SmolLM2's fast tokenizer (tokenizer.json, which still does all the
+# tokenizing), seen the way a tiktoken-based tokenizer presents itself: mergeable_ranks (each
+# ordinary token's bytes -> id) and special_tokens (text -> id). Hunyuan's converter loads the
+# folder's tokenizer with trust_remote_code and rebuilds the merges from the ranks.
+_RANKS_MODULE = "tokenization_bmoe_ranks"
+_RANKS_CLASS = "RanksTokenizer"
+_RANKS_SOURCE = '''"""SmolLM2's tokenizer with tiktoken-style mergeable_ranks (written by bmoe.testing.hf_tokenizer)."""
+from transformers import PreTrainedTokenizerFast
+
+
+def _unicode_to_byte():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\\xa1"), ord("\\xac") + 1)) \\
+        + list(range(ord("\\xae"), ord("\\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class RanksTokenizer(PreTrainedTokenizerFast):
+    @property
+    def special_tokens(self):
+        return {t.content: i for i, t in self.added_tokens_decoder.items() if t.special}
+
+    @property
+    def mergeable_ranks(self):
+        to_byte = _unicode_to_byte()
+        special = set(self.special_tokens.values())
+        return {bytes(to_byte[c] for c in t): i for t, i in self.get_vocab().items() if i not in special}
+'''
