@@ -177,6 +177,11 @@ _REGISTRY: dict[str, ArchEntry] = {
         # hunyuan-moe (src/models/hunyuan-moe.cpp): ffn_norm, then a shared MLP (ffn_*_shexp)
         # and build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b side by side.
         _entry("hunyuan-moe", "router, shared expert (ffn_*_shexp)", norm="ffn_norm.weight"),
+        # granitemoe (Granite 3.x; src/models/granite.cpp's build_layer_ffn, which granite-moe.cpp
+        # uses): ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX) without exp_probs_b or
+        # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
+        _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
+               norm="ffn_norm.weight"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -308,6 +308,15 @@ HF_ARCHS: dict[str, HfArch] = {
                       "num_experts": 32, "moe_topk": [4, 4], "moe_intermediate_size": [128, 128],
                       "num_shared_expert": [1, 1], "use_qk_norm": True, "use_cla": False},
               tokenizer="ranks"),
+        # granitemoe (Granite 3.x MoE, no Mamba layers, no shared expert): attention layers with
+        # softmax-routed experts and Granite's residual/attention/logit multipliers at the real
+        # models' values but the embedding one, 1 instead of the real 12: the random embeddings
+        # swamp what the layers add otherwise, and with no Mamba layer between, even granitehybrid's
+        # 4 left the prefetch guess right every time (its gate needs both paths to run).
+        _arch("granitemoe", "granitemoe", 139, "granite-3.1-1b-a400m, granite-3.1-3b-a800m",
+              config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
+                      "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
+                      "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
     )
 }
 
