@@ -187,7 +187,8 @@ _REGISTRY: dict[str, ArchEntry] = {
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
 # smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
-# not found: docs/streaming.md).
+# not found: docs/streaming.md). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
+# softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.
 
 
 def lookup(arch: str) -> ArchEntry:
