@@ -27,7 +27,7 @@ from ..decide.port import (
 )
 from ..stream.stats import StreamStats
 from .chat import Message
-from .forks import decode_forks, pack_calls, prefill_apart
+from .forks import decode_forks, one_token_apart, pack_calls, prefill_apart
 from .runtime import Runtime, SideSequencesError
 
 UNKNOWN_TOKEN = -1
@@ -174,14 +174,16 @@ class LlamaDecideBackend:
 
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
-        left as it is), all in as few llama_decode calls as fit.
+        left as it is), all in as few llama_decode calls as keep each suffix computed as alone.
 
-        Streamed, every ubatch reads its routed experts, so a call packs as many suffixes as fit
-        one ubatch padded to the longest of them: one graph, each routed expert read once for all.
-        The pad tokens come after a suffix's last token, so by causality they change nothing before
-        it; their positions are dropped with the side sequence. Resident, reads cost nothing and
-        padding only costs compute: the suffixes go in as they are, and llama.cpp splits the call
-        into ubatches that take as many tokens from each sequence."""
+        A call packs as many suffixes as fit one ubatch padded to the longest of them
+        (``bmoe.runtime.forks.pack_calls``): one graph, so streamed every routed expert is read once
+        for all of them, and each suffix is one piece, as ``prefill`` computes it alone. The pad
+        tokens come after a suffix's last token, so by causality they change nothing before it;
+        their positions are dropped with the side sequence. Unpadded, llama.cpp would split the
+        call into ubatches that take as many tokens from each sequence, cutting a suffix into other
+        pieces than alone, which rounds differently (issue 31). Suffixes whose lengths fall on
+        different sides of a kernel bound (``width_class``) go into different calls."""
         self._need_side_sequences("a batch")
         ctx, kv = self._rt.ctx, self._rt.kv
         if n_past != kv.n_past:
@@ -189,28 +191,31 @@ class LlamaDecideBackend:
         if not 0 < len(suffixes) <= self.max_batch() or any(not s for s in suffixes):
             raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
         start = self._mark()
-        rows: list[np.ndarray] = []
-        pad = self._rt.stream is not None
-        for call in pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
+        rows: list[np.ndarray | None] = [None] * len(suffixes)
+        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, one_token_alone=one_token_apart(ctx))
+        for call in calls:
             longest = max(len(suffixes[i]) for i in call)
             items = []
-            for seq, i in enumerate(call, start=1):
-                toks = list(suffixes[i])
-                ctx.fork(seq)
-                items.append((seq, toks + [toks[-1]] * ((longest - len(toks)) if pad else 0), n_past, len(toks) - 1))
             try:
+                for seq, i in enumerate(call, start=1):
+                    toks = list(suffixes[i])
+                    ctx.fork(seq)
+                    items.append((seq, toks + [toks[-1]] * (longest - len(toks)), n_past, len(toks) - 1))
                 if longest > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
                     (seq, toks, _, _), = items
                     for at in range(0, len(toks), ctx.n_batch):
                         piece = toks[at : at + ctx.n_batch]
                         row = ctx.decode_seqs([(seq, piece, n_past + at, len(piece) - 1)])
-                    rows.extend(row)
+                    rows[call[0]] = row[0]
                 else:
-                    rows.extend(ctx.decode_seqs(items))
+                    for i, row_i in zip(call, ctx.decode_seqs(items)):
+                        rows[i] = row_i
             finally:
                 for seq in range(1, len(call) + 1):
                     ctx.drop(seq)
-        return rows, self._cost_since(start, sum(len(s) for s in suffixes))
+        if any(r is None for r in rows):
+            raise DecideBackendError("decide: a suffix of the batch was left out of every call")
+        return [r for r in rows if r is not None], self._cost_since(start, sum(len(s) for s in suffixes))
 
     def max_forks(self) -> int:
         return self._rt.side_sequences

@@ -1,12 +1,18 @@
 """Token lists decoded side by side on a context's side sequences, each on its own copy of a base:
 seq 0's state (``llama_memory_seq_cp``) or a saved state loaded into the side sequence.
 
-How several go into one ``llama_decode`` (``pack_calls``): with padding, each call's lists are
-padded after their last token to the longest of them and together fill at most one ubatch, so the
-call is one graph (on a streamed model every routed expert is read once for all of them) and each
-list is computed in one piece, as it would be alone. The pad tokens come after the tokens whose
-logits are read, so by causality they change nothing before them, and they are dropped with the
-side sequence. A list longer than that goes alone, in ``n_batch`` pieces as ``decode()`` feeds it.
+How several go into one ``llama_decode`` (``pack_calls``): each call's lists are padded after their
+last token to the longest of them and together fill at most one ubatch, so the call is one graph
+(on a streamed model every routed expert is read once for all of them) and each list is computed
+in one piece, as it would be alone. Unpadded, llama.cpp would cut the call into ubatches that take
+as many tokens from each sequence (``split_equal``; with ``kv_unified`` off every multi-sequence
+call is split so), computing a list in other pieces than alone. The pad tokens come after the tokens
+whose logits are read, so by causality they change nothing before them, and they are dropped with
+the side sequence. A list longer than that goes alone, in ``n_batch`` pieces as ``decode()`` feeds it.
+
+Padding must not move a list into another kernel: llama.cpp's CPU attention takes a different path
+by how many tokens a sequence has in the ubatch (``width_class``), and a path rounds differently
+from the others. Lists of different classes therefore go into different calls.
 """
 from __future__ import annotations
 
@@ -17,24 +23,53 @@ import numpy as np
 from ..llama.context import LlamaContext
 
 
-def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True) -> list[list[int]]:
-    """Split token lists (by index, in order) into llama_decode calls. ``pad``: each call's lists,
-    padded to the longest of them, fill at most one ubatch; else a call holds at most one batch of
-    tokens. A list longer than that goes alone."""
+# Query rows per sequence from which ggml's CPU flash attention runs its tiled kernel
+# (GGML_FA_TILE_Q): a row rounds differently there than in the one-row-at-a-time kernel below it.
+FA_TILE_ROWS = 64
+
+
+def width_class(n: int) -> int:
+    """Which attention path llama.cpp's CPU backend runs for a sequence that has ``n`` tokens in a
+    ubatch: 0 for one token, 1 for 2..63, 2 for 64 and more. With flash attention off and an f16
+    KV cache, a sequence's one query row is contiguous, so Q*K goes to llamafile's f16 x f32 GEMM
+    with the query in f32, where wider pieces are rounded to f16 first and take ggml's f16 dot
+    product (0.4 in a logit on SmolLM2); with it on, 64 rows and more take the tiled kernel (0.8
+    in a logit). Within a class a token computes the same whatever the width (0.0 measured on
+    SmolLM2 for widths 2..63 and 64..100, both settings); across classes it does not."""
+    return 0 if n == 1 else 1 if n < FA_TILE_ROWS else 2
+
+
+def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, one_token_alone: bool = False) -> list[list[int]]:
+    """Split token lists (by index) into llama_decode calls: each call's lists are of one
+    ``width_class`` and, padded to the longest of them, fill at most one ubatch (and one batch).
+    A list longer than that goes alone, and so does a one-token list with ``one_token_alone``
+    (``one_token_apart``). Lists keep their order within a class; the calls come in the order of
+    their first list."""
+    room = min(n_ubatch, n_batch)
     calls: list[list[int]] = []
-    cur: list[int] = []
-    width = total = 0
+    filling: dict[int, tuple[list[int], int]] = {}  # class -> (its call being filled, its width)
     for i, n in enumerate(lengths):
+        k = width_class(n)
+        cur, width = filling.get(k, ([], 0))
         w = max(width, n)
-        full = w * (len(cur) + 1) > min(n_ubatch, n_batch) if pad else total + n > n_batch
-        if cur and full:
+        if cur and (w * (len(cur) + 1) > room or (n == 1 and one_token_alone)):
             calls.append(cur)
-            cur, w, total = [], n, 0
+            cur, w = [], n
         cur.append(i)
-        width, total = w, total + n
-    if cur:
-        calls.append(cur)
-    return calls
+        filling[k] = (cur, w)
+    calls.extend(cur for cur, _ in filling.values())
+    return sorted(calls, key=lambda call: call[0])
+
+
+def one_token_apart(ctx: LlamaContext) -> bool:
+    """Whether one-token lists must each have a call of their own on ``ctx``. A ubatch of one
+    token of one sequence runs flash attention split over the KV cells, one slice per thread,
+    once its KV view has 512 cells (more than 256 tokens in the sequence); one token of each of
+    several sequences runs the kernel that takes every cell in one pass. With one thread the two
+    agree bit for bit; with more they do not (up to 0.6 in a logit on SmolLM2 after 300 tokens).
+    So unless flash attention is off or the context runs one thread, a one-token list goes alone,
+    as it would outside a batch."""
+    return ctx.params.flash_attn is not False and ctx.params.n_threads > 1
 
 
 def decode_forks(
@@ -46,8 +81,8 @@ def decode_forks(
     empty afterwards, seq 0 untouched."""
     if not lists or any(not t for t in lists) or ctx.n_seq < 2:
         raise ValueError(f"decode_forks takes non-empty token lists and side sequences (the context has {ctx.n_seq - 1})")
-    out: list[np.ndarray] = []
-    calls = pack_calls([len(t) for t in lists], ctx.n_ubatch, ctx.n_batch, pad=True)
+    out: list[np.ndarray | None] = [None] * len(lists)
+    calls = pack_calls([len(t) for t in lists], ctx.n_ubatch, ctx.n_batch, one_token_alone=one_token_apart(ctx))
     calls = [call[at : at + ctx.n_seq - 1] for call in calls for at in range(0, len(call), ctx.n_seq - 1)]
     for call in calls:
         longest = max(len(lists[i]) for i in call)
@@ -62,15 +97,24 @@ def decode_forks(
                 items.append((seq, toks + [toks[-1]] * (longest - len(toks)), n_past, len(toks)))
             if longest > ctx.n_batch:  # alone in its call: in n_batch pieces
                 (seq, toks, _, _), = items
-                out.append(np.concatenate([
+                out[call[0]] = np.concatenate([
                     ctx.decode_seqs_rows([(seq, toks[at : at + ctx.n_batch], n_past + at, len(toks[at : at + ctx.n_batch]))])[0]
-                    for at in range(0, len(toks), ctx.n_batch)]))
+                    for at in range(0, len(toks), ctx.n_batch)])
             else:
-                out.extend(ctx.decode_seqs_rows(items))
+                for i, rows in zip(call, ctx.decode_seqs_rows(items)):
+                    out[i] = rows
         finally:
             for seq in range(1, len(call) + 1):
                 ctx.drop(seq)
-    return out
+    return _all_filled(out)
+
+
+def _all_filled(out: list[np.ndarray | None]) -> list[np.ndarray]:
+    """``out`` once every call has put its rows in (``pack_calls`` places every list in a call)."""
+    filled = [rows for rows in out if rows is not None]
+    if len(filled) != len(out):
+        raise AssertionError("a token list was left out of every call")
+    return filled
 
 
 def prefill_apart(ctx: LlamaContext, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

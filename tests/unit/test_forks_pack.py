@@ -1,0 +1,31 @@
+"""How token lists are packed into llama_decode calls (bmoe.runtime.forks.pack_calls): every list
+one piece of its own width class, the call one ubatch once padded (docs/decide.md "Batches")."""
+from __future__ import annotations
+
+import pytest
+
+from bmoe.runtime.forks import FA_TILE_ROWS, pack_calls, width_class
+
+
+def test_width_classes_are_the_kernels_bounds() -> None:
+    assert [width_class(n) for n in (1, 2, FA_TILE_ROWS - 1, FA_TILE_ROWS, 500)] == [0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(("lengths", "n_ubatch", "calls"), [
+    ([36, 38, 38, 35], 512, [[0, 1, 2, 3]]),  # one class: one call, padded to 38
+    ([36, 87, 38, 38, 35], 512, [[0, 2, 3, 4], [1]]),  # 87 would pull the others into the tiled kernel
+    ([1, 4, 1, 2], 512, [[0, 2], [1, 3]]),  # one-token lists apart from wider ones
+    ([30, 30, 30], 64, [[0, 1], [2]]),  # padded, a call fills at most one ubatch
+    ([10, 600, 10], 512, [[0, 2], [1]]),  # longer than a ubatch: alone
+])
+def test_pack_calls(lengths: list[int], n_ubatch: int, calls: list[list[int]]) -> None:
+    got = pack_calls(lengths, n_ubatch, 512)
+    assert got == calls
+    assert sorted(i for call in got for i in call) == list(range(len(lengths)))
+    for call in got:
+        assert len({width_class(lengths[i]) for i in call}) == 1
+        assert len(call) == 1 or max(lengths[i] for i in call) * len(call) <= min(n_ubatch, 512)
+
+
+def test_one_token_lists_alone_when_asked() -> None:
+    assert pack_calls([1, 1, 3, 1, 3], 512, 512, one_token_alone=True) == [[0], [1], [2, 4], [3]]
