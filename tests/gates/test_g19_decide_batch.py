@@ -20,7 +20,7 @@ import pytest
 
 from bmoe.decide.types import DecideRequest
 
-from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
+from decide_prompts import ABC, ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
 
 SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
 
@@ -76,6 +76,26 @@ def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode:
         s_batch = [r for r in got if r.batch is not None and r.batch.size == 4]
         s_alone = [w for w, r in zip(want, got) if r.batch is not None and r.batch.size == 4]
         assert s_batch[0].batch.read_mb < sum(w.read_mb for w in s_alone[1:]) + s_alone[0].read_mb
+
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
+@pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
+def test_g19_rest_pieces_across_the_tiled_bound(tiny_models, open_session, mode: str, flash_attn: bool) -> None:
+    """Short rest pieces batched with one of 64 tokens or more. Streamed, a batch is padded into
+    one ubatch; padding the short ones to the long one's width would put them in flash
+    attention's tiled kernel (64 query rows and more), which alone they do not take: 0.26 in a
+    logit on the tiny qwen3moe. They go into a call of their own, the long one alone; resident,
+    each call holds rest pieces of one length (bmoe.runtime.forks)."""
+    model = tiny_models("qwen3moe", "q8_0")
+    kw = dict(decide=True, decide_batch=4, flash_attn=flash_attn, **MODES_ALL[mode])
+    batched, alone = open_session(model, **kw), open_session(model, **kw)
+    reqs = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate((S1, S1 + S2 + S3 + S2, S2, S3))]
+    got = batched.decide_many(reqs)
+    want = [alone.decide(r) for r in reqs]
+    rest = [r.n_tokens - r.n_reused for r in got[1:]]
+    assert min(rest) < 64 <= max(rest) and {r.batch.size for r in got} == {4}  # the premise
+    assert answers(got) == answers(want)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

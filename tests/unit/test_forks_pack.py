@@ -29,3 +29,12 @@ def test_pack_calls(lengths: list[int], n_ubatch: int, calls: list[list[int]]) -
 
 def test_one_token_lists_alone_when_asked() -> None:
     assert pack_calls([1, 1, 3, 1, 3], 512, 512, one_token_alone=True) == [[0], [1], [2, 4], [3]]
+
+
+def test_unpadded_calls_hold_one_length() -> None:
+    lengths = [36, 38, 38, 35, 36, 38]
+    got = pack_calls(lengths, 512, 512, pad=False)
+    assert got == [[0, 4], [1, 2, 5], [3]]
+    assert all(len({lengths[i] for i in call}) == 1 for call in got)
+    assert pack_calls([30] * 5, 64, 512, pad=False) == [[0, 1], [2, 3], [4]]
+    assert pack_calls([1, 1, 2], 512, 512, pad=False, one_token_alone=True) == [[0], [1], [2]]

@@ -176,14 +176,15 @@ class LlamaDecideBackend:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
         left as it is), all in as few llama_decode calls as keep each suffix computed as alone.
 
-        A call packs as many suffixes as fit one ubatch padded to the longest of them
-        (``bmoe.runtime.forks.pack_calls``): one graph, so streamed every routed expert is read once
-        for all of them, and each suffix is one piece, as ``prefill`` computes it alone. The pad
-        tokens come after a suffix's last token, so by causality they change nothing before it;
-        their positions are dropped with the side sequence. Unpadded, llama.cpp would split the
-        call into ubatches that take as many tokens from each sequence, cutting a suffix into other
-        pieces than alone, which rounds differently (issue 31). Suffixes whose lengths fall on
-        different sides of a kernel bound (``width_class``) go into different calls."""
+        Each suffix must be one piece, as ``prefill`` computes it alone: llama.cpp splits a call of
+        several sequences into ubatches that take as many tokens from each, which would cut
+        suffixes of different lengths into other pieces (``bmoe.runtime.forks``; issue 31).
+        Streamed, every ubatch reads its routed experts, so a call packs as many suffixes as fit
+        one ubatch padded to the longest of them (of one width class): one graph, each routed
+        expert read once for all. The pad tokens come after a suffix's last token, so by causality
+        they change nothing before it; their positions are dropped with the side sequence.
+        Resident, reads cost nothing and padding only costs compute: a call holds suffixes of one
+        length, unpadded."""
         self._need_side_sequences("a batch")
         ctx, kv = self._rt.ctx, self._rt.kv
         if n_past != kv.n_past:
@@ -192,7 +193,8 @@ class LlamaDecideBackend:
             raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
         start = self._mark()
         rows: list[np.ndarray | None] = [None] * len(suffixes)
-        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, one_token_alone=one_token_apart(ctx))
+        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None,
+                           one_token_alone=one_token_apart(ctx))
         for call in calls:
             longest = max(len(suffixes[i]) for i in call)
             items = []

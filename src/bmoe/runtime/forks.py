@@ -1,18 +1,24 @@
 """Token lists decoded side by side on a context's side sequences, each on its own copy of a base:
 seq 0's state (``llama_memory_seq_cp``) or a saved state loaded into the side sequence.
 
-How several go into one ``llama_decode`` (``pack_calls``): each call's lists are padded after their
-last token to the longest of them and together fill at most one ubatch, so the call is one graph
-(on a streamed model every routed expert is read once for all of them) and each list is computed
-in one piece, as it would be alone. Unpadded, llama.cpp would cut the call into ubatches that take
-as many tokens from each sequence (``split_equal``; with ``kv_unified`` off every multi-sequence
-call is split so), computing a list in other pieces than alone. The pad tokens come after the tokens
-whose logits are read, so by causality they change nothing before them, and they are dropped with
-the side sequence. A list longer than that goes alone, in ``n_batch`` pieces as ``decode()`` feeds it.
+How several go into one ``llama_decode`` (``pack_calls``): every list must be computed in one
+piece, as it would be alone. llama.cpp cuts a call of several sequences into ubatches that take as
+many tokens from each sequence (``split_equal``; with ``kv_unified`` off every multi-sequence call
+is split so), so lists of different lengths in one call would be computed in other pieces than
+alone, and a piece of another width can take another kernel (``width_class``), which rounds
+differently (issue 31: 0.13 nats on a row of the arithmetic set). Two ways keep one piece each:
 
-Padding must not move a list into another kernel: llama.cpp's CPU attention takes a different path
-by how many tokens a sequence has in the ubatch (``width_class``), and a path rounds differently
-from the others. Lists of different classes therefore go into different calls.
+* padded (``pad``; full scoring, and batched decisions on a streamed model): each call's lists are
+  padded after their last token to the longest of them and together fill at most one ubatch, so
+  the call is one graph (streamed, every routed expert is read once for all of them). The pad
+  tokens come after the tokens whose logits are read, so by causality they change nothing before
+  them, and they are dropped with the side sequence. Padding must not move a list into another
+  kernel, so lists of different width classes go into different calls;
+* of one length (batched decisions resident): a call holds lists of the same length only, so
+  nothing is padded, which resident would only cost compute (a quarter more tokens on suffixes of
+  26-40 tokens).
+
+A list longer than one ubatch goes alone, in ``n_batch`` pieces as ``decode()`` feeds it.
 """
 from __future__ import annotations
 
@@ -39,24 +45,26 @@ def width_class(n: int) -> int:
     return 0 if n == 1 else 1 if n < FA_TILE_ROWS else 2
 
 
-def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, one_token_alone: bool = False) -> list[list[int]]:
-    """Split token lists (by index) into llama_decode calls: each call's lists are of one
-    ``width_class`` and, padded to the longest of them, fill at most one ubatch (and one batch).
-    A list longer than that goes alone, and so does a one-token list with ``one_token_alone``
-    (``one_token_apart``). Lists keep their order within a class; the calls come in the order of
-    their first list."""
+def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True,
+               one_token_alone: bool = False) -> list[list[int]]:
+    """Split token lists (by index) into llama_decode calls, each list one piece computed as alone.
+    ``pad``: a call's lists are of one ``width_class`` and, padded to the longest of them, fill at
+    most one ubatch (and one batch). Without: a call's lists all have one length, so nothing is
+    padded, and lists of different lengths take different calls. Either way a list longer than that goes alone, and so does a one-token list
+    with ``one_token_alone`` (``one_token_apart``). Lists keep their order within a call; the calls
+    come in the order of their first list."""
     room = min(n_ubatch, n_batch)
     calls: list[list[int]] = []
-    filling: dict[int, tuple[list[int], int]] = {}  # class -> (its call being filled, its width)
+    filling: dict[int, tuple[list[int], int]] = {}  # class (or length) -> (its call being filled, its width)
     for i, n in enumerate(lengths):
-        k = width_class(n)
-        cur, width = filling.get(k, ([], 0))
+        key = width_class(n) if pad else n
+        cur, width = filling.get(key, ([], 0))
         w = max(width, n)
         if cur and (w * (len(cur) + 1) > room or (n == 1 and one_token_alone)):
             calls.append(cur)
             cur, w = [], n
         cur.append(i)
-        filling[k] = (cur, w)
+        filling[key] = (cur, w)
     calls.extend(cur for cur, _ in filling.values())
     return sorted(calls, key=lambda call: call[0])
 
