@@ -108,13 +108,12 @@ def test_g20d_the_session_is_left_as_a_first_token_decision_leaves_it(tiny_model
 
 
 # G20a on a real model: choices of 2, 5, 2 and 3 tokens (their lists on the side sequences: 1, 4,
-# 1, 2 tokens). Before bmoe packed calls by the kernel a list's width selects
-# (bmoe.runtime.forks.width_class), a one-token list padded to four was computed by another attention
-# kernel than alone: 0.22 nats on "Lyon"'s second token with flash attention off. With flash
-# attention on and two threads, a one-token list after more than 256 tokens is computed alone split
-# over the KV cells, one slice per thread, and in one pass beside other lists, padded or not
-# (forks.one_token_apart): the long prefix puts the choices past that bound (0.17 nats on "Nice"
-# before).
+# 1, 2 tokens). Before bmoe packed calls by the kernels a list's width selects
+# (bmoe.runtime.forks.width_class), a one-token list padded to four was computed by other kernels
+# than alone: 0.22 nats on "Lyon"'s second token with flash attention off. With flash attention on
+# and two threads, one token of one sequence alone after more than 256 tokens has its KV cells
+# split over the threads, which no wider or shared ubatch does, so every one-token list goes alone:
+# the long prefix puts the choices past that bound (0.17 nats on "Nice" before).
 SMOL_CHOICES = ("Lyon", "Marseille city centre", "Nice", "Strasbourg")
 SMOL_SHORT = ("Answer the question.", " What is the capital of France?")
 SMOL_LONG = ("You answer questions about the geography of Europe. " * 30, " Which French city is the second largest?")

@@ -14,7 +14,7 @@ def test_width_classes_are_the_kernels_bounds() -> None:
 @pytest.mark.parametrize(("lengths", "n_ubatch", "calls"), [
     ([36, 38, 38, 35], 512, [[0, 1, 2, 3]]),  # one class: one call, padded to 38
     ([36, 87, 38, 38, 35], 512, [[0, 2, 3, 4], [1]]),  # 87 would pull the others into the tiled kernel
-    ([1, 4, 1, 2], 512, [[0, 2], [1, 3]]),  # one-token lists apart from wider ones
+    ([1, 4, 1, 2], 512, [[0], [1, 3], [2]]),  # one-token lists alone
     ([30, 30, 30], 64, [[0, 1], [2]]),  # padded, a call fills at most one ubatch
     ([10, 600, 10], 512, [[0, 2], [1]]),  # longer than a ubatch: alone
 ])
@@ -27,8 +27,8 @@ def test_pack_calls(lengths: list[int], n_ubatch: int, calls: list[list[int]]) -
         assert len(call) == 1 or max(lengths[i] for i in call) * len(call) <= min(n_ubatch, 512)
 
 
-def test_one_token_lists_alone_when_asked() -> None:
-    assert pack_calls([1, 1, 3, 1, 3], 512, 512, one_token_alone=True) == [[0], [1], [2, 4], [3]]
+def test_one_token_lists_alone() -> None:
+    assert pack_calls([1, 1, 3, 1, 3], 512, 512) == [[0], [1], [2, 4], [3]]
 
 
 def test_unpadded_calls_hold_one_length() -> None:
@@ -37,4 +37,4 @@ def test_unpadded_calls_hold_one_length() -> None:
     assert got == [[0, 4], [1, 2, 5], [3]]
     assert all(len({lengths[i] for i in call}) == 1 for call in got)
     assert pack_calls([30] * 5, 64, 512, pad=False) == [[0, 1], [2, 3], [4]]
-    assert pack_calls([1, 1, 2], 512, 512, pad=False, one_token_alone=True) == [[0], [1], [2]]
+    assert pack_calls([1, 1, 2], 512, 512, pad=False) == [[0], [1], [2]]

@@ -27,7 +27,7 @@ from ..decide.port import (
 )
 from ..stream.stats import StreamStats
 from .chat import Message
-from .forks import decode_forks, one_token_apart, pack_calls, prefill_apart
+from .forks import decode_forks, pack_calls, prefill_apart
 from .runtime import Runtime, SideSequencesError
 
 UNKNOWN_TOKEN = -1
@@ -193,8 +193,7 @@ class LlamaDecideBackend:
             raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
         start = self._mark()
         rows: list[np.ndarray | None] = [None] * len(suffixes)
-        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None,
-                           one_token_alone=one_token_apart(ctx))
+        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None)
         for call in calls:
             longest = max(len(suffixes[i]) for i in call)
             items = []

@@ -18,7 +18,8 @@ differently (issue 31: 0.13 nats on a row of the arithmetic set). Two ways keep 
   nothing is padded, which resident would only cost compute (a quarter more tokens on suffixes of
   26-40 tokens).
 
-A list longer than one ubatch goes alone, in ``n_batch`` pieces as ``decode()`` feeds it.
+A list longer than one ubatch goes alone, in ``n_batch`` pieces as ``decode()`` feeds it, and a
+one-token list goes alone too.
 """
 from __future__ import annotations
 
@@ -35,24 +36,30 @@ FA_TILE_ROWS = 64
 
 
 def width_class(n: int) -> int:
-    """Which attention path llama.cpp's CPU backend runs for a sequence that has ``n`` tokens in a
-    ubatch: 0 for one token, 1 for 2..63, 2 for 64 and more. With flash attention off and an f16
-    KV cache, a sequence's one query row is contiguous, so Q*K goes to llamafile's f16 x f32 GEMM
-    with the query in f32, where wider pieces are rounded to f16 first and take ggml's f16 dot
-    product (0.4 in a logit on SmolLM2); with it on, 64 rows and more take the tiled kernel (0.8
-    in a logit). Within a class a token computes the same whatever the width (0.0 measured on
-    SmolLM2 for widths 2..63 and 64..100, both settings); across classes it does not."""
+    """Which kernels llama.cpp's CPU backend (llama-cpp-python 0.3.36) runs for a sequence that
+    has ``n`` tokens in a ubatch: 0 for one token, 1 for 2..63, 2 for 64 and more. A token computes
+    the same whatever the width within a class (0.0 measured on SmolLM2 and the tiny Q8_0 models,
+    flash attention off and on), and differently across classes:
+
+    * one token: llamafile's GEMM declines a product with one column (``n < 2``), so with flash
+      attention off Q*K and softmax*V take ggml's f16 dot product, whose partial sums differ from
+      the GEMM's (0.4 in a logit on SmolLM2), and so do F32 and F16 weights' matmuls when the
+      ubatch holds one row in all; with it on, one token of one sequence alone splits the KV cells
+      over the threads once its KV view has 512 cells, which nothing wider does;
+    * 64 and more: flash attention tiles the queries (0.8 in a logit on SmolLM2, 0.26 on the tiny
+      qwen3moe).
+    """
     return 0 if n == 1 else 1 if n < FA_TILE_ROWS else 2
 
 
-def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True,
-               one_token_alone: bool = False) -> list[list[int]]:
+def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True) -> list[list[int]]:
     """Split token lists (by index) into llama_decode calls, each list one piece computed as alone.
     ``pad``: a call's lists are of one ``width_class`` and, padded to the longest of them, fill at
     most one ubatch (and one batch). Without: a call's lists all have one length, so nothing is
-    padded, and lists of different lengths take different calls. Either way a list longer than that goes alone, and so does a one-token list
-    with ``one_token_alone`` (``one_token_apart``). Lists keep their order within a call; the calls
-    come in the order of their first list."""
+    padded, and lists of different lengths take different calls. Either way a list longer than
+    that goes alone, and so does every one-token list: only alone is it the one row of its ubatch
+    (``width_class``). Lists keep their order within a call; the calls come in the order of their
+    first list."""
     room = min(n_ubatch, n_batch)
     calls: list[list[int]] = []
     filling: dict[int, tuple[list[int], int]] = {}  # class (or length) -> (its call being filled, its width)
@@ -60,24 +67,13 @@ def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool
         key = width_class(n) if pad else n
         cur, width = filling.get(key, ([], 0))
         w = max(width, n)
-        if cur and (w * (len(cur) + 1) > room or (n == 1 and one_token_alone)):
+        if cur and (w * (len(cur) + 1) > room or n == 1):
             calls.append(cur)
             cur, w = [], n
         cur.append(i)
         filling[key] = (cur, w)
     calls.extend(cur for cur, _ in filling.values())
     return sorted(calls, key=lambda call: call[0])
-
-
-def one_token_apart(ctx: LlamaContext) -> bool:
-    """Whether one-token lists must each have a call of their own on ``ctx``. A ubatch of one
-    token of one sequence runs flash attention split over the KV cells, one slice per thread,
-    once its KV view has 512 cells (more than 256 tokens in the sequence); one token of each of
-    several sequences runs the kernel that takes every cell in one pass. With one thread the two
-    agree bit for bit; with more they do not (up to 0.6 in a logit on SmolLM2 after 300 tokens).
-    So unless flash attention is off or the context runs one thread, a one-token list goes alone,
-    as it would outside a batch."""
-    return ctx.params.flash_attn is not False and ctx.params.n_threads > 1
 
 
 def decode_forks(
@@ -90,7 +86,7 @@ def decode_forks(
     if not lists or any(not t for t in lists) or ctx.n_seq < 2:
         raise ValueError(f"decode_forks takes non-empty token lists and side sequences (the context has {ctx.n_seq - 1})")
     out: list[np.ndarray | None] = [None] * len(lists)
-    calls = pack_calls([len(t) for t in lists], ctx.n_ubatch, ctx.n_batch, one_token_alone=one_token_apart(ctx))
+    calls = pack_calls([len(t) for t in lists], ctx.n_ubatch, ctx.n_batch)
     calls = [call[at : at + ctx.n_seq - 1] for call in calls for at in range(0, len(call), ctx.n_seq - 1)]
     for call in calls:
         longest = max(len(lists[i]) for i in call)
