@@ -112,8 +112,8 @@ def test_g20d_the_session_is_left_as_a_first_token_decision_leaves_it(tiny_model
 # (bmoe.runtime.forks.width_class), a one-token list padded to four was computed by other kernels
 # than alone: 0.22 nats on "Lyon"'s second token with flash attention off. With flash attention on
 # and two threads, one token of one sequence alone after more than 256 tokens has its KV cells
-# split over the threads, which no wider or shared ubatch does, so every one-token list goes alone:
-# the long prefix puts the choices past that bound (0.17 nats on "Nice" before).
+# split over the threads, which no wider or shared ubatch does: the long prefix puts the choices
+# past that bound (0.17 nats on "Nice" before). A one-token list is now padded to two, alone or not.
 SMOL_CHOICES = ("Lyon", "Marseille city centre", "Nice", "Strasbourg")
 SMOL_SHORT = ("Answer the question.", " What is the capital of France?")
 SMOL_LONG = ("You answer questions about the geography of Europe. " * 30, " Which French city is the second largest?")
@@ -134,3 +134,24 @@ def test_g20a_smollm2_mixed_choice_lengths(open_session, flash_attn: bool, threa
     for i, c in enumerate(SMOL_CHOICES):
         a = scores(alone.decide(DecideRequest(id=2, choices=(c,), **req)))
         assert a.choice_token_logp[0] == sc.choice_token_logp[i], c
+
+
+def test_g20c_smollm2_two_token_choices_equal_one_whole_prefill(open_session) -> None:
+    """G20c on SmolLM2 with flash attention off, choices of 2-5 tokens: a two-token choice has one
+    token to prefill, and one token alone in its ubatch takes other kernels than inside a wider
+    piece (llamafile's GEMM declines one column; bmoe.runtime.forks.width_class): 0.22 nats on
+    "Lyon" before such a list was padded to two tokens."""
+    from bmoe.testing import smollm2_gguf_path
+
+    s = open_session(smollm2_gguf_path(), chat="chatml", decide=True, decide_batch=4, flash_attn=False)
+    backend = s.decider.backend
+    prompt = list(split_prompt(backend, *SMOL_SHORT).tokens)
+    for reuse in (True, False):  # the prompt as prefix + rest, or whole
+        sc = scores(s.decide(DecideRequest(id=1, prefix=SMOL_SHORT[0], suffix=SMOL_SHORT[1], choices=SMOL_CHOICES,
+                                           scoring="full", reuse_prefix=reuse)))
+        worst = 0.0
+        for i, c in enumerate(SMOL_CHOICES):
+            toks = backend.tokenize_choice(c)
+            whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
+            worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks):] - sc.choice_token_logp[i]))))
+        assert worst < 1e-4, (reuse, worst)

@@ -19,7 +19,8 @@ differently (issue 31: 0.13 nats on a row of the arithmetic set). Two ways keep 
   26-40 tokens).
 
 A list longer than one ubatch goes alone, in ``n_batch`` pieces as ``decode()`` feeds it, and a
-one-token list goes alone too.
+one-token list goes alone too (``decode_forks`` pads one to two tokens instead, so that it is
+computed as inside any wider piece).
 """
 from __future__ import annotations
 
@@ -86,10 +87,14 @@ def decode_forks(
     if not lists or any(not t for t in lists) or ctx.n_seq < 2:
         raise ValueError(f"decode_forks takes non-empty token lists and side sequences (the context has {ctx.n_seq - 1})")
     out: list[np.ndarray | None] = [None] * len(lists)
-    calls = pack_calls([len(t) for t in lists], ctx.n_ubatch, ctx.n_batch)
+    # A one-token list is padded to two: then it is computed as the same token is inside any wider
+    # piece (the prompt and the choice prefilled whole, perplexity), and shares calls with the
+    # others, where one row alone would take other kernels (width_class).
+    widths = [max(2, len(t)) for t in lists]
+    calls = pack_calls(widths, ctx.n_ubatch, ctx.n_batch)
     calls = [call[at : at + ctx.n_seq - 1] for call in calls for at in range(0, len(call), ctx.n_seq - 1)]
     for call in calls:
-        longest = max(len(lists[i]) for i in call)
+        longest = max(widths[i] for i in call)
         items = []
         try:
             for seq, i in enumerate(call, start=1):
