@@ -21,7 +21,7 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.testing import HF_KQUANT_ARCHS
 
-from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
+from decide_prompts import ABC, ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
 
 SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
 
@@ -79,6 +79,25 @@ def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode:
         assert s_batch[0].batch.read_mb < sum(w.read_mb for w in s_alone[1:]) + s_alone[0].read_mb
 
 
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
+@pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
+def test_g19_rest_pieces_across_the_tiled_bound(tiny_models, open_session, mode: str, flash_attn: bool) -> None:
+    """Short rest pieces batched with one of 64 tokens or more. Streamed, a batch is padded into
+    one ubatch; padding the short ones to the long one's width would put them in flash
+    attention's tiled kernel (64 query rows and more), which alone they do not take: 0.26 in a
+    logit on the tiny qwen3moe. They go into a call of their own, the long one alone; resident,
+    each call holds rest pieces of one length (bmoe.runtime.forks)."""
+    model = tiny_models("qwen3moe", "q8_0")
+    kw = dict(decide=True, decide_batch=4, flash_attn=flash_attn, **MODES_ALL[mode])
+    batched, alone = open_session(model, **kw), open_session(model, **kw)
+    reqs = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate((S1, S1 + S2 + S3 + S2, S2, S3))]
+    got = batched.decide_many(reqs)
+    want = [alone.decide(r) for r in reqs]
+    rest = [r.n_tokens - r.n_reused for r in got[1:]]
+    assert min(rest) < 64 <= max(rest) and {r.batch.size for r in got} == {4}  # the premise
+    assert answers(got) == answers(want)
+
+
 # The files whose experts really are K-quants (Q4_K, Q6_K: gate G23a). A converted 64-wide recipe's
 # "q4_k_m" holds Q5_0 and Q8_0 experts: its rows are not whole 256-value K-quant blocks.
 KQUANT_ARCHS = ["qwen3moe", "qwen35moe", *sorted(HF_KQUANT_ARCHS)]
@@ -107,3 +126,46 @@ def test_g19_decide_batch_refusals(tiny_models) -> None:
         SessionConfig(model=model, decide_batch=4)
     with pytest.raises(ConfigError, match=r"decide_batch: must be auto or an integer in \[1, 255\], got 0"):
         SessionConfig(model=model, decide=True, decide_batch=0)
+
+
+# G19 on a real model: rows of the shipped arithmetic set (data lines 53-56, whose rest pieces are
+# 36, 38, 38 and 35 tokens under --chatml) and one longer decision (over 64 tokens) with the same
+# prefix, batched together. llama.cpp's CPU kernels pick their attention path by how many tokens a
+# sequence has in a ubatch (one; 2-63; 64 and more, where flash attention tiles the queries), so a
+# batch that cut a rest piece into other pieces than alone (llama.cpp splits a multi-sequence call
+# into ubatches that take as many tokens from each sequence), or padded it across such a bound,
+# scored it differently: before that was fixed, 0.26 nats (the long one) and 0.13 (line 54) with flash
+# attention off, 0.06 (the long one) with it on (issue 31).
+ARITH_LINES = (53, 54, 55, 56)
+LONG_SUFFIX = (" Before you answer, work out both sides in your head: add or subtract the tens first, then"
+               " the units, and for a product multiply the two numbers digit by digit. Which expression"
+               " is larger? Options: A) 47 + 38 B) 9 x 9. Answer with the letter.")
+
+
+def arithmetic_requests() -> list[DecideRequest]:
+    from importlib import resources
+
+    from bmoe.eval.dataset import parse_row
+
+    lines = resources.files("bmoe.eval").joinpath("data/arithmetic.jsonl").read_text().splitlines()
+    rows = [parse_row(lines[n - 1], n).request for n in ARITH_LINES]
+    long = DecideRequest(id=99, prefix=rows[0].prefix, suffix=LONG_SUFFIX, choices=("A", "B"))
+    return [rows[0], long, *rows[1:]]
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
+def test_g19_smollm2_rows_batched_equal_alone(open_session, flash_attn: bool) -> None:
+    from bmoe.testing import smollm2_gguf_path
+
+    kw = dict(chat="chatml", decide=True, decide_batch=5, flash_attn=flash_attn)
+    batched = open_session(smollm2_gguf_path(), **kw)
+    alone = open_session(smollm2_gguf_path(), **kw)
+    reqs = arithmetic_requests()
+    got = batched.decide_many(reqs)
+    want = [alone.decide(r) for r in reqs]
+    # the premise: one prefix piece on both sides, then each rest piece; mixed lengths on both
+    # sides of the one-chunk/tiled bound, all in one batch
+    rest = [r.n_tokens - r.n_reused for r in got[1:]]
+    assert all(r.reuse == "restored" for r in got[1:] + want[1:]) and min(rest) < 64 <= max(rest)
+    assert len({r.n_tokens for r in got}) >= 3 and {r.batch.size for r in got} == {5}
+    assert answers(got) == answers(want)

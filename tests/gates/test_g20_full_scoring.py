@@ -105,3 +105,53 @@ def test_g20d_the_session_is_left_as_a_first_token_decision_leaves_it(tiny_model
     r = none.decide(full())
     assert r.refused and "--decide-batch auto (the default) or 2 or more" in r.error
     assert scores(none.decide(first)) == scores(open_session(model, decide=True, decide_batch=1).decide(first))
+
+
+# G20a on a real model: choices of 2, 5, 2 and 3 tokens (their lists on the side sequences: 1, 4,
+# 1, 2 tokens). Before bmoe packed calls by the kernels a list's width selects
+# (bmoe.runtime.forks.width_class), a one-token list padded to four was computed by other kernels
+# than alone: 0.22 nats on "Lyon"'s second token with flash attention off. With flash attention on
+# and two threads, one token of one sequence alone after more than 256 tokens has its KV cells
+# split over the threads, which no wider or shared ubatch does: the long prefix puts the choices
+# past that bound (0.17 nats on "Nice" before). A one-token list is now padded to two, alone or not.
+SMOL_CHOICES = ("Lyon", "Marseille city centre", "Nice", "Strasbourg")
+SMOL_SHORT = ("Answer the question.", " What is the capital of France?")
+SMOL_LONG = ("You answer questions about the geography of Europe. " * 30, " Which French city is the second largest?")
+
+
+@pytest.mark.parametrize(("flash_attn", "threads", "prompt"), [(False, 1, SMOL_SHORT), (True, 2, SMOL_LONG)],
+                         ids=["fa-off", "fa-on-2-threads-long"])
+def test_g20a_smollm2_mixed_choice_lengths(open_session, flash_attn: bool, threads: int, prompt) -> None:  # noqa: ANN001
+    from bmoe.testing import smollm2_gguf_path
+
+    kw = dict(chat="chatml", decide=True, decide_batch=4, flash_attn=flash_attn, n_threads=threads)
+    s = open_session(smollm2_gguf_path(), **kw)
+    alone = open_session(smollm2_gguf_path(), **kw)
+    req = dict(prefix=prompt[0], suffix=prompt[1], scoring="full")
+    r = s.decide(DecideRequest(id=1, choices=SMOL_CHOICES, **req))
+    sc = scores(r)
+    assert sc.choice_tokens == (2, 5, 2, 3) and (r.n_tokens > 256) == (prompt is SMOL_LONG)  # the premise (above)
+    for i, c in enumerate(SMOL_CHOICES):
+        a = scores(alone.decide(DecideRequest(id=2, choices=(c,), **req)))
+        assert a.choice_token_logp[0] == sc.choice_token_logp[i], c
+
+
+def test_g20c_smollm2_two_token_choices_equal_one_whole_prefill(open_session) -> None:
+    """G20c on SmolLM2 with flash attention off, choices of 2-5 tokens: a two-token choice has one
+    token to prefill, and one token alone in its ubatch takes other kernels than inside a wider
+    piece (llamafile's GEMM declines one column; bmoe.runtime.forks.width_class): 0.22 nats on
+    "Lyon" before such a list was padded to two tokens."""
+    from bmoe.testing import smollm2_gguf_path
+
+    s = open_session(smollm2_gguf_path(), chat="chatml", decide=True, decide_batch=4, flash_attn=False)
+    backend = s.decider.backend
+    prompt = list(split_prompt(backend, *SMOL_SHORT).tokens)
+    for reuse in (True, False):  # the prompt as prefix + rest, or whole
+        sc = scores(s.decide(DecideRequest(id=1, prefix=SMOL_SHORT[0], suffix=SMOL_SHORT[1], choices=SMOL_CHOICES,
+                                           scoring="full", reuse_prefix=reuse)))
+        worst = 0.0
+        for i, c in enumerate(SMOL_CHOICES):
+            toks = backend.tokenize_choice(c)
+            whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
+            worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks):] - sc.choice_token_logp[i]))))
+        assert worst < 1e-4, (reuse, worst)

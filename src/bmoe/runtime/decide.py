@@ -175,14 +175,17 @@ class LlamaDecideBackend:
     def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
                       stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
-        left as it is), all in as few llama_decode calls as fit.
+        left as it is), all in as few llama_decode calls as keep each suffix computed as alone.
 
+        Each suffix must be one piece, as ``prefill`` computes it alone: llama.cpp splits a call of
+        several sequences into ubatches that take as many tokens from each, which would cut
+        suffixes of different lengths into other pieces (``bmoe.runtime.forks``; issue 31).
         Streamed, every ubatch reads its routed experts, so a call packs as many suffixes as fit
-        one ubatch padded to the longest of them: one graph, each routed expert read once for all.
-        The pad tokens come after a suffix's last token, so by causality they change nothing before
-        it; their positions are dropped with the side sequence. Resident, reads cost nothing and
-        padding only costs compute: the suffixes go in as they are, and llama.cpp splits the call
-        into ubatches that take as many tokens from each sequence."""
+        one ubatch padded to the longest of them (of one width class): one graph, each routed
+        expert read once for all. The pad tokens come after a suffix's last token, so by causality
+        they change nothing before it; their positions are dropped with the side sequence.
+        Resident, reads cost nothing and padding only costs compute: a call holds suffixes of one
+        length, unpadded."""
         self._need_side_sequences("a batch")
         ctx, kv = self._rt.ctx, self._rt.kv
         if n_past != kv.n_past:
@@ -190,30 +193,33 @@ class LlamaDecideBackend:
         if not 0 < len(suffixes) <= self.max_batch() or any(not s for s in suffixes):
             raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
         start = self._mark()
-        rows: list[np.ndarray] = []
-        pad = self._rt.stream is not None
-        for call in pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=pad):
+        rows: list[np.ndarray | None] = [None] * len(suffixes)
+        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None)
+        for call in calls:
             if stop():  # between llama_decode calls: seq 0 still holds the prefix, untouched
                 raise DecideCancelled("decide: the batch was cancelled between its ubatches")
             longest = max(len(suffixes[i]) for i in call)
             items = []
-            for seq, i in enumerate(call, start=1):
-                toks = list(suffixes[i])
-                ctx.fork(seq)
-                items.append((seq, toks + [toks[-1]] * ((longest - len(toks)) if pad else 0), n_past, len(toks) - 1))
             try:
+                for seq, i in enumerate(call, start=1):
+                    toks = list(suffixes[i])
+                    ctx.fork(seq)
+                    items.append((seq, toks + [toks[-1]] * (longest - len(toks)), n_past, len(toks) - 1))
                 if longest > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
                     (seq, toks, _, _), = items
                     for at in range(0, len(toks), ctx.n_batch):
                         piece = toks[at : at + ctx.n_batch]
                         row = ctx.decode_seqs([(seq, piece, n_past + at, len(piece) - 1)])
-                    rows.extend(row)
+                    rows[call[0]] = row[0]
                 else:
-                    rows.extend(ctx.decode_seqs(items))
+                    for i, row_i in zip(call, ctx.decode_seqs(items)):
+                        rows[i] = row_i
             finally:
                 for seq in range(1, len(call) + 1):
                     ctx.drop(seq)
-        return rows, self._cost_since(start, sum(len(s) for s in suffixes))
+        if any(r is None for r in rows):
+            raise DecideBackendError("decide: a suffix of the batch was left out of every call")
+        return [r for r in rows if r is not None], self._cost_since(start, sum(len(s) for s in suffixes))
 
     def max_forks(self) -> int:
         return self._rt.side_sequences

@@ -1,12 +1,26 @@
 """Token lists decoded side by side on a context's side sequences, each on its own copy of a base:
 seq 0's state (``llama_memory_seq_cp``) or a saved state loaded into the side sequence.
 
-How several go into one ``llama_decode`` (``pack_calls``): with padding, each call's lists are
-padded after their last token to the longest of them and together fill at most one ubatch, so the
-call is one graph (on a streamed model every routed expert is read once for all of them) and each
-list is computed in one piece, as it would be alone. The pad tokens come after the tokens whose
-logits are read, so by causality they change nothing before them, and they are dropped with the
-side sequence. A list longer than that goes alone, in ``n_batch`` pieces as ``decode()`` feeds it.
+How several go into one ``llama_decode`` (``pack_calls``): every list must be computed in one
+piece, as it would be alone. llama.cpp cuts a call of several sequences into ubatches that take as
+many tokens from each sequence (``split_equal``; with ``kv_unified`` off every multi-sequence call
+is split so), so lists of different lengths in one call would be computed in other pieces than
+alone, and a piece of another width can take another kernel (``width_class``), which rounds
+differently (issue 31: 0.13 nats on a row of the arithmetic set). Two ways keep one piece each:
+
+* padded (``pad``; full scoring, and batched decisions on a streamed model): each call's lists are
+  padded after their last token to the longest of them and together fill at most one ubatch, so
+  the call is one graph (streamed, every routed expert is read once for all of them). The pad
+  tokens come after the tokens whose logits are read, so by causality they change nothing before
+  them, and they are dropped with the side sequence. Padding must not move a list into another
+  kernel, so lists of different width classes go into different calls;
+* of one length (batched decisions resident): a call holds lists of the same length only, so
+  nothing is padded, which resident would only cost compute (a quarter more tokens on suffixes of
+  26-40 tokens).
+
+A list longer than one ubatch goes alone, in ``n_batch`` pieces as ``decode()`` feeds it, and a
+one-token list goes alone too (``decode_forks`` pads one to two tokens instead, so that it is
+computed as inside any wider piece).
 """
 from __future__ import annotations
 
@@ -17,24 +31,50 @@ import numpy as np
 from ..llama.context import LlamaContext
 
 
+# Query rows per sequence from which ggml's CPU flash attention runs its tiled kernel
+# (GGML_FA_TILE_Q): a row rounds differently there than in the one-row-at-a-time kernel below it.
+FA_TILE_ROWS = 64
+
+
+def width_class(n: int) -> int:
+    """Which kernels llama.cpp's CPU backend (llama-cpp-python 0.3.36) runs for a sequence that
+    has ``n`` tokens in a ubatch: 0 for one token, 1 for 2..63, 2 for 64 and more. A token computes
+    the same whatever the width within a class (0.0 measured on SmolLM2 and the tiny Q8_0 models,
+    flash attention off and on), and differently across classes:
+
+    * one token: llamafile's GEMM declines a product with one column (``n < 2``), so with flash
+      attention off Q*K and softmax*V take ggml's f16 dot product, whose partial sums differ from
+      the GEMM's (0.4 in a logit on SmolLM2), and so do F32 and F16 weights' matmuls when the
+      ubatch holds one row in all; with it on, one token of one sequence alone splits the KV cells
+      over the threads once its KV view has 512 cells, which nothing wider does;
+    * 64 and more: flash attention tiles the queries (0.8 in a logit on SmolLM2, 0.26 on the tiny
+      qwen3moe).
+    """
+    return 0 if n == 1 else 1 if n < FA_TILE_ROWS else 2
+
+
 def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True) -> list[list[int]]:
-    """Split token lists (by index, in order) into llama_decode calls. ``pad``: each call's lists,
-    padded to the longest of them, fill at most one ubatch; else a call holds at most one batch of
-    tokens. A list longer than that goes alone."""
+    """Split token lists (by index) into llama_decode calls, each list one piece computed as alone.
+    ``pad``: a call's lists are of one ``width_class`` and, padded to the longest of them, fill at
+    most one ubatch (and one batch). Without: a call's lists all have one length, so nothing is
+    padded, and lists of different lengths take different calls. Either way a list longer than
+    that goes alone, and so does every one-token list: only alone is it the one row of its ubatch
+    (``width_class``). Lists keep their order within a call; the calls come in the order of their
+    first list."""
+    room = min(n_ubatch, n_batch)
     calls: list[list[int]] = []
-    cur: list[int] = []
-    width = total = 0
+    filling: dict[int, tuple[list[int], int]] = {}  # class (or length) -> (its call being filled, its width)
     for i, n in enumerate(lengths):
+        key = width_class(n) if pad else n
+        cur, width = filling.get(key, ([], 0))
         w = max(width, n)
-        full = w * (len(cur) + 1) > min(n_ubatch, n_batch) if pad else total + n > n_batch
-        if cur and full:
+        if cur and (w * (len(cur) + 1) > room or n == 1):
             calls.append(cur)
-            cur, w, total = [], n, 0
+            cur, w = [], n
         cur.append(i)
-        width, total = w, total + n
-    if cur:
-        calls.append(cur)
-    return calls
+        filling[key] = (cur, w)
+    calls.extend(cur for cur, _ in filling.values())
+    return sorted(calls, key=lambda call: call[0])
 
 
 def decode_forks(
@@ -46,11 +86,15 @@ def decode_forks(
     empty afterwards, seq 0 untouched."""
     if not lists or any(not t for t in lists) or ctx.n_seq < 2:
         raise ValueError(f"decode_forks takes non-empty token lists and side sequences (the context has {ctx.n_seq - 1})")
-    out: list[np.ndarray] = []
-    calls = pack_calls([len(t) for t in lists], ctx.n_ubatch, ctx.n_batch, pad=True)
+    out: list[np.ndarray | None] = [None] * len(lists)
+    # A one-token list is padded to two: then it is computed as the same token is inside any wider
+    # piece (the prompt and the choice prefilled whole, perplexity), and shares calls with the
+    # others, where one row alone would take other kernels (width_class).
+    widths = [max(2, len(t)) for t in lists]
+    calls = pack_calls(widths, ctx.n_ubatch, ctx.n_batch)
     calls = [call[at : at + ctx.n_seq - 1] for call in calls for at in range(0, len(call), ctx.n_seq - 1)]
     for call in calls:
-        longest = max(len(lists[i]) for i in call)
+        longest = max(widths[i] for i in call)
         items = []
         try:
             for seq, i in enumerate(call, start=1):
@@ -62,15 +106,24 @@ def decode_forks(
                 items.append((seq, toks + [toks[-1]] * (longest - len(toks)), n_past, len(toks)))
             if longest > ctx.n_batch:  # alone in its call: in n_batch pieces
                 (seq, toks, _, _), = items
-                out.append(np.concatenate([
+                out[call[0]] = np.concatenate([
                     ctx.decode_seqs_rows([(seq, toks[at : at + ctx.n_batch], n_past + at, len(toks[at : at + ctx.n_batch]))])[0]
-                    for at in range(0, len(toks), ctx.n_batch)]))
+                    for at in range(0, len(toks), ctx.n_batch)])
             else:
-                out.extend(ctx.decode_seqs_rows(items))
+                for i, rows in zip(call, ctx.decode_seqs_rows(items)):
+                    out[i] = rows
         finally:
             for seq in range(1, len(call) + 1):
                 ctx.drop(seq)
-    return out
+    return _all_filled(out)
+
+
+def _all_filled(out: list[np.ndarray | None]) -> list[np.ndarray]:
+    """``out`` once every call has put its rows in (``pack_calls`` places every list in a call)."""
+    filled = [rows for rows in out if rows is not None]
+    if len(filled) != len(out):
+        raise AssertionError("a token list was left out of every call")
+    return filled
 
 
 def prefill_apart(ctx: LlamaContext, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
