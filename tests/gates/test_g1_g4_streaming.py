@@ -35,6 +35,19 @@ def assert_same(a, b) -> None:
     assert np.array_equal(pa.logits, pb.logits) and pa.ppl == pb.ppl
 
 
+def check_warm_equals_cold(s, resident, run=run) -> None:
+    """G4 on a session whose cache holds every expert: a cold ``run`` equals ``resident``, and a
+    second one equals the first and reads nothing (every route is a hit)."""
+    cold = run(s)
+    before = s.stream_stats()
+    warm = run(s)
+    after = s.stream_stats()
+    assert_same(resident, cold)
+    assert_same(cold, warm)
+    assert after.hits - before.hits == after.routed - before.routed  # everything was cached
+    assert after.read_bytes == before.read_bytes
+
+
 def record_routes(s) -> list[tuple[int, tuple[int, ...]]]:
     """Wrap the session's streamer so each route's (layer, distinct experts) is recorded."""
     streamer = s.streaming.streamer
@@ -142,12 +155,4 @@ def test_g3_reading_every_expert_equals_selective(kquant_variant) -> None:
 
 def test_g4_warm_generate_equals_cold_one_shot(kquant_variant) -> None:
     open_, resident = kquant_variant
-    s = open_(moe_stream=True, cache_mb=64)
-    cold = run(s)
-    before = s.stream_stats()
-    warm = run(s)
-    after = s.stream_stats()
-    assert_same(resident, cold)
-    assert_same(cold, warm)
-    assert after.hits - before.hits == after.routed - before.routed  # everything was cached
-    assert after.read_bytes == before.read_bytes
+    check_warm_equals_cold(open_(moe_stream=True, cache_mb=64), resident)

@@ -30,7 +30,7 @@ from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import read_header, read_layout
 from bmoe.testing import HF_KQUANT_ARCHS, hf_arch
 from decide_prompts import ABC, MODES, P1, P2, S1, S2, S3, modes_of
-from test_g1_g4_streaming import TEXT, assert_same, expert_bytes, record_routes
+from test_g1_g4_streaming import TEXT, assert_same, check_warm_equals_cold, expert_bytes, record_routes
 
 T = gguf.GGMLQuantizationType
 # The hand-written models in the quantizer's variants, then every 256-wide converted recipe in its own.
@@ -137,14 +137,7 @@ def test_g23b_g3_reading_every_expert_equals_resident(kq_variant) -> None:
 
 def test_g23b_g4_warm_run_equals_cold_and_reads_nothing(kq_variant) -> None:
     open_, resident = kq_variant
-    s = open_(moe_stream=True, cache_mb=64)
-    cold = run(s)
-    before = s.stream_stats()
-    warm = run(s)
-    after = s.stream_stats()
-    assert_same(resident, cold)
-    assert_same(cold, warm)
-    assert after.hits - before.hits == after.routed - before.routed and after.read_bytes == before.read_bytes
+    check_warm_equals_cold(open_(moe_stream=True, cache_mb=64), resident, run)
 
 
 def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:
