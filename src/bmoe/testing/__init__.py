@@ -6,7 +6,7 @@ gives the same weights in Hugging Face form for the transformers reference test.
 """
 from __future__ import annotations
 
-from bmoe.testing.hf_archs import HF_ARCHS, HF_KQUANT_ARCHS, HfArch, hf_arch
+from bmoe.testing.hf_archs import FAMILIES, HF_ARCHS, HF_KQUANT_ARCHS, HfArch, hf_arch
 from bmoe.testing.hf_convert import hf_dir, load_reference, write_hf_arch
 from bmoe.testing.smollm2 import SmolLM2NotInstalled, smollm2_gguf_path
 from bmoe.testing.spec import ARCHS, QUANTS, TinySpec, expert_slice_bytes, spec_for
@@ -21,6 +21,7 @@ def hf_weights_for(arch: str) -> HfWeights:
 
 __all__ = [
     "ARCHS",
+    "FAMILIES",
     "HF_ARCHS",
     "HF_KQUANT_ARCHS",
     "HfArch",

@@ -38,6 +38,19 @@ _SMALL: dict[str, Any] = {
 }
 
 
+# The attention/state families the recipes fall in, by what their layers keep between tokens and
+# how attention sees the past. A recipe names its own (HfArch.family).
+FAMILIES: dict[str, str] = {
+    "attention": "full softmax attention over a KV cache (GQA, biases, q/k norms, partial RoPE)",
+    "mla": "multi-head latent attention (a compressed KV cache)",
+    "sliding-window": "sliding-window layers beside full-attention ones (iSWA)",
+    "chunked": "chunked attention layers and a NoPE layer",
+    "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
+    "mamba2": "Mamba2 layers beside attention (recurrent state)",
+    "short-conv": "short-convolution layers beside attention (recurrent state)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class HfArch:
     """One tiny model of a real architecture."""
@@ -92,6 +105,9 @@ class HfArch:
     # a bias that must stay on the scale of what it is added to (softmax probabilities) so the pick
     # still follows the router.
     random_init_std: float | None = None
+    # The kind of token mixing its layers do besides the MoE (a key of FAMILIES). The whole gate set
+    # runs on one architecture of each family, the core gates on the rest (docs/testing.md).
+    family: str = "attention"
 
     def hf_config(self) -> dict[str, Any]:
         text = {**_SMALL, **self.config}
@@ -128,7 +144,8 @@ HF_ARCHS: dict[str, HfArch] = {
               quants=("q8_0", "mxfp4_moe"),
               reference_config={"rope_parameters": {
                   "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                  "beta_slow": 1.0, "truncate": True, "original_max_position_embeddings": 4096}}),
+                  "beta_slow": 1.0, "truncate": True, "original_max_position_embeddings": 4096}},
+              family="sliding-window"),
         # lfm2moe: one leading dense layer, then MoE on a full-attention layer and on a
         # short-convolution layer, so the model routes twice and both layer kinds stream. Tied
         # embeddings as in the real models: the converter has no name for an lm_head.
@@ -138,7 +155,8 @@ HF_ARCHS: dict[str, HfArch] = {
                       "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
                       "num_experts_per_tok": 4},
               # transformers starts the routing bias at zero; a random one makes exp_probs_b count.
-              random_init=("feed_forward.expert_bias",)),
+              random_init=("feed_forward.expert_bias",),
+              family="short-conv"),
         # granitehybrid (Granite 4 "H"): an attention layer (no RoPE, as in the hybrid models),
         # then a Mamba2 layer, each with routed experts and a shared expert, and Granite's
         # residual/attention/logit multipliers at the real models' values. The embedding one is 4,
@@ -152,7 +170,8 @@ HF_ARCHS: dict[str, HfArch] = {
                       "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_d_conv": 4,
                       "mamba_expand": 2, "embedding_multiplier": 4.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0},
-              saved_config={"layer_types": ["attention", "mamba"]}),
+              saved_config={"layer_types": ["attention", "mamba"]},
+              family="mamba2"),
         # qwen3next: one gated-DeltaNet layer, then one gated full-attention layer (the real model
         # repeats 3 + 1); a shared expert with a sigmoid gate beside the routed ones. The linear
         # attention keeps Qwen3-Next's ratio of 2 key heads to 4 value heads; llama.cpp needs key
@@ -166,7 +185,8 @@ HF_ARCHS: dict[str, HfArch] = {
                       "linear_value_head_dim": 16, "linear_num_key_heads": 2,
                       "linear_num_value_heads": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
                       "layer_types": ["linear_attention", "full_attention"]},
-              converter_args=("--no-mtp",)),
+              converter_args=("--no-mtp",),
+              family="deltanet"),
         # Mixtral: the converter writes it as general.architecture "llama" with experts, so the
         # recipe (and the registry) is keyed "llama"; a llama GGUF without experts is dense and is
         # refused as such. GQA 4:2 as Mixtral's 32:8; rope theta 1e6 as Mixtral's.
@@ -191,7 +211,8 @@ HF_ARCHS: dict[str, HfArch] = {
                       "hidden_size_per_layer_input": 0, "final_logit_softcapping": 30.0},
               special_tokens=("<mask>",), tokenizer="spm-bpe",
               random_init=("router.scale", "router.per_expert_scale"),
-              reference_config={"hidden_activation": GELU_FP16}),
+              reference_config={"hidden_activation": GELU_FP16},
+              family="sliding-window"),
         # deepseek2 in its DeepSeek-V3 form (transformers' deepseek_v3; the converter writes both
         # V2 and V3 as deepseek2): MLA attention, one shared expert, a leading dense layer, and
         # sigmoid routing with a per-expert selection bias over group-limited top-k (8 groups of
@@ -207,7 +228,8 @@ HF_ARCHS: dict[str, HfArch] = {
                       "routed_scaling_factor": 2.5, "q_lora_rank": 32, "kv_lora_rank": 32,
                       "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
                       "scoring_func": "sigmoid", "topk_method": "noaux_tc"},
-              random_init=("e_score_correction_bias",)),
+              random_init=("e_score_correction_bias",),
+              family="mla"),
         # glm4moe: a leading dense layer, one shared expert, sigmoid routing with a per-expert
         # selection bias (randomised, as above), attention with q/k/v biases and RoPE on half of
         # each head, and the NextN block (blk.3, experts included) the real GGUFs carry. The
@@ -256,7 +278,8 @@ HF_ARCHS: dict[str, HfArch] = {
                       "intermediate_size_mlp": 128, "num_local_experts": 32, "num_experts_per_tok": 1,
                       "num_key_value_heads": 2, "head_dim": 16, "use_qk_norm": True,
                       "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
-                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+              family="chunked"),
         # qwen3vlmoe: the language model of Qwen3-VL-30B-A3B, built as the whole vision-language
         # model (transformers has no causal-LM class for it) with a one-block vision tower the
         # converter leaves out of the text GGUF. Qwen3-MoE layers (q/k norms, softmax top-k) with
