@@ -1,9 +1,30 @@
-"""The agent prompts and session modes the decide gates (G18a-g) share."""
+"""Which architectures each gate runs on, and the agent prompts and session modes the decide gates
+(G18a-g) share."""
 from bmoe.stream import lookup
 from bmoe.testing import HF_ARCHS
 
-# The hand-written fixtures, then every converted tiny model of a real architecture.
+# Every listed architecture: the hand-written fixtures, then every converted tiny model of a real
+# one. Each runs the core gates (G1, G2, G18a).
 ARCHS = ["qwen3moe", "qwen35moe", *sorted(HF_ARCHS)]
+# One architecture of each attention/state family (bmoe.testing.FAMILIES; the hand-written ones
+# stand for theirs) runs the whole gate set (docs/testing.md "Which architectures run which gates").
+FULL_GATES = {
+    "attention": "qwen3moe",
+    "deltanet": "qwen35moe",
+    "mla": "deepseek2",
+    "sliding-window": "gpt-oss",
+    "chunked": "llama4",
+    "mamba2": "granitehybrid",
+    "short-conv": "lfm2moe",
+}
+HAND_WRITTEN_FAMILIES = {"qwen3moe": "attention", "qwen35moe": "deltanet"}
+FULL_ARCHS = [a for a in ARCHS if a in FULL_GATES.values()]
+
+
+def family_of(arch: str) -> str:
+    return HAND_WRITTEN_FAMILIES[arch] if arch in HAND_WRITTEN_FAMILIES else HF_ARCHS[arch].family
+
+
 MODES = {
     "resident": {},
     "stream-nocache": {"moe_stream": True, "cache_mb": 0},

@@ -1,7 +1,7 @@
 """The streaming registry lists exactly the architectures whose gates run in this suite."""
 from bmoe.stream.archs import list_archs
-from bmoe.testing import ARCHS, HF_ARCHS
-from decide_prompts import ARCHS as DECIDE_ARCHS
+from bmoe.testing import ARCHS, FAMILIES, HF_ARCHS
+from decide_prompts import ARCHS as DECIDE_ARCHS, FULL_ARCHS, FULL_GATES, family_of
 from test_g1_g4_streaming import VARIANTS
 
 
@@ -9,8 +9,17 @@ def test_every_listed_arch_has_a_tiny_model_and_runs_the_gates() -> None:
     listed = {e.arch for e in list_archs()}
     tiny = set(ARCHS) | set(HF_ARCHS)
     assert listed == tiny, f"listed without a tiny model: {listed - tiny}; tiny but unlisted: {tiny - listed}"
-    assert {a for a, _ in VARIANTS} == listed  # G1-G4 and prefetch
-    assert set(DECIDE_ARCHS) == listed  # G18, G19
+    assert {a for a, _ in VARIANTS} == listed  # G1, G2 (the core gates with G18a)
+    assert set(DECIDE_ARCHS) == listed  # G18a
+
+
+def test_each_family_runs_the_whole_gate_set_on_one_of_its_archs() -> None:
+    families = {family_of(a) for a in DECIDE_ARCHS}
+    assert families <= set(FAMILIES), f"families no one describes: {families - set(FAMILIES)}"
+    assert set(FULL_GATES) == families, f"families without a whole-gate arch: {families - set(FULL_GATES)}"
+    for family, arch in FULL_GATES.items():
+        assert arch in DECIDE_ARCHS and family_of(arch) == family, (family, arch)
+    assert len(FULL_ARCHS) == len(FULL_GATES)
 
 
 def test_an_arch_refusing_prefetch_says_why() -> None:

@@ -10,7 +10,7 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
-from decide_prompts import ABC, ARCHS, P1, P2, S1, S2, S3, modes_of
+from decide_prompts import ABC, ARCHS, FULL_ARCHS, P1, P2, S1, S2, S3, modes_of
 from exactness import assert_same_up_to_near_tie
 from test_g1_g4_streaming import expert_bytes, record_routes
 
@@ -28,19 +28,33 @@ def logits_of(s) -> np.ndarray:
     return s.decider.backend.last_logits().copy()
 
 
-@pytest.fixture(params=[(a, m) for a in ARCHS for m in modes_of(a)], ids=lambda p: f"{p[0]}-{p[1]}")
-def decider(request, tiny_models, open_session):
-    arch, mode = request.param
+def opener(param, tiny_models, open_session):
+    arch, mode = param
     model = tiny_models(arch, "q8_0")
     return lambda **kw: open_session(model, decide=True, **modes_of(arch)[mode], **kw)
 
 
-def test_g18a_restored_prefix_equals_fresh(decider) -> None:
-    a = decider()
+def arch_modes(archs: list[str]) -> list[tuple[str, str]]:
+    return [(a, m) for a in archs for m in modes_of(a)]
+
+
+# The whole decide gate set runs on one architecture of each family; G18a, a core gate, on all.
+@pytest.fixture(params=arch_modes(FULL_ARCHS), ids=lambda p: f"{p[0]}-{p[1]}")
+def decider(request, tiny_models, open_session):
+    return opener(request.param, tiny_models, open_session)
+
+
+@pytest.fixture(params=arch_modes(ARCHS), ids=lambda p: f"{p[0]}-{p[1]}")
+def any_decider(request, tiny_models, open_session):
+    return opener(request.param, tiny_models, open_session)
+
+
+def test_g18a_restored_prefix_equals_fresh(any_decider) -> None:
+    a = any_decider()
     first = a.decide(req(1, P1, S1))
     restored = a.decide(req(2, P1, S2))
     assert (first.reuse, restored.reuse) == ("stored", "restored") and restored.n_reused > 0
-    b = decider()
+    b = any_decider()
     fresh = b.decide(req(2, P1, S2))
     assert fresh.reuse == "stored" and fresh.n_reused == 0
     assert restored.scores.choice_logp == fresh.scores.choice_logp
@@ -220,7 +234,7 @@ def test_g18d_cache_hit_pct_is_over_the_decision_alone(decider) -> None:
             assert out.cache_hit_pct == 100.0 * own.hits / (own.hits + own.misses)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", FULL_ARCHS)
 def test_g18d_resident_equals_streaming(arch, tiny_models, open_session, tmp_path) -> None:
     model = tiny_models(arch, "q8_0")
     seq = [req(1, P1, S1), req(2, P1, S2), req(3, P2, S3), req(4, P2, S3, reuse_prefix=False)]

@@ -40,7 +40,7 @@ from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.wire.records import done_fields
 from bmoe.llama import rpc_device
-from decide_prompts import ABC, ARCHS, MODES, P1, P2, S1, S2, S3
+from decide_prompts import ABC, FULL_ARCHS, MODES, P1, P2, S1, S2, S3
 
 MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
 UBATCH = 16  # every prompt below is a few full ubatches and a narrower tail
@@ -216,7 +216,7 @@ def expected_dev_tokens(n: int, n_batch: int = 512) -> int:
 
 # --- the gate ------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", FULL_ARCHS)
 def test_g18g_device_equals_cpu(arch: str, mode: str, open_pair, observed: Observer) -> None:
     dev, cpu = open_pair(arch, mode)
     observed.take()  # whatever the sessions ran while opening
@@ -306,7 +306,7 @@ def test_g18g_hook_is_guarded_and_stock_rpc_is_refused(tiny_models, rpc) -> None
 
 
 @pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", FULL_ARCHS)
 def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_pair) -> None:
     """Why --decide-prefix-cache on is allowed with a device (docs/prefill-device.md): in bmoe the
     KV never leaves the host, and a restored prefix scores bit for bit what the same prefix

@@ -21,7 +21,7 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.testing import HF_KQUANT_ARCHS
 
-from decide_prompts import ABC, ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
+from decide_prompts import ABC, FULL_ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
 
 SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
 
@@ -54,7 +54,7 @@ def near(a, b, tol: float = 0.5) -> None:  # noqa: ANN001
     assert a.scores.best == b.scores.best or top2[1] - top2[0] < tol
 
 
-@pytest.mark.parametrize(("arch", "mode"), [(a, m) for a in ARCHS for m in modes_of(a)])
+@pytest.mark.parametrize(("arch", "mode"), [(a, m) for a in FULL_ARCHS for m in modes_of(a)])
 def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode: str) -> None:
     model = tiny_models(arch, "q8_0")
     batched = open_session(model, decide=True, decide_batch=4, **modes_of(arch)[mode])

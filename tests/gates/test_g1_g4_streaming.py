@@ -3,8 +3,9 @@
 "==" is the same greedy tokens and the same float32 logit rows over a 64-token generate,
 and the same logit rows over a perplexity run, on the tiny qwen3moe and hybrid qwen35moe in
 F32, Q8_0 and Q4_K_M, and on every converted tiny model of a real architecture
-(bmoe.testing.HF_ARCHS) in the quantizations its recipe names. The resident reference loads with the same model parameters as the
-streamed runs (mmap, no repacked buffers), so both run the same kernels.
+(bmoe.testing.HF_ARCHS) in the quantizations its recipe names: G1 and G2 on all of them, G3 and G4 on
+one per family (decide_prompts.FULL_GATES). The resident reference loads with the same model
+parameters as the streamed runs (mmap, no repacked buffers), so both run the same kernels.
 """
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ import pytest
 from bmoe.runtime.results import GenerateRequest
 from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.testing import HF_ARCHS
+from decide_prompts import FULL_ARCHS
 
 HF_VARIANTS = [(a, q) for a in sorted(HF_ARCHS) for q in HF_ARCHS[a].quants]
 VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "q4_k_m")] + HF_VARIANTS
@@ -93,8 +95,10 @@ def variant(request, tiny_models, open_session, tmp_path) -> tuple[Callable, tup
 
 # Reading all 16 experts of every layer is 8x the routed bytes: the K-quant files keep G3 and G4
 # quick, and they are the files whose per-layer expert sizes differ (Q4_K and Q6_K). The converted
-# models run them on their first quantization.
-G34_VARIANTS = [v for v in VARIANTS if v[1] == "q4_k_m"] + [(a, HF_ARCHS[a].quants[0]) for a in sorted(HF_ARCHS)]
+# models that run the whole gate set (one per family) run them on their first quantization; G1 and
+# G2, the core gates, run on every variant.
+G34_VARIANTS = [v for v in VARIANTS if v[1] == "q4_k_m"] + [
+    (a, HF_ARCHS[a].quants[0]) for a in sorted(HF_ARCHS) if a in FULL_ARCHS]
 
 
 @pytest.fixture(params=G34_VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}")
