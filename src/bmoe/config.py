@@ -32,6 +32,8 @@ MAX_DECIDE_BATCH = 255  # llama.cpp's sequence limit is 256: seq 0 and 255 side 
 # Read lanes are threads: 8 already reached the raw disk's O_DIRECT rate (docs/streaming.md), and a
 # bound refuses a typo like 4000 here instead of as a thread the process cannot start.
 MAX_IO_THREADS = 64
+PlanMode = Literal["auto", "off"]
+PLAN_MODES: tuple[str, ...] = ("auto", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,12 @@ class SessionConfig:
     # prefill device (docs/prefill-device.md): None = everything on the CPU
     prefill_device: str | None = None
     prefill_min_tokens: int = 32  # ubatches at least this wide run on the device
+    # the plan (docs/plan.md): "auto" chooses, at open, the settings the caller left to it from the
+    # machine and the model; "off" takes every setting as given
+    plan: PlanMode = "auto"
+    # settings the caller chose even where they equal the default, which the plan keeps (a setting
+    # that differs from its default is kept anyway); the command-line edges fill it from the flags given
+    fixed: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         validate(self)
@@ -199,6 +207,11 @@ def validate(cfg: SessionConfig) -> None:
         if cfg.decide_batch > MAX_DECIDE_BATCH:
             raise ConfigError(f"decide_batch: at most {MAX_DECIDE_BATCH} (llama.cpp's sequence limit), got {cfg.decide_batch}")
     _int_at_least(cfg, "decide_pride_sample", 1)
+    if cfg.plan not in PLAN_MODES:
+        raise ConfigError(f"plan: must be one of auto, off, got {cfg.plan!r}")
+    unknown = sorted(set(cfg.fixed) - set(SessionConfig.__dataclass_fields__)) if isinstance(cfg.fixed, frozenset) else None
+    if unknown is None or unknown:
+        raise ConfigError(f"fixed: must be a frozenset of setting names, got {cfg.fixed!r}")
 
 
 # --- the default model ----------------------------------------------------------------

@@ -118,6 +118,11 @@ SESSION_FLAGS: tuple[Flag, ...] = (
                "needs them, fewer where memory is short; 1: one by one, no side sequences"),
     _flag("--decide-pride-sample", field="decide_pride_sample", type=int, default=8, metavar="K",
           help='debias "pride": the first K requests of a label list estimate the prior (default 8)'),
+    # the plan (docs/plan.md)
+    _flag("--plan", field="plan", choices=["auto", "off"], default="auto",
+          help="auto (default): choose at open what no flag sets (resident or streamed, cache, read-ahead, dense "
+               "weights, threads, prefill batch) from this machine's memory, cores and disk and the model; "
+               "off: every setting as given"),
     # prefill device
     _flag("--prefill-device", field="prefill_device", default=None, metavar="DEV",
           help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)"),
@@ -128,6 +133,24 @@ SESSION_FLAGS: tuple[Flag, ...] = (
 
 def _dest(flag: Flag) -> str:
     return flag.names[-1].lstrip("-").replace("-", "_")
+
+
+GIVEN = "session_flags_given"  # the namespace attribute that names the session flags given
+
+
+def _recording(parser: argparse.ArgumentParser, action: Any) -> type[argparse.Action]:
+    """``action`` (argparse's name or class) that also notes its dest in the namespace's GIVEN set,
+    so a flag given at its default value still counts as the user's choice (the plan keeps it)."""
+    base = parser._registry_get("action", action, action)
+
+    class Given(base):  # type: ignore[misc, valid-type]
+        def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+            super().__call__(parser, namespace, values, option_string)
+            given = getattr(namespace, GIVEN, None) or set()
+            given.add(self.dest)
+            setattr(namespace, GIVEN, given)
+
+    return Given
 
 
 def add_session_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
@@ -141,7 +164,8 @@ def add_session_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] 
             if flag.group not in groups:
                 groups[flag.group] = parser.add_mutually_exclusive_group()
             target = groups[flag.group]
-        target.add_argument(*flag.names, dest=_dest(flag), **flag.kwargs)
+        kwargs = {**flag.kwargs, "action": _recording(parser, flag.kwargs.get("action"))}
+        target.add_argument(*flag.names, dest=_dest(flag), **kwargs)
 
 
 def config_from_flags(args: argparse.Namespace, model: Path, **overrides: Any) -> SessionConfig:
@@ -151,6 +175,8 @@ def config_from_flags(args: argparse.Namespace, model: Path, **overrides: Any) -
         if flag.field is not None and flag.field != "model" and hasattr(args, _dest(flag)):
             values[flag.field] = flag.to_field(getattr(args, _dest(flag)))
     values["chat"] = "chatml" if getattr(args, "chatml", False) else "none" if getattr(args, "no_chat", False) else "template"
+    given = getattr(args, GIVEN, None) or set()
+    values["fixed"] = frozenset(f.field for f in SESSION_FLAGS if f.field is not None and _dest(f) in given)
     values.update(overrides)
     return SessionConfig(**values)
 
@@ -178,3 +204,24 @@ def opening_failure(exc: BaseException) -> str:
     msg = flag_message(str(exc)) if isinstance(exc, BmoeError) else \
         f"internal error while opening the model: {type(exc).__name__}: {exc}"
     return " ".join(part.strip() for part in msg.splitlines() if part.strip())
+
+
+PLAN_ONLY_HELP = ("print the plan for these flags on this machine (a table on stderr, one JSON object on stdout) "
+                  "without loading the weights, and exit")
+
+
+def plan_only(config: SessionConfig, prog: str) -> int:
+    """--plan-only: the plan ``config`` opens with, as a table on stderr and JSON on stdout; exit 0
+    (2 with --plan off, which has no plan to show)."""
+    import json
+
+    from .session import make_plan
+
+    if config.plan == "off":
+        print(f"{prog}: --plan-only shows the plan, and --plan off has none", file=sys.stderr)
+        return 2
+    plan = make_plan(config)
+    print(plan.table(), file=sys.stderr)
+    print(json.dumps(plan.as_json()), flush=True)
+    return 0
+

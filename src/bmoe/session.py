@@ -30,6 +30,7 @@ from .runtime.chat import ChatRenderer, Message
 from .runtime.decide import LlamaDecideBackend
 from .llama.devices import format_devices, list_devices
 from .runtime.footprint import Footprint, footprint
+from .runtime.plan import Plan, make_plan
 from .runtime.results import (
     GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, check_generate,
 )
@@ -43,7 +44,7 @@ from .stream.twin import default_twin_dir, gc_twins
 
 __all__ = [
     "DECIDE_OFF", "TOP_CAP", "DecideRequest", "DecideResult", "Footprint", "GenerateRequest", "GenerateResult",
-    "Message", "PerplexityResult", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
+    "Message", "PerplexityResult", "Plan", "make_plan", "plan_for", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
     "default_twin_dir", "footprint", "format_archs", "format_devices", "gc_twins", "list_devices",
 ]
 
@@ -53,8 +54,22 @@ DECIDE_OFF = "decide is off in this session: open it with --decide (SessionConfi
 CLOSE_WAIT_S = 600.0  # close(): how long a running request may still take before the model is left unfreed
 
 
+def plan_for(config: SessionConfig) -> Plan | None:
+    """The plan a session of ``config`` opens with (docs/plan.md): None with plan off, or where the
+    model's header cannot be read (the open then names what is wrong with the file)."""
+    if config.plan == "off":
+        return None
+    try:
+        return make_plan(config)
+    except (OSError, ValueError):
+        return None
+
+
 class Session:
     def __init__(self, config: SessionConfig) -> None:
+        self.plan = plan_for(config)
+        if self.plan is not None:
+            config = self.plan.config
         self.config = config
         self.runtime = Runtime(config)
         # Only sessions opened with decide on allocate its state.

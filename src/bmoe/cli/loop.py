@@ -158,6 +158,7 @@ def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> i
         decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
         dense_weights=session.streaming.dense_weights if session.streaming is not None else None,
         dense_anon_mib=session.dense_anon_bytes / 2**20, n_expert_used_gguf=m.n_expert_used_gguf,
+        plan=session.plan.as_json() if session.plan is not None else None,
     ))
     live = _Live()
     q: "queue.Queue[object]" = queue.Queue()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bmoe.flags import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.flags import PLAN_ONLY_HELP, add_session_flags, config_from_flags, model_from_flags, opening_failure, plan_only
 from bmoe.errors import BmoeError
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--gc-twins", nargs="?", const=True, default=False, type=_gc_budget, metavar="MAX_MB",
       help="remove the dense twins (--stream-cache-dir) of model files that are gone or changed, then, with "
            "MAX_MB, the least recently used ones until the rest take at most MAX_MB MiB; print them and exit")
+    a("--plan-only", action="store_true", help=PLAN_ONLY_HELP)
     a("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     return p
 
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.gc_twins is not False:
         return gc_twins_main(args)
+    if args.plan_only:
+        try:
+            return plan_only(config_from_flags(args, model_from_flags(args, "bmoe-cli")), "bmoe-cli")
+        except Exception as e:
+            return _fatal(args, e)
     if not args.session and args.prompt is None:
         print("bmoe-cli: give -p PROMPT for one answer, or --session for the line protocol", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from bmoe.flags import add_session_flags, config_from_flags, model_from_flags, opening_failure
+from bmoe.flags import PLAN_ONLY_HELP, add_session_flags, config_from_flags, model_from_flags, opening_failure, plan_only
 from bmoe.errors import ConfigError
 
 from .hosts import bound_name, normalize, parse_allowed
@@ -41,6 +41,7 @@ def build_server_parser() -> argparse.ArgumentParser:
     d.add_argument("--decide", action="store_true", help="accept /v1/decide (the default)")
     d.add_argument("--no-decide", action="store_true", help="refuse /v1/decide (decide is on by default in the server)")
     g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
+    g.add_argument("--plan-only", action="store_true", help=PLAN_ONLY_HELP)
     for names in _CLI_MODES:
         p.add_argument(*names, dest="cli_mode", action="append_const", const="/".join(names), help=argparse.SUPPRESS)
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -86,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         parser.error(str(e))
     hosts = settings["allowed_hosts"]
+    if args.plan_only:
+        try:
+            return plan_only(config_from_flags(args, model_from_flags(args, "bmoe-server"), decide=not args.no_decide),
+                             "bmoe-server")
+        except Exception as e:
+            print(f"bmoe-server: {opening_failure(e)}", file=sys.stderr)
+            return 1
     try:  # the server extra, before the model is opened: a missing one is one line, not a traceback
         import fastapi  # noqa: F401
         import uvicorn

@@ -49,8 +49,8 @@ def _read_int(path: Path) -> int | None:
     return None if text in ("", "max") else int(text)
 
 
-def _cgroup_headroom() -> int | None:
-    """Bytes the process's memory cgroup still allows (v2, then v1), or None without a limit."""
+def cgroup_memory() -> tuple[int, int] | None:
+    """(limit, usage) in bytes of the process's memory cgroup (v2, then v1), or None without a limit."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -66,8 +66,14 @@ def _cgroup_headroom() -> int | None:
         else:
             continue
         if limit is not None and usage is not None and limit < (1 << 60):
-            return max(0, limit - usage)
+            return limit, usage
     return None
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes the process's memory cgroup still allows, or None without a limit."""
+    cg = cgroup_memory()
+    return None if cg is None else max(0, cg[0] - cg[1])
 
 
 def available_bytes() -> int:

@@ -36,14 +36,15 @@ def _r(x: float, nd: int = 4) -> float:
 
 def ready(*, load_s: float, arch: str, n_ctx: int, think_ctl: str, n_expert_used: int, model: str,
           streaming: bool, decide: bool, load_read_mib: float, dense_weights: str | None = None,
-          dense_anon_mib: float = 0.0, n_expert_used_gguf: int | None = None) -> str:
+          dense_anon_mib: float = 0.0, n_expert_used_gguf: int | None = None, plan: dict | None = None) -> str:
     """``n_expert_used`` is what llama.cpp routes (after --n-expert-used), ``n_expert_used_gguf``
-    the model file's own number (None: the same)."""
+    the model file's own number (None: the same); ``plan`` the plan's JSON (None: plan off)."""
     return line("READY", {
         "load_s": _r(load_s), "arch": arch, "n_ctx": n_ctx, "think_ctl": think_ctl,
         "n_expert_used": n_expert_used, "model": model, "streaming": streaming, "decide": decide,
         "load_read_mib": _r(load_read_mib, 2), "dense_weights": dense_weights, "dense_anon_mib": _r(dense_anon_mib, 2),
         "n_expert_used_gguf": n_expert_used if n_expert_used_gguf is None else n_expert_used_gguf,
+        "plan": plan,
     })
 
 

@@ -1,0 +1,267 @@
+"""The plan: the settings a session opens with, chosen from the machine and the model (docs/plan.md).
+
+From the GGUF's header alone (no weights loaded) and what the machine allows (memory, cores, the
+disk's read rate), ``make_plan`` chooses what the caller left open: resident or streamed; the
+expert cache's budget; dense weights in anonymous memory or mapped; read-ahead; threads; the
+prefill batch. A setting the caller chose (``SessionConfig.fixed``, or one that differs from its
+default) is kept. ``Plan.config`` is the config the session then opens with.
+
+Memory is what the process may still allocate at open (MemAvailable, capped by its memory
+cgroup's headroom), less a reserve. A model runs resident when its whole file, its KV and the
+compute buffers fit there; otherwise its experts stream and the rest of that memory holds the
+dense weights, the KV, the compute buffers and the expert cache.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import SessionConfig
+from ..stream import lookup
+from ..stream.archs import NothingToStreamError, UnsupportedArchError
+from ..stream.budget import available_bytes, cgroup_memory
+from ..stream.disk_rate import DiskRate, read_rate
+from ..stream.layout import ModelLayout, read_header, read_layout, shard_paths
+from ..stream.twin import default_twin_dir
+from .footprint import kv_bytes_per_sequence
+
+MIB = 1 << 20
+RESERVE_MIN = 256 * MIB   # left for the interpreter, libraries, page tables and the rest of the system
+RESERVE_FRAC = 0.10       # and this share of the memory on top
+WIDE_UBATCH = 2048        # a streamed prefill this wide reads each expert once per 2048 tokens
+# Settings the plan chooses together: when the caller chose any of them, streaming is theirs.
+STREAM_FIELDS = ("moe_stream", "cache_mb", "cache_ceil_mb", "cache_force", "prefetch", "dense_weights")
+BATCH_FIELDS = ("n_batch", "n_ubatch")
+_DEFAULTS = {f.name: f.default for f in fields(SessionConfig)}
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """What the process may use: memory it may still allocate, its memory limit, its cores."""
+
+    available: int
+    limit: int | None   # the memory cgroup's limit (None: none)
+    cores: int
+
+    @staticmethod
+    def here() -> "Machine":
+        cg = cgroup_memory()
+        return Machine(available=available_bytes(), limit=cg[0] if cg else None, cores=usable_cores())
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What the header tells the plan: bytes of the file, its dense part and its experts, one
+    token's routed experts, and what sizes the KV and the compute buffers."""
+
+    file_bytes: int
+    dense_bytes: int
+    expert_bytes: int        # 0: a dense model (nothing to stream)
+    token_bytes: int         # one token's routed experts (the cache's floor)
+    kv_bytes: int            # the KV of the sequences the session opens with
+    n_vocab: int
+    n_embd: int
+    n_head: int
+    streamable: str          # "" when its experts can stream, else why not
+    can_prefetch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    field: str
+    value: Any
+    by: str      # "plan" or "you"
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    mode: str                     # "resident" or "streamed"
+    choices: tuple[Choice, ...]
+    machine: Machine
+    model: ModelFacts
+    disk: DiskRate | None
+    config: SessionConfig         # the config the session opens with
+
+    def as_json(self) -> dict[str, Any]:
+        disk = None if self.disk is None else {
+            "mib_s": round(self.disk.mib_s, 1), "source": self.disk.source, "file_system": self.disk.file_system,
+            "odirect": self.disk.odirect}
+        return {
+            "mode": self.mode,
+            "settings": {c.field: {"value": c.value, "by": c.by, "why": c.why} for c in self.choices},
+            "machine": {"available_mib": self.machine.available // MIB,
+                        "limit_mib": None if self.machine.limit is None else self.machine.limit // MIB,
+                        "cores": self.machine.cores},
+            "model": {"file_mib": round(self.model.file_bytes / MIB, 1), "dense_mib": round(self.model.dense_bytes / MIB, 1),
+                      "expert_mib": round(self.model.expert_bytes / MIB, 1),
+                      "token_mib": round(self.model.token_bytes / MIB, 2), "kv_mib": round(self.model.kv_bytes / MIB, 1)},
+            "disk": disk,
+        }
+
+    def table(self) -> str:
+        """The plan for people: one line per setting, its value, who chose it and why."""
+        m, d = self.machine, self.model
+        head = (f"plan: {self.mode}  (memory {m.available // MIB} MiB free"
+                + (f", limit {m.limit // MIB} MiB" if m.limit is not None else "")
+                + f", {m.cores} cores; model {d.file_bytes / MIB:.0f} MiB, experts {d.expert_bytes / MIB:.0f} MiB"
+                + (f"; disk {self.disk.mib_s:.0f} MiB/s {self.disk.source}" if self.disk else "") + ")")
+        rows = [f"  {c.field:<14} {_show(c.value):<8} {c.by:<4}  {c.why}" for c in self.choices]
+        return "\n".join([head, *rows])
+
+
+def _show(v: Any) -> str:
+    return "-" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _int(fields_: dict[str, object], key: str) -> int:
+    v = fields_.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def model_facts(config: SessionConfig) -> ModelFacts:
+    paths = shard_paths(Path(config.model))
+    headers = [read_header(p) for p in paths]
+    fields_ = headers[0].fields
+    arch = str(fields_.get("general.architecture", ""))
+    tensors = [t for h in headers for t in h.tensors]
+    file_bytes = sum(t.nbytes for t in tensors)
+    embd = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    n_embd = _int(fields_, f"{arch}.embedding_length") or (embd.ne[0] if embd else 0)
+    n_vocab = embd.ne[1] if embd is not None and len(embd.ne) > 1 else 0
+    kv = kv_bytes_per_sequence(config.model, config.n_ctx, config.kv_f32) * config.n_seq_at_open
+    streamable, can_prefetch, layout = "", False, None
+    try:
+        layout = read_layout(config.model)
+        if config.n_expert_used is not None and 1 <= config.n_expert_used <= layout.n_expert:
+            layout = layout.with_n_expert_used(config.n_expert_used)
+        can_prefetch = lookup(layout.arch).can_prefetch
+    except NothingToStreamError:
+        streamable = "a dense model: it has no experts to stream"
+    except UnsupportedArchError:
+        streamable = f"expert streaming does not support architecture '{arch}'"
+    return ModelFacts(
+        file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
+        expert_bytes=layout.expert_nbytes if layout else 0, token_bytes=layout.floor_bytes() if layout else 0,
+        kv_bytes=kv, n_vocab=n_vocab, n_embd=n_embd, n_head=_int(fields_, f"{arch}.attention.head_count"),
+        streamable=streamable, can_prefetch=can_prefetch)
+
+
+def compute_bytes(m: ModelFacts, n_ubatch: int, n_ctx: int) -> int:
+    """An upper estimate of llama.cpp's compute buffers for ubatches of ``n_ubatch`` tokens: logits
+    and a few activations per token, and one layer's attention scores (flash attention off)."""
+    return n_ubatch * 4 * (m.n_vocab + 16 * m.n_embd) + n_ubatch * n_ctx * max(1, m.n_head) * 4
+
+
+def is_fixed(config: SessionConfig, name: str) -> bool:
+    return name in config.fixed or getattr(config, name) != _DEFAULTS[name]
+
+
+def make_plan(config: SessionConfig, machine: Machine | None = None,
+              disk: Callable[[ModelLayout], DiskRate] | None = None) -> Plan:
+    """The plan for ``config`` on this machine (or ``machine``); ``disk`` measures the read rate of
+    a streamed model's file system (default: remembered, or probed once, in the cache folder)."""
+    machine = machine or Machine.here()
+    m = model_facts(config)
+    reserve = RESERVE_MIN + int(RESERVE_FRAC * machine.available)
+    room = max(0, machine.available - reserve)
+    choices: list[Choice] = []
+    planned: dict[str, Any] = {}
+
+    def choose(name: str, value: Any, why: str) -> None:
+        if is_fixed(config, name):
+            choices.append(Choice(name, getattr(config, name), "you", "given"))
+        else:
+            choices.append(Choice(name, value, "plan", why))
+            planned[name] = value
+
+    base_compute = compute_bytes(m, config.n_ubatch, config.n_ctx)
+    resident_need = m.file_bytes + m.kv_bytes + base_compute
+    stream_given = [f for f in STREAM_FIELDS if is_fixed(config, f)]
+    if stream_given:
+        streamed = config.moe_stream
+        why_mode = f"streaming settings given ({', '.join(stream_given)})"
+    elif resident_need <= room:
+        streamed = False
+        why_mode = (f"the whole model ({m.file_bytes / MIB:.0f} MiB), its KV and buffers "
+                    f"({(m.kv_bytes + base_compute) / MIB:.0f} MiB) fit in {room / MIB:.0f} MiB")
+    elif m.streamable:
+        streamed = False
+        why_mode = f"does not fit in {room / MIB:.0f} MiB, but {m.streamable}: llama.cpp maps it"
+    else:
+        streamed = True
+        why_mode = (f"the model needs {resident_need / MIB:.0f} MiB with its KV and buffers, {room / MIB:.0f} MiB "
+                    "usable: its experts stream from the disk")
+    disk_rate = None
+    if streamed and not stream_given:
+        layout = read_layout(config.model)
+        disk_rate = (disk or (lambda lay: read_rate(lay, _rates_dir(config), odirect=config.odirect,
+                                                   io_threads=config.io_threads)))(layout)
+        # the prefill batch first: a wider ubatch reads each expert once for more tokens, and its
+        # compute buffers come out of the same memory as the cache
+        n_ub = min(WIDE_UBATCH, config.n_ctx)
+        batch_given = any(is_fixed(config, f) for f in BATCH_FIELDS)
+        if batch_given:
+            n_ub = config.n_ubatch
+        compute = compute_bytes(m, n_ub, config.n_ctx)
+        left = room - m.dense_bytes - m.kv_bytes - compute
+        if left < m.token_bytes and not batch_given:  # the wide buffers would leave no cache: stay narrow
+            n_ub, compute = config.n_ubatch, base_compute
+            left = room - m.dense_bytes - m.kv_bytes - compute
+        dense = "anon" if left >= 0 else "mmap"
+        cache = -(-m.expert_bytes // MIB) if left >= m.expert_bytes else max(0, left) // MIB
+        if cache * MIB < m.token_bytes:  # below one token's experts a cache only churns
+            cache = 0
+        choose("moe_stream", True, why_mode)
+        choose("dense_weights", dense,
+               f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) held where the kernel cannot drop them"
+               if dense == "anon" else
+               f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) do not fit beside the KV and buffers: mapped")
+        choose("cache_mb", int(cache),
+               f"what is left after dense weights, KV ({m.kv_bytes / MIB:.0f} MiB) and buffers "
+               f"({compute / MIB:.0f} MiB), at most every expert" if cache else
+               f"less than one token's experts ({m.token_bytes / MIB:.1f} MiB) left after dense weights, KV "
+               "and buffers: cache off")
+        prefetch = m.can_prefetch and config.prefill_device is None
+        choose("prefetch", prefetch,
+               "read the next layer's guessed experts while this one computes" if prefetch else
+               "a prefill device is given" if m.can_prefetch else
+               f"refused for {layout.arch} (bmoe-cli --list-archs)")
+        if batch_given:  # the two sizes go together
+            choices.extend(Choice(f, getattr(config, f), "you", "given" if is_fixed(config, f) else "the other size is given")
+                           for f in BATCH_FIELDS)
+        else:
+            passes = m.expert_bytes / MIB / max(disk_rate.mib_s, 1e-6)
+            why_b = (f"a prefill reads each expert once per ubatch ({passes:.1f} s for all of them at "
+                     f"{disk_rate.mib_s:.0f} MiB/s): {n_ub} tokens per read" if n_ub > config.n_ubatch else
+                     "wider compute buffers would leave no cache")
+            choose("n_batch", max(config.n_batch, n_ub), why_b)
+            choose("n_ubatch", n_ub, why_b)
+    else:
+        choices.append(Choice("moe_stream", config.moe_stream, "you" if stream_given else "plan", why_mode))
+    choose("n_threads", machine.cores, f"the cores this process may use ({machine.cores})")
+    planned_config = replace(config, **planned) if planned else config
+    return Plan(mode="streamed" if planned_config.moe_stream else "resident", choices=tuple(choices),
+                machine=machine, model=m, disk=disk_rate, config=planned_config)
+
+
+def _rates_dir(config: SessionConfig) -> Path:
+    return Path(config.stream_cache_dir) if config.stream_cache_dir else default_twin_dir().parent

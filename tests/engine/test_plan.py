@@ -1,0 +1,159 @@
+"""The plan (docs/plan.md) on the tiny qwen3moe: what it chooses for a machine with plenty of memory
+and for one where the model does not fit, what it leaves to the user, the remembered disk probe,
+--plan-only, BMOE_READY's plan, and a planned streamed session answering as the resident one."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bmoe.runtime.plan as plan_mod
+from bmoe.cli.loop import run_session
+from bmoe.config import SessionConfig, default_model
+from bmoe.runtime.plan import MIB, RESERVE_MIN, WIDE_UBATCH, Machine, compute_bytes, make_plan, model_facts
+from bmoe.runtime.results import GenerateRequest
+from bmoe.session import Session, plan_for
+from bmoe.stream.disk_rate import RATES_FILE, DiskRate, read_rate
+from bmoe.stream.layout import read_layout
+
+PLENTY = Machine(available=64 << 30, limit=None, cores=3)
+DISK = DiskRate(mib_s=500.0, source="probed", file_system="test", probe_mib=64.0, odirect=True)
+
+
+def _disk(layout) -> DiskRate:
+    return DISK
+
+
+def machine_with_room(room: int) -> Machine:
+    """A machine whose plan spends exactly ``room`` bytes (what is left after the reserve)."""
+    return Machine(available=int((room + RESERVE_MIN) / 0.9) + 16, limit=None, cores=2)
+
+
+@pytest.fixture()
+def model(tiny_models) -> Path:
+    return tiny_models("qwen3moe", "q8_0")
+
+
+def settings(plan) -> dict[str, tuple[object, str]]:
+    return {c.field: (c.value, c.by) for c in plan.choices}
+
+
+def test_a_model_that_fits_runs_resident_with_every_core(model) -> None:
+    p = make_plan(SessionConfig(model=model, n_ctx=512), PLENTY, _disk)
+    assert p.mode == "resident" and p.disk is None
+    assert settings(p) == {"moe_stream": (False, "plan"), "n_threads": (3, "plan")}
+    assert p.config.n_threads == 3 and not p.config.moe_stream
+
+
+def test_a_model_that_does_not_fit_streams_with_the_rest_as_cache(model) -> None:
+    cfg = SessionConfig(model=model, n_ctx=512)
+    m = model_facts(cfg)
+    wide = compute_bytes(m, min(WIDE_UBATCH, 512), 512)
+    # room for the dense weights, the KV, wide buffers and 3 MiB of experts (about two tokens' worth)
+    room = m.dense_bytes + m.kv_bytes + wide + 3 * MIB
+    p = make_plan(cfg, machine_with_room(room), _disk)
+    s = settings(p)
+    assert p.mode == "streamed" and p.disk is DISK
+    assert s["moe_stream"] == (True, "plan") and s["dense_weights"] == ("anon", "plan")
+    assert s["cache_mb"] == (3, "plan") and s["prefetch"] == (True, "plan")
+    assert s["n_ubatch"] == (512, "plan") and s["n_batch"] == (512, "plan")  # n_ctx 512 caps the ubatch
+    assert 3 * MIB >= m.token_bytes
+    c = p.config
+    assert (c.moe_stream, c.cache_mb, c.prefetch, c.dense_weights) == (True, 3, True, "anon")
+
+
+def test_the_cache_holds_at_most_every_expert_and_is_off_below_one_token(model) -> None:
+    cfg = SessionConfig(model=model, n_ctx=512)
+    m = model_facts(cfg)
+    base = m.dense_bytes + m.kv_bytes + compute_bytes(m, 512, 512)
+    # not quite the whole file's worth of room, but more than every expert beside the rest
+    p = make_plan(cfg, machine_with_room(base + m.expert_bytes - 1), _disk)
+    if p.mode == "streamed":  # the resident need counts the same buffers: one byte short streams
+        assert p.config.cache_mb * MIB >= m.expert_bytes - MIB
+    p = make_plan(cfg, machine_with_room(base + m.token_bytes // 2), _disk)
+    assert settings(p)["cache_mb"][0] == 0 and p.config.moe_stream
+    p = make_plan(cfg, machine_with_room(m.kv_bytes), _disk)  # not even the dense weights fit
+    assert (p.config.dense_weights, p.config.cache_mb) == ("mmap", 0)
+
+
+def test_what_the_user_gives_is_kept(model) -> None:
+    tight = machine_with_room(0)
+    # any streaming setting leaves streaming to the user: nothing else of it is planned
+    p = make_plan(SessionConfig(model=model, n_ctx=512, moe_stream=True, n_threads=1), tight, _disk)
+    assert settings(p) == {"moe_stream": (True, "you"), "n_threads": (1, "you")}
+    assert p.config.cache_mb == 0 and not p.config.prefetch and p.disk is None
+    # a field named in fixed is kept at its default value
+    p = make_plan(SessionConfig(model=model, n_ctx=512, fixed=frozenset({"n_threads", "n_ubatch"})), tight, _disk)
+    s = settings(p)
+    assert s["n_threads"] == (0, "you") and s["n_ubatch"] == (512, "you") and s["n_batch"] == (512, "you")
+    assert p.config.moe_stream  # the rest is still planned
+    # a prefill device keeps read-ahead off
+    p = make_plan(SessionConfig(model=model, n_ctx=512, prefill_device="CUDA0"), tight, _disk)
+    assert settings(p)["prefetch"] == (False, "plan")
+
+
+def test_a_dense_model_stays_resident_whatever_its_size() -> None:
+    p = make_plan(SessionConfig(model=default_model(), n_ctx=512), machine_with_room(0), _disk)
+    assert p.mode == "resident" and settings(p)["moe_stream"] == (False, "plan")
+    assert "a dense model: it has no experts to stream" in p.choices[0].why
+
+
+def test_plan_off_has_no_plan_and_an_unreadable_header_opens_as_given(model, tmp_path) -> None:
+    assert plan_for(SessionConfig(model=model, plan="off")) is None
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 12)
+    assert plan_for(SessionConfig(model=bad)) is None
+
+
+def test_the_disk_probe_is_remembered_per_file_system(model, tmp_path) -> None:
+    layout = read_layout(model)
+    first = read_rate(layout, tmp_path)
+    assert first.source == "probed" and first.mib_s > 0
+    assert first.probe_mib * MIB >= min(64 * MIB, layout.expert_nbytes)  # whole slices, at least that much
+    again = read_rate(layout, tmp_path)
+    assert again.source == "remembered" and again.mib_s == first.mib_s
+    stored = json.loads((tmp_path / RATES_FILE).read_text())
+    assert list(stored) == [first.file_system]
+    (tmp_path / RATES_FILE).write_text("not json")  # a damaged store is probed again, not an error
+    assert read_rate(layout, tmp_path).source == "probed"
+
+
+def test_plan_only_prints_the_plan_without_opening(model, monkeypatch, capsys) -> None:
+    from bmoe.cli.main import main
+
+    def refuse(*a, **kw):
+        raise AssertionError("--plan-only opened a session")
+
+    monkeypatch.setattr(Session, "__init__", refuse)
+    assert main(["-m", str(model), "--plan-only", "-c", "512"]) == 0
+    out, err = capsys.readouterr()
+    shown = json.loads(out)
+    assert shown["mode"] == "resident" and shown["settings"]["moe_stream"]["by"] == "plan"
+    assert err.startswith("plan: resident") and "n_threads" in err
+    assert main(["-m", str(model), "--plan-only", "--plan", "off"]) == 2
+    assert "--plan off has none" in capsys.readouterr().err
+
+
+def test_a_planned_streamed_session_answers_as_the_resident_one(model, monkeypatch, tmp_path) -> None:
+    cfg = dict(model=model, n_ctx=512, n_threads=1, stream_cache_dir=tmp_path)
+    m = model_facts(SessionConfig(**cfg))
+    room = m.dense_bytes + m.kv_bytes + compute_bytes(m, 512, 512) + 2 * MIB
+    monkeypatch.setattr(plan_mod.Machine, "here", staticmethod(lambda: machine_with_room(room)))
+    gen = GenerateRequest(prompt="Tell me about the sea.", n_predict=12, keep_logits=True)
+    with Session(SessionConfig(**cfg)) as planned:
+        assert planned.plan.mode == "streamed" and planned.streaming is not None
+        assert planned.config.cache_mb == 2 and planned.config.prefetch
+        a = planned.generate(gen)
+        out = io.StringIO()
+        run_session(planned, io.StringIO(""), out)
+        ready = json.loads(out.getvalue().splitlines()[0].partition(" ")[2])
+        assert ready["plan"] == planned.plan.as_json() and ready["streaming"] is True
+        assert ready["plan"]["settings"]["cache_mb"]["value"] == 2
+    with Session(SessionConfig(**cfg, plan="off")) as resident:
+        assert resident.plan is None and resident.streaming is None
+        b = resident.generate(gen)
+    assert a.tokens == b.tokens
+    assert all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits, strict=True))
