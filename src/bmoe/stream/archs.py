@@ -182,6 +182,12 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # mistral4 (Mistral-Small-4; llama.cpp builds it with deepseek2's graph, models.h's
+        # llama_model_mistral4 : llama_model_deepseek2): ffn_norm, then build_moe_ffn with the GGUF's
+        # gating function (softmax) over group-limited top-k; shared expert beside; experts written
+        # with gate and up fused (ffn_gate_up_exps).
+        _entry("mistral4", "router, shared expert (ffn_*_shexp)", fused=True,
+               no_prefetch="its routing keeps only the best expert groups, which the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -340,6 +340,23 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # mistral4 (Mistral-Small-4): DeepSeek-V2's layer as llama.cpp builds it (deepseek2's graph:
+        # MLA with q_lora_rank, a shared expert, softmax routing over group-limited top-k, here 4
+        # groups of 8 with the best 2 kept) with experts stored packed. The pinned converter takes it
+        # only as the vision-language wrapper the real checkpoint ships as
+        # ("Mistral3ForConditionalGeneration", choosing its Mistral-4 text model by model_type), so
+        # the recipe builds that whole model, its text model a Mistral-4 one, with a one-layer vision
+        # tower the converter leaves out of the text GGUF.
+        _arch("mistral4", "mistral3", 140, "Mistral-Small-4-119B",
+              config={"model_type": "mistral4", "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 4, "topk_group": 2,
+                      "norm_topk_prob": True, "routed_scaling_factor": 1.0, "q_lora_rank": 32,
+                      "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
+                      "v_head_dim": 16, "num_key_value_heads": 4, "first_k_dense_replace": 0},
+              outer_config={"tie_word_embeddings": False,
+                            "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                              "num_attention_heads": 2, "image_size": 64, "patch_size": 16}},
+              auto_class="AutoModelForImageTextToText", family="mla"),
     )
 }
 
