@@ -182,6 +182,16 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # nemotron_h_moe (Nemotron 3 Nano; src/models/nemotron-h.cpp, whose graph nemotron-h-moe.cpp
+        # builds): each block is a Mamba2 layer, an attention layer or a MoE layer. On a MoE block,
+        # attn_norm, then build_moe_ffn(SIGMOID) with exp_probs_b over ffn_up_exps and
+        # ffn_down_exps only (no gate: ReLU^2 experts), and a shared expert (ffn_*_shexp) beside it;
+        # the optional latent projections (ffn_latent_down/up, Nemotron 3 Super) are dense.
+        # The blocks without experts load whole. (Its "l_out" is the FFN's output, not the block's.)
+        _entry("nemotron_h_moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "the Mamba2 and attention blocks between MoE blocks, Mamba2 state",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

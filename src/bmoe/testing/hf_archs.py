@@ -340,6 +340,23 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # nemotron_h_moe (Nemotron 3 Nano's form): a Mamba2 layer, a MoE layer, an attention layer
+        # (no RoPE), a MoE layer, as the real "MEMEM*E..." pattern; each block is one of the
+        # three, so it routes twice. Experts have no gate (up, ReLU^2, down) and a shared expert
+        # beside them; sigmoid routing with a per-expert selection bias (randomised: transformers
+        # starts it at zero), weights normalised and scaled by 2.5, one expert group, as Nano.
+        # Experts of 192: with no gate projection, the Q8_0 experts at 128 (1.1 MB) nearly fit the
+        # eviction gate's 1 MiB cache, and the tokens it runs touched fewer than all of them.
+        _arch("nemotron_h_moe", "nemotron_h", 180, "NVIDIA-Nemotron-3-Nano-30B-A3B",
+              config={"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"],
+                      "num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 192,
+                      "moe_shared_expert_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+                      "routed_scaling_factor": 2.5, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                      "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4},
+              random_init=("e_score_correction_bias",),
+              family="mamba2"),
     )
 }
 
