@@ -192,6 +192,15 @@ _REGISTRY: dict[str, ArchEntry] = {
                "the Mamba2 and attention blocks between MoE blocks, Mamba2 state",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # jamba (src/models/jamba.cpp): on the layers with a router (ffn_gate_inp), ffn_norm on the
+        # residual, then build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b, weights not
+        # renormalised; the other layers run a dense SwiGLU FFN and load whole. The router's input
+        # would suit the guess, but the builder names its mixer's output "ffn_inp" (cb(cur, ...)
+        # after the residual add is made from it), so no node holds the residual entering the FFN
+        # that the read-ahead guess reads.
+        _entry("jamba", "router, the dense FFN layers between MoE layers, Mamba state",
+               no_prefetch="its graph names no node for the residual entering the FFN (the node it "
+               "calls ffn_inp is the Mamba/attention output), which the read-ahead guess reads"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

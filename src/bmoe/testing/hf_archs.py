@@ -46,6 +46,7 @@ FAMILIES: dict[str, str] = {
     "sliding-window": "sliding-window layers beside full-attention ones (iSWA)",
     "chunked": "chunked attention layers and a NoPE layer",
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
+    "mamba": "Mamba (Mamba1, selective scan) layers beside attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
 }
@@ -357,6 +358,19 @@ HF_ARCHS: dict[str, HfArch] = {
                       "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4},
               random_init=("e_score_correction_bias",),
               family="mamba2"),
+        # jamba (Jamba-v0.1's layout at a quarter of the length): Mamba1 layers with an attention
+        # layer (no RoPE) at index 2 of 4, and experts on every second layer from 1 (the real
+        # period 2, offset 1), so the MoE layers follow a Mamba and an attention layer and the
+        # dense SwiGLU layers between them load whole. llama.cpp accepts only mamba_expand 2.
+        # Softmax top-k routing, the weights left unnormalised. The converter reads a
+        # SentencePiece model when the folder has one, as the real ones do: tokenizer "spm".
+        _arch("jamba", "jamba", 181, "Jamba-v0.1, AI21-Jamba-Mini-1.5/1.6/1.7, AI21-Jamba-Large-1.5",
+              config={"vocab_size": _VOCAB + SPM_BYTE_PIECES, "num_hidden_layers": 4,
+                      "num_key_value_heads": 2, "intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
+                      "attn_layer_period": 4, "attn_layer_offset": 2, "mamba_d_state": 16,
+                      "mamba_d_conv": 4, "mamba_expand": 2},
+              tokenizer="spm", family="mamba"),
     )
 }
 
