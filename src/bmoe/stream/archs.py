@@ -201,10 +201,20 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("jamba", "router, the dense FFN layers between MoE layers, Mamba state",
                no_prefetch="its graph names no node for the residual entering the FFN (the node it "
                "calls ffn_inp is the Mamba/attention output), which the read-ahead guess reads"),
+        # bailingmoe3 (Ling 3.0; src/models/bailingmoe3.cpp): after the leading dense layers,
+        # ffn_norm on the residual, then build_moe_ffn with exp_probs_b, the GGUF's gating function
+        # (sigmoid) and the expert groups (expert_group_count/used_count) llama.cpp reads for every
+        # arch; the shared expert runs beside it. The layers' token mixing is KDA (linear
+        # attention) or gated MLA.
+        _entry("bailingmoe3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers, KDA state",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "over group-limited top-k, which the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
-# smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
+# smallthinker, bailingmoe and bailingmoe2 (no transformers model; transformers' bailing_hybrid is
+# Ling 3.0, bailingmoe3), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
 # not found: docs/streaming.md). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
 # softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.

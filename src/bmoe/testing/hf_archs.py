@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba": "Mamba (Mamba1, selective scan) layers beside attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
+    "kda": "Kimi delta attention (KDA) linear attention beside MLA attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
 }
 
@@ -87,7 +88,10 @@ class HfArch:
     tokenizer: str = "smollm"
     # Keys of the saved config.json rewritten after transformers writes it, where the converter
     # reads a spelling the real checkpoints carry and transformers no longer writes (it reads
-    # both), e.g. Granite 4's legacy layer_types "mamba"/"attention".
+    # both), e.g. Granite 4's legacy layer_types "mamba"/"attention". A "model_type" here is one
+    # transformers does not know (a remote-code checkpoint's): the converter then reads
+    # config.json as written, and the reference (load_reference) builds the recipe's model_type
+    # from the saved keys.
     saved_config: dict[str, Any] = field(default_factory=dict)
     # A composite (vision-language) model whose language model is the MoE: the tiny text config
     # (_SMALL and ``config``) goes under "text_config", beside these top-level keys (a tiny
@@ -371,6 +375,32 @@ HF_ARCHS: dict[str, HfArch] = {
                       "attn_layer_period": 4, "attn_layer_offset": 2, "mamba_d_state": 16,
                       "mamba_d_conv": 4, "mamba_expand": 2},
               tokenizer="spm", family="mamba"),
+        # bailingmoe3 (Ling 3.0; transformers' bailing_hybrid): two Kimi-delta-attention (KDA)
+        # layers, then a gated MLA layer (layer_group_size 3: the last of each group is MLA, as
+        # Ling 3.0's 5 + 1), the first layer dense, then routed experts with a shared expert and
+        # DeepSeek-V3-style routing: sigmoid, a per-expert selection bias (randomised), 8 groups
+        # of 4 experts of which the best 2 are kept, weights normalised and scaled by 2.5. No
+        # q_lora_rank (the loader takes it as optional). transformers builds no
+        # multi-token-prediction layer: num_mtp_layers 0. The converter reads keys transformers' config renames on load
+        # (norm_topk_prob, n_group) or does not have (no_kda_lora, head-wise attention gates,
+        # score_function), and the class name BailingMoeV3ForCausalLM: so the saved config.json
+        # carries them, under a model_type transformers does not know ("bailing_moe_v3"), which
+        # makes the converter read config.json as written instead of through AutoConfig.
+        _arch("bailingmoe3", "bailing_hybrid", 182, "Ling-3.0-tiny, Ling-3.0-flash",
+              config={"num_hidden_layers": 3, "layer_group_size": 3, "first_k_dense_replace": 1,
+                      "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 128,
+                      "moe_intermediate_size": 128, "moe_shared_expert_intermediate_size": 128,
+                      "num_local_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
+                      "n_group": 8, "topk_group": 2, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "kv_lora_rank": 32, "q_lora_rank": None, "qk_rope_head_dim": 16,
+                      "qk_nope_head_dim": 16, "v_head_dim": 16, "short_conv_kernel_size": 4,
+                      "max_position_embeddings": 4096, "rope_theta": 6000000.0, "num_mtp_layers": 0},
+              saved_config={"architectures": ["BailingMoeV3ForCausalLM"], "no_kda_lora": True,
+                            "gated_attention_proj_granularity_type": "head_wise",
+                            "score_function": "sigmoid", "norm_topk_prob": True, "n_group": 8,
+                            "model_type": "bailing_moe_v3"},
+              random_init=("e_score_correction_bias",),
+              family="kda"),
     )
 }
 
