@@ -14,7 +14,9 @@ FULL_GATES = {
     "mla": "deepseek2",
     "sliding-window": "gpt-oss",
     "chunked": "llama4",
+    "mamba": "jamba",
     "mamba2": "granitehybrid",
+    "kda": "bailingmoe3",
     "short-conv": "lfm2moe",
 }
 HAND_WRITTEN_FAMILIES = {"qwen3moe": "attention", "qwen35moe": "deltanet"}

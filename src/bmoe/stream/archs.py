@@ -188,10 +188,39 @@ _REGISTRY: dict[str, ArchEntry] = {
         # with gate and up fused (ffn_gate_up_exps).
         _entry("mistral4", "router, shared expert (ffn_*_shexp)", fused=True,
                no_prefetch="its routing keeps only the best expert groups, which the guess leaves out"),
+        # nemotron_h_moe (Nemotron 3 Nano; src/models/nemotron-h.cpp, whose graph nemotron-h-moe.cpp
+        # builds): each block is a Mamba2 layer, an attention layer or a MoE layer. On a MoE block,
+        # attn_norm, then build_moe_ffn(SIGMOID) with exp_probs_b over ffn_up_exps and
+        # ffn_down_exps only (no gate: ReLU^2 experts), and a shared expert (ffn_*_shexp) beside it;
+        # the optional latent projections (ffn_latent_down/up, Nemotron 3 Super) are dense.
+        # The blocks without experts load whole. (Its "l_out" is the FFN's output, not the block's.)
+        _entry("nemotron_h_moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "the Mamba2 and attention blocks between MoE blocks, Mamba2 state",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # jamba (src/models/jamba.cpp): on the layers with a router (ffn_gate_inp), ffn_norm on the
+        # residual, then build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b, weights not
+        # renormalised; the other layers run a dense SwiGLU FFN and load whole. The router's input
+        # would suit the guess, but the builder names its mixer's output "ffn_inp" (cb(cur, ...)
+        # after the residual add is made from it), so no node holds the residual entering the FFN
+        # that the read-ahead guess reads.
+        _entry("jamba", "router, the dense FFN layers between MoE layers, Mamba state",
+               no_prefetch="its graph names no node for the residual entering the FFN (the node it "
+               "calls ffn_inp is the Mamba/attention output), which the read-ahead guess reads"),
+        # bailingmoe3 (Ling 3.0; src/models/bailingmoe3.cpp): after the leading dense layers,
+        # ffn_norm on the residual, then build_moe_ffn with exp_probs_b, the GGUF's gating function
+        # (sigmoid) and the expert groups (expert_group_count/used_count) llama.cpp reads for every
+        # arch; the shared expert runs beside it. The layers' token mixing is KDA (linear
+        # attention) or gated MLA.
+        _entry("bailingmoe3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers, KDA state",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "over group-limited top-k, which the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
-# smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
+# smallthinker, bailingmoe and bailingmoe2 (no transformers model; transformers' bailing_hybrid is
+# Ling 3.0, bailingmoe3), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
 # not found: docs/streaming.md). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
 # softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.

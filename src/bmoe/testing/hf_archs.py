@@ -46,7 +46,9 @@ FAMILIES: dict[str, str] = {
     "sliding-window": "sliding-window layers beside full-attention ones (iSWA)",
     "chunked": "chunked attention layers and a NoPE layer",
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
+    "mamba": "Mamba (Mamba1, selective scan) layers beside attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
+    "kda": "Kimi delta attention (KDA) linear attention beside MLA attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
 }
 
@@ -86,7 +88,10 @@ class HfArch:
     tokenizer: str = "smollm"
     # Keys of the saved config.json rewritten after transformers writes it, where the converter
     # reads a spelling the real checkpoints carry and transformers no longer writes (it reads
-    # both), e.g. Granite 4's legacy layer_types "mamba"/"attention".
+    # both), e.g. Granite 4's legacy layer_types "mamba"/"attention". A "model_type" here is one
+    # transformers does not know (a remote-code checkpoint's): the converter then reads
+    # config.json as written, and the reference (load_reference) builds the recipe's model_type
+    # from the saved keys.
     saved_config: dict[str, Any] = field(default_factory=dict)
     # A composite (vision-language) model whose language model is the MoE: the tiny text config
     # (_SMALL and ``config``) goes under "text_config", beside these top-level keys (a tiny
@@ -357,6 +362,62 @@ HF_ARCHS: dict[str, HfArch] = {
                             "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                                               "num_attention_heads": 2, "image_size": 64, "patch_size": 16}},
               auto_class="AutoModelForImageTextToText", family="mla"),
+        # nemotron_h_moe (Nemotron 3 Nano's form): a Mamba2 layer, a MoE layer, an attention layer
+        # (no RoPE), a MoE layer, as the real "MEMEM*E..." pattern; each block is one of the
+        # three, so it routes twice. Experts have no gate (up, ReLU^2, down) and a shared expert
+        # beside them; sigmoid routing with a per-expert selection bias (randomised: transformers
+        # starts it at zero), weights normalised and scaled by 2.5, one expert group, as Nano.
+        # Experts of 192: with no gate projection, the Q8_0 experts at 128 (1.1 MB) nearly fit the
+        # eviction gate's 1 MiB cache, and the tokens it runs touched fewer than all of them.
+        _arch("nemotron_h_moe", "nemotron_h", 180, "NVIDIA-Nemotron-3-Nano-30B-A3B",
+              config={"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"],
+                      "num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 192,
+                      "moe_shared_expert_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+                      "routed_scaling_factor": 2.5, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                      "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4},
+              random_init=("e_score_correction_bias",),
+              family="mamba2"),
+        # jamba (Jamba-v0.1's layout at a quarter of the length): Mamba1 layers with an attention
+        # layer (no RoPE) at index 2 of 4, and experts on every second layer from 1 (the real
+        # period 2, offset 1), so the MoE layers follow a Mamba and an attention layer and the
+        # dense SwiGLU layers between them load whole. llama.cpp accepts only mamba_expand 2.
+        # Softmax top-k routing, the weights left unnormalised. The converter reads a
+        # SentencePiece model when the folder has one, as the real ones do: tokenizer "spm".
+        _arch("jamba", "jamba", 181, "Jamba-v0.1, AI21-Jamba-Mini-1.5/1.6/1.7, AI21-Jamba-Large-1.5",
+              config={"vocab_size": _VOCAB + SPM_BYTE_PIECES, "num_hidden_layers": 4,
+                      "num_key_value_heads": 2, "intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
+                      "attn_layer_period": 4, "attn_layer_offset": 2, "mamba_d_state": 16,
+                      "mamba_d_conv": 4, "mamba_expand": 2},
+              tokenizer="spm", family="mamba"),
+        # bailingmoe3 (Ling 3.0; transformers' bailing_hybrid): two Kimi-delta-attention (KDA)
+        # layers, then a gated MLA layer (layer_group_size 3: the last of each group is MLA, as
+        # Ling 3.0's 5 + 1), the first layer dense, then routed experts with a shared expert and
+        # DeepSeek-V3-style routing: sigmoid, a per-expert selection bias (randomised), 8 groups
+        # of 4 experts of which the best 2 are kept, weights normalised and scaled by 2.5. No
+        # q_lora_rank (the loader takes it as optional). transformers builds no
+        # multi-token-prediction layer: num_mtp_layers 0. The converter reads keys transformers' config renames on load
+        # (norm_topk_prob, n_group) or does not have (no_kda_lora, head-wise attention gates,
+        # score_function), and the class name BailingMoeV3ForCausalLM: so the saved config.json
+        # carries them, under a model_type transformers does not know ("bailing_moe_v3"), which
+        # makes the converter read config.json as written instead of through AutoConfig.
+        _arch("bailingmoe3", "bailing_hybrid", 182, "Ling-3.0-tiny, Ling-3.0-flash",
+              config={"num_hidden_layers": 3, "layer_group_size": 3, "first_k_dense_replace": 1,
+                      "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 128,
+                      "moe_intermediate_size": 128, "moe_shared_expert_intermediate_size": 128,
+                      "num_local_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
+                      "n_group": 8, "topk_group": 2, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "kv_lora_rank": 32, "q_lora_rank": None, "qk_rope_head_dim": 16,
+                      "qk_nope_head_dim": 16, "v_head_dim": 16, "short_conv_kernel_size": 4,
+                      "max_position_embeddings": 4096, "rope_theta": 6000000.0, "num_mtp_layers": 0},
+              saved_config={"architectures": ["BailingMoeV3ForCausalLM"], "no_kda_lora": True,
+                            "gated_attention_proj_granularity_type": "head_wise",
+                            "score_function": "sigmoid", "norm_topk_prob": True, "n_group": 8,
+                            "model_type": "bailing_moe_v3"},
+              random_init=("e_score_correction_bias",),
+              family="kda"),
     )
 }
 

@@ -136,7 +136,14 @@ def load_reference(arch: str, out_dir: Path):
     ggml_rounding.register()  # activations a recipe's reference_config may name
     a = hf_arch(arch)
     folder = hf_dir(arch, out_dir)
-    config = AutoConfig.from_pretrained(folder)
+    if "model_type" in a.saved_config:
+        # The folder names a model_type transformers does not know (HfArch.saved_config): the
+        # config is the recipe's model_type with the saved keys.
+        saved = json.loads((folder / "config.json").read_text())
+        del saved["model_type"]
+        config = AutoConfig.for_model(a.model_type, **saved)
+    else:
+        config = AutoConfig.from_pretrained(folder)
     for key, value in a.reference_config.items():
         setattr(config, key, value)
     model = getattr(transformers, a.auto_class).from_pretrained(folder, config=config, dtype=torch.float32,
