@@ -76,6 +76,8 @@ class SessionConfig:
     # prefill device (docs/prefill-device.md): None = everything on the CPU
     prefill_device: str | None = None
     prefill_min_tokens: int = 32  # ubatches at least this wide run on the device
+    # the model's vision projector GGUF (docs/decide.md "Images"): images in requests; None: text only
+    mmproj: Path | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -199,6 +201,17 @@ def validate(cfg: SessionConfig) -> None:
         if cfg.decide_batch > MAX_DECIDE_BATCH:
             raise ConfigError(f"decide_batch: at most {MAX_DECIDE_BATCH} (llama.cpp's sequence limit), got {cfg.decide_batch}")
     _int_at_least(cfg, "decide_pride_sample", 1)
+    if cfg.mmproj is not None:
+        if not isinstance(cfg.mmproj, (str, Path)) or str(cfg.mmproj) == "":
+            raise ConfigError(f"mmproj: must be a path to the model's vision projector .gguf file, got {cfg.mmproj!r}")
+        mm = Path(cfg.mmproj)
+        try:
+            if mm.is_dir():
+                raise ConfigError(f"mmproj: {mm} is a folder, not a .gguf file")
+            if not mm.is_file():
+                raise ConfigError(f"mmproj: file not found: {mm}")
+        except OSError as e:
+            raise ConfigError(f"mmproj: cannot use {mm}: {e.strerror or e}") from None
 
 
 # --- the default model ----------------------------------------------------------------

@@ -118,6 +118,10 @@ SESSION_FLAGS: tuple[Flag, ...] = (
                "needs them, fewer where memory is short; 1: one by one, no side sequences"),
     _flag("--decide-pride-sample", field="decide_pride_sample", type=int, default=8, metavar="K",
           help='debias "pride": the first K requests of a label list estimate the prior (default 8)'),
+    # images
+    _flag("--mmproj", field="mmproj", type=Path, default=None, metavar="FILE",
+          help="the model's vision projector GGUF (llama.cpp's convert_hf_to_gguf.py --mmproj): images in "
+               "generate and decide requests, encoded resident beside a streamed or resident model"),
     # prefill device
     _flag("--prefill-device", field="prefill_device", default=None, metavar="DEV",
           help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)"),

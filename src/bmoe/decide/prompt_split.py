@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bmoe.decide.port import PromptRenderer
+from bmoe.decide.port import PromptRenderer, is_image_token
 from bmoe.numerics import common_prefix_len
+from bmoe.rules import place_images
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +32,18 @@ class SplitPrompt:
         return len(self.tokens)
 
 
-def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str) -> SplitPrompt:
-    """Render and tokenize the prompt, and find the prefix boundary on its tokens."""
-    whole, alone = renderer.tokenize_prompts([renderer.render_user(prefix + suffix), renderer.render_user(prefix)])
+def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[str, ...] = ()) -> SplitPrompt:
+    """Render and tokenize the prompt, and find the prefix boundary on its tokens. ``images``
+    go at the markers of ``prefix + suffix``, or without one in front of the prefix."""
+    if images and place_images(prefix + suffix, len(images)) != prefix + suffix:
+        prefix = place_images(prefix, len(images))
+    texts = [renderer.render_user(prefix + suffix), renderer.render_user(prefix)]
+    whole, alone = renderer.tokenize_prompts(texts, images) if images else renderer.tokenize_prompts(texts)
     tokens = tuple(whole)
     # Giving one token back also keeps at least one token after the prefix, so the logits the
     # decision reads always come from a prefill made in this call.
     n_prefix = max(0, common_prefix_len(tokens, alone) - 1)
+    # An image is prefilled whole: a boundary inside one moves to its start.
+    while 0 < n_prefix < len(tokens) and is_image_token(tokens[n_prefix]) and tokens[n_prefix - 1] == tokens[n_prefix]:
+        n_prefix -= 1
     return SplitPrompt(tokens=tokens, n_prefix=n_prefix)
