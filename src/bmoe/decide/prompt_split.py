@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bmoe.decide.errors import DecideRequestError
 from bmoe.decide.port import PromptRenderer, is_image_token
 from bmoe.numerics import common_prefix_len
-from bmoe.rules import place_images
+from bmoe.rules import IMAGE_MARKER, place_images
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,12 @@ class SplitPrompt:
 def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[str, ...] = ()) -> SplitPrompt:
     """Render and tokenize the prompt, and find the prefix boundary on its tokens. ``images``
     go at the markers of ``prefix + suffix``, or without one in front of the prefix."""
-    if images and place_images(prefix + suffix, len(images)) != prefix + suffix:
+    n_markers = (prefix + suffix).count(IMAGE_MARKER) if images else 0
+    if n_markers and n_markers != len(images):
+        raise DecideRequestError(f"decide: images: {len(images)} image(s) but the prompt has {n_markers} image "
+                                 f"marker(s) {IMAGE_MARKER}; put one marker where each image goes, or none (then the "
+                                 "images go in front of the prefix)", field="images")
+    if images and not n_markers:
         prefix = place_images(prefix, len(images))
     texts = [renderer.render_user(prefix + suffix), renderer.render_user(prefix)]
     whole, alone = renderer.tokenize_prompts(texts, images) if images else renderer.tokenize_prompts(texts)
