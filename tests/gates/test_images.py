@@ -172,8 +172,9 @@ def test_images_without_mmproj_are_refused(open_session, vl: dict) -> None:
 
 def test_an_mmproj_for_another_model_is_refused_at_open(open_session, vl: dict, tiny_dir: Path) -> None:
     other = write_tiny("qwen3moe", "q8_0", tiny_dir)  # n_embd 256: the projector gives 64 (+64 deepstack)
-    with pytest.raises(ModelFileError, match="does not match the model"):
+    with pytest.raises(ModelFileError, match="does not match the model") as exc:
         open_session(other, mmproj=vl["mmproj"])
+    assert "\n" not in str(exc.value) and str(other) in str(exc.value)
     with pytest.raises(ModelFileError, match="not a GGUF"):
         open_session(vl["model"], mmproj=Path(vl["screen"]))
     with pytest.raises(ConfigError, match="mmproj: file not found"):

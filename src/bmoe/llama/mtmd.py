@@ -84,8 +84,8 @@ class _Log:
 
     def take(self) -> str:
         with self._lock:
-            lines, self.errors = [e for e in self.errors if e], []
-        return "; ".join(lines)
+            lines, self.errors = [" ".join(e.split()) for e in self.errors if e.strip()], []
+        return "; ".join(lines)  # one line: a refusal's message is one line
 
 
 _LOG: _Log | None = None
