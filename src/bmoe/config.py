@@ -84,6 +84,8 @@ class SessionConfig:
     # settings the caller chose even where they equal the default, which the plan keeps (a setting
     # that differs from its default is kept anyway); the command-line edges fill it from the flags given
     fixed: frozenset[str] = frozenset()
+    # the model's vision projector GGUF (docs/decide.md "Images"): images in requests; None: text only
+    mmproj: Path | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -212,6 +214,17 @@ def validate(cfg: SessionConfig) -> None:
     unknown = sorted(set(cfg.fixed) - set(SessionConfig.__dataclass_fields__)) if isinstance(cfg.fixed, frozenset) else None
     if unknown is None or unknown:
         raise ConfigError(f"fixed: must be a frozenset of setting names, got {cfg.fixed!r}")
+    if cfg.mmproj is not None:
+        if not isinstance(cfg.mmproj, (str, Path)) or str(cfg.mmproj) == "":
+            raise ConfigError(f"mmproj: must be a path to the model's vision projector .gguf file, got {cfg.mmproj!r}")
+        mm = Path(cfg.mmproj)
+        try:
+            if mm.is_dir():
+                raise ConfigError(f"mmproj: {mm} is a folder, not a .gguf file")
+            if not mm.is_file():
+                raise ConfigError(f"mmproj: file not found: {mm}")
+        except OSError as e:
+            raise ConfigError(f"mmproj: cannot use {mm}: {e.strerror or e}") from None
 
 
 # --- the default model ----------------------------------------------------------------

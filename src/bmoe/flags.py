@@ -123,6 +123,10 @@ SESSION_FLAGS: tuple[Flag, ...] = (
           help="auto (default): choose at open what no flag sets (resident or streamed, cache, read-ahead, dense "
                "weights, threads, prefill batch) from this machine's memory, cores and disk and the model; "
                "off: every setting as given"),
+    # images
+    _flag("--mmproj", field="mmproj", type=Path, default=None, metavar="FILE",
+          help="the model's vision projector GGUF (llama.cpp's convert_hf_to_gguf.py --mmproj): images in "
+               "generate and decide requests, encoded resident beside a streamed or resident model"),
     # prefill device
     _flag("--prefill-device", field="prefill_device", default=None, metavar="DEV",
           help="run wide prefill ubatches on this device, e.g. CUDA0 (docs/prefill-device.md)"),

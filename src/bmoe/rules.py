@@ -43,6 +43,20 @@ TOP_P: Rule = ("a number in (0, 1]", lambda v: _num(v) and 0.0 < v <= 1.0)
 SEED: Rule = ("a non-negative integer", lambda v: _int(v) and v >= 0)
 STR_LIST: Rule = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
 OBJECT: Rule = ("an object", lambda v: isinstance(v, dict))
+IMAGES: Rule = ("a list of strings (image file paths or data: URLs)",
+                lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v))
+
+# Where an image goes in a request's text (generate's prompt, decide's prefix and suffix): each
+# marker takes the next image, in order. Text without a marker gets every image at its start.
+IMAGE_MARKER = "<__media__>"
+
+
+def place_images(text: str, n_images: int) -> str:
+    """``text`` with its images placed: as it is where it holds a marker (or there are no images),
+    else the ``n_images`` markers in front of it (the documented default)."""
+    if n_images == 0 or IMAGE_MARKER in text:
+        return text
+    return IMAGE_MARKER * n_images + text
 
 
 class FieldError(RequestError):
@@ -57,7 +71,7 @@ def lone_surrogate(value: object) -> str | None:
     if isinstance(value, str):
         m = _SURROGATE.search(value)
         return None if m is None else f"a lone surrogate \\u{ord(m.group()):04x} at index {m.start()}"
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             where = lone_surrogate(v)
             if where is not None:

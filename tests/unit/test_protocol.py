@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from bmoe.wire.protocol import (
     MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
+    request_fields,
 )
 from bmoe.runtime.results import GenerateRequest
 
@@ -188,3 +189,14 @@ def test_a_record_with_a_lone_surrogate_is_still_writable_utf8() -> None:
     out.encode("utf-8")  # a strict UTF-8 stdout takes it
     assert out == 'BMOE_READY {"model":"/models/bad\\udcff.gguf"}'
     assert line("READY", {"model": "é"}) == 'BMOE_READY {"model":"é"}'  # others stay as they are
+
+
+def test_images_ride_generate_and_decide_lines_as_tuples() -> None:
+    g = parse_line('{"cmd":"generate","prompt":"<__media__> what is it?","images":["a.png","data:image/png;base64,AA=="]}')
+    assert g == GenerateRequest(prompt="<__media__> what is it?", images=("a.png", "data:image/png;base64,AA=="))
+    d = parse_line('{"cmd":"decide","id":2,"prefix":"p","suffix":"s","choices":["A","B"],"images":["shot.png"]}')
+    assert d.request.images == ("shot.png",)
+    assert parse_line(json.dumps({"cmd": "decide", **request_fields(d.request)})).request == d.request
+    for bad in ('"images":"a.png"', '"images":[1]', '"images":[""]'):
+        with pytest.raises(ProtocolError, match="images"):
+            parse_line('{"cmd":"generate","prompt":"x",' + bad + '}')

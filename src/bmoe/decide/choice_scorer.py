@@ -55,11 +55,16 @@ def first_tokens(tokenizer: ChoiceTokenizer, choices: Sequence[str]) -> tuple[in
     return tuple(firsts)
 
 
-def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
-    """Refuse a prompt with no tokens or more tokens than the context holds."""
+def check_prompt_fits(n_tokens: int, n_ctx: int, n_image_tokens: int = 0) -> None:
+    """Refuse a prompt with no tokens or more tokens than the context holds (``n_image_tokens``
+    of them its images')."""
     if n_tokens == 0:
         raise EmptyPromptError("decide: the prompt renders to no tokens; give a prefix or a suffix")
     if n_tokens > n_ctx:
+        if n_image_tokens:
+            raise PromptTooLongError(
+                f"decide: the prompt is {n_tokens} tokens, {n_image_tokens} of them its images', but the context "
+                f"holds {n_ctx}; give smaller images or fewer, or open the session with a larger context")
         raise PromptTooLongError(
             f"decide: the prompt is {n_tokens} tokens but the context holds {n_ctx}; "
             f"shorten the prefix or suffix, or open the session with a larger context"

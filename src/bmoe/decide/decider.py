@@ -35,7 +35,9 @@ from bmoe.decide.continuations import NeutralStore, continuation_logps
 from bmoe.decide.errors import (
     DecideBackendError, DecideCancelled, DecideRefusal, DecideRequestError, NoSideSequenceError,
 )
-from bmoe.decide.port import BYTES_PER_MIB, SIDE_FAILED, SIDE_MEMORY, DecideBackend, PrefillCost, SideSequences
+from bmoe.decide.port import (
+    BYTES_PER_MIB, SIDE_FAILED, SIDE_MEMORY, DecideBackend, PrefillCost, SideSequences, is_image_token,
+)
 from bmoe.decide.kept_prefix import PrefixStore
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
@@ -129,7 +131,9 @@ def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) ->
 def _shares_prefix(request: DecideRequest, plan: _Plan) -> bool:
     """Whether the request can share its prefix piece with others: a first-token decision that
     keeps a non-empty prefix."""
-    return bool(request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None)
+    # A suffix holding an image runs alone: an image is prefilled by itself, not beside others.
+    return bool(request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None
+                and not any(is_image_token(t) for t in plan.prompt.tokens[plan.prompt.n_prefix:]))
 
 
 def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Checked], policy: DecidePolicy) -> bool:
@@ -330,8 +334,8 @@ def _plan(backend: DecideBackend, request: DecideRequest) -> _Plan:
     if request.scoring == SCORING_FULL:
         return _plan_full(backend, request)
     first = first_tokens(backend, request.choices)
-    prompt = split_prompt(backend, request.prefix, request.suffix)
-    check_prompt_fits(prompt.n_tokens, backend.n_ctx())
+    prompt = split_prompt(backend, request.prefix, request.suffix, request.images)
+    check_prompt_fits(prompt.n_tokens, backend.n_ctx(), sum(1 for t in prompt.tokens if is_image_token(t)))
     return _Plan(prompt=prompt, first=first)
 
 
@@ -339,9 +343,9 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
     """The checks of a full-scored request: every choice's tokens fit after the prompt (and after
     the neutral prompt), on side sequences the backend has."""
     tokens = tokenize_choices(backend, request.choices)  # first tokens may collide: all are scored
-    prompt = split_prompt(backend, request.prefix, request.suffix)
+    prompt = split_prompt(backend, request.prefix, request.suffix, request.images)
     n_ctx = backend.n_ctx()
-    check_prompt_fits(prompt.n_tokens, n_ctx)
+    check_prompt_fits(prompt.n_tokens, n_ctx, sum(1 for t in prompt.tokens if is_image_token(t)))
     sides = backend.side_sequences()  # open or to be opened before the request runs (the service)
     if sides.n_most < 1:
         raise NoSideSequenceError(no_side_sequence_message(sides, n_ctx))

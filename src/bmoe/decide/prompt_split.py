@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bmoe.decide.port import PromptRenderer
+from bmoe.decide.errors import DecideRequestError
+from bmoe.decide.port import PromptRenderer, is_image_token
 from bmoe.numerics import common_prefix_len
+from bmoe.rules import IMAGE_MARKER, place_images
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +33,23 @@ class SplitPrompt:
         return len(self.tokens)
 
 
-def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str) -> SplitPrompt:
-    """Render and tokenize the prompt, and find the prefix boundary on its tokens."""
-    whole, alone = renderer.tokenize_prompts([renderer.render_user(prefix + suffix), renderer.render_user(prefix)])
+def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[str, ...] = ()) -> SplitPrompt:
+    """Render and tokenize the prompt, and find the prefix boundary on its tokens. ``images``
+    go at the markers of ``prefix + suffix``, or without one in front of the prefix."""
+    n_markers = (prefix + suffix).count(IMAGE_MARKER) if images else 0
+    if n_markers and n_markers != len(images):
+        raise DecideRequestError(f"decide: images: {len(images)} image(s) but the prompt has {n_markers} image "
+                                 f"marker(s) {IMAGE_MARKER}; put one marker where each image goes, or none (then the "
+                                 "images go in front of the prefix)", field="images")
+    if images and not n_markers:
+        prefix = place_images(prefix, len(images))
+    texts = [renderer.render_user(prefix + suffix), renderer.render_user(prefix)]
+    whole, alone = renderer.tokenize_prompts(texts, images) if images else renderer.tokenize_prompts(texts)
     tokens = tuple(whole)
     # Giving one token back also keeps at least one token after the prefix, so the logits the
     # decision reads always come from a prefill made in this call.
     n_prefix = max(0, common_prefix_len(tokens, alone) - 1)
+    # An image is prefilled whole: a boundary inside one moves to its start.
+    while 0 < n_prefix < len(tokens) and is_image_token(tokens[n_prefix]) and tokens[n_prefix - 1] == tokens[n_prefix]:
+        n_prefix -= 1
     return SplitPrompt(tokens=tokens, n_prefix=n_prefix)

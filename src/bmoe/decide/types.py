@@ -56,6 +56,10 @@ class DecideRequest:
     options: tuple[str, ...] | None = None
     render: RenderRule | None = None
     debias: str | None = None
+    # images (file paths or data: URLs) placed at the markers of prefix + suffix
+    # (bmoe.rules.IMAGE_MARKER), or, without one, all in front of the prefix: they are then kept
+    # with it (docs/decide.md "Images")
+    images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,11 +186,17 @@ class LlamaContext:
             b.seq_id[k][0] = seq
             b.logits[k] = 1 if want else 0
         rc = llama_cpp.llama_decode(self.ptr, b)
+        self.after_decode(rc, failure.format(rc=rc))
+        self.n_dev_tokens += self._device_tokens(n)
+
+    def after_decode(self, rc: int, failure: str) -> None:
+        """What follows every decode of this context (tokens here, an image's embeddings in
+        bmoe.llama.mtmd): the streaming hook's own failure first, then llama.cpp's return code
+        (``failure`` is the message when it is not 0)."""
         if self._eval_callback is not None:
             self._eval_callback.raise_if_failed()  # an aborted decode's logits are garbage
         if rc != 0:
-            raise ContextError(failure.format(rc=rc))
-        self.n_dev_tokens += self._device_tokens(n)
+            raise ContextError(failure)
 
     def _device_tokens(self, n_chunk: int) -> int:
         """Tokens of one llama_decode call that the prefill device ran: its ubatches at least

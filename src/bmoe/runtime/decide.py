@@ -21,13 +21,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
-from ..decide.errors import DecideBackendError, DecideCancelled
+from ..decide.errors import DecideBackendError, DecideCancelled, DecideRequestError
 from ..decide.port import (
     SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
 )
+from ..llama.mtmd import ImageError
 from ..stream.stats import StreamStats
 from .chat import Message
 from .forks import decode_forks, pack_calls, prefill_apart
+from .images import count_markers
 from .runtime import Runtime, SideSequencesError
 
 UNKNOWN_TOKEN = -1
@@ -80,15 +82,26 @@ class LlamaDecideBackend:
     def render_user(self, text: str) -> str:
         return self._rt.render([Message("user", text)], think=False)
 
-    def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
+    def tokenize_prompts(self, texts: Sequence[str], images: Sequence[str] = ()) -> list[list[int]]:
         # llama_tokenize releases the GIL and only reads the vocabulary, so the others run on a
         # worker thread while this one does the first: the two tokenizations of a 3000-token
         # prompt take 3 ms instead of 5.5 ms on a core left idle (bench/decide.py).
+        if images:
+            return self._with_images(texts, images)
         if len(texts) < 2:
             return [self._rt.tokenize_prompt(t) for t in texts]
         others = [_tokenizer_pool().submit(self._rt.tokenize_prompt, t) for t in texts[1:]]
         first = self._rt.tokenize_prompt(texts[0])
         return [first] + [f.result() for f in others]
+
+    def _with_images(self, texts: Sequence[str], images: Sequence[str]) -> list[list[int]]:
+        """Each text's tokens, its k markers taking the request's first k images (read once for
+        all the texts); a bad image is a refusal of the request, named as its field."""
+        try:
+            read = self._rt.read_images(images)
+            return [self._rt.tokenize_prompt(t, read[: count_markers(t)]) for t in texts]
+        except ImageError as exc:
+            raise DecideRequestError(f"decide: {exc}", field="images") from None
 
     def tokenize_choice(self, text: str) -> list[int]:
         return self._rt.model.tokenize(text, add_special=False, parse_special=False)
@@ -192,6 +205,7 @@ class LlamaDecideBackend:
             raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
         if not 0 < len(suffixes) <= self.max_batch() or any(not s for s in suffixes):
             raise DecideBackendError(f"decide: a batch takes 1..{self.max_batch()} non-empty suffixes")
+        pos = kv.pos_of(n_past)  # where the suffixes start: the token count, but after an image
         start = self._mark()
         rows: list[np.ndarray | None] = [None] * len(suffixes)
         calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None)
@@ -204,12 +218,12 @@ class LlamaDecideBackend:
                 for seq, i in enumerate(call, start=1):
                     toks = list(suffixes[i])
                     ctx.fork(seq)
-                    items.append((seq, toks + [toks[-1]] * (longest - len(toks)), n_past, len(toks) - 1))
+                    items.append((seq, toks + [toks[-1]] * (longest - len(toks)), pos, len(toks) - 1))
                 if longest > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
                     (seq, toks, _, _), = items
                     for at in range(0, len(toks), ctx.n_batch):
                         piece = toks[at : at + ctx.n_batch]
-                        row = ctx.decode_seqs([(seq, piece, n_past + at, len(piece) - 1)])
+                        row = ctx.decode_seqs([(seq, piece, pos + at, len(piece) - 1)])
                     rows[call[0]] = row[0]
                 else:
                     for i, row_i in zip(call, ctx.decode_seqs(items)):
@@ -234,8 +248,9 @@ class LlamaDecideBackend:
         data = None if base is None else saved_bytes(base)
         if base is not None and not isinstance(data, np.ndarray):
             raise DecideBackendError("decide: a neutral prompt state this adapter did not save")
+        pos = self._rt.kv.pos_of(n_past) if base is None else n_past  # a neutral prompt holds no image
         start = self._mark()
-        rows = decode_forks(self._rt.ctx, continuations, n_past, data)
+        rows = decode_forks(self._rt.ctx, continuations, pos, data)
         return rows, self._cost_since(start, sum(len(c) for c in continuations))
 
     def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
@@ -283,7 +298,7 @@ class LlamaDecideBackend:
         n = state.n_tokens
         # Trimmed even when the bookkeeping holds n tokens: the copy must hold positions 0..n-1
         # and nothing after them, whatever a failed decode left behind.
-        if not ctx.trim(n):
+        if not kv.trim_to(n):
             raise DecideBackendError(f"decide: cannot cut the sequence back to the kept {n}-token prefix to save it")
         del kv.tokens[n:]
         t0 = time.perf_counter()
@@ -317,7 +332,7 @@ class LlamaDecideBackend:
         kv = self._rt.kv
         kept = self._kept()
         n = state.n_tokens
-        if self._holding is state and (kv.n_past == n or self._rt.ctx.trim(n)):
+        if self._holding is state and (kv.n_past == n or kv.trim_to(n)):
             del kv.tokens[n:]  # the sequence already is the kept state: no copy
             self._logits = None
             return

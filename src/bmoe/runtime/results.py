@@ -20,6 +20,9 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     keep_logits: bool = False  # keep every step's logit row (gates compare them bit for bit)
+    # image file paths or data: URLs, placed at the prompt's markers (rules.IMAGE_MARKER), or in
+    # front of it without one; needs a session opened with mmproj
+    images: tuple[str, ...] = ()
 
 
 # What a generate request may hold, field by field: the session checks a GenerateRequest built in
@@ -27,7 +30,7 @@ class GenerateRequest:
 GENERATE_FIELDS: rules.Spec = {
     "id": (rules.INT, False), "prompt": (rules.STR, True), "n_predict": (rules.POS_INT, False),
     "think": (rules.BOOL, False), "clear_kv": (rules.BOOL, False), "temperature": (rules.TEMPERATURE, False),
-    "top_p": (rules.TOP_P, False), "seed": (rules.SEED, False),
+    "top_p": (rules.TOP_P, False), "seed": (rules.SEED, False), "images": (rules.IMAGES, False),
 }
 
 

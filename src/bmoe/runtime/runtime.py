@@ -17,21 +17,24 @@ import resource
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from .. import rules
 from ..config import SessionConfig
 from ..errors import BmoeError, ConfigError, ContextOverflowError, EngineFailure, ModelFileError, RequestError
 from ..llama.context import ContextParams, LlamaContext
 from ..llama.devices import open_prefill_device
 from ..llama.model import LlamaModel, ModelLoadParams
+from ..llama.mtmd import Image, ImageError, Projector
 from ..numerics import log_softmax
 from ..stream.budget import available_bytes
 from ..stream.layout import read_header, shard_paths
 from ..stream.stats import StreamStats
 from .chat import ChatRenderer, Message, Prompt
 from .footprint import kv_bytes_per_sequence
+from .images import ImageRuns, split_at_markers
 from .kv import KvSequence
 from .perplexity import perplexity as _perplexity
 from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
@@ -150,6 +153,7 @@ class Runtime:
                 self.model.close()
                 raise
         self.ctx: LlamaContext | None = None
+        self.images: ImageRuns | None = None
         try:
             self._open_rest(config)
         except BaseException:  # nothing opened so far stays behind (a model's anonymous pages are GBs)
@@ -161,6 +165,9 @@ class Runtime:
     def _open_rest(self, config: SessionConfig) -> None:
         """The context, the warm-up a prefill device needs, and the chat template: what opening
         does after the model loaded (``__init__`` frees everything if any of it fails)."""
+        if config.mmproj is not None:  # resident, beside a streamed or resident language model
+            self.images = ImageRuns(Projector(Path(config.mmproj), self.model, n_threads=config.threads,
+                                              flash_attn=config.flash_attn))
         self._open_context(config.n_seq_at_open)
         self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
         eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
@@ -188,7 +195,7 @@ class Runtime:
             # rebound, the order it learned), not to a context.
             eval_callback=self.stream.hook if self.stream is not None else None,
         )
-        kv = KvSequence(ctx)
+        kv = KvSequence(ctx, self.images)
         if self.stream is not None and self.prefill_device is not None:
             # The hook binds streamed experts when a CPU graph first reads them; a device graph
             # reads copies taken before its nodes run. One CPU-wide token binds every layer first.
@@ -263,7 +270,17 @@ class Runtime:
     def render(self, messages: list[Message], *, think: bool) -> Prompt:
         return self.chat.render(messages, think=think)
 
-    def tokenize_prompt(self, text: str) -> list[int]:
+    def read_images(self, sources: Sequence[str]) -> list[Image]:
+        """A request's images (file paths or data: URLs), read and tokenized by the projector: a
+        RequestError naming the image, or the missing --mmproj, before anything is prefilled."""
+        if not sources:
+            return []
+        if self.images is None:
+            raise ImageError("images: this session has no vision projector; open it with --mmproj FILE "
+                               "(SessionConfig.mmproj), the model's projector GGUF")
+        return self.images.read(sources)
+
+    def tokenize_prompt(self, text: str, images: Sequence[Image] = ()) -> list[int]:
         """Tokenize a prompt, BOS as the model asks. A rendered one (``chat.Prompt``): special
         tokens parsed in the template's markup only, the messages' own text read as plain text,
         so a special token's text a message holds is never that token (llama/markup.py). Any
@@ -278,12 +295,37 @@ class Runtime:
             parts = text.parts
         else:
             parts = ((text, False),)
-        toks = self.model.tokenize_parts(parts)
+        if images:
+            toks = self._tokens_with_images(parts, images)
+        else:
+            toks = self.model.tokenize_parts(parts)
         # A BOS the template wrote is the prompt's own; one written in a message's text is text.
         starts = bool(self._bos_text) and text.startswith(self._bos_text)
         if starts and parts and parts[0][1]:
             starts = toks[:1] == [self.model.bos]
         return [self.model.bos] + toks if self.model.add_bos and not starts else toks
+
+    def _tokens_with_images(self, parts: Sequence[tuple[str, bool]], images: Sequence[Image]) -> list[int]:
+        """The parts' tokens with ``images`` in place of the image markers, in order; the text
+        between two markers is tokenized on its own (nothing merges across an image)."""
+        assert self.images is not None
+        pieces = split_at_markers(parts)
+        if len(pieces) - 1 != len(images):
+            raise ImageError(f"images: {len(images)} image(s) but the prompt has {len(pieces) - 1} image marker(s) "
+                               f"{rules.IMAGE_MARKER}; put one marker where each image goes, or none (then the "
+                               "images go in front of the text)")
+        toks: list[int] = []
+        for k, piece in enumerate(pieces):
+            if piece:
+                toks.extend(self.model.tokenize_parts(piece))
+            if k < len(images):
+                toks.extend(self.images.tokens(images[k]))
+        return toks
+
+    @staticmethod
+    def image_tokens(tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` are images' (placeholders)."""
+        return sum(1 for t in tokens if t < -1)
 
     # --- generate ---------------------------------------------------------------------
     def prepare(self, req: GenerateRequest) -> "Turn":
@@ -293,16 +335,23 @@ class Runtime:
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
         think = cfg.think if req.think is None else req.think
         history = [] if req.clear_kv else list(self.history)
-        messages = history + [Message("user", req.prompt)]
+        images = self.read_images(req.images)
+        if images and history:
+            # the history's markers would be text by then, and its images not read again
+            raise ImageError("images: a continued conversation (clear_kv false) cannot take images yet; "
+                               "send them in a new conversation (clear_kv true)")
+        messages = history + [Message("user", rules.place_images(req.prompt, len(images)))]
         turn_text = self.chat.render_turn(messages, think=think)
         rendered = turn_text.text
-        prompt = self.tokenize_prompt(rendered)
+        prompt = self.tokenize_prompt(rendered, images)
         if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
             raise RequestError("prompt: renders to no tokens (no chat template, and the model adds no BOS); "
                                "give a non-empty prompt")
         if len(prompt) + n_predict > self.n_ctx:
+            of_images = f", {self.image_tokens(prompt)} of them its images'" if images else ""
             raise ContextOverflowError(
-                f"prompt ({len(prompt)} tokens) plus n_predict ({n_predict}) exceeds the context (n_ctx {self.n_ctx})"
+                f"prompt ({len(prompt)} tokens{of_images}) plus n_predict ({n_predict}) exceeds the context "
+                f"(n_ctx {self.n_ctx})"
             )
         sampler = Sampler(
             cfg.temperature if req.temperature is None else req.temperature,
@@ -428,6 +477,8 @@ class Runtime:
     def close(self) -> None:
         if self.ctx is not None:
             self.ctx.close()
+        if self.images is not None:
+            self.images.close()
         if self.stream is not None:
             self.stream.close()
         self.model.close()

@@ -7,7 +7,8 @@ gives the same weights in Hugging Face form for the transformers reference test.
 from __future__ import annotations
 
 from bmoe.testing.hf_archs import FAMILIES, HF_ARCHS, HF_KQUANT_ARCHS, HfArch, hf_arch
-from bmoe.testing.hf_convert import hf_dir, load_reference, write_hf_arch
+from bmoe.testing.hf_convert import hf_dir, load_reference, write_hf_arch, write_hf_mmproj
+from bmoe.testing.images import png_bytes, write_png
 from bmoe.testing.smollm2 import SmolLM2NotInstalled, smollm2_gguf_path
 from bmoe.testing.spec import ARCHS, QUANTS, TinySpec, expert_slice_bytes, spec_for
 from bmoe.testing.weights import HfWeights, hf_weights
@@ -29,6 +30,9 @@ __all__ = [
     "hf_dir",
     "load_reference",
     "write_hf_arch",
+    "write_hf_mmproj",
+    "png_bytes",
+    "write_png",
     "QUANTS",
     "HfWeights",
     "SmolLM2NotInstalled",

@@ -113,6 +113,10 @@ class HfArch:
     # The kind of token mixing its layers do besides the MoE (a key of FAMILIES). The whole gate set
     # runs on one architecture of each family, the core gates on the rest (docs/testing.md).
     family: str = "attention"
+    # A vision-language recipe's image processor config (preprocessor_config.json in the HF folder):
+    # what the converter's --mmproj output reads its image size and normalisation from
+    # (hf_convert.write_hf_mmproj), and transformers' image processor too. None: no projector.
+    preprocessor: dict[str, Any] | None = None
 
     def hf_config(self) -> dict[str, Any]:
         text = {**_SMALL, **self.config}
@@ -304,6 +308,12 @@ HF_ARCHS: dict[str, HfArch] = {
                                               "deepstack_visual_indexes": [0],
                                               "num_position_embeddings": 64}},
               auto_class="AutoModelForImageTextToText",
+              # its projector (write_hf_mmproj): Qwen-VL's processor with the tiny vision tower's
+              # patches (16 px, 2x2 merged), images of 8 to 1024 tokens, pixels mapped to [-1, 1]
+              preprocessor={"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16,
+                            "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                            "image_std": [0.5, 0.5, 0.5],
+                            "size": {"shortest_edge": 8 * 32 * 32, "longest_edge": 1024 * 32 * 32}},
               # The real checkpoints hold the packed experts as [n_expert, n_embd, 2*n_ff] and
               # [n_expert, n_ff, n_embd], the converter's layout; transformers 5 writes its own.
               checkpoint_transpose=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),

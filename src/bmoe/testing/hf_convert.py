@@ -57,7 +57,10 @@ def _toolchain() -> dict[str, object]:
 
 
 def _recipe(a: HfArch, quant: str) -> str:
-    parts = {"recipe_version": RECIPE_VERSION, "arch": dataclasses.asdict(a), "quant": quant, **_toolchain()}
+    arch = dataclasses.asdict(a)
+    if arch.get("preprocessor") is None:  # recipes without a projector hash as they did before it
+        arch.pop("preprocessor", None)
+    parts = {"recipe_version": RECIPE_VERSION, "arch": arch, "quant": quant, **_toolchain()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -81,6 +84,8 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
     std = getattr(config, "initializer_range", None) or config.get_text_config().initializer_range
     _randomize(model, a.random_init, float(a.random_init_std or std))
     model.save_pretrained(out)
+    if a.preprocessor is not None:
+        (out / "preprocessor_config.json").write_text(json.dumps(a.preprocessor, indent=2) + "\n")
     if a.checkpoint_transpose:
         _transpose_saved(out, a.checkpoint_transpose)
     if a.saved_config:
@@ -173,6 +178,30 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
             quantize_gguf(write_hf_arch(arch, "f32", out_dir), tmp, _QUANTIZER_TYPES[quant])
         else:
             _convert(folder, tmp, quant, a.converter_args)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _sidecar(path).write_text(json.dumps({"recipe": recipe, "size": path.stat().st_size}) + "\n")
+    return path
+
+
+def write_hf_mmproj(arch: str, out_dir: Path) -> Path:
+    """Path of the tiny ``arch``'s vision projector GGUF (F32) under ``out_dir``, written by the
+    converter's ``--mmproj`` from the same HF folder as the language model, made when missing or
+    stale. Only a recipe with a ``preprocessor`` has one."""
+    a = hf_arch(arch)
+    if a.preprocessor is None:
+        raise ValueError(f"the tiny {arch} has no vision projector (its recipe has no preprocessor)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"mmproj-{arch}-f32.gguf"
+    recipe = _recipe(a, "mmproj-f32")
+    folder = _current_hf_folder(arch, a, out_dir)
+    if _is_current(path, recipe):
+        return path
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        _convert(folder, tmp, "f32", ("--mmproj",))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -78,6 +78,7 @@ class Decide:
             scoring=f.get("scoring", "first"), best_by=f.get("best_by", "sum"), unconditional=f.get("unconditional"),
             question=f.get("question"), options=None if f.get("options") is None else tuple(f["options"]),
             render=None if f.get("render") is None else render_rule(f["render"]), debias=f.get("debias"),
+            images=tuple(f.get("images", ())),
         )
 
 
@@ -130,6 +131,8 @@ DECIDE_FIELDS: Spec = {
     # the structured form and order debiasing: docs/decide.md "Order debiasing"
     "question": (_STR, False), "options": (_STR_LIST, False),
     "render": (rules.OBJECT, False), "debias": (_STR, False),
+    # images (docs/decide.md "Images"): file paths or data: URLs, at the text's markers
+    "images": (rules.IMAGES, False),
 }
 RENDER_FIELDS: Spec = {
     "template": (_STR, False), "option": (_STR, False), "joiner": (_STR, False), "cue": (_STR, False),
@@ -216,7 +219,10 @@ def parse_line(line: str) -> Command:
         raise ProtocolError(f"field 'cmd' must be a string, got {json.dumps(cmd)[:60]}", rid)
     body = {k: v for k, v in obj.items() if k != "cmd"}
     if cmd == "generate":
-        return GenerateRequest(**_check(body, GENERATE_FIELDS, "generate", rid))
+        fields = _check(body, GENERATE_FIELDS, "generate", rid)
+        if "images" in fields:
+            fields["images"] = tuple(fields["images"])
+        return GenerateRequest(**fields)
     if cmd == "cancel":
         _check(body, ID_ONLY, "cancel", rid)
         return Cancel(id=rid)
