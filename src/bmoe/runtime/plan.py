@@ -77,6 +77,7 @@ class ModelFacts:
     expert_bytes: int        # 0: a dense model (nothing to stream)
     token_bytes: int         # one token's routed experts (the cache's floor)
     kv_bytes: int            # the KV of the sequences the session opens with
+    mmproj_bytes: int        # the vision projector (--mmproj), held resident beside the model
     n_vocab: int
     n_embd: int
     n_head: int
@@ -112,7 +113,7 @@ class Plan:
                         "limit_mib": None if self.machine.limit is None else self.machine.limit // MIB,
                         "cores": self.machine.cores},
             "model": {"file_mib": round(self.model.file_bytes / MIB, 1), "dense_mib": round(self.model.dense_bytes / MIB, 1),
-                      "expert_mib": round(self.model.expert_bytes / MIB, 1),
+                      "expert_mib": round(self.model.expert_bytes / MIB, 1), "mmproj_mib": round(self.model.mmproj_bytes / MIB, 1),
                       "token_mib": round(self.model.token_bytes / MIB, 2), "kv_mib": round(self.model.kv_bytes / MIB, 1)},
             "disk": disk,
         }
@@ -158,8 +159,9 @@ def model_facts(config: SessionConfig) -> ModelFacts:
         streamable = "a dense model: it has no experts to stream"
     except UnsupportedArchError:
         streamable = f"expert streaming does not support architecture '{arch}'"
+    mmproj = Path(config.mmproj).stat().st_size if config.mmproj is not None else 0
     return ModelFacts(
-        file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
+        mmproj_bytes=mmproj, file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
         expert_bytes=layout.expert_nbytes if layout else 0, token_bytes=layout.floor_bytes() if layout else 0,
         kv_bytes=kv, n_vocab=n_vocab, n_embd=n_embd, n_head=_int(fields_, f"{arch}.attention.head_count"),
         streamable=streamable, can_prefetch=can_prefetch)
@@ -194,7 +196,7 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
             planned[name] = value
 
     base_compute = compute_bytes(m, config.n_ubatch, config.n_ctx)
-    resident_need = m.file_bytes + m.kv_bytes + base_compute
+    resident_need = m.file_bytes + m.mmproj_bytes + m.kv_bytes + base_compute
     stream_given = [f for f in STREAM_FIELDS if is_fixed(config, f)]
     if stream_given:
         streamed = config.moe_stream
@@ -222,10 +224,11 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
         if batch_given:
             n_ub = config.n_ubatch
         compute = compute_bytes(m, n_ub, config.n_ctx)
-        left = room - m.dense_bytes - m.kv_bytes - compute
+        fixed_bytes = m.dense_bytes + m.mmproj_bytes + m.kv_bytes
+        left = room - fixed_bytes - compute
         if left < m.token_bytes and not batch_given:  # the wide buffers would leave no cache: stay narrow
             n_ub, compute = config.n_ubatch, base_compute
-            left = room - m.dense_bytes - m.kv_bytes - compute
+            left = room - fixed_bytes - compute
         dense = "anon" if left >= 0 else "mmap"
         cache = -(-m.expert_bytes // MIB) if left >= m.expert_bytes else max(0, left) // MIB
         if cache * MIB < m.token_bytes:  # below one token's experts a cache only churns
