@@ -182,6 +182,14 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # kimi-linear (src/models/kimi-linear.cpp): KDA (recurrent) and MLA layers alike end in
+        # ffn_norm on ffn_inp, then build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid for Kimi-Linear), weights renormalised and scaled; the shared expert beside it.
+        # The leading dense layers (leading_dense_block_count) carry no experts.
+        _entry("kimi-linear", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers, KDA (linear-attention) state",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
+    "kda": "Kimi delta attention (gated DeltaNet with a per-channel decay) beside MLA (recurrent state)",
 }
 
 
@@ -340,6 +341,31 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # kimi-linear (Kimi-Linear-48B-A3B): a Kimi-delta-attention layer (gated DeltaNet with a
+        # per-channel decay, short convolutions on q/k/v), then an MLA layer without RoPE and
+        # without q compression (the real model repeats 3 + 1), each with DeepSeek-V3-style
+        # routing: sigmoid scores plus a per-expert selection bias (randomised), weights
+        # renormalised and scaled, one shared expert. No leading dense layer (the real model has
+        # one): transformers saves every layer's MLP under the MoE's checkpoint prefix
+        # block_sparse_moe, where the converter finds no name for a dense one. llama.cpp runs
+        # KDA and MLA with n_head heads both: linear_num_heads = num_attention_heads; its MLA
+        # converter splits kv_b by num_key_value_heads, which must also be n_head. The converter
+        # reads the layer kinds and KDA sizes only from linear_attn_config (1-based layer
+        # numbers, as the real config.json carries it; transformers reads it too), and the gating function from
+        # moe_router_activation_func (likewise; without it the loader refuses the file).
+        # rms_norm_eps 1e-6: llama.cpp's KDA l2-normalises q and k with the model's RMS eps where
+        # transformers fixes 1e-6 (at 1e-5 parity is 1.5e-3, the difference all from there).
+        _arch("kimi-linear", "kimi_linear", 150, "Kimi-Linear-48B-A3B",
+              config={"layer_types": ["linear_attention", "full_attention"], "first_k_dense_replace": 0,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "num_local_experts": 32,
+                      "num_experts_per_tok": 4, "num_shared_experts": 1, "routed_scaling_factor": 2.446,
+                      "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "rms_norm_eps": 1e-6,
+                      "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [1], "head_dim": 16,
+                                             "num_heads": 4, "short_conv_kernel_size": 4}},
+              saved_config={"moe_router_activation_func": "sigmoid"},
+              random_init=("e_score_correction_bias",),
+              family="kda"),
     )
 }
 
