@@ -17,6 +17,7 @@ FULL_GATES = {
     "mamba": "jamba",
     "mamba2": "granitehybrid",
     "kda": "bailingmoe3",
+    "msa": "minimax-m3",
     "short-conv": "lfm2moe",
 }
 HAND_WRITTEN_FAMILIES = {"qwen3moe": "attention", "qwen35moe": "deltanet"}

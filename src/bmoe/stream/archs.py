@@ -216,13 +216,31 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layers, KDA state",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "over group-limited top-k, which the guess leaves out"),
+        # kimi-linear (src/models/kimi-linear.cpp): KDA (recurrent) and MLA layers alike end in
+        # ffn_norm on ffn_inp, then build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid for Kimi-Linear), weights renormalised and scaled; the shared expert beside it.
+        # The leading dense layers (leading_dense_block_count) carry no experts.
+        _entry("kimi-linear", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers, KDA (linear-attention) state",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # minimax-m3 (src/models/minimax-m3.cpp; the language model of MiniMax-M3): after the leading
+        # dense layers, ffn_norm on ffn_inp, then build_moe_ffn(SWIGLU_OAI_MOE) with exp_probs_b and
+        # the GGUF's gating function (sigmoid), weights renormalised and scaled; the shared expert
+        # beside it. Attention on the MoE layers is MiniMax sparse attention when flash attention is
+        # on (an indexer, blk.<il>.indexer.*, picks key blocks), dense otherwise; no expert tensors.
+        _entry("minimax-m3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "sparse-attention indexer, leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
 # smallthinker, bailingmoe and bailingmoe2 (no transformers model; transformers' bailing_hybrid is
 # Ling 3.0, bailingmoe3), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
-# not found: docs/streaming.md). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
+# not found: docs/streaming.md), kimi-k3 (transformers 5.24 has no Kimi-K3 model: kimi_k25's text model is
+# deepseek_v3, without K3's KDA layers, situ activation, attention residuals or latent MoE). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
 # softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.
 
 

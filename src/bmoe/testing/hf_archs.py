@@ -48,8 +48,9 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba": "Mamba (Mamba1, selective scan) layers beside attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
-    "kda": "Kimi delta attention (KDA) linear attention beside MLA attention (recurrent state)",
+    "kda": "Kimi delta attention (gated DeltaNet with a per-channel decay) beside MLA (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
+    "msa": "block-sparse attention whose key blocks an indexer picks (MiniMax sparse attention)",
 }
 
 
@@ -428,6 +429,70 @@ HF_ARCHS: dict[str, HfArch] = {
                             "model_type": "bailing_moe_v3"},
               random_init=("e_score_correction_bias",),
               family="kda"),
+        # kimi-linear (Kimi-Linear-48B-A3B): a Kimi-delta-attention layer (gated DeltaNet with a
+        # per-channel decay, short convolutions on q/k/v), then an MLA layer without RoPE and
+        # without q compression (the real model repeats 3 + 1), each with DeepSeek-V3-style
+        # routing: sigmoid scores plus a per-expert selection bias (randomised), weights
+        # renormalised and scaled, one shared expert. No leading dense layer (the real model has
+        # one): transformers saves every layer's MLP under the MoE's checkpoint prefix
+        # block_sparse_moe, where the converter finds no name for a dense one. llama.cpp runs
+        # KDA and MLA with n_head heads both: linear_num_heads = num_attention_heads; its MLA
+        # converter splits kv_b by num_key_value_heads, which must also be n_head. The converter
+        # reads the layer kinds and KDA sizes only from linear_attn_config (1-based layer
+        # numbers, as the real config.json carries it; transformers reads it too), and the gating function from
+        # moe_router_activation_func (likewise; without it the loader refuses the file).
+        # rms_norm_eps 1e-6: llama.cpp's KDA l2-normalises q and k with the model's RMS eps where
+        # transformers fixes 1e-6 (at 1e-5 parity is 1.5e-3, the difference all from there).
+        _arch("kimi-linear", "kimi_linear", 150, "Kimi-Linear-48B-A3B",
+              config={"layer_types": ["linear_attention", "full_attention"], "first_k_dense_replace": 0,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "num_local_experts": 32,
+                      "num_experts_per_tok": 4, "num_shared_experts": 1, "routed_scaling_factor": 2.446,
+                      "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "rms_norm_eps": 1e-6,
+                      "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [1], "head_dim": 16,
+                                             "num_heads": 4, "short_conv_kernel_size": 4}},
+              saved_config={"moe_router_activation_func": "sigmoid"},
+              random_init=("e_score_correction_bias",),
+              family="kda"),
+        # minimax-m3: the language model of MiniMax-M3, built as the whole vision-language model
+        # (MiniMaxM3SparseForConditionalGeneration: the class name the converter registers for the
+        # text GGUF; transformers' text-only class has another) with a one-block vision tower the
+        # converter leaves out. A leading dense layer with full attention, then two MoE layers with
+        # MiniMax sparse attention (an indexer picks key blocks; llama.cpp runs it only with flash
+        # attention, dense otherwise). Blocks of 4, 8 picked: the 21-token parity prompt sees every
+        # block (dense either way), longer gate prompts are block-sparse. Sigmoid routing with a
+        # selection bias (randomised), swigluoai experts, a shared expert, Gemma-style norms (the
+        # converter adds the 1). The converter writes the dense FFN width from intermediate_size,
+        # so dense_intermediate_size equals it. One KV head and one indexer head (llama.cpp needs
+        # them equal; real: 4 and 4): with two, the indexer's per-head q norm in a narrow prefill
+        # tail is wide enough for the offload rule, and its weightless score matmul follows it onto
+        # the device, which G18g's narrow-tail check counts. The converter reads the shared-expert
+        # count, the gating function and the dense/sparse layer lists only as the real config.json
+        # spells them (n_shared_experts, scoring_func, moe_layer_freq, sparse_attention_config;
+        # transformers writes none of them), and the rotary width from rotary_dim; it reads the
+        # top level and text_config as one, so saved_config's top-level keys reach it.
+        _arch("minimax-m3", "minimax_m3_vl", 151, "MiniMax-M3 (language model)",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 16, "rotary_dim": 8,
+                      "intermediate_size": 128, "dense_intermediate_size": 128,
+                      "shared_intermediate_size": 128, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "routed_scaling_factor": 2.0, "mlp_layer_types": ["dense", "sparse", "sparse"],
+                      "layer_types": ["full_attention", "minimax_m3_sparse", "minimax_m3_sparse"],
+                      "index_n_heads": 1, "index_head_dim": 16, "index_block_size": 4,
+                      "index_topk_blocks": 8, "index_local_blocks": 1,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                          "partial_rotary_factor": 0.5}},
+              outer_config={"tie_word_embeddings": False, "projector_hidden_size": 64,
+                            "vision_config": {"hidden_size": 32, "intermediate_size": 64,
+                                              "num_hidden_layers": 1, "num_attention_heads": 2,
+                                              "image_size": 56}},
+              auto_class="AutoModelForImageTextToText",
+              saved_config={"n_shared_experts": 1, "scoring_func": "sigmoid", "moe_layer_freq": [0, 1, 1],
+                            "sparse_attention_config": {"sparse_num_index_heads": 1, "sparse_index_dim": 16,
+                                                        "sparse_topk_blocks": 8, "sparse_block_size": 4,
+                                                        "sparse_local_block": 1,
+                                                        "sparse_attention_freq": [0, 1, 1]}},
+              random_init=("e_score_correction_bias",),
+              family="msa"),
     )
 }
 
