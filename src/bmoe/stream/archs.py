@@ -182,6 +182,15 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # glm5-next (src/models/glm5-next.cpp): the layer's residual is 4 mHC streams
+        # ([n_embd, 4, n_tokens]); hc_ffn_pre collapses them with learned weights, then ffn_norm and
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid); the shared
+        # expert runs beside it. KDA layers keep a recurrent state, the MLA layers a latent cache
+        # and the DSA indexer's key/pool cache; leading dense layers carry no experts.
+        _entry("glm5-next", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), mHC "
+               "mixing weights, DSA indexer, KDA state, leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b), and "
+               "the router reads a learned mix of four residual streams, not l_out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -48,6 +48,8 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
+    "kda-dsa": "KDA linear attention (recurrent state) beside NoPE MLA layers with a pooled DSA indexer, "
+               "over mHC residual streams",
 }
 
 
@@ -340,6 +342,53 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # glm5-next (GLM-5.3-Flash): four mHC residual streams (hc_mult must be 4) mixed by learned
+        # pre/post/Sinkhorn weights around every attention and FFN block; KDA (Kimi delta attention)
+        # layers beside NoPE MLA layers whose DSA indexer scores pools of index_kpool tokens and keeps
+        # the best index_topk / index_kpool of them plus the unfinished tail. A leading dense layer,
+        # then DeepSeek-V3 routing (sigmoid, randomised selection bias, normalised and scaled weights)
+        # with one shared expert. Layers: KDA (dense), KDA, MLA with its own indexer, MLA sharing that
+        # selection, so both layer kinds and both indexer modes route; transformers' shared indexer
+        # must directly follow a full one (a KDA layer between drops the selection), as it does here.
+        # The indexer keeps its top index_topk tokens (whole pools of 4, plus the unfinished tail);
+        # 1024 is more than any context the suite opens (512 at most), so every past token is
+        # attended, in llama.cpp (which still runs the indexer and masks by its pick) as in
+        # transformers. At 32, parity held and G1-G4 passed, but llama.cpp's pick for decisions
+        # prefilled side by side on forked streams did not equal one by one (G19, resident too).
+        # Built as the whole vision-language model (transformers has no causal-LM
+        # class for it) with a one-block vision tower the converter leaves out; the text config's
+        # default pad id (154820) is outside the tiny vocabulary, so it has none. The converter reads
+        # the real config.json's spellings: first_k_dense_replace, mla_use_nope and the
+        # linear_attn_config dict (transformers reads mlp_layer_types and linear_*). The mHC mixing
+        # biases and the indexer's pool gate/position weights start at constants in transformers and
+        # are randomised here. No NextN block: llama.cpp's NextN layer has no mHC weights, which
+        # transformers' ordinary trailing layer would carry.
+        _arch("glm5-next", "glm5_next", 160, "GLM-5.3-Flash",
+              config={"vocab_size": _VOCAB + 3, "pad_token_id": None, "num_hidden_layers": 4,
+                      "layer_types": ["linear_attention", "linear_attention", "indexed_attention",
+                                      "indexed_attention"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                      "indexer_types": ["full", "full", "full", "shared"],
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                      "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 0,
+                      "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "index_n_heads": 2, "index_head_dim": 16, "index_topk": 1024, "index_kpool": 4,
+                      "linear_head_dim": 16, "linear_num_heads": 4, "linear_conv_kernel_dim": 4,
+                      "linear_lower_bound": -5.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6},
+              outer_config={"tie_word_embeddings": False,
+                            "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                                              "num_heads": 2, "out_hidden_size": 64,
+                                              "projection_intermediate_size": 64}},
+              auto_class="AutoModelForImageTextToText",
+              saved_config={"first_k_dense_replace": 1, "mla_use_nope": True,
+                            "linear_attn_config": {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
+                                                   "gate_lower_bound": -5.0}},
+              random_init=("e_score_correction_bias", "attn_hc.base", "ffn_hc.base",
+                           "index_kpool_compress_ape", "index_kpool_compress_gate"),
+              special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
+              family="kda-dsa"),
     )
 }
 
