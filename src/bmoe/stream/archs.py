@@ -191,6 +191,14 @@ _REGISTRY: dict[str, ArchEntry] = {
                "mixing weights, DSA indexer, KDA state, leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b), and "
                "the router reads a learned mix of four residual streams, not l_out"),
+        # glm-dsa (src/models/glm-dsa.cpp): DeepSeek-V3.2-style MLA whose lightning indexer's top-k
+        # masks the attention (shared-indexer layers reuse the previous full layer's pick); then
+        # ffn_norm on ffn_inp and build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid); shared expert beside. The NextN block is never computed (layout.py leaves it out).
+        _entry("glm-dsa", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), DSA "
+               "indexer and its key cache, leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

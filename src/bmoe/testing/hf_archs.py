@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
+    "dsa": "multi-head latent attention whose DSA lightning indexer picks the past tokens each query attends",
     "kda-dsa": "KDA linear attention (recurrent state) beside NoPE MLA layers with a pooled DSA indexer, "
                "over mHC residual streams",
 }
@@ -389,6 +390,33 @@ HF_ARCHS: dict[str, HfArch] = {
                            "index_kpool_compress_ape", "index_kpool_compress_gate"),
               special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
               family="kda-dsa"),
+        # glm-dsa (GLM-5.x): MLA (q_lora_rank, RoPE on 16 of each head's 32 query/key dims) whose DSA
+        # lightning indexer picks the top index_topk past tokens each query attends; a "shared"
+        # layer reuses the previous full layer's pick (as GLM-5.2's indexer_types, which the
+        # converter writes and llama.cpp reads). A leading dense layer, then sigmoid routing with a
+        # randomised selection bias and one shared expert, and the NextN block (blk.3) the real GGUFs
+        # carry. Indexer top-k 32: the parity prompt (21 tokens) is shorter, so every past token is
+        # attended on both sides; the gates' longer prompts run llama.cpp's sparse selection (the
+        # indexer's top-k becomes the attention mask), streamed and resident alike. llama.cpp rotates
+        # the indexer's q and k by a Hadamard matrix of at least 64 (the KV cache's k rotation), so
+        # the indexer head is 64 wide. The NextN block is built as a trailing layer (hf_mtp.py), so
+        # the config lists 4 indexer types; the saved config.json lists the 3 of the trunk, the length
+        # llama.cpp and transformers require (layer_types and mlp_layer_types likewise).
+        _arch("glm-dsa", "glm_moe_dsa", 161, "GLM-5, GLM-5.1, GLM-5.2",
+              config={"vocab_size": _VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+                      "indexer_types": ["full", "full", "shared", "full"],
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                      "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+                      "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "index_n_heads": 2, "index_head_dim": 64, "index_topk": 32},
+              saved_config={"indexer_types": ["full", "full", "shared"],
+                            "layer_types": ["indexed_attention"] * 3,
+                            "mlp_layer_types": ["dense", "sparse", "sparse"]},
+              random_init=("e_score_correction_bias",),
+              special_tokens=("[gMASK]", "<|user|>", "<|observation|>"), mtp_layers=1,
+              family="dsa"),
     )
 }
 
