@@ -205,7 +205,10 @@ _REGISTRY: dict[str, ArchEntry] = {
 # smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
 # MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
 # not found: docs/streaming.md). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
-# softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.
+# softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing. deepseek32 (DeepSeek-V3.2): its
+# converter asserts the folder's tokenizer adds a BOS, and transformers 5 reads SmolLM2's tokenizer.json
+# as not adding one whatever tokenizer_config.json says (it drops add_bos_token when a tokenizer.json is
+# there); a tokenizer that does was not made within the time box. dots3note not tried (time box).
 
 
 def lookup(arch: str) -> ArchEntry:
