@@ -18,6 +18,8 @@ FULL_GATES = {
     "mamba2": "granitehybrid",
     "kda": "bailingmoe3",
     "msa": "minimax-m3",
+    "dsa": "glm-dsa",
+    "kda-dsa": "glm5-next",
     "short-conv": "lfm2moe",
 }
 HAND_WRITTEN_FAMILIES = {"qwen3moe": "attention", "qwen35moe": "deltanet"}

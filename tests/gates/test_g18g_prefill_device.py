@@ -195,8 +195,10 @@ def open_pair(tiny_models, rpc) -> Iterator[Callable[..., tuple[Session, Session
 # ffn_*_exps.bias: its ADD_ID has n_expert_used * n rows). The scheduler then runs the weightless
 # ops next to such an op (ADD, GLU, CONT, RMS_NORM, ...) there too; those copy no weight. So in a
 # narrow tail, the only ops that read a weight on the device are these elementwise ones, and a
-# per-head ROPE whose frequency factors are a weight (gemma4's rope_freqs.weight).
-NARROW_TAIL_WEIGHT_OPS = {"MUL", "ADD_ID", "ROPE"}
+# per-head ROPE whose frequency factors are a weight (gemma4's rope_freqs.weight), and glm5-next's
+# mixing of its four residual streams (mHC: an ADD of a per-stream weight and DSV4_HC_COMB, four rows
+# per token).
+NARROW_TAIL_WEIGHT_OPS = {"MUL", "ADD_ID", "ROPE", "ADD", "DSV4_HC_COMB"}
 
 
 def check_placement(ran: list[Ubatch]) -> None:

@@ -231,17 +231,27 @@ _REGISTRY: dict[str, ArchEntry] = {
         # on (an indexer, blk.<il>.indexer.*, picks key blocks), dense otherwise; no expert tensors.
         _entry("minimax-m3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "sparse-attention indexer, leading dense layers",
+        # glm5-next (src/models/glm5-next.cpp): the layer's residual is 4 mHC streams
+        # ([n_embd, 4, n_tokens]); hc_ffn_pre collapses them with learned weights, then ffn_norm and
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid); the shared
+        # expert runs beside it. KDA layers keep a recurrent state, the MLA layers a latent cache
+        # and the DSA indexer's key/pool cache; leading dense layers carry no experts.
+        _entry("glm5-next", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), mHC "
+               "mixing weights, DSA indexer, KDA state, leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b), and "
+               "the router reads a learned mix of four residual streams, not l_out"),
+        # glm-dsa (src/models/glm-dsa.cpp): DeepSeek-V3.2-style MLA whose lightning indexer's top-k
+        # masks the attention (shared-indexer layers reuse the previous full layer's pick); then
+        # ffn_norm on ffn_inp and build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid); shared expert beside. The NextN block is never computed (layout.py leaves it out).
+        _entry("glm-dsa", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), DSA "
+               "indexer and its key cache, leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
     )
 }
-# Not listed, for want of a tiny model the pinned converter and transformers can make here:
-# smallthinker, bailingmoe and bailingmoe2 (no transformers model; transformers' bailing_hybrid is
-# Ling 3.0, bailingmoe3), deepseek4 (its converter reads only DeepSeek's
-# MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
-# not found: docs/streaming.md), kimi-k3 (transformers 5.24 has no Kimi-K3 model: kimi_k25's text model is
-# deepseek_v3, without K3's KDA layers, situ activation, attention residuals or latent MoE). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
-# softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.
+# Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md
+# ("Refused architectures") names: no tiny model could be made and checked here, or no generative model.
 
 
 def lookup(arch: str) -> ArchEntry:

@@ -51,6 +51,9 @@ FAMILIES: dict[str, str] = {
     "kda": "Kimi delta attention (gated DeltaNet with a per-channel decay) beside MLA (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
     "msa": "block-sparse attention whose key blocks an indexer picks (MiniMax sparse attention)",
+    "dsa": "multi-head latent attention whose DSA lightning indexer picks the past tokens each query attends",
+    "kda-dsa": "KDA linear attention (recurrent state) beside NoPE MLA layers with a pooled DSA indexer, "
+               "over mHC residual streams",
 }
 
 
@@ -493,6 +496,80 @@ HF_ARCHS: dict[str, HfArch] = {
                                                         "sparse_attention_freq": [0, 1, 1]}},
               random_init=("e_score_correction_bias",),
               family="msa"),
+        # glm5-next (GLM-5.3-Flash): four mHC residual streams (hc_mult must be 4) mixed by learned
+        # pre/post/Sinkhorn weights around every attention and FFN block; KDA (Kimi delta attention)
+        # layers beside NoPE MLA layers whose DSA indexer scores pools of index_kpool tokens and keeps
+        # the best index_topk / index_kpool of them plus the unfinished tail. A leading dense layer,
+        # then DeepSeek-V3 routing (sigmoid, randomised selection bias, normalised and scaled weights)
+        # with one shared expert. Layers: KDA (dense), KDA, MLA with its own indexer, MLA sharing that
+        # selection, so both layer kinds and both indexer modes route; transformers' shared indexer
+        # must directly follow a full one (a KDA layer between drops the selection), as it does here.
+        # The indexer keeps its top index_topk tokens (whole pools of 4, plus the unfinished tail);
+        # 1024 is more than any context the suite opens (512 at most), so every past token is
+        # attended, in llama.cpp (which still runs the indexer and masks by its pick) as in
+        # transformers. At 32, parity held and G1-G4 passed, but llama.cpp's pick for decisions
+        # prefilled side by side on forked streams did not equal one by one (G19, resident too).
+        # Built as the whole vision-language model (transformers has no causal-LM
+        # class for it) with a one-block vision tower the converter leaves out; the text config's
+        # default pad id (154820) is outside the tiny vocabulary, so it has none. The converter reads
+        # the real config.json's spellings: first_k_dense_replace, mla_use_nope and the
+        # linear_attn_config dict (transformers reads mlp_layer_types and linear_*). The mHC mixing
+        # biases and the indexer's pool gate/position weights start at constants in transformers and
+        # are randomised here. No NextN block: llama.cpp's NextN layer has no mHC weights, which
+        # transformers' ordinary trailing layer would carry.
+        _arch("glm5-next", "glm5_next", 160, "GLM-5.3-Flash",
+              config={"vocab_size": _VOCAB + 3, "pad_token_id": None, "num_hidden_layers": 4,
+                      "layer_types": ["linear_attention", "linear_attention", "indexed_attention",
+                                      "indexed_attention"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                      "indexer_types": ["full", "full", "full", "shared"],
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                      "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 0,
+                      "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "index_n_heads": 2, "index_head_dim": 16, "index_topk": 1024, "index_kpool": 4,
+                      "linear_head_dim": 16, "linear_num_heads": 4, "linear_conv_kernel_dim": 4,
+                      "linear_lower_bound": -5.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6},
+              outer_config={"tie_word_embeddings": False,
+                            "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                                              "num_heads": 2, "out_hidden_size": 64,
+                                              "projection_intermediate_size": 64}},
+              auto_class="AutoModelForImageTextToText",
+              saved_config={"first_k_dense_replace": 1, "mla_use_nope": True,
+                            "linear_attn_config": {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
+                                                   "gate_lower_bound": -5.0}},
+              random_init=("e_score_correction_bias", "attn_hc.base", "ffn_hc.base",
+                           "index_kpool_compress_ape", "index_kpool_compress_gate"),
+              special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
+              family="kda-dsa"),
+        # glm-dsa (GLM-5.x): MLA (q_lora_rank, RoPE on 16 of each head's 32 query/key dims) whose DSA
+        # lightning indexer picks the top index_topk past tokens each query attends; a "shared"
+        # layer reuses the previous full layer's pick (as GLM-5.2's indexer_types, which the
+        # converter writes and llama.cpp reads). A leading dense layer, then sigmoid routing with a
+        # randomised selection bias and one shared expert, and the NextN block (blk.3) the real GGUFs
+        # carry. Indexer top-k 32: the parity prompt (21 tokens) is shorter, so every past token is
+        # attended on both sides; the gates' longer prompts run llama.cpp's sparse selection (the
+        # indexer's top-k becomes the attention mask), streamed and resident alike. llama.cpp rotates
+        # the indexer's q and k by a Hadamard matrix of at least 64 (the KV cache's k rotation), so
+        # the indexer head is 64 wide. The NextN block is built as a trailing layer (hf_mtp.py), so
+        # the config lists 4 indexer types; the saved config.json lists the 3 of the trunk, the length
+        # llama.cpp and transformers require (layer_types and mlp_layer_types likewise).
+        _arch("glm-dsa", "glm_moe_dsa", 161, "GLM-5, GLM-5.1, GLM-5.2",
+              config={"vocab_size": _VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+                      "indexer_types": ["full", "full", "shared", "full"],
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                      "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+                      "qk_nope_head_dim": 16, "v_head_dim": 16,
+                      "index_n_heads": 2, "index_head_dim": 64, "index_topk": 32},
+              saved_config={"indexer_types": ["full", "full", "shared"],
+                            "layer_types": ["indexed_attention"] * 3,
+                            "mlp_layer_types": ["dense", "sparse", "sparse"]},
+              random_init=("e_score_correction_bias",),
+              special_tokens=("[gMASK]", "<|user|>", "<|observation|>"), mtp_layers=1,
+              family="dsa"),
     )
 }
 
