@@ -231,6 +231,8 @@ _REGISTRY: dict[str, ArchEntry] = {
         # on (an indexer, blk.<il>.indexer.*, picks key blocks), dense otherwise; no expert tensors.
         _entry("minimax-m3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "sparse-attention indexer, leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
         # glm5-next (src/models/glm5-next.cpp): the layer's residual is 4 mHC streams
         # ([n_embd, 4, n_tokens]); hc_ffn_pre collapses them with learned weights, then ffn_norm and
         # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid); the shared
