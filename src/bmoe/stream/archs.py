@@ -182,6 +182,14 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # exaone-moe (K-EXAONE; src/models/exaone-moe.cpp): after the leading dense layers,
+        # ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid),
+        # weights renormalised and scaled; the shared expert (ffn_*_shexp) runs beside it. The
+        # NextN layers after the trunk carry a dense FFN, no experts, and are never computed.
+        _entry("exaone-moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

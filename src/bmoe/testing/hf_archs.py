@@ -340,6 +340,24 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # exaone-moe (K-EXAONE): a leading dense layer, then MoE layers with one shared expert and
+        # sigmoid routing with a per-expert selection bias (randomised: transformers starts it at
+        # zero), weights renormalised and scaled; q/k RMS norms. Sliding-window layers use RoPE,
+        # the full-attention layer none (NoPE), as the real 3 sliding + 1 global pattern: here two
+        # sliding layers (window 8, crossed by the parity prompt) and a global one, by an explicit
+        # layer_types (the default pattern of 4 would make all three sliding). The loader requires
+        # the gating function, which the converter writes only from config.json's scoring_func.
+        # One expert group (as the real model). No NextN block: K-EXAONE's is a dense layer the
+        # loader skips (the trunk never computes it), with no experts to stream.
+        _arch("exaone-moe", "exaone_moe", 190, "K-EXAONE-236B-A23B",
+              config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "num_key_value_heads": 2,
+                      "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 128,
+                      "num_experts": 32, "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1,
+                      "topk_group": 1, "scoring_func": "sigmoid", "sliding_window": 8,
+                      "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+              random_init=("e_score_correction_bias",),
+              family="sliding-window"),
     )
 }
 
