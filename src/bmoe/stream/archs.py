@@ -190,6 +190,14 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # afmoe (Arcee Trinity; src/models/afmoe.cpp): after the leading dense layers, ffn_norm, then
+        # build_moe_ffn with exp_probs_b and sigmoid gating (the GGUF's, sigmoid by default),
+        # weights renormalised and scaled; the shared expert (ffn_*_shexp) runs beside it and
+        # ffn_post_norm scales their sum.
+        _entry("afmoe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -358,6 +358,26 @@ HF_ARCHS: dict[str, HfArch] = {
                       "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
               random_init=("e_score_correction_bias",),
               family="sliding-window"),
+        # afmoe (Arcee Trinity): a leading dense layer, then MoE layers with a shared expert and
+        # sigmoid routing with a per-expert selection bias, weights renormalised and scaled.
+        # transformers starts both the router (router.gate) and the bias (expert_bias) at zero, so
+        # every token would pick the same experts: both are randomised. Attention is gated, with
+        # q/k norms, and RMS norms after attention and after the FFN as well as before. llama.cpp fixes the
+        # sliding-window pattern at 3 sliding + 1 full and makes every 4th layer NoPE, whatever the
+        # config says (the converter writes no pattern): so four layers, the global one last, with
+        # global_attn_every_n_layers at 4, and a window of 8 the parity prompt crosses. llama.cpp
+        # always scales the embeddings by sqrt(n_embd): mup_enabled as the real configs have it.
+        # The converter writes the weight renormalisation only from config.json's route_norm (the
+        # real configs carry it; transformers always renormalises); head_dim must be given (its
+        # default is 128 whatever the width).
+        _arch("afmoe", "afmoe", 191, "Trinity-Nano-6B, Trinity-Mini-26B, Trinity-Large",
+              config={"num_hidden_layers": 4, "num_dense_layers": 1, "num_key_value_heads": 2,
+                      "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 128,
+                      "num_experts": 32, "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "route_norm": True, "route_scale": 2.826, "global_attn_every_n_layers": 4,
+                      "sliding_window": 8, "mup_enabled": True},
+              random_init=("router.gate.weight", "expert_bias"),
+              family="sliding-window"),
     )
 }
 
