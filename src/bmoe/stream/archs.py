@@ -198,6 +198,17 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # cohere2moe (src/models/cohere2moe.cpp): a parallel block. attn_norm (RMS when the GGUF
+        # has layer_norm_rms_epsilon, else a bias-free LayerNorm) feeds both the attention and
+        # build_moe_ffn (the GGUF's gating function, sigmoid by default; no exp_probs_b or
+        # gate_inp_b), whose pick is the top k of the raw logits; the shared expert runs beside and
+        # the two are averaged. So the router's input is rms_norm(layer input) * attn_norm, and the
+        # guess from l_out-<l> is the very input of layer l+1 (a LayerNorm file's guess leaves out
+        # the mean, a guess only). The builder names no residual before the FFN (the layer's input
+        # is the previous l_out): the early guess reads the normed input, attn_norm-<l>, which the
+        # experts read after the route. The leading dense layers carry no experts.
+        _entry("cohere2moe", "router, shared expert (ffn_*_shexp), leading dense layers",
+               norm="attn_norm.weight", inp="attn_norm"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

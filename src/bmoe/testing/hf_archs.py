@@ -378,6 +378,30 @@ HF_ARCHS: dict[str, HfArch] = {
                       "sliding_window": 8, "mup_enabled": True},
               random_init=("router.gate.weight", "expert_bias"),
               family="sliding-window"),
+        # cohere2moe: Cohere's parallel block (attention and FFN both read the layer's one input
+        # norm, and both outputs join the residual), a leading dense layer (full attention, with
+        # RoPE as llama.cpp forces on the dense prefix), then a sliding-window MoE layer (RoPE,
+        # window 8, crossed by the parity prompt) and a full-attention NoPE one
+        # (sliding_window_pattern 2 after the prefix). Each MoE layer picks the top k of the raw
+        # router logits, weighs them by their sigmoid renormalised (expert_selection_fn "sigmoid",
+        # llama.cpp's default for the arch) and averages its experts with one shared expert. An
+        # RMS input norm (rms_norm_eps given; without it both sides run a bias-free LayerNorm).
+        # The converter reads the expert width from intermediate_size and the dense prefix's from
+        # prefix_dense_intermediate_size, which must be given (transformers saves its null, which
+        # the converter takes for the key and writes no FFN width), and finds the dense prefix in
+        # mlp_layer_types, which transformers writes from the first_k_dense_replace it is built
+        # with. Tied embeddings as Cohere's; the logit scale is 0.5, not the real 0.0625: at that
+        # the tiny model's logits spread by 0.4 in all, the next-token distribution is flat, and
+        # the parity check would see differences 16 times smaller than they are.
+        _arch("cohere2moe", "cohere2_moe", 192, "Cohere2 MoE (North-Mini-Code-1.0)",
+              config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "num_key_value_heads": 2,
+                      "head_dim": 16, "intermediate_size": 128, "prefix_dense_intermediate_size": 256,
+                      "num_experts": 32,
+                      "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "expert_selection_fn": "sigmoid", "norm_topk_prob": True,
+                      "rms_norm_eps": 1e-5, "sliding_window": 8, "sliding_window_pattern": 2,
+                      "tie_word_embeddings": True, "logit_scale": 0.5},
+              family="sliding-window"),
     )
 }
 
