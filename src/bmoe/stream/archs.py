@@ -209,6 +209,12 @@ _REGISTRY: dict[str, ArchEntry] = {
         # experts read after the route. The leading dense layers carry no experts.
         _entry("cohere2moe", "router, shared expert (ffn_*_shexp), leading dense layers",
                norm="attn_norm.weight", inp="attn_norm"),
+        # dbrx (src/models/dbrx.cpp): attn_out_norm, a LayerNorm (LLM_NORM), on ffn_inp, then
+        # build_moe_ffn(SOFTMAX, weights renormalised) without exp_probs_b or gate_inp_b; every
+        # layer is MoE, nothing shared.
+        _entry("dbrx", "router",
+               no_prefetch="its router reads a LayerNorm (attn_out_norm), which takes out the mean "
+               "the guess's RMS norm keeps"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -402,6 +402,20 @@ HF_ARCHS: dict[str, HfArch] = {
                       "rms_norm_eps": 1e-5, "sliding_window": 8, "sliding_window_pattern": 2,
                       "tie_word_embeddings": True, "logit_scale": 0.5},
               family="sliding-window"),
+        # dbrx: bias-free LayerNorms, fused QKV clamped to +-clip_qkv, softmax routing whose top-k
+        # weights are renormalised (moe_normalize_expert_weights 1, an L1 norm: llama.cpp always
+        # renormalises), every layer MoE. Its config nests attention and FFN settings
+        # (attn_config, ffn_config) as the real config.json does. Both the converter and
+        # transformers' attention read rope_theta from attn_config (the real models': 5e5), beside
+        # rope_parameters, which transformers' rotary embedding reads. The width is also given as
+        # d_model: transformers copies d_model into ffn_config (which sizes the experts and the
+        # router) before hidden_size, its alias, is applied. The clamp is 1, not the
+        # real 8, so that it bites on the tiny model's QKV (std ~0.8) and is compared.
+        _arch("dbrx", "dbrx", 193, "DBRX-Base, DBRX-Instruct (132B)",
+              config={"d_model": 64, "attn_config": {"clip_qkv": 1.0, "kv_n_heads": 2, "rope_theta": 500000.0},
+                      "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 32, "moe_top_k": 4,
+                                     "moe_normalize_expert_weights": 1.0},
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
     )
 }
 
