@@ -362,11 +362,12 @@ HF_ARCHS: dict[str, HfArch] = {
         # sigmoid routing with a per-expert selection bias, weights renormalised and scaled.
         # transformers starts both the router (router.gate) and the bias (expert_bias) at zero, so
         # every token would pick the same experts: both are randomised. Attention is gated, with
-        # q/k norms, and RMS norms after attention and after the FFN as well as before. llama.cpp fixes the
-        # sliding-window pattern at 3 sliding + 1 full and makes every 4th layer NoPE, whatever the
-        # config says (the converter writes no pattern): so four layers, the global one last, with
-        # global_attn_every_n_layers at 4, and a window of 8 the parity prompt crosses. llama.cpp
-        # always scales the embeddings by sqrt(n_embd): mup_enabled as the real configs have it.
+        # q/k norms, and RMS norms after attention and after the FFN as well as before. llama.cpp
+        # fixes the sliding-window pattern at 3 sliding + 1 full and makes every 4th layer NoPE,
+        # whatever the config says (the converter writes no pattern): so four layers, the global
+        # one last, with global_attn_every_n_layers at 4, and a window of 8 the parity prompt
+        # crosses. llama.cpp always scales the embeddings by sqrt(n_embd): mup_enabled, as the
+        # real configs have it.
         # The converter writes the weight renormalisation only from config.json's route_norm (the
         # real configs carry it; transformers always renormalises); head_dim must be given (its
         # default is 128 whatever the width).
@@ -384,8 +385,8 @@ HF_ARCHS: dict[str, HfArch] = {
         # window 8, crossed by the parity prompt) and a full-attention NoPE one
         # (sliding_window_pattern 2 after the prefix). Each MoE layer picks the top k of the raw
         # router logits, weighs them by their sigmoid renormalised (expert_selection_fn "sigmoid",
-        # llama.cpp's default for the arch) and averages its experts with one shared expert. An
-        # RMS input norm (rms_norm_eps given; without it both sides run a bias-free LayerNorm).
+        # llama.cpp's default for the arch) and averages its experts with one shared expert. The
+        # input norm is an RMS norm (rms_norm_eps given; without it both run a bias-free LayerNorm).
         # The converter reads the expert width from intermediate_size and the dense prefix's from
         # prefix_dense_intermediate_size, which must be given (transformers saves its null, which
         # the converter takes for the key and writes no FFN width), and finds the dense prefix in
@@ -396,8 +397,7 @@ HF_ARCHS: dict[str, HfArch] = {
         _arch("cohere2moe", "cohere2_moe", 192, "Cohere2 MoE (North-Mini-Code-1.0)",
               config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "num_key_value_heads": 2,
                       "head_dim": 16, "intermediate_size": 128, "prefix_dense_intermediate_size": 256,
-                      "num_experts": 32,
-                      "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "num_experts": 32, "num_experts_per_tok": 4, "num_shared_experts": 1,
                       "expert_selection_fn": "sigmoid", "norm_topk_prob": True,
                       "rms_norm_eps": 1e-5, "sliding_window": 8, "sliding_window_pattern": 2,
                       "tie_word_embeddings": True, "logit_scale": 0.5},
@@ -409,10 +409,11 @@ HF_ARCHS: dict[str, HfArch] = {
         # transformers' attention read rope_theta from attn_config (the real models': 5e5), beside
         # rope_parameters, which transformers' rotary embedding reads. The width is also given as
         # d_model: transformers copies d_model into ffn_config (which sizes the experts and the
-        # router) before hidden_size, its alias, is applied. The clamp is 1, not the
-        # real 8, so that it bites on the tiny model's QKV (std ~0.8) and is compared.
+        # router) before hidden_size, its alias, is applied. The clamp is 1, not the real 8, so
+        # that it bites on the tiny model's QKV (std ~0.8: a fifth of the values) and is compared.
         _arch("dbrx", "dbrx", 193, "DBRX-Base, DBRX-Instruct (132B)",
-              config={"d_model": 64, "attn_config": {"clip_qkv": 1.0, "kv_n_heads": 2, "rope_theta": 500000.0},
+              config={"d_model": 64,
+                      "attn_config": {"clip_qkv": 1.0, "kv_n_heads": 2, "rope_theta": 500000.0},
                       "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 32, "moe_top_k": 4,
                                      "moe_normalize_expert_weights": 1.0},
                       "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
