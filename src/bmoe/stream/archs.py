@@ -250,6 +250,39 @@ _REGISTRY: dict[str, ArchEntry] = {
                "indexer and its key cache, leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # exaone-moe (K-EXAONE; src/models/exaone-moe.cpp): after the leading dense layers,
+        # ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid),
+        # weights renormalised and scaled; the shared expert (ffn_*_shexp) runs beside it. The
+        # NextN layers after the trunk carry a dense FFN, no experts, and are never computed.
+        _entry("exaone-moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # afmoe (Arcee Trinity; src/models/afmoe.cpp): after the leading dense layers, ffn_norm, then
+        # build_moe_ffn with exp_probs_b and sigmoid gating (the GGUF's, sigmoid by default),
+        # weights renormalised and scaled; the shared expert (ffn_*_shexp) runs beside it and
+        # ffn_post_norm scales their sum.
+        _entry("afmoe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # cohere2moe (src/models/cohere2moe.cpp): a parallel block. attn_norm (RMS when the GGUF
+        # has layer_norm_rms_epsilon, else a bias-free LayerNorm) feeds both the attention and
+        # build_moe_ffn (the GGUF's gating function, sigmoid by default; no exp_probs_b or
+        # gate_inp_b), whose pick is the top k of the raw logits; the shared expert runs beside and
+        # the two are averaged. So the router's input is rms_norm(layer input) * attn_norm, and the
+        # guess from l_out-<l> is the very input of layer l+1 (a LayerNorm file's guess leaves out
+        # the mean, a guess only). The builder names no residual before the FFN (the layer's input
+        # is the previous l_out): the early guess reads the normed input, attn_norm-<l>, which the
+        # experts read after the route. The leading dense layers carry no experts.
+        _entry("cohere2moe", "router, shared expert (ffn_*_shexp), leading dense layers",
+               norm="attn_norm.weight", inp="attn_norm"),
+        # dbrx (src/models/dbrx.cpp): attn_out_norm, a LayerNorm (LLM_NORM), on ffn_inp, then
+        # build_moe_ffn(SOFTMAX, weights renormalised) without exp_probs_b or gate_inp_b; every
+        # layer is MoE, nothing shared.
+        _entry("dbrx", "router",
+               no_prefetch="its router reads a LayerNorm (attn_out_norm), which takes out the mean "
+               "the guess's RMS norm keeps"),
     )
 }
 # Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md

@@ -570,6 +570,83 @@ HF_ARCHS: dict[str, HfArch] = {
               random_init=("e_score_correction_bias",),
               special_tokens=("[gMASK]", "<|user|>", "<|observation|>"), mtp_layers=1,
               family="dsa"),
+        # exaone-moe (K-EXAONE): a leading dense layer, then MoE layers with one shared expert and
+        # sigmoid routing with a per-expert selection bias (randomised: transformers starts it at
+        # zero), weights renormalised and scaled; q/k RMS norms. Sliding-window layers use RoPE,
+        # the full-attention layer none (NoPE), as the real 3 sliding + 1 global pattern: here two
+        # sliding layers (window 8, crossed by the parity prompt) and a global one, by an explicit
+        # layer_types (the default pattern of 4 would make all three sliding). The loader requires
+        # the gating function, which the converter writes only from config.json's scoring_func.
+        # One expert group (as the real model). No NextN block: K-EXAONE's is a dense layer the
+        # loader skips (the trunk never computes it), with no experts to stream.
+        _arch("exaone-moe", "exaone_moe", 190, "K-EXAONE-236B-A23B",
+              config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "num_key_value_heads": 2,
+                      "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 128,
+                      "num_experts": 32, "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1,
+                      "topk_group": 1, "scoring_func": "sigmoid", "sliding_window": 8,
+                      "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+              random_init=("e_score_correction_bias",),
+              family="sliding-window"),
+        # afmoe (Arcee Trinity): a leading dense layer, then MoE layers with a shared expert and
+        # sigmoid routing with a per-expert selection bias, weights renormalised and scaled.
+        # transformers starts both the router (router.gate) and the bias (expert_bias) at zero, so
+        # every token would pick the same experts: both are randomised. Attention is gated, with
+        # q/k norms, and RMS norms after attention and after the FFN as well as before. llama.cpp
+        # fixes the sliding-window pattern at 3 sliding + 1 full and makes every 4th layer NoPE,
+        # whatever the config says (the converter writes no pattern): so four layers, the global
+        # one last, with global_attn_every_n_layers at 4, and a window of 8 the parity prompt
+        # crosses. llama.cpp always scales the embeddings by sqrt(n_embd): mup_enabled, as the
+        # real configs have it.
+        # The converter writes the weight renormalisation only from config.json's route_norm (the
+        # real configs carry it; transformers always renormalises); head_dim must be given (its
+        # default is 128 whatever the width).
+        _arch("afmoe", "afmoe", 191, "Trinity-Nano-6B, Trinity-Mini-26B, Trinity-Large",
+              config={"num_hidden_layers": 4, "num_dense_layers": 1, "num_key_value_heads": 2,
+                      "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 128,
+                      "num_experts": 32, "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "route_norm": True, "route_scale": 2.826, "global_attn_every_n_layers": 4,
+                      "sliding_window": 8, "mup_enabled": True},
+              random_init=("router.gate.weight", "expert_bias"),
+              family="sliding-window"),
+        # cohere2moe: Cohere's parallel block (attention and FFN both read the layer's one input
+        # norm, and both outputs join the residual), a leading dense layer (full attention, with
+        # RoPE as llama.cpp forces on the dense prefix), then a sliding-window MoE layer (RoPE,
+        # window 8, crossed by the parity prompt) and a full-attention NoPE one
+        # (sliding_window_pattern 2 after the prefix). Each MoE layer picks the top k of the raw
+        # router logits, weighs them by their sigmoid renormalised (expert_selection_fn "sigmoid",
+        # llama.cpp's default for the arch) and averages its experts with one shared expert. The
+        # input norm is an RMS norm (rms_norm_eps given; without it both run a bias-free LayerNorm).
+        # The converter reads the expert width from intermediate_size and the dense prefix's from
+        # prefix_dense_intermediate_size, which must be given (transformers saves its null, which
+        # the converter takes for the key and writes no FFN width), and finds the dense prefix in
+        # mlp_layer_types, which transformers writes from the first_k_dense_replace it is built
+        # with. Tied embeddings as Cohere's; the logit scale is 0.5, not the real 0.0625: at that
+        # the tiny model's logits spread by 0.4 in all, the next-token distribution is flat, and
+        # the parity check would see differences 16 times smaller than they are.
+        _arch("cohere2moe", "cohere2_moe", 192, "Cohere2 MoE (North-Mini-Code-1.0)",
+              config={"num_hidden_layers": 3, "first_k_dense_replace": 1, "num_key_value_heads": 2,
+                      "head_dim": 16, "intermediate_size": 128, "prefix_dense_intermediate_size": 256,
+                      "num_experts": 32, "num_experts_per_tok": 4, "num_shared_experts": 1,
+                      "expert_selection_fn": "sigmoid", "norm_topk_prob": True,
+                      "rms_norm_eps": 1e-5, "sliding_window": 8, "sliding_window_pattern": 2,
+                      "tie_word_embeddings": True, "logit_scale": 0.5},
+              family="sliding-window"),
+        # dbrx: bias-free LayerNorms, fused QKV clamped to +-clip_qkv, softmax routing whose top-k
+        # weights are renormalised (moe_normalize_expert_weights 1, an L1 norm: llama.cpp always
+        # renormalises), every layer MoE. Its config nests attention and FFN settings
+        # (attn_config, ffn_config) as the real config.json does. Both the converter and
+        # transformers' attention read rope_theta from attn_config (the real models': 5e5), beside
+        # rope_parameters, which transformers' rotary embedding reads. The width is also given as
+        # d_model: transformers copies d_model into ffn_config (which sizes the experts and the
+        # router) before hidden_size, its alias, is applied. The clamp is 1, not the real 8, so
+        # that it bites on the tiny model's QKV (std ~0.8: a fifth of the values) and is compared.
+        _arch("dbrx", "dbrx", 193, "DBRX-Base, DBRX-Instruct (132B)",
+              config={"d_model": 64,
+                      "attn_config": {"clip_qkv": 1.0, "kv_n_heads": 2, "rope_theta": 500000.0},
+                      "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 32, "moe_top_k": 4,
+                                     "moe_normalize_expert_weights": 1.0},
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
     )
 }
 
