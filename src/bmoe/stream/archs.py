@@ -182,12 +182,19 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # deepseek4 (src/models/deepseek4.cpp): hyper-connections (hc_ffn_pre) mix the residual
+        # streams, ffn_norm, then build_moe_ffn with the sqrt-softplus gating and exp_probs_b; the
+        # first hash_layer_count layers pick their experts from ffn_gate_tid2eid[token] instead (the
+        # router still weights them); shared expert beside, routed experts always SwiGLU-clamped.
+        _entry("deepseek4", "router, selection bias (exp_probs_b), hash-routing table "
+               "(ffn_gate_tid2eid), shared expert (ffn_*_shexp), hyper-connection mixers (hc_*), "
+               "compressor and indexer weights",
+               no_prefetch="its routing scores are sqrt(softplus) with a per-expert selection bias, "
+               "and its hash layers pick by token id, neither of which the guess follows"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:
-# smallthinker and bailingmoe (no transformers model), deepseek4 (its converter reads only DeepSeek's
-# MXFP4-packed checkpoint layout; repacked by hand, a tiny one is 2e-2 to 5e-2 off transformers, cause
-# not found: docs/streaming.md). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
+# smallthinker and bailingmoe (no transformers model). phimoe not tried: llama.cpp runs phi3's graph (RMS norms plus a bias,
 # softmax top-k) where PhiMoE has LayerNorms and sparsemixer routing.
 
 
