@@ -20,6 +20,7 @@ FULL_GATES = {
     "msa": "minimax-m3",
     "dsa": "glm-dsa",
     "kda-dsa": "glm5-next",
+    "csa": "deepseek4",
     "short-conv": "lfm2moe",
 }
 HAND_WRITTEN_FAMILIES = {"qwen3moe": "attention", "qwen35moe": "deltanet"}

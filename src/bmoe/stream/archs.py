@@ -283,6 +283,15 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("dbrx", "router",
                no_prefetch="its router reads a LayerNorm (attn_out_norm), which takes out the mean "
                "the guess's RMS norm keeps"),
+        # deepseek4 (src/models/deepseek4.cpp): hyper-connections (hc_ffn_pre) mix the residual
+        # streams, ffn_norm, then build_moe_ffn with the sqrt-softplus gating and exp_probs_b; the
+        # first hash_layer_count layers pick their experts from ffn_gate_tid2eid[token] instead (the
+        # router still weights them); shared expert beside, routed experts always SwiGLU-clamped.
+        _entry("deepseek4", "router, selection bias (exp_probs_b), hash-routing table "
+               "(ffn_gate_tid2eid), shared expert (ffn_*_shexp), hyper-connection mixers (hc_*), "
+               "compressor and indexer weights",
+               no_prefetch="its routing scores are sqrt(softplus) with a per-expert selection bias, "
+               "and its hash layers pick by token id, neither of which the guess follows"),
     )
 }
 # Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bmoe.testing.ggml_rounding import GELU_FP16
+from bmoe.testing.ggml_rounding import EXPERTS_Q8_0, GELU_FP16
 
 _VOCAB = 49152
 # The "spm" tokenizer's byte pieces SmolLM2 has no <0xXX> token for, after its ids
@@ -51,6 +51,8 @@ FAMILIES: dict[str, str] = {
     "kda": "Kimi delta attention (gated DeltaNet with a per-channel decay) beside MLA (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
     "msa": "block-sparse attention whose key blocks an indexer picks (MiniMax sparse attention)",
+    "csa": "DeepSeek-V4's compressed attention (sliding-window, CSA and HCA layers, a lightning indexer) "
+           "over hyper-connection residual streams",
     "dsa": "multi-head latent attention whose DSA lightning indexer picks the past tokens each query attends",
     "kda-dsa": "KDA linear attention (recurrent state) beside NoPE MLA layers with a pooled DSA indexer, "
                "over mHC residual streams",
@@ -121,6 +123,12 @@ class HfArch:
     # what the converter's --mmproj output reads its image size and normalisation from
     # (hf_convert.write_hf_mmproj), and transformers' image processor too. None: no projector.
     preprocessor: dict[str, Any] | None = None
+    # The real checkpoint layout the converter reads, where it reads only that one and
+    # save_pretrained writes another: a key of hf_convert.CHECKPOINTS, whose module adjusts the
+    # model before it is saved and writes the saved folder in that layout for the converter
+    # (the HF folder stays as transformers wrote it, for the reference). "deepseek4":
+    # DeepSeek-V4's own names with MXFP4-packed routed experts (hf_deepseek4.py).
+    checkpoint: str | None = None
 
     def hf_config(self) -> dict[str, Any]:
         text = {**_SMALL, **self.config}
@@ -366,7 +374,7 @@ HF_ARCHS: dict[str, HfArch] = {
         # ("Mistral3ForConditionalGeneration", choosing its Mistral-4 text model by model_type), so
         # the recipe builds that whole model, its text model a Mistral-4 one, with a one-layer vision
         # tower the converter leaves out of the text GGUF.
-        _arch("mistral4", "mistral3", 140, "Mistral-Small-4-119B",
+        _arch("mistral4", "mistral3", 149, "Mistral-Small-4-119B",
               config={"model_type": "mistral4", "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
                       "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 4, "topk_group": 2,
                       "norm_topk_prob": True, "routed_scaling_factor": 1.0, "q_lora_rank": 32,
@@ -647,6 +655,35 @@ HF_ARCHS: dict[str, HfArch] = {
                       "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 32, "moe_top_k": 4,
                                      "moe_normalize_expert_weights": 1.0},
                       "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+        # deepseek4 (DeepSeek-V4-Flash's form): hyper-connections (4 residual streams: llama.cpp
+        # asserts hc_mult 4), MQA attention with a q LoRA and grouped output LoRA (2 groups of 16),
+        # attention sinks, and one layer of each attention kind: sliding window (8, crossed by the
+        # parity prompt), CSA (ratio 4, with the lightning indexer keeping the best 2 compressed
+        # entries) and HCA (ratio 128). llama.cpp needs a CSA layer (without one its indexer cache
+        # has no head size and divides by zero) and an indexer head of at least 64 (its Hadamard
+        # rotation of the indexer keys is 64 wide at least). Layer 0 routes by hash (tid2eid, filled
+        # by hf_deepseek4.prepare_model), the others by sqrt-softplus top-k with a selection bias;
+        # one shared expert. The converter reads only DeepSeek's own layout with MXFP4 experts:
+        # checkpoint "deepseek4" writes it (hf_deepseek4.py), the experts on the MXFP4 grid so both
+        # sides hold the same values. So every file's experts are MXFP4 (the "q8_0" one is llama.cpp's
+        # quantizer's, from them), and llama.cpp's CPU MXFP4 matmul rounds the experts' inputs to
+        # Q8_0, which flips routing and indexer picks (2e-2 to 0.9 off transformers; with the same
+        # experts rewritten as F32, 9e-6): the reference rounds them the same (EXPERTS_Q8_0).
+        # transformers starts the sinks, hyper-connection biases, compressor position biases and
+        # selection bias at zero: randomised so that each is compared.
+        _arch("deepseek4", "deepseek_v4", 140, "DeepSeek-V4-Flash",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
+                      "partial_rotary_factor": 0.5, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16,
+                      "index_n_heads": 2, "index_head_dim": 64, "index_topk": 2, "sliding_window": 8,
+                      "moe_intermediate_size": 128, "n_routed_experts": 32, "num_experts_per_tok": 4,
+                      "n_shared_experts": 1, "hc_mult": 4, "num_nextn_predict_layers": 0,
+                      "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                                      "heavily_compressed_attention"],
+                      "mlp_layer_types": ["hash_moe", "moe", "moe"]},
+              random_init=("self_attn.sinks", "attn_hc.base", "ffn_hc.base", "hc_head.hc_base",
+                           "position_bias", "e_score_correction_bias"),
+              reference_config={"_experts_implementation": EXPERTS_Q8_0},
+              quants=("q8_0", "mxfp4_moe"), checkpoint="deepseek4", family="csa"),
     )
 }
 

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from bmoe.testing.writer import _is_current, _sidecar
 _CONVERTER_TYPES = ("f32", "q8_0")
 _QUANTIZER_TYPES = {"q4_k_m": "Q4_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS", "mxfp4_moe": "MXFP4_MOE"}
 RECIPE_VERSION = 1
+# HfArch.checkpoint layouts: the module that makes each (prepare_model before saving,
+# write_checkpoint before converting).
+CHECKPOINTS = {"deepseek4": "bmoe.testing.hf_deepseek4"}
 
 
 class ConverterMissing(RuntimeError):
@@ -83,6 +87,8 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
     model = getattr(transformers, a.auto_class).from_config(config, dtype=torch.float32)
     std = getattr(config, "initializer_range", None) or config.get_text_config().initializer_range
     _randomize(model, a.random_init, float(a.random_init_std or std))
+    if a.checkpoint:
+        _checkpoint_module(a.checkpoint).prepare_model(model, a.seed)
     model.save_pretrained(out)
     if a.preprocessor is not None:
         (out / "preprocessor_config.json").write_text(json.dumps(a.preprocessor, indent=2) + "\n")
@@ -96,6 +102,14 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
 
         add_mtp_block(out, n_layer, a.mtp_layers, a.seed)
     return out
+
+
+def _checkpoint_module(layout: str):
+    import importlib
+
+    if layout not in CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint layout {layout!r}; known: {', '.join(sorted(CHECKPOINTS))}")
+    return importlib.import_module(CHECKPOINTS[layout])
 
 
 def _transpose_saved(out: Path, suffixes: tuple[str, ...]) -> None:
@@ -172,10 +186,19 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        if quant in _QUANTIZER_TYPES:
+        if quant in _QUANTIZER_TYPES or (quant == "q8_0" and a.checkpoint):
             from bmoe.llama.quantize import quantize_gguf
 
-            quantize_gguf(write_hf_arch(arch, "f32", out_dir), tmp, _QUANTIZER_TYPES[quant])
+            # A real-layout checkpoint's converter output keeps its packed experts (DeepSeek-V4's
+            # MXFP4) whatever the outtype: its Q8_0 file is llama.cpp's quantizer's, from them.
+            quantize_gguf(write_hf_arch(arch, "f32", out_dir), tmp, _QUANTIZER_TYPES.get(quant, "Q8_0"),
+                          allow_requantize=quant == "q8_0")
+        elif a.checkpoint:
+            # The converter reads the real layout, written into a private folder of the HF
+            # folder's own name (the converter names the model after its folder).
+            with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
+                src = _checkpoint_module(a.checkpoint).write_checkpoint(folder, Path(scratch) / folder.name)
+                _convert(src, tmp, quant, a.converter_args)
         else:
             _convert(folder, tmp, quant, a.converter_args)
         os.replace(tmp, path)
