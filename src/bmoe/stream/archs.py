@@ -292,6 +292,9 @@ _REGISTRY: dict[str, ArchEntry] = {
                "compressor and indexer weights",
                no_prefetch="its routing scores are sqrt(softplus) with a per-expert selection bias, "
                "and its hash layers pick by token id, neither of which the guess follows"),
+        # mellum (src/models/mellum.cpp): ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX, weights
+        # renormalised) without exp_probs_b or gate_inp_b on every layer; nothing shared.
+        _entry("mellum", "router", norm="ffn_norm.weight"),
     )
 }
 # Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md

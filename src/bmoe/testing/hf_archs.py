@@ -684,6 +684,20 @@ HF_ARCHS: dict[str, HfArch] = {
                            "position_bias", "e_score_correction_bias"),
               reference_config={"_experts_implementation": EXPERTS_Q8_0},
               quants=("q8_0", "mxfp4_moe"), checkpoint="deepseek4", family="csa"),
+        # mellum (JetBrains Mellum2): every layer is MoE (llama.cpp's mellum builds no dense FFN, so
+        # mlp_layer_types is all "sparse"), softmax top-k with the weights renormalised, q/k RMS
+        # norms, one sliding-window layer (window 8, crossed by the parity prompt) before a
+        # full-attention one, as the real 3:1 pattern; head_dim must be given (its default is 128).
+        # One RoPE base for both layer kinds: llama.cpp's mellum graph rotates its sliding layers
+        # with the model's base, where transformers' default config gives them a base of their own.
+        _arch("mellum", "mellum", 148, "Mellum2-12B-A2.5B",
+              config={"intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                      "mlp_layer_types": ["sparse", "sparse"],
+                      "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}},
+              family="sliding-window"),
     )
 }
 
