@@ -182,6 +182,14 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # hy_v3 (Tencent Hy3; src/models/hy-v3.cpp): ffn_norm, then on layers with a router
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid) beside an ungated
+        # shared expert (ffn_*_shexp); layers without a router (the leading dense ones) run a dense
+        # FFN. The NextN block after the last layer is never computed by the trunk graph.
+        _entry("hy_v3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layer",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

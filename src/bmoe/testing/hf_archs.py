@@ -340,6 +340,16 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # hy_v3 (Tencent Hy3): a leading dense layer (transformers' default mlp_layer_types), then
+        # MoE layers with one ungated shared expert beside the routed ones; sigmoid routing whose
+        # pick adds a per-expert selection bias (e_score_correction_bias, randomised: transformers
+        # starts it at zero), weights renormalised and scaled by router_scaling_factor; q/k RMS norms
+        # before RoPE, GQA.
+        _arch("hy_v3", "hy_v3", 250, "Hy3 (Hy3-preview)",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "num_shared_experts": 1, "router_scaling_factor": 2.826},
+              random_init=("e_score_correction_bias",)),
     )
 }
 
