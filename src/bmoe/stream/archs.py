@@ -190,6 +190,15 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layer",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # hy_v4 (Tencent Hy4; src/models/hy-v4.cpp): the layer's hyper-connection streams are mixed
+        # (hc_ffn_*), then ffn_norm; after the leading dense layers (leading_dense_block_count)
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid), the shared
+        # expert (ffn_*_shexp) beside it. The residual is hc streams wide: no ffn_inp node.
+        _entry("hy_v4", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layer, hyper-connection mixers, sparse-attention indexers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out, and its residual is several hyper-connection streams mixed "
+               "per layer"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
+    "dsa": "MLA whose keys are picked per query by a DeepSeek sparse-attention indexer (top-k)",
 }
 
 
@@ -101,6 +102,10 @@ class HfArch:
     # transposes them on load (its conversion mapping, which checks the shapes): so the folder
     # holds what a real one holds, and both sides read it.
     checkpoint_transpose: tuple[str, ...] = ()
+    # Saved tensor names rewritten after save_pretrained, (regex, replacement) pairs applied in turn
+    # (re.sub): where transformers' save reverses its load-time renames into names its own loader
+    # reads back but the real checkpoints, which the converter reads, spell otherwise.
+    checkpoint_rename: tuple[tuple[str, str], ...] = ()
     # The standard deviation ``random_init`` fills with (None: the config's initializer_range), for
     # a bias that must stay on the scale of what it is added to (softmax probabilities) so the pick
     # still follows the router.
@@ -350,6 +355,35 @@ HF_ARCHS: dict[str, HfArch] = {
                       "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
                       "num_experts_per_tok": 4, "num_shared_experts": 1, "router_scaling_factor": 2.826},
               random_init=("e_score_correction_bias",)),
+        # hy_v4 (Tencent Hy4): DeepSeek-V3-style MLA (q/kv LoRA ranks 32) with a sigmoid gate on the
+        # attention output and a learned sink per head, DeepSeek sparse attention (an indexer on
+        # layers 0 and 1, layer 2 reusing layer 1's pick: transformers' default indexer_types),
+        # hyper-connections (4 residual streams, as the real model), a leading dense layer, then
+        # sigmoid-routed experts with a selection bias beside a shared expert. index_topk 8: the
+        # parity prompt's later queries each see only 8 of the keys (on both sides the output moves
+        # by ~3 from the 9th token on if all are seen). 16 indexer heads, as the real model: a key
+        # scores sum_h w_h * relu(q_h . k), exactly 0 when every head's dot product is negative,
+        # and with 2 heads such ties at the 8th place made the two sides keep different keys.
+        # qk_rope_head_dim 2: llama.cpp
+        # rotates consecutive pairs (LLAMA_ROPE_TYPE_NORM for hy_v4, its converter permutes no
+        # rows) where transformers' hy_v4 rotates the two halves of the rotary slice; with one
+        # pair the two are the same rotation. Randomised: the selection bias and the sinks
+        # (transformers starts both at zero).
+        _arch("hy_v4", "hy_v4", 251, "Hy4 (Hy4-preview)",
+              config={"num_hidden_layers": 3, "intermediate_size": 128, "moe_intermediate_size": 128,
+                      "n_routed_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                      "qk_rope_head_dim": 2, "v_head_dim": 16, "index_n_heads": 16,
+                      "index_head_dim": 16, "index_topk": 8, "hc_mult": 4},
+              random_init=("e_score_correction_bias", "self_attn.sinks"),
+              # transformers 5 saves the hyper-connection tensors and the dense/shared MLPs' gate
+              # under names its loader reads back but the real checkpoints (and so the converter's
+              # tensor map) spell otherwise: hc_pre after the layer's hc_*_layer, no hc_pre above
+              # the head, and gate_proj, which only the attention's gate calls linear_gate.
+              checkpoint_rename=((r"\.hc_pre\.(hc_attn_layer|hc_mlp_layer)\.", r".\1.hc_pre."),
+                                 (r"^model\.hc_pre\.hc_head\.", "model.hc_head."),
+                                 (r"\.mlp\.(shared_experts\.)?linear_gate\.", r".mlp.\1gate_proj.")),
+              family="dsa"),
     )
 }
 

@@ -83,6 +83,8 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
     model.save_pretrained(out)
     if a.checkpoint_transpose:
         _transpose_saved(out, a.checkpoint_transpose)
+    if a.checkpoint_rename:
+        _rename_saved(out, a.checkpoint_rename)
     if a.saved_config:
         saved = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**saved, **a.saved_config}, indent=2))
@@ -105,6 +107,21 @@ def _transpose_saved(out: Path, suffixes: tuple[str, ...]) -> None:
         raise ValueError(f"checkpoint_transpose names no saved tensor: {missing}")
     for n in hit:
         tensors[n] = tensors[n].transpose(-1, -2).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _rename_saved(out: Path, renames: tuple[tuple[str, str], ...]) -> None:
+    """Rewrite the saved tensor names by ``renames`` (HfArch.checkpoint_rename), in turn."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    (path,) = out.glob("*.safetensors")  # the tiny models are one shard
+    tensors = load_file(path)
+    for pattern, repl in renames:
+        if not any(re.search(pattern, n) for n in tensors):
+            raise ValueError(f"checkpoint_rename names no saved tensor: {pattern!r}")
+        tensors = {re.sub(pattern, repl, n): t for n, t in tensors.items()}
     save_file(tensors, path, metadata={"format": "pt"})
 
 
