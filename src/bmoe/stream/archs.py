@@ -199,6 +199,13 @@ _REGISTRY: dict[str, ArchEntry] = {
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out, and its residual is several hyper-connection streams mixed "
                "per layer"),
+        # laguna (poolside Laguna; src/models/laguna.cpp): ffn_norm on ffn_inp, then after the
+        # leading dense layers build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid), the shared expert (ffn_*_shexp) beside it.
+        _entry("laguna", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layer",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

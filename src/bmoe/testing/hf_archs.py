@@ -384,6 +384,30 @@ HF_ARCHS: dict[str, HfArch] = {
                                  (r"^model\.hc_pre\.hc_head\.", "model.hc_head."),
                                  (r"\.mlp\.(shared_experts\.)?linear_gate\.", r".mlp.\1gate_proj.")),
               family="dsa"),
+        # laguna (poolside Laguna-XS.2's form): a full-attention layer, then two sliding-window ones
+        # (llama.cpp fixes XS.2's period of 4, full first, whatever the config says; window 8,
+        # crossed by the parity prompt), with more query heads on the sliding layers (8 against 4,
+        # as XS.2's 64 against 48), q/k RMS norms and a softplus gate per head on the attention
+        # output. RoPE per layer kind: YaRN (factor 4) over half of each head on full layers, plain
+        # RoPE over all of it on sliding ones. A leading dense layer, then sigmoid-routed experts
+        # with a selection bias (randomised: transformers starts it at zero), renormalised and
+        # scaled, beside a shared expert.
+        _arch("laguna", "laguna", 252, "Laguna-XS.2, Laguna-S.2, Laguna-M.1",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 16,
+                      "num_attention_heads_per_layer": [4, 8, 8],
+                      "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                      "sliding_window": 8, "gating": True, "intermediate_size": 128,
+                      "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+                      "num_experts": 32, "num_experts_per_tok": 4, "moe_routed_scaling_factor": 2.5,
+                      "rope_parameters": {
+                          "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0,
+                                             "partial_rotary_factor": 0.5, "factor": 4.0,
+                                             "original_max_position_embeddings": 1024,
+                                             "beta_fast": 32.0, "beta_slow": 1.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 1.0}}},
+              random_init=("e_score_correction_bias",),
+              family="sliding-window"),
     )
 }
 
