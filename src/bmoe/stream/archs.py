@@ -206,6 +206,12 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layer",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # minimax-01 (MiniMax-Text-01 / M1; src/models/minimax-01.cpp): ffn_norm on ffn_inp, then
+        # build_moe_ffn(SOFTMAX, weights renormalised) without exp_probs_b (the loader creates none)
+        # or gate_inp_b. The residuals are post-norm and scaled (residual_scale): l_out is the
+        # experts' output plus the scaled ffn_norm output, so the guess from it is a guess, as
+        # everywhere. Lightning-attention layers keep a recurrent state per sequence.
+        _entry("minimax-01", "router, lightning-attention state", norm="ffn_norm.weight"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

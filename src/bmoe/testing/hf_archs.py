@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "deltanet": "gated DeltaNet linear attention beside full attention (recurrent state)",
     "mamba2": "Mamba2 layers beside attention (recurrent state)",
     "short-conv": "short-convolution layers beside attention (recurrent state)",
+    "lightning": "lightning attention: linear attention with a per-head decay (recurrent state)",
     "dsa": "MLA whose keys are picked per query by a DeepSeek sparse-attention indexer (top-k)",
 }
 
@@ -106,6 +107,13 @@ class HfArch:
     # (re.sub): where transformers' save reverses its load-time renames into names its own loader
     # reads back but the real checkpoints, which the converter reads, spell otherwise.
     checkpoint_rename: tuple[tuple[str, str], ...] = ()
+    # Write model.safetensors.index.json (the weight map) beside the one shard, as the real,
+    # many-shard checkpoints carry it, for a converter that opens it (MiniMax-Text-01's).
+    checkpoint_index: bool = False
+    # Saved tensors (name suffixes) removed after save_pretrained: buffers transformers saves but
+    # the real checkpoints do not hold and its loader recomputes when they are missing (MiniMax's
+    # lightning-attention decays), which the converter has no name for.
+    checkpoint_drop: tuple[str, ...] = ()
     # The standard deviation ``random_init`` fills with (None: the config's initializer_range), for
     # a bias that must stay on the scale of what it is added to (softmax probabilities) so the pick
     # still follows the router.
@@ -408,6 +416,31 @@ HF_ARCHS: dict[str, HfArch] = {
                                                 "partial_rotary_factor": 1.0}}},
               random_init=("e_score_correction_bias",),
               family="sliding-window"),
+        # minimax-01 (MiniMax-Text-01 / M1): seven lightning-attention layers (linear attention with
+        # a per-head decay and a recurrent state), then a softmax-attention one (GQA 4:2, RoPE over
+        # the whole head: transformers' minimax rotates all of it), each with 32 softmax-routed
+        # experts (top 4, renormalised: Mixtral's routing). Eight layers, not two: the converter
+        # writes no layer pattern, so llama.cpp takes MiniMax's own (every 8th layer full attention),
+        # and a model of lightning layers alone has no KV cache, which llama.cpp cannot build.
+        # Post-norm residuals scaled by alpha = (2 * n_layer) ** 0.25 = 2 (as the real 80 layers'
+        # 3.5566), beta 1. The converter reads the alphas, betas and rotary_dim under the real
+        # config.json's names (it insists the three alphas are equal and the betas 1), knows the
+        # model only by the real checkpoints' class name (transformers writes MiniMaxForCausalLM),
+        # has no name for the decay buffers transformers saves (dropped; its loader recomputes
+        # them), and opens model.safetensors.index.json, which a one-shard save does not write.
+        _arch("minimax-01", "minimax", 253, "MiniMax-Text-01, MiniMax-M1-40k, MiniMax-M1-80k",
+              config={"num_hidden_layers": 8, "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "layer_types": ["linear_attention"] * 7 + ["full_attention"],
+                      "full_attn_alpha_factor": 2.0, "linear_attn_alpha_factor": 2.0,
+                      "mlp_alpha_factor": 2.0},
+              saved_config={"layernorm_full_attention_alpha": 2.0, "layernorm_linear_attention_alpha": 2.0,
+                            "layernorm_mlp_alpha": 2.0, "layernorm_full_attention_beta": 1.0,
+                            "layernorm_linear_attention_beta": 1.0, "layernorm_mlp_beta": 1.0,
+                            "rotary_dim": 16, "architectures": ["MiniMaxText01ForCausalLM"]},
+              checkpoint_drop=("self_attn.slope_rate", "self_attn.query_decay", "self_attn.key_decay",
+                               "self_attn.diagonal_decay"),
+              checkpoint_index=True, family="lightning"),
     )
 }
 
