@@ -212,6 +212,12 @@ _REGISTRY: dict[str, ArchEntry] = {
         # experts' output plus the scaled ffn_norm output, so the guess from it is a guess, as
         # everywhere. Lightning-attention layers keep a recurrent state per sequence.
         _entry("minimax-01", "router, lightning-attention state", norm="ffn_norm.weight"),
+        # granite_swa with experts (GraniteMoeSWA; src/models/granite-swa.cpp's build_layer_ffn):
+        # ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b, experts
+        # with gate and up fused (ffn_gate_up_exps); the shared expert (ffn_*_shexp) beside it. A
+        # granite_swa file without experts is dense and never reaches the registry.
+        _entry("granite_swa", "router, shared expert (ffn_*_shexp), attention sinks", fused=True,
+               norm="ffn_norm.weight"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

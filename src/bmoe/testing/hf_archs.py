@@ -416,6 +416,21 @@ HF_ARCHS: dict[str, HfArch] = {
                                                 "partial_rotary_factor": 1.0}}},
               random_init=("e_score_correction_bias",),
               family="sliding-window"),
+        # granite_swa in its MoE form (transformers' granitemoe_swa, written as GraniteMoeSWA): a
+        # full-attention layer, then a sliding-window one (window 8, crossed by the parity prompt),
+        # both with a learned sink per head (randomised: transformers starts the sinks at zero),
+        # softmax-routed experts with gate and up fused, a shared expert beside them, and
+        # Granite's multipliers at granitemoe's values (embedding 1, for the same reason). RoPE on
+        # every layer, one base: llama.cpp has one base for all layers, and reads NoPE layers
+        # from no_rope_layers, a key transformers does not have (it reads layer_rope_theta).
+        _arch("granite_swa", "granitemoe_swa", 254,
+              "GraniteMoeSWA checkpoints (Granite with sliding-window attention and experts)",
+              config={"num_key_value_heads": 2, "intermediate_size": 128, "shared_intermediate_size": 128,
+                      "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8,
+                      "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
+                      "attention_multiplier": 0.0625, "logits_scaling": 4.0},
+              random_init=("self_attn.sinks",), family="sliding-window"),
         # minimax-01 (MiniMax-Text-01 / M1): seven lightning-attention layers (linear attention with
         # a per-head decay and a recurrent state), then a softmax-attention one (GQA 4:2, RoPE over
         # the whole head: transformers' minimax rotates all of it), each with 32 softmax-routed
