@@ -21,6 +21,7 @@ FULL_GATES = {
     "dsa": "glm-dsa",
     "kda-dsa": "glm5-next",
     "csa": "deepseek4",
+    "lightning": "minimax-01",
     "short-conv": "lfm2moe",
 }
 HAND_WRITTEN_FAMILIES = {"qwen3moe": "attention", "qwen35moe": "deltanet"}

@@ -42,15 +42,18 @@ def kv_bytes_per_sequence(model: Path, n_ctx: int, kv_f32: bool) -> int:
     fields = read_header(shard_paths(Path(model))[0]).fields
     arch = fields.get("general.architecture")
     n_layer = _int_field(fields, f"{arch}.block_count")
+    # a per-layer list of heads is an array the header reader skips: the query heads are only the
+    # fallback for the KV heads and the head size, so a file that gives those needs no scalar count
+    # (laguna's query heads differ per layer)
     n_head = _int_field(fields, f"{arch}.attention.head_count")
     n_embd = _int_field(fields, f"{arch}.embedding_length")
-    if n_layer is None or n_head is None or n_embd is None:
+    n_kv_head = _int_field(fields, f"{arch}.attention.head_count_kv") or n_head
+    head = n_embd // n_head if n_embd and n_head else None
+    k_len = _int_field(fields, f"{arch}.attention.key_length") or head
+    v_len = _int_field(fields, f"{arch}.attention.value_length") or head
+    if n_layer is None or n_kv_head is None or k_len is None or v_len is None:
         raise ConfigError(f"model: {model} lacks {arch}.block_count, attention.head_count or embedding_length, "
                           "so its KV size is unknown")
-    # a per-layer list of KV heads is an array the header reader skips: fall back to the query heads
-    n_kv_head = _int_field(fields, f"{arch}.attention.head_count_kv") or n_head
-    k_len = _int_field(fields, f"{arch}.attention.key_length") or n_embd // n_head
-    v_len = _int_field(fields, f"{arch}.attention.value_length") or n_embd // n_head
     return n_ctx * n_layer * n_kv_head * (k_len + v_len) * (4 if kv_f32 else 2)
 
 

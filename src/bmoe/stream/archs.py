@@ -295,6 +295,42 @@ _REGISTRY: dict[str, ArchEntry] = {
         # mellum (src/models/mellum.cpp): ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX, weights
         # renormalised) without exp_probs_b or gate_inp_b on every layer; nothing shared.
         _entry("mellum", "router", norm="ffn_norm.weight"),
+        # hy_v3 (Tencent Hy3; src/models/hy-v3.cpp): ffn_norm, then on layers with a router
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid) beside an ungated
+        # shared expert (ffn_*_shexp); layers without a router (the leading dense ones) run a dense
+        # FFN. The NextN block after the last layer is never computed by the trunk graph.
+        _entry("hy_v3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layer",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # hy_v4 (Tencent Hy4; src/models/hy-v4.cpp): the layer's hyper-connection streams are mixed
+        # (hc_ffn_*), then ffn_norm; after the leading dense layers (leading_dense_block_count)
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid), the shared
+        # expert (ffn_*_shexp) beside it. The residual is hc streams wide: no ffn_inp node.
+        _entry("hy_v4", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layer, hyper-connection mixers, sparse-attention indexers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out, and its residual is several hyper-connection streams mixed "
+               "per layer"),
+        # laguna (poolside Laguna; src/models/laguna.cpp): ffn_norm on ffn_inp, then after the
+        # leading dense layers build_moe_ffn with exp_probs_b and the GGUF's gating function
+        # (sigmoid), the shared expert (ffn_*_shexp) beside it.
+        _entry("laguna", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layer",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # minimax-01 (MiniMax-Text-01 / M1; src/models/minimax-01.cpp): ffn_norm on ffn_inp, then
+        # build_moe_ffn(SOFTMAX, weights renormalised) without exp_probs_b (the loader creates none)
+        # or gate_inp_b. The residuals are post-norm and scaled (residual_scale): l_out is the
+        # experts' output plus the scaled ffn_norm output, so the guess from it is a guess, as
+        # everywhere. Lightning-attention layers keep a recurrent state per sequence.
+        _entry("minimax-01", "router, lightning-attention state", norm="ffn_norm.weight"),
+        # granite_swa with experts (GraniteMoeSWA; src/models/granite-swa.cpp's build_layer_ffn):
+        # ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b, experts
+        # with gate and up fused (ffn_gate_up_exps); the shared expert (ffn_*_shexp) beside it. A
+        # granite_swa file without experts is dense and never reaches the registry.
+        _entry("granite_swa", "router, shared expert (ffn_*_shexp), attention sinks", fused=True,
+               norm="ffn_norm.weight"),
     )
 }
 # Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md

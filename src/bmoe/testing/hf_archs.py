@@ -56,6 +56,7 @@ FAMILIES: dict[str, str] = {
     "dsa": "multi-head latent attention whose DSA lightning indexer picks the past tokens each query attends",
     "kda-dsa": "KDA linear attention (recurrent state) beside NoPE MLA layers with a pooled DSA indexer, "
                "over mHC residual streams",
+    "lightning": "lightning attention: linear attention with a per-head decay (recurrent state)",
 }
 
 
@@ -112,6 +113,17 @@ class HfArch:
     # transposes them on load (its conversion mapping, which checks the shapes): so the folder
     # holds what a real one holds, and both sides read it.
     checkpoint_transpose: tuple[str, ...] = ()
+    # Saved tensor names rewritten after save_pretrained, (regex, replacement) pairs applied in turn
+    # (re.sub): where transformers' save reverses its load-time renames into names its own loader
+    # reads back but the real checkpoints, which the converter reads, spell otherwise.
+    checkpoint_rename: tuple[tuple[str, str], ...] = ()
+    # Write model.safetensors.index.json (the weight map) beside the one shard, as the real,
+    # many-shard checkpoints carry it, for a converter that opens it (MiniMax-Text-01's).
+    checkpoint_index: bool = False
+    # Saved tensors (name suffixes) removed after save_pretrained: buffers transformers saves but
+    # the real checkpoints do not hold and its loader recomputes when they are missing (MiniMax's
+    # lightning-attention decays), which the converter has no name for.
+    checkpoint_drop: tuple[str, ...] = ()
     # The standard deviation ``random_init`` fills with (None: the config's initializer_range), for
     # a bias that must stay on the scale of what it is added to (softmax probabilities) so the pick
     # still follows the router.
@@ -698,6 +710,109 @@ HF_ARCHS: dict[str, HfArch] = {
                       "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                                           "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}},
               family="sliding-window"),
+        # hy_v3 (Tencent Hy3): a leading dense layer (transformers' default mlp_layer_types), then
+        # MoE layers with one ungated shared expert beside the routed ones; sigmoid routing whose
+        # pick adds a per-expert selection bias (e_score_correction_bias, randomised: transformers
+        # starts it at zero), weights renormalised and scaled by router_scaling_factor; q/k RMS norms
+        # before RoPE, GQA.
+        _arch("hy_v3", "hy_v3", 250, "Hy3 (Hy3-preview)",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "num_shared_experts": 1, "router_scaling_factor": 2.826},
+              random_init=("e_score_correction_bias",)),
+        # hy_v4 (Tencent Hy4): DeepSeek-V3-style MLA (q/kv LoRA ranks 32) with a sigmoid gate on the
+        # attention output and a learned sink per head, DeepSeek sparse attention (an indexer on
+        # layers 0 and 1, layer 2 reusing layer 1's pick: transformers' default indexer_types),
+        # hyper-connections (4 residual streams, as the real model), a leading dense layer, then
+        # sigmoid-routed experts with a selection bias beside a shared expert. index_topk 8: the
+        # parity prompt's later queries each see only 8 of the keys (on both sides the output moves
+        # by ~3 from the 9th token on if all are seen). 16 indexer heads, as the real model: a key
+        # scores sum_h w_h * relu(q_h . k), exactly 0 when every head's dot product is negative,
+        # and with 2 heads such ties at the 8th place made the two sides keep different keys.
+        # qk_rope_head_dim 2: llama.cpp
+        # rotates consecutive pairs (LLAMA_ROPE_TYPE_NORM for hy_v4, its converter permutes no
+        # rows) where transformers' hy_v4 rotates the two halves of the rotary slice; with one
+        # pair the two are the same rotation. Randomised: the selection bias and the sinks
+        # (transformers starts both at zero).
+        _arch("hy_v4", "hy_v4", 251, "Hy4 (Hy4-preview)",
+              config={"num_hidden_layers": 3, "intermediate_size": 128, "moe_intermediate_size": 128,
+                      "n_routed_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
+                      "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                      "qk_rope_head_dim": 2, "v_head_dim": 16, "index_n_heads": 16,
+                      "index_head_dim": 16, "index_topk": 8, "hc_mult": 4},
+              random_init=("e_score_correction_bias", "self_attn.sinks"),
+              # transformers 5 saves the hyper-connection tensors and the dense/shared MLPs' gate
+              # under names its loader reads back but the real checkpoints (and so the converter's
+              # tensor map) spell otherwise: hc_pre after the layer's hc_*_layer, no hc_pre above
+              # the head, and gate_proj, which only the attention's gate calls linear_gate.
+              checkpoint_rename=((r"\.hc_pre\.(hc_attn_layer|hc_mlp_layer)\.", r".\1.hc_pre."),
+                                 (r"^model\.hc_pre\.hc_head\.", "model.hc_head."),
+                                 (r"\.mlp\.(shared_experts\.)?linear_gate\.", r".mlp.\1gate_proj.")),
+              family="dsa"),
+        # laguna (poolside Laguna-XS.2's form): a full-attention layer, then two sliding-window ones
+        # (llama.cpp fixes XS.2's period of 4, full first, whatever the config says; window 8,
+        # crossed by the parity prompt), with more query heads on the sliding layers (8 against 4,
+        # as XS.2's 64 against 48), q/k RMS norms and a softplus gate per head on the attention
+        # output. RoPE per layer kind: YaRN (factor 4) over half of each head on full layers, plain
+        # RoPE over all of it on sliding ones. A leading dense layer, then sigmoid-routed experts
+        # with a selection bias (randomised: transformers starts it at zero), renormalised and
+        # scaled, beside a shared expert.
+        _arch("laguna", "laguna", 252, "Laguna-XS.2, Laguna-S.2, Laguna-M.1",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 16,
+                      "num_attention_heads_per_layer": [4, 8, 8],
+                      "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                      "sliding_window": 8, "gating": True, "intermediate_size": 128,
+                      "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+                      "num_experts": 32, "num_experts_per_tok": 4, "moe_routed_scaling_factor": 2.5,
+                      "rope_parameters": {
+                          "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0,
+                                             "partial_rotary_factor": 0.5, "factor": 4.0,
+                                             "original_max_position_embeddings": 1024,
+                                             "beta_fast": 32.0, "beta_slow": 1.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 1.0}}},
+              random_init=("e_score_correction_bias",),
+              family="sliding-window"),
+        # granite_swa in its MoE form (transformers' granitemoe_swa, written as GraniteMoeSWA): a
+        # full-attention layer, then a sliding-window one (window 8, crossed by the parity prompt),
+        # both with a learned sink per head (randomised: transformers starts the sinks at zero),
+        # softmax-routed experts with gate and up fused, a shared expert beside them, and
+        # Granite's multipliers at granitemoe's values (embedding 1, for the same reason). RoPE on
+        # every layer, one base: llama.cpp has one base for all layers, and reads NoPE layers
+        # from no_rope_layers, a key transformers does not have (it reads layer_rope_theta).
+        _arch("granite_swa", "granitemoe_swa", 254,
+              "GraniteMoeSWA checkpoints (Granite with sliding-window attention and experts)",
+              config={"num_key_value_heads": 2, "intermediate_size": 128, "shared_intermediate_size": 128,
+                      "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8,
+                      "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
+                      "attention_multiplier": 0.0625, "logits_scaling": 4.0},
+              random_init=("self_attn.sinks",), family="sliding-window"),
+        # minimax-01 (MiniMax-Text-01 / M1): seven lightning-attention layers (linear attention with
+        # a per-head decay and a recurrent state), then a softmax-attention one (GQA 4:2, RoPE over
+        # the whole head: transformers' minimax rotates all of it), each with 32 softmax-routed
+        # experts (top 4, renormalised: Mixtral's routing). Eight layers, not two: the converter
+        # writes no layer pattern, so llama.cpp takes MiniMax's own (every 8th layer full attention),
+        # and a model of lightning layers alone has no KV cache, which llama.cpp cannot build.
+        # Post-norm residuals scaled by alpha = (2 * n_layer) ** 0.25 = 2 (as the real 80 layers'
+        # 3.5566), beta 1. The converter reads the alphas, betas and rotary_dim under the real
+        # config.json's names (it insists the three alphas are equal and the betas 1), knows the
+        # model only by the real checkpoints' class name (transformers writes MiniMaxForCausalLM),
+        # has no name for the decay buffers transformers saves (dropped; its loader recomputes
+        # them), and opens model.safetensors.index.json, which a one-shard save does not write.
+        _arch("minimax-01", "minimax", 253, "MiniMax-Text-01, MiniMax-M1-40k, MiniMax-M1-80k",
+              config={"num_hidden_layers": 8, "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "num_local_experts": 32, "num_experts_per_tok": 4,
+                      "layer_types": ["linear_attention"] * 7 + ["full_attention"],
+                      "full_attn_alpha_factor": 2.0, "linear_attn_alpha_factor": 2.0,
+                      "mlp_alpha_factor": 2.0},
+              saved_config={"layernorm_full_attention_alpha": 2.0, "layernorm_linear_attention_alpha": 2.0,
+                            "layernorm_mlp_alpha": 2.0, "layernorm_full_attention_beta": 1.0,
+                            "layernorm_linear_attention_beta": 1.0, "layernorm_mlp_beta": 1.0,
+                            "rotary_dim": 16, "architectures": ["MiniMaxText01ForCausalLM"]},
+              checkpoint_drop=("self_attn.slope_rate", "self_attn.query_decay", "self_attn.key_decay",
+                               "self_attn.diagonal_decay"),
+              checkpoint_index=True, family="lightning"),
     )
 }
 

@@ -94,6 +94,12 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
         (out / "preprocessor_config.json").write_text(json.dumps(a.preprocessor, indent=2) + "\n")
     if a.checkpoint_transpose:
         _transpose_saved(out, a.checkpoint_transpose)
+    if a.checkpoint_rename:
+        _rename_saved(out, a.checkpoint_rename)
+    if a.checkpoint_drop:
+        _drop_saved(out, a.checkpoint_drop)
+    if a.checkpoint_index:
+        _write_index(out)
     if a.saved_config:
         saved = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**saved, **a.saved_config}, indent=2))
@@ -125,6 +131,44 @@ def _transpose_saved(out: Path, suffixes: tuple[str, ...]) -> None:
     for n in hit:
         tensors[n] = tensors[n].transpose(-1, -2).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _rename_saved(out: Path, renames: tuple[tuple[str, str], ...]) -> None:
+    """Rewrite the saved tensor names by ``renames`` (HfArch.checkpoint_rename), in turn."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    (path,) = out.glob("*.safetensors")  # the tiny models are one shard
+    tensors = load_file(path)
+    for pattern, repl in renames:
+        if not any(re.search(pattern, n) for n in tensors):
+            raise ValueError(f"checkpoint_rename names no saved tensor: {pattern!r}")
+        tensors = {re.sub(pattern, repl, n): t for n, t in tensors.items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _drop_saved(out: Path, suffixes: tuple[str, ...]) -> None:
+    """Remove the saved tensors named by ``suffixes`` (HfArch.checkpoint_drop)."""
+    from safetensors.torch import load_file, save_file
+
+    (path,) = out.glob("*.safetensors")  # the tiny models are one shard
+    tensors = load_file(path)
+    missing = [s for s in suffixes if not any(n.endswith(s) for n in tensors)]
+    if missing:
+        raise ValueError(f"checkpoint_drop names no saved tensor: {missing}")
+    save_file({n: t for n, t in tensors.items() if not n.endswith(suffixes)}, path, metadata={"format": "pt"})
+
+
+def _write_index(out: Path) -> None:
+    """model.safetensors.index.json naming the one shard for every tensor (HfArch.checkpoint_index)."""
+    from safetensors import safe_open
+
+    (path,) = out.glob("*.safetensors")  # the tiny models are one shard
+    with safe_open(path, "pt") as f:
+        names = sorted(f.keys())
+    index = {"metadata": {"total_size": path.stat().st_size}, "weight_map": {n: path.name for n in names}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _randomize(model, suffixes: tuple[str, ...], std: float) -> None:
