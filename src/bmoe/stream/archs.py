@@ -182,6 +182,15 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gate_inp_b; the GraniteMoeShared form adds a shared expert (ffn_*_shexp) beside it.
         _entry("granitemoe", "router (and the shared expert, ffn_*_shexp, of GraniteMoeShared files)",
                norm="ffn_norm.weight"),
+        # qwen4exp (src/models/qwen4exp.cpp): build_layer_ffn -> build_moe_ffn(SOFTMAX) without
+        # exp_probs_b or gate_inp_b, beside a sigmoid-gated shared expert; split or fused gate_up
+        # experts (create_tensor_gate_up_exps). Its input is a hyper-connection mix (build_hc_mix:
+        # the RMS-normed residual streams weighted by a sigmoid gate computed from them, then
+        # averaged), not one RMS norm of one residual. The PLE n-gram table stays resident too.
+        _entry("qwen4exp", "router, shared expert (ffn_*_shexp) and its sigmoid gate, hyper-connection "
+               "mixers, PLE n-gram table, linear-attention (gated DeltaNet) state", fused=True,
+               no_prefetch="its router reads a hyper-connection mix of several residual streams "
+               "(gated by weights computed from them), not rms_norm(x) * norm of one residual"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

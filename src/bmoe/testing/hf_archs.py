@@ -340,6 +340,40 @@ HF_ARCHS: dict[str, HfArch] = {
               config={"num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 32,
                       "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                       "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
+        # qwen4exp (Qwen3.8-Flash-Next's form): a gated-DeltaNet layer, then a gated full-attention
+        # layer, each followed by 32 softmax-routed experts and a sigmoid-gated shared expert.
+        # Hyper-connections (hc_count residual streams mixed through a low-rank sigmoid gate) stand
+        # where other models have layer norms, the last one as the output norm. PLE (per-layer n-gram
+        # hash embeddings, added to the streams through a gate and a dilated causal conv) on layer 1
+        # (1-based), which must be a linear-attention one: 2 n-gram orders x 2 heads of 16, each head
+        # a prime-sized table of about 1000 rows (the real base is 2e7) in one checkpoint shard.
+        # llama.cpp's DeltaNet gates its output norm by a sigmoid, as the real config says
+        # (output_gate_type); transformers' default would be the silu of hidden_act.
+        # QSA sparse attention is left dense on both sides: the pinned converter reads the config
+        # through transformers, which renames the layer type "full_attention" to "indexed_attention",
+        # so it writes a compress ratio of 0 for every layer and llama.cpp runs plain attention there
+        # (the indexer tensors load unused); the reference's token budget (32) covers the whole
+        # parity prompt, so its indexer keeps every token. Norm weights ((1 + w), zero at init) and
+        # the PLE conv (zero at init) are randomised so what the converter folds is compared.
+        # Linear attention keeps the 2:4 key/value head ratio with equal head dims, as qwen3next.
+        _arch("qwen4exp", "qwen4_exp_text", 170, "Qwen3.8-Flash-Next (Qwen4-Exp)",
+              config={"num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 128,
+                      "shared_expert_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+                      "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                      "linear_num_value_heads": 4, "layer_types": ["linear_attention", "full_attention"],
+                      "output_gate_type": "sigmoid", "hc_count": 4, "hc_lowrank": 16,
+                      "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16,
+                      "indexer_budget": 32, "indexer_compress_ratio": 4,
+                      "ple_layer_ids": [1], "ngram_size": 3, "heads_per_ngram": 2,
+                      "ngram_vocab_size_base": 1000, "ple_conv_kernel_size": 4, "split_ngram_parts": 1,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+                                          "mrope_interleaved": True}},
+              random_init=("hc_norm.weight", "ple.conv1d.weight", "ple.norm_key.weight",
+                           "ple.norm_query.weight", "ple.norm_conv.weight", "self_attn.q_norm.weight",
+                           "self_attn.k_norm.weight"),
+              family="deltanet"),
     )
 }
 
