@@ -191,6 +191,14 @@ _REGISTRY: dict[str, ArchEntry] = {
                "mixers, PLE n-gram table, linear-attention (gated DeltaNet) state", fused=True,
                no_prefetch="its router reads a hyper-connection mix of several residual streams "
                "(gated by weights computed from them), not rms_norm(x) * norm of one residual"),
+        # step35 (Step-3.5/3.7-Flash; src/models/step35.cpp): ffn_norm, then on MoE layers
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid when unset), its
+        # SwiGLU clamped per layer (swiglu_clamp_exp), and the shared expert beside it; layers
+        # without a router run a dense MLP.
+        _entry("step35", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

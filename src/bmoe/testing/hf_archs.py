@@ -374,6 +374,45 @@ HF_ARCHS: dict[str, HfArch] = {
                            "ple.norm_query.weight", "ple.norm_conv.weight", "self_attn.q_norm.weight",
                            "self_attn.k_norm.weight"),
               family="deltanet"),
+        # step35 (Step-3.5-Flash's language model, as Step-3.7-Flash carries it): a leading dense
+        # layer, then two MoE layers with a shared expert beside 32 routed experts, sigmoid routing
+        # with a per-expert selection bias (randomised; transformers starts it at zero), weights
+        # renormalised and scaled by 2.5. Attention has q/k norms and a sigmoid gate per head; the
+        # middle layer is a sliding-window one (window 8, crossed by the parity prompt) with twice
+        # the query heads and RoPE on the whole head, the full-attention layers rotate half of it
+        # (the converter asserts exactly that pairing). The last layer clamps its SwiGLUs (routed
+        # 0.5, shared 1.0, small enough to bite here), as the real model's last two layers do.
+        # transformers has only the vision-language model: built whole, with a one-layer vision
+        # tower the text GGUF leaves out. The converter reads the config through transformers,
+        # which renames or drops the legacy keys the real config.json carries (num_attention_groups,
+        # moe_num_experts, moe_top_k, norm_expert_weight, partial_rotary_factors,
+        # attention_other_setting, moe_layers_enum) yet the converter needs: saved_config puts
+        # them at the top of config.json, where they survive as plain attributes (the converter
+        # merges text_config into the top level). Without norm_expert_weight llama.cpp would not
+        # renormalise the picked weights, which transformers always does. The (1 + w) norms are
+        # randomised (zero at init) so the converter's folding is compared.
+        _arch("step35", "step3p7", 171, "Step-3.5-Flash, Step-3.7-Flash (language model)",
+              config={"num_hidden_layers": 3, "num_attention_heads": 4, "num_sliding_attention_heads": 8,
+                      "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "share_expert_dim": 128,
+                      "n_routed_experts": 32, "num_experts_per_tok": 4, "sliding_window": 8,
+                      "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse"],
+                      "partial_rotary_factors": [0.5, 1.0, 0.5], "rope_theta": 5000000.0,
+                      "moe_router_scaling_factor": 2.5, "swiglu_limits": [0.0, 0.0, 0.5],
+                      "swiglu_limits_shared": [0.0, 0.0, 1.0]},
+              saved_config={"num_attention_groups": 2, "partial_rotary_factors": [0.5, 1.0, 0.5],
+                            "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+                            "moe_layers_enum": "1,2", "moe_num_experts": 32, "moe_top_k": 4,
+                            "norm_expert_weight": True},
+              outer_config={"tie_word_embeddings": False,
+                            "vision_config": {"hidden_size": 32, "num_hidden_layers": 1,
+                                              "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                                              "mlp_ratio": 2.0}},
+              auto_class="AutoModelForImageTextToText",
+              random_init=("e_score_correction_bias", "input_layernorm.weight",
+                           "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                           "self_attn.k_norm.weight", "language_model.norm.weight")),
     )
 }
 
