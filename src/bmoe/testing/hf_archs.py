@@ -412,7 +412,8 @@ HF_ARCHS: dict[str, HfArch] = {
               auto_class="AutoModelForImageTextToText",
               random_init=("e_score_correction_bias", "input_layernorm.weight",
                            "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-                           "self_attn.k_norm.weight", "language_model.norm.weight")),
+                           "self_attn.k_norm.weight", "language_model.norm.weight"),
+              family="sliding-window"),
     )
 }
 
