@@ -199,6 +199,13 @@ _REGISTRY: dict[str, ArchEntry] = {
                "leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
+        # mimo2 (MiMo-V2-Flash; src/models/mimo2.cpp): ffn_norm, then on MoE layers
+        # build_moe_ffn(SIGMOID) with exp_probs_b, no shared expert; layers without a router run a
+        # dense MLP. Sliding-window layers carry attention sinks (attn_sinks). The NextN blocks of
+        # the real files are never computed (layout.py leaves them out).
+        _entry("mimo2", "router, selection bias (exp_probs_b), attention sinks, leading dense layer",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Not listed, for want of a tiny model the pinned converter and transformers can make here:

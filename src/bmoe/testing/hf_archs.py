@@ -118,6 +118,10 @@ def _arch(arch: str, model_type: str, seed: int, real_models: str, **kw: Any) ->
     return HfArch(arch=arch, model_type=model_type, seed=seed, real_models=real_models, **kw)
 
 
+# MiMo-V2-Flash's RoPE per layer type, as transformers holds it.
+_MIMO2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334}}
+
 HF_ARCHS: dict[str, HfArch] = {
     a.arch: a
     for a in (
@@ -413,6 +417,33 @@ HF_ARCHS: dict[str, HfArch] = {
               random_init=("e_score_correction_bias", "input_layernorm.weight",
                            "post_attention_layernorm.weight", "self_attn.q_norm.weight",
                            "self_attn.k_norm.weight", "language_model.norm.weight"),
+              family="sliding-window"),
+        # mimo2 (MiMo-V2-Flash): a leading dense layer, then MoE layers of 32 experts with no shared
+        # expert, sigmoid routing with a per-expert selection bias (randomised) over one expert
+        # group, weights renormalised. A full-attention layer, then two sliding-window ones (window
+        # 8, crossed by the parity prompt) with twice the KV heads and attention sinks; q/k heads
+        # (24) wider than v heads (16), RoPE on a third of each head (0.334 x 24 = 8) with its own
+        # base per layer type, values scaled by 0.707. The converter reads the config through
+        # transformers, which drops the real config.json's swa_* head sizes, topk_method and
+        # hybrid_layer_pattern and keeps RoPE per layer type only, while the converter also reads
+        # a flat partial_rotary_factor from rope_parameters: saved_config writes those keys back,
+        # rope_parameters holding both forms (transformers reads the per-type entries). The
+        # converter hard-codes the real checkpoints' 3 MTP layers, which transformers does not
+        # build: "--no-mtp".
+        _arch("mimo2", "mimo_v2_flash", 172, "MiMo-V2-Flash (309B-A15B)",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 24, "v_head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "sliding_window": 8,
+                      "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse"],
+                      "rope_parameters": _MIMO2_ROPE},
+              saved_config={"swa_head_dim": 24, "swa_num_attention_heads": 4, "swa_v_head_dim": 16,
+                            "swa_num_key_value_heads": 4, "topk_method": "noaux_tc",
+                            "hybrid_layer_pattern": [0, 1, 1],
+                            "rope_parameters": {**_MIMO2_ROPE, "rope_type": "default", "rope_theta": 5000000.0,
+                                                "partial_rotary_factor": 0.334}},
+              converter_args=("--no-mtp",),
+              random_init=("e_score_correction_bias",),
               family="sliding-window"),
     )
 }
