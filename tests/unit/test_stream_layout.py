@@ -206,6 +206,35 @@ def test_header_walk_agrees_with_gguf_reader(tmp_path: Path) -> None:
     _assert_header_matches_gguf_reader(tmp_path / "a.gguf")
 
 
+def test_short_integer_arrays_are_decoded_and_per_layer_head_counts_size_the_kv(tmp_path: Path) -> None:
+    """Per-layer hparams (step35's attention.head_count, head_count_kv) come back as tuples, so the
+    KV estimate can sum each layer's KV heads; long arrays (a vocabulary's) and the rest are skipped."""
+    from bmoe.runtime.footprint import kv_bytes_per_sequence
+    from bmoe.stream.layout import read_header
+
+    rng = np.random.default_rng(6)
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "step35")
+    w.add_uint32("step35.block_count", 3)
+    w.add_uint32("step35.embedding_length", N_EMBD)
+    w.add_array("step35.attention.head_count", [4, 8, 4, 4])  # a NextN block's entry after the trunk
+    w.add_array("step35.attention.head_count_kv", [2, 1, 2, 2])
+    w.add_uint32("step35.attention.key_length", 16)
+    w.add_uint32("step35.attention.value_length", 16)
+    w.add_array("test.long", list(range(2000)))
+    w.add_array("test.bools", [True, False])
+    w.add_array("test.floats", [0.5])
+    w.add_tensor("token_embd.weight", rng.standard_normal((10, N_EMBD)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    fields = read_header(tmp_path / "a.gguf").fields
+    assert fields["step35.attention.head_count"] == (4, 8, 4, 4)
+    assert fields["step35.attention.head_count_kv"] == (2, 1, 2, 2)
+    assert not {"test.long", "test.bools", "test.floats"} & fields.keys()
+    assert kv_bytes_per_sequence(tmp_path / "a.gguf", 100, False) == 100 * (2 + 1 + 2) * (16 + 16) * 2
+
+
 def test_header_walk_agrees_with_gguf_reader_on_the_tiny_models(tiny_models) -> None:
     # A real 49k-token vocabulary (string arrays), F32 and K-quant tensors.
     for quant in ("f32", "q4_k_m"):

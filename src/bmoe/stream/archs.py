@@ -331,6 +331,30 @@ _REGISTRY: dict[str, ArchEntry] = {
         # granite_swa file without experts is dense and never reaches the registry.
         _entry("granite_swa", "router, shared expert (ffn_*_shexp), attention sinks", fused=True,
                norm="ffn_norm.weight"),
+        # qwen4exp (src/models/qwen4exp.cpp): build_layer_ffn -> build_moe_ffn(SOFTMAX) without
+        # exp_probs_b or gate_inp_b, beside a sigmoid-gated shared expert; split or fused gate_up
+        # experts (create_tensor_gate_up_exps). Its input is a hyper-connection mix (build_hc_mix:
+        # the RMS-normed residual streams weighted by a sigmoid gate computed from them, then
+        # averaged), not one RMS norm of one residual. The PLE n-gram table stays resident too.
+        _entry("qwen4exp", "router, shared expert (ffn_*_shexp) and its sigmoid gate, hyper-connection "
+               "mixers, PLE n-gram table, linear-attention (gated DeltaNet) state", fused=True,
+               no_prefetch="its router reads a hyper-connection mix of several residual streams "
+               "(gated by weights computed from them), not rms_norm(x) * norm of one residual"),
+        # step35 (Step-3.5/3.7-Flash; src/models/step35.cpp): ffn_norm, then on MoE layers
+        # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid when unset), its
+        # SwiGLU clamped per layer (swiglu_clamp_exp), and the shared expert beside it; layers
+        # without a router run a dense MLP.
+        _entry("step35", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
+               "leading dense layers",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
+        # mimo2 (MiMo-V2-Flash; src/models/mimo2.cpp): ffn_norm, then on MoE layers
+        # build_moe_ffn(SIGMOID) with exp_probs_b, no shared expert; layers without a router run a
+        # dense MLP. Sliding-window layers carry attention sinks (attn_sinks). The NextN blocks of
+        # the real files are never computed (layout.py leaves them out).
+        _entry("mimo2", "router, selection bias (exp_probs_b), attention sinks, leading dense layer",
+               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               "the guess leaves out"),
     )
 }
 # Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md

@@ -123,6 +123,11 @@ _SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12
 _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _MAX_NESTING = 8  # arrays of arrays: GGUF writers nest one level at most
+# Integer arrays up to this long are decoded (per-layer hparams such as a head count that differs
+# from layer to layer: step35's attention.head_count); longer ones (a vocabulary's token types)
+# are skipped by length like every other array.
+_INT_TYPES = frozenset((0, 1, 2, 3, 4, 5, 10, 11))
+_MAX_DECODED = 1024
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
@@ -137,7 +142,8 @@ class TensorInfo:
 
 @dataclass(frozen=True, slots=True)
 class GgufHeader:
-    fields: dict[str, object]  # scalar and string keys only (arrays are skipped, not decoded)
+    # scalar and string keys, and short integer arrays as tuples (other arrays are skipped)
+    fields: dict[str, object]
     tensors: tuple[TensorInfo, ...]
 
 
@@ -166,8 +172,9 @@ class _Cursor:
         return v
 
     def value(self, vtype: int, depth: int = 0) -> object | None:
-        """One value; arrays are skipped (None): a layout needs none of them. Arrays nest at most
-        ``_MAX_NESTING`` deep (a damaged header must not exhaust the interpreter's stack)."""
+        """One value; arrays are skipped (None), but for integer arrays of at most ``_MAX_DECODED``
+        values, which come back as a tuple. Arrays nest at most ``_MAX_NESTING`` deep (a damaged
+        header must not exhaust the interpreter's stack)."""
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
@@ -177,6 +184,11 @@ class _Cursor:
             if etype == _STRING:  # each element carries its own length: walk them
                 for _ in range(count):
                     self.pos += 8 + _U64.unpack_from(self.buf, self.pos)[0]
+            elif etype in _INT_TYPES and count <= _MAX_DECODED and depth == 0:
+                fmt = _SCALAR_FMT[etype]
+                v = struct.unpack_from(f"<{count}{fmt[1]}", self.buf, self.pos)
+                self.pos += count * _SCALAR_SIZE[etype]
+                return v
             elif etype in _SCALAR_SIZE:
                 self.pos += count * _SCALAR_SIZE[etype]
             else:

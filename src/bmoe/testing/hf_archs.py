@@ -151,6 +151,10 @@ def _arch(arch: str, model_type: str, seed: int, real_models: str, **kw: Any) ->
     return HfArch(arch=arch, model_type=model_type, seed=seed, real_models=real_models, **kw)
 
 
+# MiMo-V2-Flash's RoPE per layer type, as transformers holds it.
+_MIMO2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334}}
+
 HF_ARCHS: dict[str, HfArch] = {
     a.arch: a
     for a in (
@@ -813,6 +817,107 @@ HF_ARCHS: dict[str, HfArch] = {
               checkpoint_drop=("self_attn.slope_rate", "self_attn.query_decay", "self_attn.key_decay",
                                "self_attn.diagonal_decay"),
               checkpoint_index=True, family="lightning"),
+        # qwen4exp (Qwen3.8-Flash-Next's form): a gated-DeltaNet layer, then a gated full-attention
+        # layer, each followed by 32 softmax-routed experts and a sigmoid-gated shared expert.
+        # Hyper-connections (hc_count residual streams mixed through a low-rank sigmoid gate) stand
+        # where other models have layer norms, the last one as the output norm. PLE (per-layer n-gram
+        # hash embeddings, added to the streams through a gate and a dilated causal conv) on layer 1
+        # (1-based), which must be a linear-attention one: 2 n-gram orders x 2 heads of 16, each head
+        # a prime-sized table of about 1000 rows (the real base is 2e7) in one checkpoint shard.
+        # llama.cpp's DeltaNet gates its output norm by a sigmoid, as the real config says
+        # (output_gate_type); transformers' default would be the silu of hidden_act.
+        # QSA sparse attention is left dense on both sides: the pinned converter reads the config
+        # through transformers, which renames the layer type "full_attention" to "indexed_attention",
+        # so it writes a compress ratio of 0 for every layer and llama.cpp runs plain attention there
+        # (the indexer tensors load unused); the reference's token budget (32) covers the whole
+        # parity prompt, so its indexer keeps every token. Norm weights ((1 + w), zero at init) and
+        # the PLE conv (zero at init) are randomised so what the converter folds is compared.
+        # Linear attention keeps the 2:4 key/value head ratio with equal head dims, as qwen3next.
+        _arch("qwen4exp", "qwen4_exp_text", 170, "Qwen3.8-Flash-Next (Qwen4-Exp)",
+              config={"num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 128,
+                      "shared_expert_intermediate_size": 128, "num_experts": 32,
+                      "num_experts_per_tok": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+                      "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                      "linear_num_value_heads": 4, "layer_types": ["linear_attention", "full_attention"],
+                      "output_gate_type": "sigmoid", "hc_count": 4, "hc_lowrank": 16,
+                      "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16,
+                      "indexer_budget": 32, "indexer_compress_ratio": 4,
+                      "ple_layer_ids": [1], "ngram_size": 3, "heads_per_ngram": 2,
+                      "ngram_vocab_size_base": 1000, "ple_conv_kernel_size": 4, "split_ngram_parts": 1,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+                                          "mrope_interleaved": True}},
+              random_init=("hc_norm.weight", "ple.conv1d.weight", "ple.norm_key.weight",
+                           "ple.norm_query.weight", "ple.norm_conv.weight", "self_attn.q_norm.weight",
+                           "self_attn.k_norm.weight"),
+              family="deltanet"),
+        # step35 (Step-3.5-Flash's language model, as Step-3.7-Flash carries it): a leading dense
+        # layer, then two MoE layers with a shared expert beside 32 routed experts, sigmoid routing
+        # with a per-expert selection bias (randomised; transformers starts it at zero), weights
+        # renormalised and scaled by 2.5. Attention has q/k norms and a sigmoid gate per head; the
+        # middle layer is a sliding-window one (window 8, crossed by the parity prompt) with twice
+        # the query heads and RoPE on the whole head, the full-attention layers rotate half of it
+        # (the converter asserts exactly that pairing). The last layer clamps its SwiGLUs (routed
+        # 0.5, shared 1.0, small enough to bite here), as the real model's last two layers do.
+        # transformers has only the vision-language model: built whole, with a one-layer vision
+        # tower the text GGUF leaves out. The converter reads the config through transformers,
+        # which renames or drops the legacy keys the real config.json carries (num_attention_groups,
+        # moe_num_experts, moe_top_k, norm_expert_weight, partial_rotary_factors,
+        # attention_other_setting, moe_layers_enum) yet the converter needs: saved_config puts
+        # them at the top of config.json, where they survive as plain attributes (the converter
+        # merges text_config into the top level). Without norm_expert_weight llama.cpp would not
+        # renormalise the picked weights, which transformers always does. The (1 + w) norms are
+        # randomised (zero at init) so the converter's folding is compared.
+        _arch("step35", "step3p7", 171, "Step-3.5-Flash, Step-3.7-Flash (language model)",
+              config={"num_hidden_layers": 3, "num_attention_heads": 4, "num_sliding_attention_heads": 8,
+                      "num_key_value_heads": 2, "head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "share_expert_dim": 128,
+                      "n_routed_experts": 32, "num_experts_per_tok": 4, "sliding_window": 8,
+                      "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse"],
+                      "partial_rotary_factors": [0.5, 1.0, 0.5], "rope_theta": 5000000.0,
+                      "moe_router_scaling_factor": 2.5, "swiglu_limits": [0.0, 0.0, 0.5],
+                      "swiglu_limits_shared": [0.0, 0.0, 1.0]},
+              saved_config={"num_attention_groups": 2, "partial_rotary_factors": [0.5, 1.0, 0.5],
+                            "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+                            "moe_layers_enum": "1,2", "moe_num_experts": 32, "moe_top_k": 4,
+                            "norm_expert_weight": True},
+              outer_config={"tie_word_embeddings": False,
+                            "vision_config": {"hidden_size": 32, "num_hidden_layers": 1,
+                                              "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                                              "mlp_ratio": 2.0}},
+              auto_class="AutoModelForImageTextToText",
+              random_init=("e_score_correction_bias", "input_layernorm.weight",
+                           "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                           "self_attn.k_norm.weight", "language_model.norm.weight"),
+              family="sliding-window"),
+        # mimo2 (MiMo-V2-Flash): a leading dense layer, then MoE layers of 32 experts with no shared
+        # expert, sigmoid routing with a per-expert selection bias (randomised) over one expert
+        # group, weights renormalised. A full-attention layer, then two sliding-window ones (window
+        # 8, crossed by the parity prompt) with twice the KV heads and attention sinks; q/k heads
+        # (24) wider than v heads (16), RoPE on a third of each head (0.334 x 24 = 8) with its own
+        # base per layer type, values scaled by 0.707. The converter reads the config through
+        # transformers, which drops the real config.json's swa_* head sizes, topk_method and
+        # hybrid_layer_pattern and keeps RoPE per layer type only, while the converter also reads
+        # a flat partial_rotary_factor from rope_parameters: saved_config writes those keys back,
+        # rope_parameters holding both forms (transformers reads the per-type entries). The
+        # converter hard-codes the real checkpoints' 3 MTP layers, which transformers does not
+        # build: "--no-mtp".
+        _arch("mimo2", "mimo_v2_flash", 172, "MiMo-V2-Flash (309B-A15B)",
+              config={"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 24, "v_head_dim": 16,
+                      "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+                      "num_experts_per_tok": 4, "sliding_window": 8,
+                      "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse"],
+                      "rope_parameters": _MIMO2_ROPE},
+              saved_config={"swa_head_dim": 24, "swa_num_attention_heads": 4, "swa_v_head_dim": 16,
+                            "swa_num_key_value_heads": 4, "topk_method": "noaux_tc",
+                            "hybrid_layer_pattern": [0, 1, 1],
+                            "rope_parameters": {**_MIMO2_ROPE, "rope_type": "default", "rope_theta": 5000000.0,
+                                                "partial_rotary_factor": 0.334}},
+              converter_args=("--no-mtp",),
+              random_init=("e_score_correction_bias",),
+              family="sliding-window"),
     )
 }
 
