@@ -72,6 +72,8 @@ class Config:
             return "llama.cpp mmap"
         if self.engine == "resident":
             return "bmoe resident, no limit (compute floor)"
+        if self.engine == "planned":
+            return "bmoe planned (no streaming flags)"
         base = f"bmoe cache {self.cache_pct}%" if self.cache_pct else "bmoe cache off"
         return (base + (", read-ahead" if self.prefetch else "") + (", dense mmap" if self.dense == "mmap" else "")
                 + (", plain LRU" if self.policy == "lru" else "") + (", page moves" if self.memory == "pages" else ""))
@@ -365,7 +367,8 @@ def run_child(name: str, cmd: list[str], out: Path, a: argparse.Namespace, *, li
 
     global _RUNS
     _RUNS += 1  # in the cgroup's name: two children never share one, whatever their names cut to
-    return run_one(name, cmd, out, int(a.limit_gib * 2**30) if limit else None, a, cold=True, timeout_s=a.timeout,
+    return run_one(name, cmd, out, int(a.limit_gib * 2**30) if limit and a.limit_gib else None, a, cold=True,
+                   timeout_s=a.timeout,
                    tag=f"ds{_RUNS}-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40])
 
 
@@ -399,6 +402,8 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
                 cmd = child_cmd("llama", model, res, a)
             elif c.engine == "resident":
                 cmd = child_cmd("bmoe", model, res, a, "--resident", "--decode-tokens", str(a.decode_tokens))
+            elif c.engine == "planned":
+                cmd = child_cmd("bmoe", model, res, a, "--planned", "--decode-tokens", str(a.decode_tokens))
             else:
                 cmd = child_cmd("bmoe", model, res, a, "--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)),
                                 "--dense-weights", c.dense, "--decode-tokens", str(a.decode_tokens),
@@ -435,6 +440,8 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config]) -> dic
             "best": [[d["best"] for d in r["decisions"]] for r in ok],  # type: ignore[index]
             # what the cache ran on in each round: slots, or page moves (asked for, or the arch refused slots)
             "cache_memory": sorted({str(r["cache_memory"]) for r in ok if "cache_memory" in r}) or None,
+            "plan": next((r["plan"] for r in ok if "plan" in r), None),  # the planned configuration's choice
+            "oom_killed": sum(bool(r.get("oom_killed")) for r in recs),
         }
     summary = {k: v["summary"] for k, v in rec["configs"].items() if v["summary"]}  # type: ignore[union-attr]
     failed = {k: v["status"] for k, v in rec["configs"].items() if not v["summary"]}  # type: ignore[union-attr]

@@ -168,8 +168,12 @@ def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
     from bmoe.config import SessionConfig
     from bmoe.session import Session
 
+    if a.planned:  # the plan chooses what these flags leave open (docs/plan.md): nothing but the prompt's shape
+        return Session(SessionConfig(model=a.model, n_ctx=a.n_ctx, chat="chatml", decide=True,
+                                     flash_attn=a.flash_attn, stream_cache_dir=a.twins))
+    # every other configuration is exactly the flags it names: no plan
     common = dict(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
-                  chat="chatml", decide=True, flash_attn=a.flash_attn)
+                  chat="chatml", decide=True, flash_attn=a.flash_attn, plan="off")
     if a.resident:  # the compute floor: every weight in RAM once the first decision has read it
         return Session(SessionConfig(**common))
     return Session(SessionConfig(**common, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
@@ -203,7 +207,9 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
         return {"refused": str(e)}
     out: dict[str, object] = {"engine": "bmoe", "load_s": time.perf_counter() - t0,
                               "load_read_bytes": proc_read_bytes() - r0}
-    if not a.resident:  # what the cache actually ran on (an arch may refuse slots)
+    if session.plan is not None:
+        out["plan"] = session.plan.as_json()
+    if session.streaming is not None:  # what the cache actually ran on (an arch may refuse slots)
         streamer = session.streaming.streamer
         out["cache_memory"] = "slots" if streamer.slots else "pages" if streamer.budget.budget_bytes > 0 else "off"
     decisions = []
@@ -220,7 +226,7 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
             decisions.append({"i": i, "latency_s": wall, "prefill_s": r.prefill_s, "n_tokens": r.n_tokens,
                               "n_reused": r.n_reused, "reuse": r.reuse, "proc_read_bytes": proc_read_bytes() - r0,
                               "best": r.scores.best, "logp": list(r.scores.choice_logp),
-                              "dense_resident_frac": None if a.resident else session.dense_resident_frac(),
+                              "dense_resident_frac": None if session.streaming is None else session.dense_resident_frac(),
                               **rss_now(),
                               **{k: getattr(st, k) for k in STAT_FIELDS}})
         out["decisions"] = decisions
@@ -251,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-memory", choices=("slots", "pages"), default="slots",
                     help="bmoe with --cache-mb: slots (the default) or page moves (BMOE_CACHE_SLOTS=0)")
     ap.add_argument("--resident", action="store_true", help="bmoe: the model resident (mmap, no streaming)")
+    ap.add_argument("--planned", action="store_true", help="bmoe: no streaming, thread or batch flags: the plan's choice")
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     ap.add_argument("--twins", type=Path, default=None)
     ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")

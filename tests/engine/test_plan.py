@@ -13,7 +13,7 @@ import pytest
 import bmoe.runtime.plan as plan_mod
 from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig, default_model
-from bmoe.runtime.plan import MIB, RESERVE_MIN, WIDE_UBATCH, Machine, compute_bytes, make_plan, model_facts
+from bmoe.runtime.plan import MIB, RESERVE_FRAC, RESERVE_MIN, WIDE_UBATCH, Machine, compute_bytes, make_plan, model_facts
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session, plan_for
 from bmoe.stream.disk_rate import RATES_FILE, DiskRate, read_rate
@@ -29,7 +29,7 @@ def _disk(layout) -> DiskRate:
 
 def machine_with_room(room: int) -> Machine:
     """A machine whose plan spends exactly ``room`` bytes (what is left after the reserve)."""
-    return Machine(available=int((room + RESERVE_MIN) / 0.9) + 16, limit=None, cores=2)
+    return Machine(available=int((room + RESERVE_MIN) / (1 - RESERVE_FRAC)) + 16, limit=None, cores=2)
 
 
 @pytest.fixture()

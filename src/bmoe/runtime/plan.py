@@ -29,8 +29,8 @@ from ..stream.twin import default_twin_dir
 from .footprint import kv_bytes_per_sequence
 
 MIB = 1 << 20
-RESERVE_MIN = 256 * MIB   # left for the interpreter, libraries, page tables and the rest of the system
-RESERVE_FRAC = 0.10       # and this share of the memory on top
+RESERVE_MIN = 128 * MIB   # left for what grows after open: Python objects, read buffers, kept decision states
+RESERVE_FRAC = 0.05       # and this share of the memory on top
 WIDE_UBATCH = 2048        # a streamed prefill this wide reads each expert once per 2048 tokens
 # Settings the plan chooses together: when the caller chose any of them, streaming is theirs.
 STREAM_FIELDS = ("moe_stream", "cache_mb", "cache_ceil_mb", "cache_force", "prefetch", "dense_weights")
@@ -81,6 +81,8 @@ class ModelFacts:
     n_vocab: int
     n_embd: int
     n_head: int
+    n_ff_active: int         # FFN width a token runs through (experts used x their width, or the dense FFN)
+    n_outputs: int           # logit rows a ubatch asks for at most in a decision (one per sequence)
     streamable: str          # "" when its experts can stream, else why not
     can_prefetch: bool
 
@@ -164,13 +166,20 @@ def model_facts(config: SessionConfig) -> ModelFacts:
         mmproj_bytes=mmproj, file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
         expert_bytes=layout.expert_nbytes if layout else 0, token_bytes=layout.floor_bytes() if layout else 0,
         kv_bytes=kv, n_vocab=n_vocab, n_embd=n_embd, n_head=_int(fields_, f"{arch}.attention.head_count"),
+        n_ff_active=(layout.n_expert_used * (_int(fields_, f"{arch}.expert_feed_forward_length") or n_embd)
+                     if layout else _int(fields_, f"{arch}.feed_forward_length") or 4 * n_embd),
+        n_outputs=config.n_seq_max,
         streamable=streamable, can_prefetch=can_prefetch)
 
 
 def compute_bytes(m: ModelFacts, n_ubatch: int, n_ctx: int) -> int:
-    """An upper estimate of llama.cpp's compute buffers for ubatches of ``n_ubatch`` tokens: logits
-    and a few activations per token, and one layer's attention scores (flash attention off)."""
-    return n_ubatch * 4 * (m.n_vocab + 16 * m.n_embd) + n_ubatch * n_ctx * max(1, m.n_head) * 4
+    """An estimate of llama.cpp's compute buffers for ubatches of ``n_ubatch`` tokens, from above:
+    per token a few rows of the width and of the FFN a token runs (gate, up and their product), one
+    layer's attention scores over the whole context (flash attention off), and the logit rows of
+    one output per sequence. A request that keeps every row's logits (perplexity, scoring) grows
+    llama.cpp's output buffer beyond this."""
+    return (n_ubatch * 4 * (16 * m.n_embd + 3 * m.n_ff_active) + n_ubatch * n_ctx * max(1, m.n_head) * 4
+            + m.n_outputs * m.n_vocab * 4)
 
 
 def is_fixed(config: SessionConfig, name: str) -> bool:

@@ -1,0 +1,134 @@
+"""Benchmark (issue #29): the plan against the best hand-picked configuration, under memory limits.
+
+For each memory limit (GiB; 0 for none) and routing preset of the synthetic Qwen3-30B-A3B-shaped
+model (bench/synthetic_moe.py), bench/decide_stream.py's run of, in the same run and page cache
+dropped before each child:
+
+    bmoe planned        no streaming, thread or batch flag: what the plan chooses (docs/plan.md)
+    the grid            bmoe cache off, ~15% and ~30% of the expert bytes, each with read-ahead,
+                        and ~30% without (decide_stream's keys off+ra cache15+ra cache30+ra cache30)
+
+Per limit: the median decision latency (decisions 2..N of an agent's sequence on a kept prefix),
+the decode rate after them, each configuration's cgroup peak and OOM kills, what the plan chose,
+and the planned configuration's ratio to the best of the grid; the target (PASS/FAIL, never
+asserted): within 1.15x in decisions and in decode, never OOM-killed, and resident with no limit.
+Needs root (cgroups, drop_caches). docs/benchmarks.md "The plan" holds a recorded run.
+
+    .venv/bin/python bench/plan.py [--limits 2.5 4 8 0] [--preset uniform] [--decisions 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import decide_stream as ds  # noqa: E402
+
+RATIO_MAX = 1.15
+GRID = ("off+ra", "cache15+ra", "cache30+ra", "cache30")
+
+
+def _ratio(planned: float | None, best: float | None) -> float | None:
+    return planned / best if planned and best else None
+
+
+def compare(rec: dict[str, object], limit_gib: float) -> dict[str, object]:
+    """The planned configuration against the grid's best at one limit: latency (lower is better)
+    and decode rate (higher is better), with the verdicts."""
+    cfgs: dict[str, dict] = rec["configs"]  # type: ignore[assignment]
+    summ = {k: (v.get("summary") or {}) for k, v in cfgs.items()}
+    grid = {k: s for k, s in summ.items() if k != "planned" and s}
+    planned = summ.get("planned") or {}
+    lat = {k: s.get("latency_s") for k, s in grid.items() if s.get("latency_s")}
+    dec = {k: s.get("decode_tok_s") for k, s in grid.items() if s.get("decode_tok_s")}
+    best_lat = min(lat.items(), key=lambda kv: kv[1]) if lat else (None, None)
+    best_dec = max(dec.items(), key=lambda kv: kv[1]) if dec else (None, None)
+    r_lat = _ratio(planned.get("latency_s"), best_lat[1])
+    r_dec = _ratio(best_dec[1], planned.get("decode_tok_s"))  # >1: the planned one decodes slower
+    plan = cfgs.get("planned", {}).get("plan") or {}
+    ooms = {k: v.get("oom_killed", 0) for k, v in cfgs.items() if v.get("oom_killed")}
+    verdicts = {
+        "decisions": None if r_lat is None else r_lat <= RATIO_MAX,
+        "decode": None if r_dec is None else r_dec <= RATIO_MAX,
+        "never OOM-killed": not ooms.get("planned"),
+    }
+    if not limit_gib:
+        verdicts["resident with no limit"] = plan.get("mode") == "resident"
+    return {"limit_gib": limit_gib or None, "planned_latency_s": planned.get("latency_s"),
+            "planned_decode_tok_s": planned.get("decode_tok_s"), "best_latency": best_lat, "best_decode": best_dec,
+            "latency_ratio": r_lat, "decode_ratio": r_dec, "plan_mode": plan.get("mode"),
+            "plan_settings": {k: v.get("value") for k, v in (plan.get("settings") or {}).items()},
+            "cgroup_peak_mib": {k: v.get("cgroup_peak_mib") for k, v in cfgs.items()}, "oom_killed": ooms,
+            "verdicts": {k: ("n/a" if v is None else "PASS" if v else "FAIL") for k, v in verdicts.items()}}
+
+
+def _f(v: object, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def print_rows(rows: list[dict[str, object]], preset: str) -> None:
+    print(f"\n## {preset}\n")
+    print("| limit | plan | planned decision s | best grid decision s | ratio | planned decode tok/s | "
+          "best grid decode tok/s | ratio | planned cgroup peak MiB | verdicts |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s = r["plan_settings"]
+        plan = (f"{r['plan_mode']}" + (f", cache {s.get('cache_mb')} MiB, read-ahead {s.get('prefetch')}, "
+                                       f"ub {s.get('n_ubatch')}" if r["plan_mode"] == "streamed" else ""))
+        bl, bd = r["best_latency"], r["best_decode"]
+        print(f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {plan} | "
+              f"{_f(r['planned_latency_s'])} | {_f(bl[1])} ({bl[0]}) | {_f(r['latency_ratio'])} | "
+              f"{_f(r['planned_decode_tok_s'])} | {_f(bd[1])} ({bd[0]}) | {_f(r['decode_ratio'])} | "
+              f"{_f(r['cgroup_peak_mib'].get('planned'), '{:.0f}')} | "
+              + ", ".join(f"{k} {v}" for k, v in r["verdicts"].items()) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=HERE / "out")
+    ap.add_argument("--limits", nargs="+", type=float, default=[2.5, 4, 8, 0], help="GiB; 0: no limit")
+    ap.add_argument("--preset", nargs="+", default=["uniform"])
+    ap.add_argument("--grid", nargs="+", default=list(GRID), help="decide_stream configurations to beat")
+    ap.add_argument("--decisions", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--io-threads", type=int, default=8)
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--spec-layers", type=int, default=None, help="smoke runs: the preset's model with N layers")
+    ap.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        ap.error("needs root: memory cgroups and /proc/sys/vm/drop_caches")
+    a.work = a.work.resolve()
+    a.work.mkdir(parents=True, exist_ok=True)
+    # what decide_stream.run_preset reads besides these
+    a.flash_attn, a.probe_mib, a.wide_tokens, a.cache_pct = "auto", 512, 0, list(ds.DEFAULT_CACHE_PCT)
+    configs = [ds.Config("planned", "planned")] + ds.plan(tuple(a.cache_pct), set(a.grid))
+    from stream import machine
+
+    report: dict[str, object] = {
+        "command": " ".join(["python", "bench/plan.py", *(argv if argv is not None else sys.argv[1:])]),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": machine(), "presets": {}}
+    for preset in a.preset:
+        rows = []
+        for limit in a.limits:
+            a.limit_gib = limit
+            rec = ds.run_preset(preset, a, configs)
+            rows.append({**compare(rec, limit), "run": rec})
+        report["presets"][preset] = rows  # type: ignore[index]
+        print_rows(rows, preset)
+    report["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    out = a.work / "plan.json"
+    out.write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
