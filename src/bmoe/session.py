@@ -145,11 +145,17 @@ class Session:
     def render(self, messages: list[Message], *, think: bool) -> str:
         return self.runtime.render(messages, think=think)
 
-    def tokenize_prompt(self, text: str) -> list[int]:
+    def tokenize_prompt(self, text: str, images: Sequence[str] = ()) -> list[int]:
         """Tokenize a prompt, BOS as the model asks: one ``render`` gave with special tokens
         parsed in the template's markup only (a message's text is plain text), any other text
-        with special tokens parsed throughout (a raw prompt)."""
-        return self.runtime.tokenize_prompt(text)
+        with special tokens parsed throughout (a raw prompt). ``images`` (file paths or data:
+        URLs) stand at its image markers, in order, as the runs of placeholder ids (negative)
+        their tokens are; a RequestError names an image that cannot be read."""
+        if not images:
+            return self.runtime.tokenize_prompt(text)
+        self._check_open()
+        with self._lock:
+            return self.runtime.tokenize_prompt(text, self.runtime.read_images(images))
 
     # --- generate ---------------------------------------------------------------------
     def set_history(self, messages: list[Message]) -> None:

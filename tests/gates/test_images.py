@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from bmoe import DecideRequest, GenerateRequest
+from bmoe.session import Message
 from bmoe.errors import ConfigError, ModelFileError, RequestError
 from bmoe.testing import write_hf_arch, write_hf_mmproj, write_png, write_tiny
 
@@ -179,3 +180,26 @@ def test_an_mmproj_for_another_model_is_refused_at_open(open_session, vl: dict, 
         open_session(vl["model"], mmproj=Path(vl["screen"]))
     with pytest.raises(ConfigError, match="mmproj: file not found"):
         open_session(vl["model"], mmproj=vl["dir"] / "none.gguf")
+
+
+def test_a_continued_conversation_keeps_its_images(open_session, vl: dict) -> None:
+    """clear_kv false after a turn over an image: the history's image is read again, stands as the
+    same placeholder run, and its KV is reused; the next turn may bring an image of its own; the
+    same conversation computed whole gives the same tokens."""
+    s = _open(open_session, vl, "stream-evicting")
+    first = s.generate(GenerateRequest(prompt="What is on the screen?", images=(vl["screen"],), n_predict=3))
+    encoded = s.runtime.images.n_encoded
+    second = s.generate(GenerateRequest(prompt="And here?", images=(vl["other"],), n_predict=3, clear_kv=False,
+                                        keep_logits=True))
+    assert second.n_reused >= first.n_prompt  # the first turn, its image included, was not prefilled again
+    assert s.runtime.images.n_encoded == encoded + 1  # only the new image was encoded
+    assert [m.images for m in s.history] == [(vl["screen"],), (), (vl["other"],), ()]
+    whole = _open(open_session, vl, "resident")
+    whole.set_history(s.history[:2])
+    again = whole.generate(GenerateRequest(prompt="And here?", images=(vl["other"],), n_predict=3, clear_kv=False,
+                                           keep_logits=True))
+    assert again.tokens == second.tokens
+    # a history message whose markers are not its images is refused, the session unchanged
+    s.set_history([Message("user", "a " + MARK), Message("assistant", "ok")])
+    with pytest.raises(RequestError, match="message 0 \\(user\\) holds 1 image marker"):
+        s.generate(GenerateRequest(prompt="hi", images=(vl["screen"],), n_predict=1, clear_kv=False))

@@ -144,3 +144,47 @@ def test_the_page_asks_for_the_api_key(make_app, tiny_path, live, browser) -> No
     page.click("#send")
     page.locator(".msg.assistant .meta").wait_for(timeout=30_000)  # the chat went through with the key
     assert page.locator("#key-box").is_hidden()
+
+
+def test_a_decision_over_an_attached_image(make_app, tiny_dir, live, browser, shots, tmp_path) -> None:
+    """The tiny qwen3vlmoe with its projector: the image attached on the page goes as a data: URL in
+    front of the question, and the bars are /v1/decide's for the same request with that image."""
+    import base64
+
+    from bmoe.testing import write_hf_arch, write_hf_mmproj, write_png
+
+    model, mmproj = write_hf_arch("qwen3vlmoe", "q8_0", tiny_dir), write_hf_mmproj("qwen3vlmoe", tiny_dir)
+    shot = write_png(tmp_path / "screen.png", 128, 96, seed=1)
+    server = live(make_app(model, mmproj=mmproj, chat="chatml"))
+    page = browser.new_page(viewport=PHONE)
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model').textContent.includes('ctx')")
+    page.locator("label.switch").click()
+    page.set_input_files("#image", str(shot))
+    assert page.locator("#image-clear").is_visible()
+    page.fill("#question", QUESTION)
+    page.fill("#options", "\n".join(OPTIONS))
+    page.click("#send")
+    card = page.locator("[data-testid=decision]").last
+    card.wait_for(timeout=30_000)
+    # the tiny model's choices are far below 0.1%: compare the bars' probabilities, not their text
+    shown = [float(p) for p in card.locator("[data-testid=option-bar]").evaluate_all("rs => rs.map(r => r.dataset.p)")]
+    sent = page.locator("[data-testid=sent-image]").last
+    assert sent.is_visible() and sent.evaluate("img => img.naturalWidth") == 128
+
+    url = "data:image/png;base64," + base64.b64encode(shot.read_bytes()).decode()
+    api = httpx.post(server.url + "/v1/decide", json={**page_request(), "images": [url]}, timeout=60).json()
+    plain = httpx.post(server.url + "/v1/decide", json=page_request(), timeout=60).json()
+    assert api["choice_logp"] != plain["choice_logp"]  # the image counts
+    assert shown == pytest.approx([math.exp(lp) for lp in api["choice_logp"]], rel=1e-12, abs=0)
+    assert shown != pytest.approx([math.exp(lp) for lp in plain["choice_logp"]], rel=1e-6, abs=0)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    page.screenshot(path=str(shots / "server-image-decision.png"))
+
+    page.click("#image-clear")  # removed: the next decision is over the text alone
+    page.fill("#question", QUESTION)
+    page.click("#send")
+    page.locator("[data-testid=decision]").nth(1).wait_for(timeout=30_000)
+    again = [float(p) for p in page.locator("[data-testid=decision]").last.locator("[data-testid=option-bar]")
+             .evaluate_all("rs => rs.map(r => r.dataset.p)")]
+    assert again == pytest.approx([math.exp(lp) for lp in plain["choice_logp"]], rel=1e-12, abs=0)

@@ -42,6 +42,10 @@ EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 class Message:
     role: Literal["system", "user", "assistant"]
     content: str
+    # the images (file paths or data: URLs) at the image markers of ``content``, in order
+    # (docs/decide.md "Images"); a continued conversation reads them again, so its KV prefix,
+    # images included, is reused
+    images: tuple[str, ...] = ()
 
 
 class Prompt(str):

@@ -322,6 +322,31 @@ class Runtime:
                 toks.extend(self.images.tokens(images[k]))
         return toks
 
+    def _conversation_images(self, messages: Sequence[Message]) -> list[Image]:
+        """The images of a conversation's messages, in order: the last message's (this request's,
+        named by their index in it) read first, then the earlier messages' again (an image of the
+        history stands as the same placeholder run, so the KV holding it is reused). A message
+        whose markers do not match its images is refused: a marker would take another message's
+        image."""
+        *history, last = messages
+        images = self.read_images(last.images)
+        old = [s for m in history for s in m.images]
+        if not images and not old:
+            return []  # markers are text
+        for i, m in enumerate(history):  # the last message's markers are checked as a request's
+            n = m.content.count(rules.IMAGE_MARKER)
+            if n != len(m.images):
+                raise ImageError(f"images: message {i} ({m.role}) holds {n} image marker(s) "
+                                 f"{rules.IMAGE_MARKER} but {len(m.images)} image(s); in a conversation with "
+                                 "images each marker takes one image of its own message")
+        if not old:
+            return images
+        try:
+            earlier = self.read_images(old)
+        except ImageError as e:
+            raise ImageError(f"an earlier message's {e}; start a new conversation (clear_kv true)") from None
+        return earlier + images
+
     @staticmethod
     def image_tokens(tokens: Sequence[int]) -> int:
         """How many of ``tokens`` are images' (placeholders)."""
@@ -335,15 +360,11 @@ class Runtime:
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
         think = cfg.think if req.think is None else req.think
         history = [] if req.clear_kv else list(self.history)
-        images = self.read_images(req.images)
-        if images and history:
-            # the history's markers would be text by then, and its images not read again
-            raise ImageError("images: a continued conversation (clear_kv false) cannot take images yet; "
-                               "send them in a new conversation (clear_kv true)")
-        messages = history + [Message("user", rules.place_images(req.prompt, len(images)))]
+        messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
+        images = self._conversation_images(messages) if any(m.images for m in messages) else []
         turn_text = self.chat.render_turn(messages, think=think)
         rendered = turn_text.text
-        prompt = self.tokenize_prompt(rendered, images)
+        prompt = self.tokenize_prompt(rendered, images) if images else self.tokenize_prompt(rendered)
         if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
             raise RequestError("prompt: renders to no tokens (no chat template, and the model adds no BOS); "
                                "give a non-empty prompt")

@@ -44,7 +44,8 @@ class TurnOutcome:
 
 def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
     """Tokens to generate, or ApiError(400) when the conversation cannot fit the context."""
-    n_prompt = len(session.tokenize_prompt(session.render(list(turn.messages), think=think)))
+    images = [u for m in turn.messages for u in m.images]
+    n_prompt = len(session.tokenize_prompt(session.render(list(turn.messages), think=think), images))
     room = session.n_ctx - n_prompt
     if turn.max_tokens is not None:
         if turn.max_tokens > room:
@@ -71,7 +72,7 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         session.set_history(prior)
     cancel = threading.Event()  # this turn's own: set before it starts, it still takes effect
     it = session.generate_iter(GenerateRequest(
-        prompt=user.content, n_predict=n_predict, think=think, clear_kv=False,
+        prompt=user.content, images=user.images, n_predict=n_predict, think=think, clear_kv=False,
         temperature=turn.temperature, top_p=turn.top_p, seed=turn.seed,
     ), cancel=cancel)
     stops = StopMatcher(turn.stops)

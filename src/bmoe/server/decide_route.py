@@ -20,6 +20,7 @@ from bmoe.wire.records import decide_fields
 from .job_queue import Cancelled, Job, JobQueue
 from .errors import ApiError
 from .jobs import run_job
+from .images import check_inline
 from .metrics import Metrics
 from .schemas import DecideBatch, DecideBody
 
@@ -37,7 +38,7 @@ def to_request(b: DecideBody) -> DecideRequest:
                          reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below,
                          scoring=b.scoring, best_by=b.best_by, unconditional=b.unconditional,
                          question=b.question, options=None if b.options is None else tuple(b.options),
-                         render=render, debias=b.debias)
+                         render=render, debias=b.debias, images=tuple(b.images))
 
 
 def _param(r: DecideResult) -> str | None:
@@ -75,6 +76,8 @@ class DecideRoute:
     async def __call__(self, body: DecideBody | DecideBatch, request: Request) -> Any:
         batch = isinstance(body, list)
         items = body if isinstance(body, list) else [body]
+        for k, b in enumerate(items):  # data: URLs only, refused before anything is queued
+            check_inline(b.images, f"{k}.images" if batch else "images")
         requests = [to_request(b) for b in items]
         self._check_work(requests)
         # One whose client left while it waited is dropped; a running one stops at the next decision.

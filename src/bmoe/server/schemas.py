@@ -28,6 +28,7 @@ def _utf8(v: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+MAX_IMAGES = 16  # images in one decision or one chat request
 
 
 class TextPart(BaseModel):
@@ -36,13 +37,35 @@ class TextPart(BaseModel):
     text: Text
 
 
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    url: Text = Field(description="a data: URL (data:image/png;base64,...); remote URLs are refused")
+    detail: str | None = Field(None, description="ignored: the projector decides the image's tokens")
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[TextPart], Field(max_length=256)]
+    content: Text | Annotated[list[ContentPart], Field(max_length=256)]
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    def text(self, marker: str) -> str:
+        """The message's text, each image part an image ``marker`` where it stands."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, TextPart) else marker for p in self.content)
+
+    def image_urls(self) -> list[str]:
+        return [] if isinstance(self.content, str) else \
+            [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
 
 
 class StreamOptions(BaseModel):
@@ -96,6 +119,9 @@ class DecideBody(BaseModel):
     options: Annotated[list[Text], Field(max_length=1024)] | None = Field(None, description="structured form: option texts")
     render: RenderBody | None = None
     debias: Text | None = Field(None, description='"permute", "pride" or "contextual" (needs question and options)')
+    images: Annotated[list[Text], Field(max_length=MAX_IMAGES)] = Field(
+        [], description="data: URLs of images, placed at the <__media__> markers of prefix + suffix, or in front "
+                        "of the prefix (docs/decide.md \"Images\")")
     # required unless options is given (decide refuses both)
     choices: Annotated[list[Text], Field(max_length=1024)] | None = Field(None, validate_default=True)
     reuse_prefix: bool = True

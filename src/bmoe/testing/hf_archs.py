@@ -20,6 +20,8 @@ _VOCAB = 49152
 # The "spm" tokenizer's byte pieces SmolLM2 has no <0xXX> token for, after its ids
 # (hf_tokenizer._write_spm_model checks the count).
 SPM_BYTE_PIECES = 143
+# Qwen-VL's vision tokens, in the order of their config ids (vision_start_token_id, ...).
+QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 # Fields most recipes share: two layers is enough to route twice per token; 64-wide rows are whole
 # Q8_0 and MXFP4 blocks. Each recipe gives its MoE 32 experts of 128 (4 used): routes differ from
@@ -324,13 +326,19 @@ HF_ARCHS: dict[str, HfArch] = {
         # on text every section sees the same position, so it is plain RoPE on both sides. The
         # vision tower's one deepstack index makes llama.cpp carry a second embedding slice, zero
         # for text tokens, that it adds after layer 0 (deepstack_out-0), as the real files do.
+        # Qwen-VL's vision tokens are special tokens after SmolLM2's vocabulary (49152 on), the
+        # config's ids pointing at them: mtmd then spells <|vision_start|> as one token, as
+        # transformers does, and the image parity test (tests/archs) compares the two sides.
         _arch("qwen3vlmoe", "qwen3_vl_moe", 136, "Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B (language model)",
-              config={"intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+              special_tokens=QWEN_VL_TOKENS,
+              config={"vocab_size": _VOCAB + len(QWEN_VL_TOKENS), "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
                       "num_experts_per_tok": 4, "num_key_value_heads": 2, "head_dim": 16,
                       "decoder_sparse_step": 1, "mlp_only_layers": [],
                       "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
                                           "mrope_section": [4, 2, 2], "mrope_interleaved": True}},
               outer_config={"tie_word_embeddings": False,
+                            **{f"{t}_token_id": _VOCAB + i for i, t in enumerate(("vision_start", "vision_end",
+                                                                                  "image", "video"))},
                             "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
                                               "num_heads": 2, "out_hidden_size": 64,
                                               "deepstack_visual_indexes": [0],

@@ -114,15 +114,30 @@ async function sendChat(text) {
 }
 
 // --- decisions -------------------------------------------------------------------------
-function decisionRequest(question, options, abstain) {
+// image: a data: URL or null; it goes in front of the question (the session's default place),
+// so it is kept with the prefix for the next decision over the same image.
+function decisionRequest(question, options, abstain, image) {
   const lettered = options.map((o, i) => LETTERS[i] + ") " + o);
   const req = {
     prefix: question + "\n",
     suffix: "Options:\n" + lettered.join("\n") + "\nAnswer with the letter.",
     choices: options.map((_, i) => LETTERS[i]),
   };
+  if (image) req.images = [image];
   if (abstain !== null) req.abstain_below = abstain;
   return req;
+}
+
+// The attached image as a data: URL (the server reads nothing but what the request carries).
+function readImage() {
+  const file = $("image").files[0];
+  if (!file) return Promise.resolve(null);
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(r.result);
+    r.onerror = () => reject(new Error("could not read " + file.name));
+    r.readAsDataURL(file);
+  });
 }
 
 function barRow(label, p, cls) {
@@ -138,8 +153,16 @@ function barRow(label, p, cls) {
 }
 
 async function sendDecision(question, options, abstain) {
-  addMsg("user", question + "\n" + options.map((o, i) => LETTERS[i] + ") " + o).join("\n"));
-  const res = await api("/v1/decide", decisionRequest(question, options, abstain));
+  const image = await readImage();
+  const mine = addMsg("user", question + "\n" + options.map((o, i) => LETTERS[i] + ") " + o).join("\n"));
+  if (image) {
+    const img = el("img", "thumb");
+    img.src = image;
+    img.alt = $("image").files[0].name;
+    img.dataset.testid = "sent-image";
+    mine.prepend(img);
+  }
+  const res = await api("/v1/decide", decisionRequest(question, options, abstain, image));
   if (!res.ok) { addMsg("error", await errorText(res)); return; }
   const r = await res.json();
   const card = addMsg("decision", "");
@@ -226,6 +249,8 @@ $("question").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !$("choose").checked) { e.preventDefault(); $("composer").requestSubmit(); }
 });
 $("choose").addEventListener("change", (e) => setChoose(e.target.checked));
+$("image").addEventListener("change", () => { $("image-clear").hidden = !$("image").files.length; });
+$("image-clear").addEventListener("click", () => { $("image").value = ""; $("image-clear").hidden = true; });
 $("new-chat").addEventListener("click", () => { state.messages = []; $("log").replaceChildren(); });
 $("settings-btn").addEventListener("click", () => {
   const s = $("settings");
