@@ -212,7 +212,7 @@ def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Pa
     args = argparse.Namespace(
         model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
         twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon", cache_policy="next-use",
-        cache_memory="slots", resident=False)
+        cache_memory="slots", resident=False, planned=False)
     assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
 
 
@@ -266,3 +266,16 @@ def test_bench_stream_reports_the_median_round_and_of_an_even_number_the_slower_
     assert median_round([4.0, 1.0, 3.0, 2.0]) == 3     # middle 2.0 and 3.0: the slower, round 4
     assert median_round([5.0, 6.0]) == 0
     assert median_round([7.0]) == 0
+
+
+def test_the_planned_configuration_runs_the_plan_and_the_others_do_not(tiny_models, tmp_path: Path) -> None:
+    """bench/plan.py's planned child opens with nothing but the prompt's shape (the plan chooses the
+    rest); a grid configuration opens with plan off, so it is exactly its flags."""
+    args = argparse.Namespace(
+        model=tiny_models("qwen3moe", "q8_0"), n_ctx=256, ubatch=512, threads=1, cache_mb=0, io_threads=2,
+        prefetch=False, flash_attn=None, twins=tmp_path, decisions=2, decode_tokens=0, wide_tokens=0,
+        dense_weights="anon", cache_policy="next-use", cache_memory="slots", resident=False, planned=True)
+    with dsc.open_session(args) as planned:
+        assert planned.plan is not None and planned.config.plan == "auto"
+    with dsc.open_session(argparse.Namespace(**{**vars(args), "planned": False})) as given:
+        assert given.plan is None and given.config.plan == "off" and given.config.moe_stream

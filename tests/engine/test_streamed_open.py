@@ -28,7 +28,9 @@ def test_streamed_open_reads_dense_bytes_only(tiny_models, tmp_path: Path) -> No
         # dense weights, plus the header read that the host's read-ahead (8 MiB here) rounds up
         assert 0 < s.load_read_bytes <= dense + (12 << 20) < size * 2 // 3
     evict(model)
-    with Session(SessionConfig(model=model, n_ctx=64)) as s:
+    # plan off: a plan reads the header first, and the host's read-ahead brings in ~8 MiB with it,
+    # which the load would then find cached
+    with Session(SessionConfig(model=model, n_ctx=64, plan="off")) as s:
         assert s.load_read_bytes >= 0.95 * size  # llama.cpp's mmap load populates the whole file
 
 
