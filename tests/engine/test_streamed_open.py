@@ -1,5 +1,6 @@
 """Opening a streamed session reads the dense weights from flash, not the whole file."""
 import os
+import shutil
 from pathlib import Path
 
 from bmoe.config import SessionConfig
@@ -17,7 +18,9 @@ def evict(path: Path) -> None:
 
 
 def test_streamed_open_reads_dense_bytes_only(tiny_models, tmp_path: Path) -> None:
-    model = tiny_models("qwen3moe", "f32")
+    # a copy of its own: its page cache is this test's alone, whatever other tests (or a parallel
+    # worker) read from the shared tiny file meanwhile
+    model = Path(shutil.copy(tiny_models("qwen3moe", "f32"), tmp_path / "model.gguf"))
     size = model.stat().st_size
     dense = read_layout(model).dense_nbytes
     twins = tmp_path / "twins"

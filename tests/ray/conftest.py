@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,7 +91,9 @@ def _stop(cluster: LocalCluster) -> None:
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     import ray
 
-    temp = Path(tmp_path_factory.mktemp("ray", numbered=True))
+    # Ray's socket paths must stay under 107 bytes: a short folder of its own, not pytest's (whose
+    # path grows with the run number and, on xdist workers, the worker's name).
+    temp = Path(tempfile.mkdtemp(prefix="bmoe-ray-", dir="/tmp"))
     # Token auth is for clusters reachable by others; this one listens on loopback for this test
     # only, and its processes and this driver must agree on the mode.
     saved = os.environ.get("RAY_AUTH_MODE")
@@ -111,3 +115,4 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = saved
+        shutil.rmtree(temp, ignore_errors=True)

@@ -295,7 +295,8 @@ def _bytes_read_by_load(path: Path, lazy: int) -> int:
 def test_mmap_load_reads_the_whole_file_and_the_dense_twin_only_dense(
         tiny_models: Callable[[str, str], Path], tmp_path: Path) -> None:
     """The load-time finding of docs/streaming.md, measured with /proc/self/io read_bytes."""
-    path = tiny_models("qwen3moe", "f32")
+    # a copy of its own, so no other reader of the shared tiny file (a parallel worker) warms its pages
+    path = Path(shutil.copy(tiny_models("qwen3moe", "f32"), tmp_path / "model.gguf"))
     layout = read_layout(path)
     size = path.stat().st_size
     probe = _bytes_read_by_load(path, llama_cpp.LLAMA_LAZY_MODE_OFF)
