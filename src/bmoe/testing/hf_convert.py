@@ -24,7 +24,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bmoe.testing.hf_archs import HfArch, hf_arch
-from bmoe.testing.writer import _is_current, _sidecar
+from bmoe.testing.writer import _is_current, _sidecar, generation_lock
 
 # What the converter writes itself; anything else is quantized by llama.cpp from the F32 file.
 _CONVERTER_TYPES = ("f32", "q8_0")
@@ -224,6 +224,11 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"tiny-{arch}-{quant}.gguf"
+    with generation_lock(path):
+        return _write_hf_arch_locked(arch, a, quant, out_dir, path)
+
+
+def _write_hf_arch_locked(arch: str, a: HfArch, quant: str, out_dir: Path, path: Path) -> Path:
     recipe = _recipe(a, quant)
     folder = _current_hf_folder(arch, a, out_dir)
     if _is_current(path, recipe):
@@ -263,16 +268,17 @@ def write_hf_mmproj(arch: str, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"mmproj-{arch}-f32.gguf"
     recipe = _recipe(a, "mmproj-f32")
-    folder = _current_hf_folder(arch, a, out_dir)
-    if _is_current(path, recipe):
-        return path
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        _convert(folder, tmp, "f32", ("--mmproj",))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _sidecar(path).write_text(json.dumps({"recipe": recipe, "size": path.stat().st_size}) + "\n")
+    with generation_lock(path):
+        folder = _current_hf_folder(arch, a, out_dir)
+        if _is_current(path, recipe):
+            return path
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        try:
+            _convert(folder, tmp, "f32", ("--mmproj",))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _sidecar(path).write_text(json.dumps({"recipe": recipe, "size": path.stat().st_size}) + "\n")
     return path
 
 
@@ -281,6 +287,11 @@ def _current_hf_folder(name: str, a: HfArch, out_dir: Path) -> Path:
     a temporary name and renamed into place, stamp included, so a folder is never half-written
     or stamped with a recipe it was not made from (two test runs may share the folder)."""
     folder = hf_dir(name, out_dir)
+    with generation_lock(folder):
+        return _current_hf_folder_locked(a, folder)
+
+
+def _current_hf_folder_locked(a: HfArch, folder: Path) -> Path:
     recipe = _recipe(a, "hf")
     stamp = folder / "bmoe-recipe.json"
     try:

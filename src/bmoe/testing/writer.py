@@ -8,9 +8,12 @@ output is byte-identical from run to run, so a file is reused when a sidecar
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import gguf
@@ -56,6 +59,19 @@ def variant_recipe(spec: TinySpec, quant: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+@contextmanager
+def generation_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``<path>.lock``, held while the file (or folder) at ``path`` is checked
+    and made: processes asking for the same tiny model at once (parallel test workers, two runs
+    sharing a folder) make it once, and none replaces it under another that already uses it."""
+    with open(path.with_name(f"{path.name}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def write_tiny(arch: str, quant: str, out_dir: Path) -> Path:
     """Path of the tiny ``arch`` fixture in ``quant`` (``f32``, ``q8_0``, ``q4_k_m``, ``q6_k`` or
     ``iq4_xs``) under ``out_dir``, written only when missing or made by a different recipe."""
@@ -66,7 +82,12 @@ def write_tiny(arch: str, quant: str, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / tiny_file_name(arch, quant)
-    recipe = variant_recipe(spec, quant)
+    with generation_lock(path):
+        return _write_tiny_locked(arch, quant, out_dir, path, variant_recipe(spec, quant))
+
+
+def _write_tiny_locked(arch: str, quant: str, out_dir: Path, path: Path, recipe: str) -> Path:
+    spec = spec_for(arch)
     if _is_current(path, recipe):
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
