@@ -127,18 +127,24 @@ def _int_at_least(cfg: SessionConfig, name: str, lo: int) -> None:
         raise ConfigError(f"{name}: must be an integer >= {lo}, got {v!r}")
 
 
-def validate(cfg: SessionConfig) -> None:
-    """Raise ConfigError naming the first invalid field."""
-    if not isinstance(cfg.model, (str, Path)) or str(cfg.model) == "":
-        raise ConfigError(f"model: must be a path to a .gguf file, got {cfg.model!r}")
-    path = Path(cfg.model)
+def _gguf_file(cfg: SessionConfig, name: str, what: str) -> None:
+    """The field ``name`` names an existing file (``what`` says which .gguf file it must be)."""
+    value = getattr(cfg, name)
+    if not isinstance(value, (str, Path)) or str(value) == "":
+        raise ConfigError(f"{name}: must be a path to {what}, got {value!r}")
+    path = Path(value)
     try:
         if path.is_dir():
-            raise ConfigError(f"model: {path} is a folder, not a .gguf file")
+            raise ConfigError(f"{name}: {path} is a folder, not a .gguf file")
         if not path.is_file():
-            raise ConfigError(f"model: file not found: {path}")
+            raise ConfigError(f"{name}: file not found: {path}")
     except OSError as e:  # a name too long, a folder on the way that cannot be searched
-        raise ConfigError(f"model: cannot use {path}: {e.strerror or e}") from None
+        raise ConfigError(f"{name}: cannot use {path}: {e.strerror or e}") from None
+
+
+def validate(cfg: SessionConfig) -> None:
+    """Raise ConfigError naming the first invalid field."""
+    _gguf_file(cfg, "model", "a .gguf file")
     _int_at_least(cfg, "n_ctx", 16)
     _int_at_least(cfg, "n_batch", 1)
     _int_at_least(cfg, "n_ubatch", 1)  # above n_batch, llama.cpp lowers it to n_batch (so -b 128 alone works)
@@ -215,16 +221,7 @@ def validate(cfg: SessionConfig) -> None:
     if unknown is None or unknown:
         raise ConfigError(f"fixed: must be a frozenset of setting names, got {cfg.fixed!r}")
     if cfg.mmproj is not None:
-        if not isinstance(cfg.mmproj, (str, Path)) or str(cfg.mmproj) == "":
-            raise ConfigError(f"mmproj: must be a path to the model's vision projector .gguf file, got {cfg.mmproj!r}")
-        mm = Path(cfg.mmproj)
-        try:
-            if mm.is_dir():
-                raise ConfigError(f"mmproj: {mm} is a folder, not a .gguf file")
-            if not mm.is_file():
-                raise ConfigError(f"mmproj: file not found: {mm}")
-        except OSError as e:
-            raise ConfigError(f"mmproj: cannot use {mm}: {e.strerror or e}") from None
+        _gguf_file(cfg, "mmproj", "the model's vision projector .gguf file")
 
 
 # --- the default model ----------------------------------------------------------------
