@@ -85,6 +85,7 @@ class ModelFacts:
     n_outputs: int           # logit rows a ubatch asks for at most in a decision (one per sequence)
     streamable: str          # "" when its experts can stream, else why not
     can_prefetch: bool
+    layout: ModelLayout | None  # where its experts lie (None: they cannot stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ def model_facts(config: SessionConfig) -> ModelFacts:
         n_ff_active=(layout.n_expert_used * (_int(fields_, f"{arch}.expert_feed_forward_length") or n_embd)
                      if layout else _int(fields_, f"{arch}.feed_forward_length") or 4 * n_embd),
         n_outputs=config.n_seq_max,
-        streamable=streamable, can_prefetch=can_prefetch)
+        streamable=streamable, can_prefetch=can_prefetch, layout=layout)
 
 
 def compute_bytes(m: ModelFacts, n_ubatch: int, n_ctx: int) -> int:
@@ -223,7 +224,8 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
                     "usable: its experts stream from the disk")
     disk_rate = None
     if streamed and not stream_given:
-        layout = read_layout(config.model)
+        layout = m.layout
+        assert layout is not None  # streamed only where the experts can stream
         disk_rate = (disk or (lambda lay: read_rate(lay, _rates_dir(config), odirect=config.odirect,
                                                    io_threads=config.io_threads)))(layout)
         # the prefill batch first: a wider ubatch reads each expert once for more tokens, and its
