@@ -73,6 +73,17 @@ def test_g20ab_a_choice_among_others_equals_it_alone(tiny_models, open_session, 
     assert got["resident"] == got["stream-nocache"]
 
 
+def worst_against_whole(s, prompt: list[int], choices, sc) -> float:
+    """The largest difference, in nats, between full scoring's per-token log-probs of each choice
+    and the same tokens' log-probs in one prefill of the prompt and that choice (perplexity)."""
+    worst = 0.0
+    for i, c in enumerate(choices):
+        toks = s.decider.backend.tokenize_choice(c)
+        whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
+        worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks):] - sc.choice_token_logp[i]))))
+    return worst
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_g20c_full_scores_equal_one_whole_prefill_within_tolerance(tiny_models, open_session, arch: str) -> None:
     s = open_session(tiny_models(arch, "q8_0"), decide=True, decide_batch=4, flash_attn=False)
@@ -80,11 +91,7 @@ def test_g20c_full_scores_equal_one_whole_prefill_within_tolerance(tiny_models, 
     prompt = list(split_prompt(backend, P1, S1).tokens)
     for reuse in (True, False):  # the prompt as prefix + rest, or whole
         sc = scores(s.decide(full(reuse_prefix=reuse)))
-        worst = 0.0
-        for i, c in enumerate(CHOICES):
-            toks = backend.tokenize_choice(c)
-            whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
-            worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks):] - sc.choice_token_logp[i]))))
+        worst = worst_against_whole(s, prompt, CHOICES, sc)
         assert worst < 1e-4, (reuse, worst)
 
 
@@ -149,9 +156,5 @@ def test_g20c_smollm2_two_token_choices_equal_one_whole_prefill(open_session) ->
     for reuse in (True, False):  # the prompt as prefix + rest, or whole
         sc = scores(s.decide(DecideRequest(id=1, prefix=SMOL_SHORT[0], suffix=SMOL_SHORT[1], choices=SMOL_CHOICES,
                                            scoring="full", reuse_prefix=reuse)))
-        worst = 0.0
-        for i, c in enumerate(SMOL_CHOICES):
-            toks = backend.tokenize_choice(c)
-            whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
-            worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks):] - sc.choice_token_logp[i]))))
+        worst = worst_against_whole(s, prompt, SMOL_CHOICES, sc)
         assert worst < 1e-4, (reuse, worst)
