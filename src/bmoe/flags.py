@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import CACHE_POLICIES, DEFAULT_POLICY_NAME, DENSE_WEIGHTS, PREFIX_CACHE_MODES, SessionConfig, default_model
+from .config import (CACHE_POLICIES, DEFAULT_POLICY_NAME, DENSE_WEIGHTS, PLAN_MODES, PREFIX_CACHE_MODES, SessionConfig,
+                     default_model)
 from .errors import BmoeError
 
 
@@ -119,7 +120,7 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--decide-pride-sample", field="decide_pride_sample", type=int, default=8, metavar="K",
           help='debias "pride": the first K requests of a label list estimate the prior (default 8)'),
     # the plan (docs/plan.md)
-    _flag("--plan", field="plan", choices=["auto", "off"], default="auto",
+    _flag("--plan", field="plan", choices=list(PLAN_MODES), default="auto",
           help="auto (default): choose at open what no flag sets (resident or streamed, cache, read-ahead, dense "
                "weights, threads, prefill batch) from this machine's memory, cores and disk and the model; "
                "off: every setting as given"),
