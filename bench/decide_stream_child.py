@@ -43,6 +43,20 @@ def suffix(i: int) -> str:
     return s[i % len(s)]
 
 
+ELEMENTS = ("button", "switch", "text field", "list item", "checkbox", "tab", "image", "link")
+LABELS = ("Wi-Fi", "Bluetooth", "Airplane mode", "Mobile data", "Hotspot", "VPN", "Private DNS", "Data saver",
+          "Saved networks", "Network preferences", "Add network", "Home network", "Guest", "Office", "Cafe")
+
+
+def long_suffix(n_lines: int) -> str:
+    """A screen dumped as its accessibility tree, ``n_lines`` elements (about 20 tokens each): the
+    long-prompt decision of bench/plan.py, whose prefill reads (nearly) every expert once per
+    ubatch, so its bytes follow the ubatch the configuration runs."""
+    rows = [f"[{i}] {ELEMENTS[i % len(ELEMENTS)]} '{LABELS[(7 * i) % len(LABELS)]}' at ({(37 * i) % 1080}, "
+            f"{(53 * i) % 2400}), {'enabled' if i % 5 else 'disabled'}." for i in range(n_lines)]
+    return " Screen (accessibility tree): " + " ".join(rows) + " A) Wi-Fi on B) Back C) Network D) Search. Letter?"
+
+
 def chatml_user(text: str) -> str:
     """What bmoe's ``chat="chatml"`` renders for one user message (runtime/chat.py's template)."""
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
@@ -230,6 +244,17 @@ def run_bmoe(a: argparse.Namespace) -> dict[str, object]:
                               **rss_now(),
                               **{k: getattr(st, k) for k in STAT_FIELDS}})
         out["decisions"] = decisions
+        if a.long_lines:  # one long-prompt decision on the kept prefix
+            req = DecideRequest(id=a.decisions, prefix=PREFIX, suffix=long_suffix(a.long_lines), choices=CHOICES)
+            s0, r0, t0 = session.stream_stats(), proc_read_bytes(), time.perf_counter()
+            r = session.decide(req)
+            wall = time.perf_counter() - t0
+            if r.error is not None:
+                raise RuntimeError(f"long decision: {r.error}")
+            st = session.stream_stats().minus(s0)
+            out["long"] = {"latency_s": wall, "prefill_s": r.prefill_s, "n_tokens": r.n_tokens, "n_reused": r.n_reused,
+                           "proc_read_bytes": proc_read_bytes() - r0, "best": r.scores.best,
+                           "n_ubatch": session.config.n_ubatch, **{k: getattr(st, k) for k in STAT_FIELDS}}
         if a.decode_tokens:
             out["decode"] = decode_rate(session, a.decode_tokens)
     out["peak_rss_mib"] = peak_rss_mib()
@@ -262,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--twins", type=Path, default=None)
     ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")
     ap.add_argument("--probe-mib", type=float, default=1024)
+    ap.add_argument("--long-lines", type=int, default=0,
+                    help="bmoe: after the decisions, one decision on a screen of this many elements (long_suffix)")
     ap.add_argument("--seed", type=int, default=11)
     a = ap.parse_args(argv)
     a.flash_attn = {"on": True, "off": False, "auto": None}[a.flash_attn]
