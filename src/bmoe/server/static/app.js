@@ -4,7 +4,10 @@
 
 const $ = (id) => document.getElementById(id);
 const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
-const state = { messages: [], busy: false, key: localStorage.getItem("bmoe-api-key") || "" };
+// vision: the server reads images (it runs with --mmproj); pending: the images attached to the chat
+// message being written ({name, url}); reading: the attaching still under way.
+const state = { messages: [], busy: false, key: localStorage.getItem("bmoe-api-key") || "",
+  vision: false, pending: [], reading: Promise.resolve() };
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -42,6 +45,77 @@ function addMsg(cls, text) {
   return m;
 }
 
+// --- images (chat and decisions) ------------------------------------------------------
+// A picked file as a data: URL: the page sends images inline, the server reads nothing else.
+function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(r.result);
+    r.onerror = () => reject(new Error("could not read " + file.name));
+    r.readAsDataURL(file);
+  });
+}
+
+function thumb(image) {
+  const img = el("img", "thumb");
+  img.src = image.url;
+  img.alt = image.name;
+  return img;
+}
+
+// The user's message in the log, the images it carries ({name, url}) shown above its text.
+function userMsg(text, images) {
+  const m = addMsg("user", text);
+  if (images.length) {
+    const row = el("div", "thumbs");
+    for (const image of images) {
+      const img = thumb(image);
+      img.dataset.testid = "sent-image";
+      row.appendChild(img);
+    }
+    m.prepend(row);
+  }
+  return m;
+}
+
+// The server reads images only when it was started with --mmproj (/v1/session: config.mmproj);
+// otherwise neither the chat nor the decide panel offers to attach one.
+function hasVision(info) {
+  return Boolean(info.config && info.config.mmproj);
+}
+
+function showImageControls() {
+  const choose = $("choose").checked;
+  $("image-row").hidden = !state.vision;
+  $("attach").hidden = !state.vision || choose;
+  $("attachments").hidden = !state.vision || choose;
+}
+
+function showPending() {
+  $("attachments").replaceChildren(...state.pending.map((image, i) => {
+    const item = el("div", "attachment");
+    item.dataset.testid = "attachment";
+    const drop = el("button", "remove", "×");
+    drop.type = "button";
+    drop.title = "Remove " + image.name;
+    drop.setAttribute("aria-label", drop.title);
+    drop.addEventListener("click", () => { state.pending.splice(i, 1); showPending(); });
+    item.append(thumb(image), drop);
+    return item;
+  }));
+}
+
+async function attachFiles(files) {
+  for (const file of files) {
+    try {
+      state.pending.push({ name: file.name, url: await readDataUrl(file) });
+    } catch (e) {
+      addMsg("error", String(e));
+    }
+  }
+  showPending();
+}
+
 const fmt = (x, nd) => (typeof x === "number" && isFinite(x) ? x.toFixed(nd) : "–");
 const pct = (p) => (p * 100).toFixed(1) + "%";
 
@@ -64,9 +138,14 @@ function metaLine(t) {
 }
 
 // --- chat ------------------------------------------------------------------------------
-async function sendChat(text) {
-  state.messages.push({ role: "user", content: text });
-  addMsg("user", text);
+// images ({name, url}): OpenAI image_url parts in front of the text. The message is kept with
+// them, so every later turn sends them again, as the server's continued conversation holds them.
+async function sendChat(text, images) {
+  const parts = images.length
+    ? [...images.map((image) => ({ type: "image_url", image_url: { url: image.url } })), { type: "text", text }]
+    : text;
+  state.messages.push({ role: "user", content: parts });
+  userMsg(text, images);
   const bubble = addMsg("assistant", "");
   bubble.dataset.testid = "assistant";
   const reasoning = el("div", "reasoning");
@@ -128,16 +207,10 @@ function decisionRequest(question, options, abstain, image) {
   return req;
 }
 
-// The attached image as a data: URL (the server reads nothing but what the request carries).
+// The decision's attached image as a data: URL, or null.
 function readImage() {
-  const file = $("image").files[0];
-  if (!file) return Promise.resolve(null);
-  return new Promise((resolve, reject) => {
-    const r = new FileReader();
-    r.onload = () => resolve(r.result);
-    r.onerror = () => reject(new Error("could not read " + file.name));
-    r.readAsDataURL(file);
-  });
+  const file = state.vision && $("image").files[0];
+  return file ? readDataUrl(file) : Promise.resolve(null);
 }
 
 function barRow(label, p, cls) {
@@ -154,14 +227,8 @@ function barRow(label, p, cls) {
 
 async function sendDecision(question, options, abstain) {
   const image = await readImage();
-  const mine = addMsg("user", question + "\n" + options.map((o, i) => LETTERS[i] + ") " + o).join("\n"));
-  if (image) {
-    const img = el("img", "thumb");
-    img.src = image;
-    img.alt = $("image").files[0].name;
-    img.dataset.testid = "sent-image";
-    mine.prepend(img);
-  }
+  userMsg(question + "\n" + options.map((o, i) => LETTERS[i] + ") " + o).join("\n"),
+    image ? [{ name: $("image").files[0].name, url: image }] : []);
   const res = await api("/v1/decide", decisionRequest(question, options, abstain, image));
   if (!res.ok) { addMsg("error", await errorText(res)); return; }
   const r = await res.json();
@@ -206,12 +273,15 @@ async function loadInfo() {
     tr.append(el("td", "", k), el("td", "", v === null ? "–" : String(v)));
     return tr;
   }));
+  state.vision = hasVision(info);
+  showImageControls();
   if (!info.decide) { $("choose").disabled = true; $("choose").parentElement.title = "the server runs with --no-decide"; }
 }
 
 function setChoose(on) {
   $("options-box").hidden = !on;
   $("question").placeholder = on ? "Question" : "Message";
+  showImageControls();
 }
 
 async function onSubmit(ev) {
@@ -234,7 +304,13 @@ async function onSubmit(ev) {
   $("send").disabled = true;
   try {
     if (choose) await sendDecision(question, options, abstain);
-    else await sendChat(question);
+    else {
+      await state.reading;  // images picked just now are in the message too
+      const images = state.vision ? state.pending : [];
+      state.pending = [];
+      showPending();
+      await sendChat(question, images);
+    }
     $("question").value = "";
   } catch (e) {
     addMsg("error", String(e));
@@ -250,6 +326,11 @@ $("question").addEventListener("keydown", (e) => {
 });
 $("choose").addEventListener("change", (e) => setChoose(e.target.checked));
 $("image").addEventListener("change", () => { $("image-clear").hidden = !$("image").files.length; });
+$("chat-images").addEventListener("change", (e) => {
+  const files = [...e.target.files];
+  e.target.value = "";  // so the same file can be picked again
+  state.reading = state.reading.then(() => attachFiles(files));
+});
 $("image-clear").addEventListener("click", () => { $("image").value = ""; $("image-clear").hidden = true; });
 $("new-chat").addEventListener("click", () => { state.messages = []; $("log").replaceChildren(); });
 $("settings-btn").addEventListener("click", () => {
