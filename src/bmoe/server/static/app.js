@@ -332,7 +332,12 @@ $("chat-images").addEventListener("change", (e) => {
   state.reading = state.reading.then(() => attachFiles(files));
 });
 $("image-clear").addEventListener("click", () => { $("image").value = ""; $("image-clear").hidden = true; });
-$("new-chat").addEventListener("click", () => { state.messages = []; $("log").replaceChildren(); });
+$("new-chat").addEventListener("click", () => {
+  state.messages = [];
+  state.pending = [];  // a new chat starts with nothing attached
+  showPending();
+  $("log").replaceChildren();
+});
 $("settings-btn").addEventListener("click", () => {
   const s = $("settings");
   s.hidden = !s.hidden;
