@@ -10,11 +10,12 @@ Resident, on SmolLM2-135M-Instruct, in one process, rounds alternating batched a
 Every process first makes one decision to keep the ~340-token prefix (not timed), then the 16
 decisions (suffixes of about 30 tokens, different lengths). Reported: total wall time, expert
 bytes read (bmoe's own count, StreamStats.read_bytes), bytes per decision, and whether the
-answers agree (best choice, max |d logp|). Targets (printed PASS/FAIL, never asserted: the machine
-is shared and noisy): streamed cache off, batched time <= 1/4 and bytes <= 1/8 of one by one;
-resident SmolLM2, batched no slower than one by one (median of rounds). The compute floor (the
-same batch with the model in RAM, warm, no limit) says how much of the time is compute: a batch
-cannot be faster than it, whatever it reads.
+answers agree (best choice, max |d logp|). The compute floor is the same batch with the model in
+RAM (warm, no limit; the median of ``--floor-rounds`` processes): a batch cannot be faster than
+it, whatever it reads. Targets (printed PASS/FAIL, never asserted: the machine is shared and
+noisy; as #29 restated #16's): streamed cache off, the batch within 1.3x of its compute floor, and
+bytes <= 1/8 of one by one; resident SmolLM2, batched no slower than one by one beyond the noise
+band (the widest relative spread, max - min over the median, of either mode's rounds).
 
     .venv/bin/python bench/decide_batch.py [--work bench/out] [--limit-gib 2.5] [--cache-mb 1024]
 """
@@ -31,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 N_DECISIONS = 16
+FLOOR_RATIO_MAX = 1.3   # streamed batch, cache off, against the same batch resident
+BYTES_CUT_MIN = 8.0     # streamed cache off: one by one reads at least this many times the batch's bytes
 CHOICES = ("A", "B", "C", "D")
 PREFIX = (
     "You control an Android phone for the user. Each turn you see the current screen and four "
@@ -128,14 +131,18 @@ def streamed(a: argparse.Namespace, model: Path) -> list[dict]:
     out = a.work / "decide_batch_floor.json"
     cmd = [sys.executable, __file__, "child", "--model", str(model), "--out", str(out), "--threads", str(a.threads),
            "--n-ctx", str(a.n_ctx), "--ubatch", str(a.ubatch), "--batched"]
-    o = run_limited(cmd, None, timeout_s=1800, cold=False, tag="dbfloor")
-    if o.returncode == 0 and rows:
-        floor = json.loads(out.read_text())["wall_s"]
+    floors = []
+    for i in range(a.floor_rounds):
+        o = run_limited(cmd, None, timeout_s=1800, cold=False, tag=f"dbfloor{i}")
+        if o.returncode == 0:
+            floors.append(json.loads(out.read_text())["wall_s"])
+    if floors and rows:
+        floor = statistics.median(floors)
         off = rows[0]
         print(f"| compute floor (resident, warm, batched) | {floor:.2f} s | | | | | | | | streamed batched / floor "
               f"{off['batched']['wall_s'] / floor:.2f}; best speed-up this floor allows "
               f"{off['one_by_one']['wall_s'] / floor:.2f}x |", flush=True)
-        rows.append({"compute_floor_s": floor})
+        rows.append({"compute_floor_s": floor, "compute_floor_rounds_s": floors})
     return rows
 
 
@@ -157,9 +164,30 @@ def resident(a: argparse.Namespace) -> dict:
                 times[batched].append(time.perf_counter() - t0)
                 assert all(r.error is None for r in rs)
     b, o = statistics.median(times[True]), statistics.median(times[False])
+    band = max((max(t) - min(t)) / statistics.median(t) for t in times.values())
     print(f"| resident SmolLM2 | {b:.3f} s | {o:.3f} s | {o / b:.2f}x | - | - | - | - | rounds {a.rounds}: "
           f"batched {[round(t, 3) for t in times[True]]}, one by one {[round(t, 3) for t in times[False]]} | |", flush=True)
-    return {"batched_s": times[True], "one_by_one_s": times[False], "median_ratio": o / b}
+    return {"batched_s": times[True], "one_by_one_s": times[False], "median_ratio": o / b, "noise_band": band}
+
+
+def targets(report: dict) -> list[tuple[str, float | None, str, bool | None]]:
+    """The targets of a run's report: (name, value, goal, verdict; None where not measured)."""
+    out: list[tuple[str, float | None, str, bool | None]] = []
+    res = report.get("resident")
+    if res:
+        r, band = res["median_ratio"], res["noise_band"]
+        out.append(("resident SmolLM2: one by one / batched (medians)", r, f">= 1 - noise band {band:.3f}",
+                    r >= 1 - band))
+    rows = report.get("streamed") or []
+    off = next((r for r in rows if r.get("cache_mb") == 0), None)
+    floor = next((r["compute_floor_s"] for r in rows if "compute_floor_s" in r), None)
+    if off is not None:
+        by = off["one_by_one"]["read_bytes"] / max(1, off["batched"]["read_bytes"])
+        out.append(("streamed cache off: bytes one by one / batched", by, f">= {BYTES_CUT_MIN:g}x", by >= BYTES_CUT_MIN))
+        ratio = off["batched"]["wall_s"] / floor if floor else None
+        out.append(("streamed cache off: batch / its compute floor (the batch resident)", ratio,
+                    f"<= {FLOOR_RATIO_MAX:g}x", None if ratio is None else ratio <= FLOOR_RATIO_MAX))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ubatch", type=int, default=1024, help="n_batch = n_ubatch: 16 suffixes of ~30 tokens fit one")
     ap.add_argument("--limit-gib", type=float, default=2.5)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--floor-rounds", type=int, default=3, help="processes the compute floor takes the median of")
     a = ap.parse_args(argv)
     if a.mode == "child":
         return child(a)
@@ -188,19 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     report: dict[str, object] = {}
     if a.mode in ("all", "resident"):
-        report["resident"] = res = resident(a)
-        print(f"# target resident: batched no slower: {'PASS' if res['median_ratio'] >= 1.0 else 'FAIL'}")
+        report["resident"] = resident(a)
     if a.mode in ("all", "streamed"):
         from synthetic_moe import write_synthetic
 
         model = write_synthetic(a.work)
-        report["streamed"] = rows = streamed(a, model)
-        off = next((r for r in rows if r.get("cache_mb") == 0), None)
-        if off is not None:
-            t = off["one_by_one"]["wall_s"] / off["batched"]["wall_s"]
-            by = off["one_by_one"]["read_bytes"] / max(1, off["batched"]["read_bytes"])
-            print(f"# target streamed cache off: time >= 4x: {'PASS' if t >= 4 else 'FAIL'} ({t:.2f}x); "
-                  f"bytes >= 8x: {'PASS' if by >= 8 else 'FAIL'} ({by:.1f}x)")
+        report["streamed"] = streamed(a, model)
+    report["targets"] = []
+    for name, value, goal, ok in targets(report):
+        verdict = "n/a" if ok is None else "PASS" if ok else "FAIL"
+        report["targets"].append({"target": name, "value": value, "goal": goal, "verdict": verdict})
+        print(f"# target {name}: {verdict} ({'-' if value is None else f'{value:.3g}'}, goal {goal})")
     (a.work / "decide_batch.json").write_text(json.dumps(report, indent=1))
     return 0
 

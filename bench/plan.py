@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         res = a.work / "decide-stream-child.json"
         a.limit_gib = 0
         floor = [ds.run_child(f"{preset} resident floor round {i + 1}",
-                              ds.child_cmd("bmoe", model, res, a, "--resident"), res, a, limit=False)
+                              ds.child_cmd("bmoe", model, res, a, "--resident", "--decode-tokens", str(a.decode_tokens)),
+                              res, a, limit=False)
                  for i in range(a.floor_rounds)]
         floor_results = [f["result"] for f in floor if "result" in f]
         for limit in a.limits:

@@ -7,7 +7,10 @@ from pathlib import Path
 MIB = 2**20
 # Targets of the streaming issue; reported as PASS/FAIL, never asserted.
 OFF_VS_LLAMA_MIN = 10.0      # bmoe cache off decode >= 10x llama.cpp mmap under the limit
-BOUND_RATIO_MAX = 1.15       # bmoe cache off within 1.15x of its I/O bound (with --prefetch: of the routed bytes)
+# bmoe cache off within 1.15x of its bound: the slower of its I/O bound (with --prefetch: of the
+# routed bytes) and the resident compute floor (warm resident bmoe's decode, the paired run), as
+# #29 restated it: on a machine whose cores are slower than its disk the floor is the bound.
+BOUND_RATIO_MAX = 1.15
 RESIDENT_MIN = 0.97          # resident bmoe within 3% of plain llama.cpp, warm
 PYTHON_SHARE_MAX = 0.05      # hook Python + cache bookkeeping per token, as a share of the read time
 
@@ -118,13 +121,16 @@ def targets(d: dict[str, object]) -> list[dict[str, object]]:
     speedup = off["decode_tok_s"] / llama["decode_tok_s"] if "decode_tok_s" in off and "decode_tok_s" in llama else None
     add("bmoe cache off vs llama.cpp mmap (decode)", speedup, f">= {OFF_VS_LLAMA_MIN:g}x",
         None if speedup is None else speedup >= OFF_VS_LLAMA_MIN)
-    ratio = off.get("bound_ratio")
-    add("bmoe cache off vs its I/O bound", ratio, f"<= {BOUND_RATIO_MAX:g}x", None if ratio is None else ratio <= BOUND_RATIO_MAX)
-    pre = d.get("prefetch") or {}
-    if "bound_ratio" in pre:
-        ratio = pre["bound_ratio"]
-        add("bmoe cache off + prefetch vs the I/O bound of its routed bytes", ratio, f"<= {BOUND_RATIO_MAX:g}x",
-            ratio <= BOUND_RATIO_MAX)
+    floor = paired.get("bmoe_median")  # tok/s of warm resident bmoe: the compute floor's rate
+    for row, label in ((off, "bmoe cache off"), (d.get("prefetch") or {}, "bmoe cache off + prefetch")):
+        if "decode_tok_s" not in row:
+            continue
+        if floor:
+            add(f"{label}: decode time / the resident compute floor's", floor / row["decode_tok_s"], "(reported)", None)
+        bound = min(x for x in (row.get("bound_tok_s"), floor) if x) if row.get("bound_tok_s") or floor else None
+        ratio = bound / row["decode_tok_s"] if bound else None
+        add(f"{label} vs its bound (the slower of its I/O bound and the resident compute floor)", ratio,
+            f"<= {BOUND_RATIO_MAX:g}x", None if ratio is None else ratio <= BOUND_RATIO_MAX)
     rm = paired.get("ratio_median")
     add("resident bmoe / plain llama.cpp (warm decode)", rm, f">= {RESIDENT_MIN:g}", None if rm is None else rm >= RESIDENT_MIN)
     if "io_ms_per_tok" in off:

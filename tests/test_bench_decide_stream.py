@@ -216,7 +216,7 @@ def test_a_configuration_the_session_refuses_is_recorded_not_raised(tmp_path: Pa
     args = argparse.Namespace(
         model=model, n_ctx=1024, ubatch=512, threads=2, cache_mb=0, io_threads=0, prefetch=False, flash_attn=None,
         twins=None, decisions=2, decode_tokens=0, wide_tokens=0, dense_weights="anon", cache_policy="next-use",
-        cache_memory="slots", resident=False, planned=False)
+        cache_memory="slots", resident=False, planned=False, long_lines=0)
     assert dsc.run_bmoe(args) == {"refused": "io_threads: must be an integer >= 1, got 0"}
 
 
@@ -283,3 +283,32 @@ def test_the_planned_configuration_runs_the_plan_and_the_others_do_not(tiny_mode
         assert planned.plan is not None and planned.config.plan == "auto"
     with dsc.open_session(argparse.Namespace(**{**vars(args), "planned": False})) as given:
         assert given.plan is None and given.config.plan == "off" and given.config.moe_stream
+
+
+def test_the_long_prompt_decision_prefills_its_screen_on_the_kept_prefix(tiny_models, tmp_path: Path) -> None:
+    """bench/plan.py's long-prompt decision: one decision after the others, its long suffix
+    prefilled on the kept prefix (the prefix's tokens reused), reported with the ubatch it ran."""
+    args = argparse.Namespace(
+        model=tiny_models("qwen3moe", "q8_0"), n_ctx=2048, ubatch=256, threads=1, cache_mb=0, io_threads=2,
+        prefetch=False, flash_attn=None, twins=tmp_path, decisions=1, decode_tokens=0, wide_tokens=0,
+        dense_weights="anon", cache_policy="next-use", cache_memory="slots", resident=False, planned=False,
+        long_lines=40, out=tmp_path / "r.json")
+    out = dsc.run_bmoe(args)
+    first, long = out["decisions"][0], out["long"]
+    assert first["n_reused"] == 0 and long["n_reused"] > 0  # the prefix the first decision kept, reused
+    assert long["n_tokens"] - long["n_reused"] > 700 and long["n_ubatch"] == 256
+    assert long["read_bytes"] > 0 and long["best"] in range(4)
+    import plan as bp
+
+    row = bp.long_row({"off": {"result": out, "cgroup_peak_mib": 10.0}, "cache15": {"oom_killed": True}})
+    assert row["off"]["n_tokens"] == long["n_tokens"] - long["n_reused"] and row["off"]["n_ubatch"] == 256
+    assert row["cache15"] == {"status": "OOM-killed"}
+
+
+def test_plan_bench_reads_the_read_ahead_bounds_from_the_targets() -> None:
+    import plan as bp
+
+    rec = {"targets": [{"target": "off+ra vs its bound (the slower of its I/O bound and the compute floor)",
+                        "value": 1.1, "verdict": "PASS"},
+                       {"target": "cache30: latency vs off", "value": 0.9, "verdict": "PASS"}]}
+    assert bp.bound_rows(rec) == {"off+ra": {"ratio": 1.1, "verdict": "PASS"}}
