@@ -33,11 +33,11 @@ def tiny_models(tiny_dir: Path) -> Callable[[str, str], Path]:
     """``tiny_models(arch, quant) -> Path`` of a tiny fixture GGUF: the hand-written qwen3moe and
     qwen35moe (bmoe.testing.write_tiny) or a converted model of a real architecture
     (bmoe.testing.write_hf_arch, docs/tiny-models.md), ``arch`` naming its recipe (a 256-wide one of
-    HF_KQUANT_ARCHS for the K-quant gates)."""
-    from bmoe.testing import HF_ARCHS, HF_KQUANT_ARCHS, write_hf_arch, write_tiny
+    HF_KQUANT_ARCHS for the K-quant gates, a vision-language one of HF_VL_ARCHS for the image tests)."""
+    from bmoe.testing import HF_ARCHS, HF_KQUANT_ARCHS, HF_VL_ARCHS, write_hf_arch, write_tiny
 
     def tiny_model(arch: str, quant: str = "f32") -> Path:
-        if arch in HF_ARCHS or arch in HF_KQUANT_ARCHS:
+        if arch in HF_ARCHS or arch in HF_KQUANT_ARCHS or arch in HF_VL_ARCHS:
             return write_hf_arch(arch, quant, tiny_dir)
         return write_tiny(arch, quant, tiny_dir)
 

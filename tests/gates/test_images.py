@@ -1,4 +1,5 @@
-"""Images in requests (issue #30) on the tiny qwen3vlmoe and its vision projector, bit for bit.
+"""Images in requests (issue #30) on every tiny vision-language model and its vision projector
+(bmoe.testing.VL_ARCHS: qwen3vlmoe, and glm4vmoe, GLM-4.5V whose language model is glm4moe), bit for bit.
 
 The projector (``--mmproj``, converted from the same HF folder by llama.cpp's converter) runs
 resident; the language model runs resident, streamed with the cache off and streamed with an
@@ -6,6 +7,10 @@ evicting 1 MiB cache (MODES). What must hold:
 
 * G1/G2 with an image: a generation over an image is the same tokens and the same logits bit for
   bit in every mode;
+* G3 with an image: streaming that reads every expert of each routed layer gives the same
+  generation and the same decision as resident, and routes all of them;
+* G4 with an image: a session whose cache holds every expert gives, cold, what resident gives and,
+  warm, the same again without reading a byte;
 * G18a with an image: a decision after a restored prefix holding an image equals the same
   decision computed in the same pieces (prefix, then the rest) by a session that never kept it,
   in every mode and across modes; the kept prefix's image is not encoded again;
@@ -24,21 +29,22 @@ import pytest
 from bmoe import DecideRequest, GenerateRequest
 from bmoe.session import Message
 from bmoe.errors import ConfigError, ModelFileError, RequestError
-from bmoe.testing import write_hf_arch, write_hf_mmproj, write_png, write_tiny
+from bmoe.testing import VL_ARCHS, write_hf_arch, write_hf_mmproj, write_png, write_tiny
 
 from decide_prompts import ABC, MODES, P1, P2, S2, S3
+from test_g1_g4_streaming import record_routes
 
-ARCH = "qwen3vlmoe"
 MARK = "<__media__>"
 
 
-@pytest.fixture(scope="module")
-def vl(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    model = write_hf_arch(ARCH, "q8_0", tiny_dir)
-    mmproj = write_hf_mmproj(ARCH, tiny_dir)
-    d = tmp_path_factory.mktemp("images")
+@pytest.fixture(scope="module", params=VL_ARCHS)
+def vl(request: pytest.FixtureRequest, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    arch = request.param
+    model = write_hf_arch(arch, "q8_0", tiny_dir)
+    mmproj = write_hf_mmproj(arch, tiny_dir)
+    d = tmp_path_factory.mktemp(f"images-{arch}")
     return {
-        "model": model, "mmproj": mmproj,
+        "arch": arch, "model": model, "mmproj": mmproj,
         # 128 x 96 is 4 x 3 merged patches: 12 image tokens over 4 positions (M-RoPE)
         "screen": str(write_png(d / "screen.png", 128, 96, seed=1)),
         "other": str(write_png(d / "other.png", 96, 128, seed=2)),
@@ -115,6 +121,36 @@ def test_g18a_restored_prefix_with_an_image_equals_computed_in_the_same_pieces(o
         ref = _open(open_session, vl, "resident")
         assert _scores(ref.decide(first)) == _scores(a1)
         assert _scores(ref.decide(grown)) == _scores(a2)
+
+
+def _run_with_images(s, vl: dict) -> tuple:
+    """A generation over an image and a decision whose prefix holds one: what G3 and G4 compare
+    (tokens, logit rows as lists, so == is bit for bit, and the decision's scores)."""
+    img = (vl["screen"],)
+    g = s.generate(GenerateRequest(prompt="What is on the screen?", images=img, n_predict=12, keep_logits=True))
+    d = s.decide(DecideRequest(id=1, prefix=MARK + P1, suffix=S2, choices=ABC, images=img))
+    return g.tokens, [x.tolist() for x in g.logits], _scores(d)
+
+
+def test_g3_reading_every_expert_with_an_image_equals_resident(open_session, vl: dict) -> None:
+    ref = _run_with_images(_open(open_session, vl, "resident"), vl)
+    s = _open(open_session, vl, "resident", moe_stream=True, stream_read_all=True)
+    routes = record_routes(s)
+    got = _run_with_images(s, vl)
+    assert got == ref and len(got[1]) == 12
+    assert s.stream_stats().routed == len(routes) * s.streaming.layout.n_expert
+
+
+def test_g4_warm_with_an_image_equals_cold_and_reads_nothing(open_session, vl: dict) -> None:
+    ref = _run_with_images(_open(open_session, vl, "resident"), vl)
+    s = _open(open_session, vl, "resident", moe_stream=True, cache_mb=64)
+    cold = _run_with_images(s, vl)
+    before = s.stream_stats()
+    warm = _run_with_images(s, vl)
+    after = s.stream_stats()
+    assert cold == ref and warm == cold
+    assert after.routed > before.routed and after.hits - before.hits == after.routed - before.routed
+    assert after.read_bytes == before.read_bytes
 
 
 @pytest.mark.parametrize("mode", ["resident", "stream-evicting"])

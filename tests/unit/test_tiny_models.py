@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from bmoe.llama.lib import ensure_backend
-from bmoe.testing import (ARCHS, QUANTS, SmolLM2NotInstalled, expert_slice_bytes, hf_weights_for,
-                          smollm2_gguf_path, spec_for, tiny_file_name, write_tiny)
+from bmoe.testing import (ARCHS, HF_ARCHS, HF_KQUANT_ARCHS, HF_VL_ARCHS, QUANTS, VL_ARCHS, SmolLM2NotInstalled,
+                          expert_slice_bytes, hf_arch, hf_weights_for, smollm2_gguf_path, spec_for,
+                          tiny_file_name, write_tiny)
 from bmoe.testing.__main__ import main as cli_main
 
 Q = gguf.GGMLQuantizationType
@@ -210,3 +211,34 @@ def test_quantize_refusals_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match=rf"llama_model_quantize\({missing} -> .*out.gguf, Q4_K_M\) failed with code 1"):
         quantize_gguf(missing, tmp_path / "out.gguf")
     assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("arch", VL_ARCHS)
+def test_vision_language_recipes_are_listed_and_carry_a_projector(tiny_models, tiny_dir: Path, arch: str) -> None:
+    """Each image-test model (VL_ARCHS) is a composite recipe with an image processor, its language
+    model's architecture is one the registry lists (the text gates run on that arch's own recipe), and
+    its files are what the image path needs: M-RoPE sections in the language model (llama.cpp's
+    glm4moe graph refuses image embeddings without them) and the projector type mtmd builds."""
+    from bmoe.stream import lookup
+    from bmoe.testing import write_hf_mmproj
+
+    a = hf_arch(arch)
+    assert a.preprocessor is not None and a.outer_config is not None and a.auto_class == "AutoModelForImageTextToText"
+    assert arch in HF_ARCHS or arch in HF_VL_ARCHS
+    assert lookup(a.arch).arch == a.arch and a.arch in HF_ARCHS  # listed, with a text recipe of its own
+    model = tiny_models(arch, "f32")
+    assert _field(model, "general.architecture") == a.arch
+    rope = a.hf_config()["text_config"]["rope_parameters"]
+    assert _field(model, f"{a.arch}.rope.dimension_sections") == [*rope["mrope_section"], 0]
+    mmproj = write_hf_mmproj(arch, tiny_dir)
+    assert _field(mmproj, "clip.projector_type") == {"qwen3vlmoe": "qwen3vl_merger", "glm4vmoe": "glm4v"}[arch]
+    assert _field(mmproj, "clip.vision.projection_dim") == a.hf_config()["text_config"]["hidden_size"]
+
+
+def test_recipe_names_and_seeds_are_unique() -> None:
+    recipes = {**HF_ARCHS, **HF_VL_ARCHS, **HF_KQUANT_ARCHS}
+    assert len(recipes) == len(HF_ARCHS) + len(HF_VL_ARCHS) + len(HF_KQUANT_ARCHS)
+    seeds = [a.seed for a in recipes.values()]
+    assert len(set(seeds)) == len(seeds)
+    with pytest.raises(ValueError, match="no tiny HF recipe for 'glm4v'; known: .*glm4vmoe"):
+        hf_arch("glm4v")

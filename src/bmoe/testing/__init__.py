@@ -6,7 +6,7 @@ gives the same weights in Hugging Face form for the transformers reference test.
 """
 from __future__ import annotations
 
-from bmoe.testing.hf_archs import FAMILIES, HF_ARCHS, HF_KQUANT_ARCHS, HfArch, hf_arch
+from bmoe.testing.hf_archs import FAMILIES, HF_ARCHS, HF_KQUANT_ARCHS, HF_VL_ARCHS, VL_ARCHS, HfArch, hf_arch
 from bmoe.testing.hf_convert import hf_dir, load_reference, write_hf_arch, write_hf_mmproj
 from bmoe.testing.images import png_bytes, write_png
 from bmoe.testing.smollm2 import SmolLM2NotInstalled, smollm2_gguf_path
@@ -25,6 +25,7 @@ __all__ = [
     "FAMILIES",
     "HF_ARCHS",
     "HF_KQUANT_ARCHS",
+    "HF_VL_ARCHS",
     "HfArch",
     "hf_arch",
     "hf_dir",
@@ -37,6 +38,7 @@ __all__ = [
     "HfWeights",
     "SmolLM2NotInstalled",
     "TinySpec",
+    "VL_ARCHS",
     "default_tiny_dir",
     "expert_slice_bytes",
     "hf_weights_for",

@@ -930,6 +930,58 @@ HF_ARCHS: dict[str, HfArch] = {
 }
 
 
+# GLM-4.5V's vision tokens, in the order of their config ids (image_start_token_id, ...), after GLM's
+# own three the converter looks up by name.
+GLM_TOKENS = ("[gMASK]", "<|user|>", "<|observation|>")
+GLM_VL_TOKENS = ("<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
+                 "<|video|>")
+
+# Vision-language models whose language model's architecture another recipe (HF_ARCHS) already lists:
+# keyed by their own name (files tiny-<name>-<quant>.gguf, mmproj-<name>-f32.gguf, folder hf-<name>);
+# general.architecture is the recipe's arch. The image tests (tests/gates/test_images.py,
+# tests/archs/test_image_parity.py) run on these and on HF_ARCHS' own vision-language recipes
+# (VL_ARCHS); the text gates run on the HF_ARCHS recipe of the same architecture.
+HF_VL_ARCHS: dict[str, HfArch] = {
+    # glm4vmoe: GLM-4.5V, whose language model the converter writes as glm4moe (the recipe above:
+    # a leading dense layer, a shared expert, sigmoid routing with a randomised selection bias, q/k/v
+    # biases, RoPE on half of each head) with M-RoPE sections (rope.dimension_sections): llama.cpp's
+    # glm4moe graph then rotates by ggml_rope_multi (sectioned, not interleaved; 2+1+1 of the 4
+    # rotary pairs, as the real 8+12+12 of 32) and takes image embeddings; without sections it
+    # refuses them. Built as the whole vision-language model (transformers has no causal-LM class for
+    # it) with a one-block vision tower (patches of 16 px, 2x2 merged by a strided convolution, then
+    # the SwiGLU merger into the 64-wide text) that its --mmproj output holds (projector "glm4v").
+    # Its learned position embeddings are an 8 x 8 grid both sides resample to the image's patches
+    # (bicubic). No NextN block: GLM-4.5V has none. GLM-4.5V's image tokens are special tokens
+    # after GLM's own (which the converter looks up by name), the config's ids pointing at them: mtmd
+    # spells <|begin_of_image|> and <|end_of_image|> as one token each, as transformers does.
+    "glm4vmoe": _arch(
+        "glm4moe", "glm4v_moe", 260, "GLM-4.5V (language model)",
+        special_tokens=GLM_TOKENS + GLM_VL_TOKENS,
+        config={"vocab_size": _VOCAB + len(GLM_TOKENS) + len(GLM_VL_TOKENS), "num_hidden_layers": 3,
+                "first_k_dense_replace": 1, "intermediate_size": 128, "moe_intermediate_size": 128,
+                "n_routed_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
+                "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True, "norm_topk_prob": True,
+                "routed_scaling_factor": 2.5,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                    "mrope_section": [2, 1, 1]}},
+        outer_config={"tie_word_embeddings": False,
+                      **{f"{t}_token_id": _VOCAB + len(GLM_TOKENS) + i
+                         for i, t in enumerate(("image_start", "image_end", "image", "video_start", "video_end",
+                                                "video"))},
+                      "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                        "out_hidden_size": 64, "patch_size": 16, "image_size": 128,
+                                        "spatial_merge_size": 2, "temporal_patch_size": 2}},
+        auto_class="AutoModelForImageTextToText",
+        random_init=("e_score_correction_bias",),
+        # its projector: GLM-4V's processor with the tiny tower's patches (16 px, 2x2 merged), images
+        # of 8 to 4096 tokens (the bounds llama.cpp's glm4v projector fixes), pixels mapped to [-1, 1]
+        preprocessor={"image_processor_type": "Glm4vImageProcessor", "patch_size": 16, "merge_size": 2,
+                      "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                      "size": {"shortest_edge": 8 * 32 * 32, "longest_edge": 4096 * 32 * 32}}),
+}
+# Every vision-language recipe the image tests run on: its name, as hf_arch takes it.
+VL_ARCHS: tuple[str, ...] = ("qwen3vlmoe", "glm4vmoe")
+
 # 256-wide variants for the K-quant gates (G23, docs/testing.md). K-quant and IQ4_XS blocks are 256
 # values wide: llama.cpp's quantizer gives a row that is not a whole number of them another type
 # (Q4_K -> Q5_0, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL), so the 64-wide recipes above cannot hold the
@@ -973,9 +1025,9 @@ HF_KQUANT_ARCHS: dict[str, HfArch] = {
 
 
 def hf_arch(arch: str) -> HfArch:
-    """The recipe named ``arch``: a key of HF_ARCHS (its GGUF arch) or of HF_KQUANT_ARCHS."""
-    try:
-        return HF_ARCHS[arch] if arch in HF_ARCHS else HF_KQUANT_ARCHS[arch]
-    except KeyError:
-        known = ", ".join(sorted([*HF_ARCHS, *HF_KQUANT_ARCHS]))
-        raise ValueError(f"no tiny HF recipe for {arch!r}; known: {known}") from None
+    """The recipe named ``arch``: a key of HF_ARCHS (its GGUF arch), of HF_VL_ARCHS or of HF_KQUANT_ARCHS."""
+    for recipes in (HF_ARCHS, HF_VL_ARCHS, HF_KQUANT_ARCHS):
+        if arch in recipes:
+            return recipes[arch]
+    known = ", ".join(sorted([*HF_ARCHS, *HF_VL_ARCHS, *HF_KQUANT_ARCHS]))
+    raise ValueError(f"no tiny HF recipe for {arch!r}; known: {known}")
