@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = [read_trace(path) for path in args.loo]
         for t in traces:
             describe(t)
-        print_loo(leave_one_out(traces, args.budget_mib), LOO_GRID, args.json)
+        print_loo(leave_one_out(traces, args.budget_mib, LOO_GRID), LOO_GRID, args.json)
         return 0
     if args.trace is None:
         ap.error("give a trace, or --loo TRACE TRACE ...")
