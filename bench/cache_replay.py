@@ -1,30 +1,43 @@
-"""Replay a recorded route trace through bmoe's expert cache policy, global LRU and the optimum.
+"""Replay a recorded route trace through bmoe's expert cache policy, global LRU, a per-layer LFU
+partition and the optimum.
 
-    .venv/bin/python bench/cache_replay.py TRACE.csv --budget-mib 500 1000 2000 3000 4000 [--json]
+    .venv/bin/python bench/cache_replay.py TRACE.csv [--budget-mib 500 1000 2000] [--json]
+    .venv/bin/python bench/cache_replay.py --loo TRACE.csv TRACE.csv TRACE.csv [--json]
 
 TRACE.csv is a ``route_trace v1`` file (``/work/shared/data/route-traces/README.md``): ``#``
 lines with ``n_layer``, ``n_expert``, ``n_expert_used`` and per layer ``expert_bytes``, then rows
-``turn,phase,step,layer,slot,expert,...`` (phase 0 prefill, 1 decode). For each budget it prints
-the decode hit % of three policies, with the accounting of the traces' README:
+``turn,phase,step,layer,slot,expert,...`` (phase 0 prefill, 1 decode). For each budget (default
+``BUDGETS_MIB``) it prints the decode hit % of four policies, with the accounting of the traces'
+README:
 
 - a decode batch is one step of one layer; the prefill of a turn is one batch per layer (the
   union of the prompt's tokens, as the streamer gets one route per layer for a prefill ubatch);
   batches run turn by turn: prefill layer by layer, then decode step by step, layers ascending;
 - each distinct expert of a batch is one lookup; a miss costs the layer's ``expert_bytes`` from
-  the header; eviction runs after the batch and never evicts what the batch touched;
+  the header; eviction runs after the batch and never evicts what the batch touched (but the
+  partition, below, whose shares are hard);
 - the hit % is decode hits / decode lookups (the prefill only fills the cache).
 
 ``bmoe`` is the class bmoe's streamer runs (``bmoe.stream.policy.DEFAULT_POLICY``), driven as
 ExpertCache drives it: ``plan(layer, distinct experts, uses)`` then ``admit``; a prefill batch
 hands it each expert's token count and last token, as ``Streamer.on_route`` does. ``lru`` is
 global LRU with the C++ replay's order inside a batch (token by token, slot by slot; a repeat
-only refreshes), which reproduces the README's LRU figures. ``optimal`` is Belady's rule: evict
-the entry whose next use is farthest in the future. Every policy holds at most the budget after
-each batch, except the batch's own experts when they alone exceed it; the tool checks that for
-bmoe and prints the peak.
+only refreshes), which reproduces the README's LRU figures. ``partition`` is a per-layer LFU
+partition that holds no more bytes than the budget (``replay_partition``). ``optimal`` is
+Belady's rule: evict the entry whose next use is farthest in the future. Every policy holds at
+most the budget after each batch, except the batch's own experts when they alone exceed it (the
+partition not even then); the tool checks that for bmoe and the partition, and prints bmoe's peak.
 
-``--json`` adds a last line ``{"<budget>": {"bmoe": .., "lru": .., "optimal": ..}}`` (percent,
-one decimal). ``--knob name=value`` passes a knob to bmoe's policy (docs/streaming.md).
+It prints PASS/FAIL per budget for issue #29's restated target (bmoe at least LRU and at least
+the partition) and, for the Qwen3 and gpt-oss traces, issue #11's targets. ``--loo`` judges the
+restated target leave-one-trace-out: for each trace, bmoe's knobs are chosen on the other traces
+(``LOO_GRID``, ``choose_knobs``) and the trace's figures are printed with them and with the
+shipped defaults.
+
+``--json`` adds a last line ``{"<budget>": {"bmoe": .., "lru": .., "partition": .., "optimal":
+..}}`` (percent, one decimal); with ``--loo``, ``{"<model>": {"knobs": {..}, "cycle_mib": ..,
+"rows": {"<budget>": {"bmoe": .., "bmoe_defaults": .., "lru": .., "partition": .., "optimal":
+..}}}}``. ``--knob name=value`` passes a knob to bmoe's policy (docs/streaming.md).
 """
 from __future__ import annotations
 
