@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import inspect
 import itertools
 import json
 import math
@@ -236,9 +237,9 @@ def replay_partition(trace: Trace, budget: int) -> Result:
     layer holds; then the layer keeps, of what it held and the batch's experts, the ones looked up
     most often so far (one count per batch that routed it, as the hit % counts lookups: a prefill
     counts once however many of its tokens picked it), ties to the one used last (batch, then
-    token), then to the higher expert id. The batch's own experts may
-    go at once when the share is smaller than the batch (they were read for it and not kept), so
-    the whole never holds more than the budget, checked after every batch."""
+    token), then to the higher expert id. The batch's own experts may go at once when the share
+    is smaller than the batch (they were read for it and not kept), so the whole never holds more
+    than the budget, checked after every batch."""
     slots = partition_slots(trace.expert_bytes, budget)
     uses: dict[ExpertKey, int] = defaultdict(int)
     last: dict[ExpertKey, tuple[int, int]] = {}
@@ -430,8 +431,7 @@ class Fold:
 
 
 def shipped_defaults(policy: Callable[..., CachePolicy], grid: Mapping[str, Sequence[float]]) -> Knobs:
-    import inspect
-
+    """The policy's own default for each knob of the grid."""
     params = inspect.signature(policy).parameters
     return tuple((n, float(params[n].default)) for n in sorted(grid))
 
