@@ -1,35 +1,50 @@
-"""Replay a recorded route trace through bmoe's expert cache policy, global LRU and the optimum.
+"""Replay a recorded route trace through bmoe's expert cache policy, global LRU, a per-layer LFU
+partition and the optimum.
 
-    .venv/bin/python bench/cache_replay.py TRACE.csv --budget-mib 500 1000 2000 3000 4000 [--json]
+    .venv/bin/python bench/cache_replay.py TRACE.csv [--budget-mib 500 1000 2000] [--json]
+    .venv/bin/python bench/cache_replay.py --loo TRACE.csv TRACE.csv TRACE.csv [--json]
 
 TRACE.csv is a ``route_trace v1`` file (``/work/shared/data/route-traces/README.md``): ``#``
 lines with ``n_layer``, ``n_expert``, ``n_expert_used`` and per layer ``expert_bytes``, then rows
-``turn,phase,step,layer,slot,expert,...`` (phase 0 prefill, 1 decode). For each budget it prints
-the decode hit % of three policies, with the accounting of the traces' README:
+``turn,phase,step,layer,slot,expert,...`` (phase 0 prefill, 1 decode). For each budget (default
+``BUDGETS_MIB``) it prints the decode hit % of four policies, with the accounting of the traces'
+README:
 
 - a decode batch is one step of one layer; the prefill of a turn is one batch per layer (the
   union of the prompt's tokens, as the streamer gets one route per layer for a prefill ubatch);
   batches run turn by turn: prefill layer by layer, then decode step by step, layers ascending;
 - each distinct expert of a batch is one lookup; a miss costs the layer's ``expert_bytes`` from
-  the header; eviction runs after the batch and never evicts what the batch touched;
+  the header; eviction runs after the batch and never evicts what the batch touched (but the
+  partition, below, whose shares are hard);
 - the hit % is decode hits / decode lookups (the prefill only fills the cache).
 
 ``bmoe`` is the class bmoe's streamer runs (``bmoe.stream.policy.DEFAULT_POLICY``), driven as
 ExpertCache drives it: ``plan(layer, distinct experts, uses)`` then ``admit``; a prefill batch
 hands it each expert's token count and last token, as ``Streamer.on_route`` does. ``lru`` is
 global LRU with the C++ replay's order inside a batch (token by token, slot by slot; a repeat
-only refreshes), which reproduces the README's LRU figures. ``optimal`` is Belady's rule: evict
-the entry whose next use is farthest in the future. Every policy holds at most the budget after
-each batch, except the batch's own experts when they alone exceed it; the tool checks that for
-bmoe and prints the peak.
+only refreshes), which reproduces the README's LRU figures. ``partition`` is a per-layer LFU
+partition that holds no more bytes than the budget (``replay_partition``). ``optimal`` is
+Belady's rule: evict the entry whose next use is farthest in the future. Every policy holds at
+most the budget after each batch, except the batch's own experts when they alone exceed it (the
+partition not even then); the tool checks that for bmoe and the partition, and prints bmoe's peak.
 
-``--json`` adds a last line ``{"<budget>": {"bmoe": .., "lru": .., "optimal": ..}}`` (percent,
-one decimal). ``--knob name=value`` passes a knob to bmoe's policy (docs/streaming.md).
+It prints PASS/FAIL per budget for issue #29's restated target (bmoe at least LRU and at least
+the partition) and, for the Qwen3 and gpt-oss traces, issue #11's targets. ``--loo`` judges the
+restated target leave-one-trace-out: for each trace, bmoe's knobs are chosen on the other traces
+(``LOO_GRID``, ``choose_knobs``) and the trace's figures are printed with them and with the
+shipped defaults.
+
+``--json`` adds a last line ``{"<budget>": {"bmoe": .., "lru": .., "partition": .., "optimal":
+..}}`` (percent, one decimal); with ``--loo``, ``{"<model>": {"knobs": {..}, "cycle_mib": ..,
+"rows": {"<budget>": {"bmoe": .., "bmoe_defaults": .., "lru": .., "partition": .., "optimal":
+..}}}}``. ``--knob name=value`` passes a knob to bmoe's policy (docs/streaming.md).
 """
 from __future__ import annotations
 
 import argparse
 import heapq
+import inspect
+import itertools
 import json
 import math
 import re
@@ -38,7 +53,7 @@ from bisect import bisect_right
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from bmoe.stream.policy import DEFAULT_POLICY
 from bmoe.stream.policy import CachePolicy, ExpertKey, Uses
@@ -196,6 +211,62 @@ def replay_lru(trace: Trace, budget: int) -> Result:
     return out
 
 
+def partition_slots(expert_bytes: Mapping[int, int], budget: int) -> dict[int, int]:
+    """Each layer's share of the budget, in whole experts, for the bounded per-layer partition.
+
+    The budget is split in proportion to the layers' expert bytes, which gives every layer the
+    same number of experts, ``budget // sum(expert_bytes)``: every layer is routed once per token
+    with the same top-k, so every layer meets the same demand in experts. The bytes that whole
+    share leaves over go one more expert each to the layers in ascending order, while that
+    layer's expert still fits in them, so the shares never add up to more than the budget and
+    leave less than the biggest expert unused."""
+    total = sum(expert_bytes.values())
+    each, left = divmod(budget, total)
+    slots = {}
+    for il in sorted(expert_bytes):
+        extra = int(left >= expert_bytes[il])
+        left -= extra * expert_bytes[il]
+        slots[il] = each + extra
+    return slots
+
+
+def replay_partition(trace: Trace, budget: int) -> Result:
+    """A per-layer LFU partition that holds no more than the budget.
+
+    Each layer holds at most its share (``partition_slots``). A batch hits on the experts its
+    layer holds; then the layer keeps, of what it held and the batch's experts, the ones looked up
+    most often so far (one count per batch that routed it, as the hit % counts lookups: a prefill
+    counts once however many of its tokens picked it), ties to the one used last (batch, then
+    token), then to the higher expert id. The batch's own experts may go at once when the share
+    is smaller than the batch (they were read for it and not kept), so the whole never holds more
+    than the budget, checked after every batch."""
+    slots = partition_slots(trace.expert_bytes, budget)
+    uses: dict[ExpertKey, int] = defaultdict(int)
+    last: dict[ExpertKey, tuple[int, int]] = {}
+    resident: dict[int, set[int]] = {il: set() for il in trace.expert_bytes}
+    held = 0
+    out = Result()
+    for i, b in enumerate(trace.batches):
+        il, size = b.layer, trace.expert_bytes[b.layer]
+        experts = b.experts
+        had = resident[il]
+        hits = sum(1 for e in experts if e in had)
+        for row, tok in enumerate(b.tokens):
+            for e in tok:
+                last[ExpertKey(il, e)] = (i, row)
+        for e in experts:
+            uses[ExpertKey(il, e)] += 1
+        rank = sorted(had | set(experts), reverse=True,
+                      key=lambda e: (uses[ExpertKey(il, e)], last[ExpertKey(il, e)], e))
+        keep = set(rank[:slots[il]])
+        held += (len(keep) - len(had)) * size
+        resident[il] = keep
+        if len(keep) > slots[il] or held > budget:
+            raise AssertionError(f"the partition held {held} bytes over a budget of {budget} after batch {i}")
+        out.count(b, hits, held, len(experts) * size, budget)
+    return out
+
+
 def replay_optimal(trace: Trace, budget: int) -> Result:
     """Belady: after each batch evict the untouched entries used farthest in the future."""
     uses: dict[ExpertKey, list[int]] = defaultdict(list)
@@ -276,6 +347,140 @@ def verdicts(model: str, cycle_mib: float, results: dict[str, dict[str, float]])
     return out
 
 
+# Issue #29's restated targets: at every budget bmoe's policy at least plain global LRU and at least
+# the per-layer LFU partition that keeps to the budget (replay_partition), judged leave-one-trace-out.
+BUDGETS_MIB = (250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000)
+
+
+def restated_verdicts(rows: Mapping[str, Mapping[str, float]], column: str = "bmoe") -> list[str]:
+    """One line per budget: PASS when ``row[column]`` (unrounded) is at least both ``row["lru"]``
+    and ``row["partition"]``."""
+    out = []
+    for key, row in rows.items():
+        goal = max(row["lru"], row["partition"])
+        which = "LRU" if row["lru"] >= row["partition"] else "partition"
+        out.append(f"{'PASS' if row[column] >= goal else 'FAIL'}  {key:>6} MiB: bmoe {row[column]:.2f} vs "
+                   f"{which} {goal:.2f} ({row[column] - goal:+.2f})")
+    return out
+
+
+# The knobs of NextUsePolicy the leave-one-out grid varies (the ranges of the 2026-12-01 grid in
+# docs/benchmarks.md, three values each; the shipped defaults are one of the 27 points).
+LOO_GRID: dict[str, tuple[float, ...]] = {"recency": (0.05, 0.15, 0.3), "frequency": (0.7, 1.0, 1.5),
+                                          "decay": (0.02, 0.05, 0.1)}
+Knobs = tuple[tuple[str, float], ...]  # sorted (name, value) pairs: hashable
+
+
+def grid_points(grid: Mapping[str, Sequence[float]]) -> list[Knobs]:
+    names = sorted(grid)
+    return [tuple(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def baselines(trace: Trace, budgets_mib: Sequence[float]) -> dict[str, dict[str, float]]:
+    """LRU, the bounded partition and the optimum per budget (decode hit %, unrounded)."""
+    return {f"{mib:g}": {"lru": replay_lru(trace, int(mib * MIB)).hit_pct,
+                         "partition": replay_partition(trace, int(mib * MIB)).hit_pct,
+                         "optimal": replay_optimal(trace, int(mib * MIB)).hit_pct} for mib in budgets_mib}
+
+
+def policy_table(trace: Trace, budgets_mib: Sequence[float], points: Sequence[Knobs],
+                 policy: Callable[..., CachePolicy] = DEFAULT_POLICY) -> dict[Knobs, dict[str, float]]:
+    """bmoe's decode hit % per knob set and budget, each run checked against the budget."""
+    table: dict[Knobs, dict[str, float]] = {}
+    for knobs in points:
+        row = table[knobs] = {}
+        for mib in budgets_mib:
+            r = replay_policy(trace, int(mib * MIB), policy, **dict(knobs))
+            if r.over_bytes > 0:
+                raise AssertionError(f"bmoe's policy {dict(knobs)} held {r.over_bytes} bytes over budget at {mib:g} MiB")
+            row[f"{mib:g}"] = r.hit_pct
+    return table
+
+
+def margins(hits: Mapping[str, float], base: Mapping[str, Mapping[str, float]]) -> list[float]:
+    """bmoe's margin over the better of LRU and the bounded partition, per budget."""
+    return [hits[k] - max(base[k]["lru"], base[k]["partition"]) for k in base]
+
+
+def choose_knobs(training: Sequence[tuple[Mapping[Knobs, Mapping[str, float]], Mapping[str, Mapping[str, float]]]],
+                 default: Knobs) -> tuple[Knobs, float, float]:
+    """The knob set with the largest mean margin (``margins``) over the training traces' budgets,
+    every trace weighing the same; ties to the larger worst margin, then to the shipped defaults,
+    then to the earlier grid point. ``training``: per training trace, (policy_table, baselines).
+    Returns (knobs, mean margin, worst margin)."""
+    points = list(training[0][0])
+    best: tuple[tuple[float, float, bool, int], Knobs] | None = None
+    for i, knobs in enumerate(points):
+        per_trace = [margins(table[knobs], base) for table, base in training]
+        mean = sum(sum(m) / len(m) for m in per_trace) / len(per_trace)
+        worst = min(min(m) for m in per_trace)
+        key = (mean, worst, knobs == default, -i)
+        if best is None or key > best[0]:
+            best = (key, knobs)
+    assert best is not None
+    return best[1], best[0][0], best[0][1]
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    held_out: Trace
+    knobs: Knobs          # chosen on the other traces
+    train_mean: float     # their mean margin with those knobs
+    train_worst: float
+    rows: dict[str, dict[str, float]]  # per budget: bmoe, bmoe_defaults, lru, partition, optimal
+
+
+def shipped_defaults(policy: Callable[..., CachePolicy], grid: Mapping[str, Sequence[float]]) -> Knobs:
+    """The policy's own default for each knob of the grid."""
+    params = inspect.signature(policy).parameters
+    return tuple((n, float(params[n].default)) for n in sorted(grid))
+
+
+def leave_one_out(traces: Sequence[Trace], budgets_mib: Sequence[float],
+                  grid: Mapping[str, Sequence[float]] = LOO_GRID,
+                  policy: Callable[..., CachePolicy] = DEFAULT_POLICY) -> list[Fold]:
+    """For each trace in turn: the knobs chosen on the others alone (``choose_knobs``), then the
+    held-out trace's figures with them and with the shipped defaults. Every trace's table is
+    computed once; a fold reads only its training traces' tables to choose."""
+    points = grid_points(grid)
+    default = shipped_defaults(policy, grid)
+    if default not in points:
+        points.append(default)
+    tables = [policy_table(t, budgets_mib, points, policy) for t in traces]
+    bases = [baselines(t, budgets_mib) for t in traces]
+    folds = []
+    for i, held in enumerate(traces):
+        training = [(tables[j], bases[j]) for j in range(len(traces)) if j != i]
+        knobs, mean, worst = choose_knobs(training, default)
+        rows = {k: {"bmoe": tables[i][knobs][k], "bmoe_defaults": tables[i][default][k], **bases[i][k]}
+                for k in bases[i]}
+        folds.append(Fold(held, knobs, mean, worst, rows))
+    return folds
+
+
+def print_loo(folds: Sequence[Fold], grid: Mapping[str, Sequence[float]], as_json: bool) -> None:
+    axes = " x ".join(n + " {" + ", ".join(f"{v:g}" for v in grid[n]) + "}" for n in sorted(grid))
+    print(f"grid    {axes}; objective: mean over the training traces' budgets of bmoe - max(LRU, partition)")
+    out = {}
+    for f in folds:
+        t = f.held_out
+        knobs = ", ".join(f"{n}={v:g}" for n, v in f.knobs)
+        print(f"\nheld out {t.model}: one token cycle {t.cycle_bytes / MIB:.0f} MiB")
+        print(f"knobs   {knobs} (chosen on the other traces: mean margin {f.train_mean:+.2f}, "
+              f"worst {f.train_worst:+.2f})")
+        print(f"{'budget MiB':>10} {'bmoe':>7} {'default':>8} {'lru':>7} {'partition':>9} {'optimal':>8}")
+        for k, r in f.rows.items():
+            print(f"{k:>10} {r['bmoe']:>7.1f} {r['bmoe_defaults']:>8.1f} {r['lru']:>7.1f} {r['partition']:>9.1f} "
+                  f"{r['optimal']:>8.1f}")
+        print("targets (issue #29, held-out knobs):")
+        print("\n".join(restated_verdicts(f.rows)))
+        out[t.model] = {"knobs": dict(f.knobs), "cycle_mib": round(t.cycle_bytes / MIB, 1),
+                        "rows": {k: {c: round(v, 1) for c, v in r.items()} for k, r in f.rows.items()}}
+    print("\n(decode hit %; bmoe: the held-out knobs; default: the shipped knobs)")
+    if as_json:
+        print(json.dumps(out))
+
+
 def parse_knobs(items: list[str]) -> dict[str, float]:
     knobs = {}
     for item in items:
@@ -288,21 +493,32 @@ def parse_knobs(items: list[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", type=Path)
-    ap.add_argument("--budget-mib", type=float, nargs="+", required=True, metavar="N")
+    ap.add_argument("trace", type=Path, nargs="?")
+    ap.add_argument("--budget-mib", type=float, nargs="+", default=list(BUDGETS_MIB), metavar="N",
+                    help=f"budgets in MiB (default: {' '.join(map(str, BUDGETS_MIB))})")
     ap.add_argument("--json", action="store_true", help="end with the results as one JSON line")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help=f"a knob of bmoe's policy ({DEFAULT_POLICY.__name__})")
+    ap.add_argument("--loo", type=Path, nargs="+", metavar="TRACE",
+                    help="leave-one-trace-out over these traces (at least 2): each one's figures with the "
+                         "knobs chosen on the others")
     args = ap.parse_args(argv)
+    if args.loo is not None:
+        if args.trace is not None or args.knob or len(args.loo) < 2:
+            ap.error("--loo takes two or more traces, and neither a trace before it nor --knob")
+        traces = [read_trace(path) for path in args.loo]
+        for t in traces:
+            describe(t)
+        print_loo(leave_one_out(traces, args.budget_mib, LOO_GRID), LOO_GRID, args.json)
+        return 0
+    if args.trace is None:
+        ap.error("give a trace, or --loo TRACE TRACE ...")
     knobs = parse_knobs(args.knob)
     trace = read_trace(args.trace)
-    n_pre = sum(1 for b in trace.batches if not b.decode)
-    print(f"trace   {trace.model}: {len(trace.expert_bytes)} MoE layers, {trace.n_expert} experts, "
-          f"top-{trace.n_expert_used}; {n_pre} prefill + {len(trace.batches) - n_pre} decode batches")
-    print(f"cycle   {trace.cycle_bytes / MIB:.0f} MiB (all layers x top-k): below it global LRU gets 0 hits")
+    describe(trace)
     print(f"bmoe    {DEFAULT_POLICY.__name__}({', '.join(f'{k}={v:g}' for k, v in knobs.items())})")
     print()
-    print(f"{'budget MiB':>10} {'bmoe':>7} {'lru':>7} {'optimal':>8}   bmoe peak MiB")
+    print(f"{'budget MiB':>10} {'bmoe':>7} {'lru':>7} {'partition':>9} {'optimal':>8}   bmoe peak MiB")
     results: dict[str, dict[str, float]] = {}  # printed, to 0.1
     exact: dict[str, dict[str, float]] = {}    # what the verdicts compare
     for mib in args.budget_mib:
@@ -311,12 +527,15 @@ def main(argv: list[str] | None = None) -> int:
         if ours.over_bytes > 0:
             raise AssertionError(f"bmoe's policy held {ours.over_bytes} bytes over budget at {mib:g} MiB")
         row = {"bmoe": ours.hit_pct, "lru": replay_lru(trace, budget).hit_pct,
+               "partition": replay_partition(trace, budget).hit_pct,
                "optimal": replay_optimal(trace, budget).hit_pct}
         exact[f"{mib:g}"] = row
         results[f"{mib:g}"] = {k: round(v, 1) for k, v in row.items()}
-        print(f"{mib:>10g} {row['bmoe']:>7.1f} {row['lru']:>7.1f} {row['optimal']:>8.1f}   {ours.peak_bytes / MIB:.0f}",
-              flush=True)
+        print(f"{mib:>10g} {row['bmoe']:>7.1f} {row['lru']:>7.1f} {row['partition']:>9.1f} {row['optimal']:>8.1f}"
+              f"   {ours.peak_bytes / MIB:.0f}", flush=True)
     print("\n(decode hit %; the prefill fills the cache but is not counted)")
+    print("\ntargets (issue #29, these knobs; --loo judges knobs chosen on other traces):")
+    print("\n".join(restated_verdicts(exact)))
     lines = verdicts(trace.model, trace.cycle_bytes / MIB, exact)
     if lines:
         print("\ntargets (issue #11):")
@@ -324,6 +543,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results))
     return 0
+
+
+def describe(trace: Trace) -> None:
+    n_pre = sum(1 for b in trace.batches if not b.decode)
+    print(f"trace   {trace.model}: {len(trace.expert_bytes)} MoE layers, {trace.n_expert} experts, "
+          f"top-{trace.n_expert_used}; {n_pre} prefill + {len(trace.batches) - n_pre} decode batches")
+    print(f"cycle   {trace.cycle_bytes / MIB:.0f} MiB (all layers x top-k): below it global LRU gets 0 hits")
 
 
 if __name__ == "__main__":

@@ -311,11 +311,12 @@ def test_the_replay_tool_judges_the_figures_it_computed_not_their_rounding(monke
     monkeypatch.setattr(cache_replay, "replay_policy",
                         lambda *_a, **_k: SimpleNamespace(hit_pct=45.06, over_bytes=0, peak_bytes=0))
     monkeypatch.setattr(cache_replay, "replay_lru", lambda *_a: SimpleNamespace(hit_pct=37.7))
+    monkeypatch.setattr(cache_replay, "replay_partition", lambda *_a: SimpleNamespace(hit_pct=40.7))
     monkeypatch.setattr(cache_replay, "replay_optimal", lambda *_a: SimpleNamespace(hit_pct=62.7))
     assert cache_replay.main(["unused.csv", "--budget-mib", "1000", "--json"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == '{"1000": {"bmoe": 45.1, "lru": 37.7, "optimal": 62.7}}'  # the JSON keeps 0.1
-    verdict = next(ln for ln in out if ln.startswith(("PASS", "FAIL")))
+    assert out[-1] == '{"1000": {"bmoe": 45.1, "lru": 37.7, "partition": 40.7, "optimal": 62.7}}'  # the JSON keeps 0.1
+    verdict = next(ln for ln in out if ln.startswith(("PASS", "FAIL")) and "vs 45.1 " in ln)
     assert verdict.startswith("FAIL") and "bmoe 45.06 vs 45.1" in verdict
 
 
