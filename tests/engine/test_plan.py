@@ -3,6 +3,7 @@ and for one where the model does not fit, what it leaves to the user, the rememb
 --plan-only, BMOE_READY's plan, and a planned streamed session answering as the resident one."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -157,3 +158,17 @@ def test_a_planned_streamed_session_answers_as_the_resident_one(model, monkeypat
         b = resident.generate(gen)
     assert a.tokens == b.tokens
     assert all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits, strict=True))
+
+
+def test_flash_attention_off_counts_the_attention_scores_and_leaves_less_cache(model) -> None:
+    """llama.cpp computes attention in tiles with flash attention (which ``None`` lets it turn on
+    for the CPU); turned off, a ubatch's scores over the whole context are one more buffer."""
+    cfg = SessionConfig(model=model, n_ctx=512)
+    m = model_facts(cfg)
+    tiled, whole = compute_bytes(m, 512, 512), compute_bytes(m, 512, 512, False)
+    assert whole - tiled == 512 * 512 * m.n_head * 4 and compute_bytes(m, 512, 512, True) == tiled
+    room = m.dense_bytes + m.kv_bytes + whole + 3 * MIB
+    auto = make_plan(cfg, machine_with_room(room), _disk)
+    off = make_plan(dataclasses.replace(cfg, flash_attn=False), machine_with_room(room), _disk)
+    assert off.config.cache_mb == 3
+    assert auto.config.cache_mb * MIB >= 3 * MIB + whole - tiled - MIB
