@@ -39,6 +39,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from synthetic_moe import _sidecar, is_recorded
+
 # Bump when the bytes a spec produces change.
 RECIPE_VERSION = 1
 PROJECTOR_TYPE = "qwen3vl_merger"
@@ -138,16 +140,8 @@ def recipe(spec: VisionSpec) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(f"{path.name}.recipe.json")
-
-
 def is_current(path: Path, spec: VisionSpec) -> bool:
-    try:
-        meta = json.loads(_sidecar(path).read_text())
-        return meta.get("recipe") == recipe(spec) and meta.get("size") == path.stat().st_size
-    except (OSError, ValueError):
-        return False
+    return is_recorded(path, recipe(spec))
 
 
 def mmproj_path(out_dir: Path, spec: VisionSpec) -> Path:

@@ -214,12 +214,17 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(f"{path.name}.recipe.json")
 
 
-def is_current(path: Path, spec: SyntheticSpec) -> bool:
+def is_recorded(path: Path, digest: str) -> bool:
+    """Whether ``path`` is the file its sidecar says a recipe of ``digest`` wrote (same size)."""
     try:
         meta = json.loads(_sidecar(path).read_text())
-        return meta.get("recipe") == recipe(spec) and meta.get("size") == path.stat().st_size
+        return meta.get("recipe") == digest and meta.get("size") == path.stat().st_size
     except (OSError, ValueError):
         return False
+
+
+def is_current(path: Path, spec: SyntheticSpec) -> bool:
+    return is_recorded(path, recipe(spec))
 
 
 def write_synthetic(out_dir: Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
