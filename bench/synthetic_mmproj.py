@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import zlib
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -39,7 +38,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from synthetic_moe import _sidecar, is_recorded
+from synthetic_moe import is_recorded, write_recorded
 
 # Bump when the bytes a spec produces change.
 RECIPE_VERSION = 1
@@ -153,16 +152,7 @@ def write_mmproj(out_dir: Path, spec: VisionSpec = VisionSpec()) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = mmproj_path(out_dir, spec)
-    if is_current(path, spec):
-        return path
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        _write(spec, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _sidecar(path).write_text(json.dumps({"recipe": recipe(spec), "size": path.stat().st_size}) + "\n")
-    return path
+    return write_recorded(path, recipe(spec), lambda dst: _write(spec, dst))
 
 
 def _write(spec: VisionSpec, dst: Path) -> None:

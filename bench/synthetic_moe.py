@@ -53,6 +53,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -223,6 +224,21 @@ def is_recorded(path: Path, digest: str) -> bool:
         return False
 
 
+def write_recorded(path: Path, digest: str, write: Callable[[Path], None]) -> Path:
+    """``path``, written by ``write`` (to a temporary file, then renamed) unless its sidecar already
+    records ``digest`` for it; the sidecar is written after the file is in place."""
+    if is_recorded(path, digest):
+        return path
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _sidecar(path).write_text(json.dumps({"recipe": digest, "size": path.stat().st_size}) + "\n")
+    return path
+
+
 def is_current(path: Path, spec: SyntheticSpec) -> bool:
     return is_recorded(path, recipe(spec))
 
@@ -232,16 +248,7 @@ def write_synthetic(out_dir: Path, spec: SyntheticSpec = SyntheticSpec()) -> Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = f"-{spec.label}" if spec.label else ""
     path = out_dir / f"synthetic-qwen3moe-{spec.n_layer}L{tag}-q4_0.gguf"
-    if is_current(path, spec):
-        return path
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        _write(spec, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _sidecar(path).write_text(json.dumps({"recipe": recipe(spec), "size": path.stat().st_size}) + "\n")
-    return path
+    return write_recorded(path, recipe(spec), lambda dst: _write(spec, dst))
 
 
 # The benchmarks' routing presets. "uniform" is the original model, byte for byte; "trace" is
