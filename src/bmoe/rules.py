@@ -44,7 +44,7 @@ SEED: Rule = ("a non-negative integer", lambda v: _int(v) and v >= 0)
 STR_LIST: Rule = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
 OBJECT: Rule = ("an object", lambda v: isinstance(v, dict))
 IMAGES: Rule = ("a list of strings (image file paths or data: URLs)",
-                lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v))
+                lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, (str, bytes)) and s for s in v))
 
 # Where an image goes in a request's text (generate's prompt, decide's prefix and suffix): each
 # marker takes the next image, in order. Text without a marker gets every image at its start.

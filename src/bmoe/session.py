@@ -24,6 +24,7 @@ from .config import SessionConfig
 from .decide.kept_prefix import resolve_keep_prefix
 from .decide.service import DecideService
 from .decide.types import DecideRequest, DecideResult
+from .image_refs import ImageSource
 from .errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
 from .llama.model import LlamaModel
 from .runtime.chat import ChatRenderer, Message
@@ -145,11 +146,11 @@ class Session:
     def render(self, messages: list[Message], *, think: bool) -> str:
         return self.runtime.render(messages, think=think)
 
-    def tokenize_prompt(self, text: str, images: Sequence[str] = ()) -> list[int]:
+    def tokenize_prompt(self, text: str, images: Sequence[ImageSource] = ()) -> list[int]:
         """Tokenize a prompt, BOS as the model asks: one ``render`` gave with special tokens
         parsed in the template's markup only (a message's text is plain text), any other text
-        with special tokens parsed throughout (a raw prompt). ``images`` (file paths or data:
-        URLs) stand at its image markers, in order, as the runs of placeholder ids (negative)
+        with special tokens parsed throughout (a raw prompt). ``images`` (file paths, data:
+        URLs or bytes) stand at its image markers, in order, as the runs of placeholder ids (negative)
         their tokens are; a RequestError names an image that cannot be read."""
         if not images:
             return self.runtime.tokenize_prompt(text)

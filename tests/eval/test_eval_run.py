@@ -189,7 +189,8 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(data: Path, tm
         (unwritable_dir / "out", f"--out: cannot make the folder {unwritable_dir / 'out'}: "),
         (unwritable_dir, f"--out: cannot write in the folder {unwritable_dir}: Permission denied"),
         (data / "out", f"--out: cannot make the folder {data / 'out'}: Not a directory"),
-        (blocked, f"--out: {blocked / 'metrics.json'} is a folder; the run writes a file of that name"),
+        (blocked, f"--out: {blocked / 'metrics.json'} is a folder; the run writes a regular file of that name "
+                  "(remove it, or give another --out)"),
     ]:
         assert main([str(data), "--out", str(out), *FAST]) == 1
         err = capsys.readouterr().err.strip().splitlines()
@@ -321,3 +322,24 @@ def test_ray_failures_are_one_line(tmp_path: Path, monkeypatch, capsys, failure,
     assert err[-1] == line.format(results=out / "results.jsonl") and "Traceback" not in "\n".join(err)
     if not isinstance(failure, ImportError):
         assert [r["line"] for r in _results(out)] == [1]  # what came back is kept for the rerun
+
+
+def test_a_special_file_in_out_is_refused_before_any_work(data: Path, tmp_path: Path, calls, capsys) -> None:
+    """A FIFO where results.jsonl goes, or a link to a device where run.json goes, is refused
+    before any work and left as it was (appending to a FIFO would block; a rename would replace it)."""
+    import os
+    import stat
+
+    for name, make, what in [("results.jsonl", os.mkfifo, "a FIFO (named pipe)"),
+                             ("run.json", lambda p: p.symlink_to("/dev/null"), "a character device")]:
+        out = tmp_path / name.split(".")[0]
+        out.mkdir()
+        make(out / name)
+        assert main([str(data), "--out", str(out), *FAST]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"bmoe-eval: --out: {out / name} is {what}; the run writes a regular file of that "
+                           "name (remove it, or give another --out)"), err
+        assert sorted(p.name for p in out.iterdir()) == [name]
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "results" / "results.jsonl").st_mode)
+    assert calls == [] and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+

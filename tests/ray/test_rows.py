@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import pytest
 
 from bmoe.config import SessionConfig
@@ -248,7 +249,8 @@ def test_bmoe_batch_checks_out_before_any_work(tiny_models, tmp_path, unwritable
             f"bmoe-batch: --out: {out} is the input file {data}; give another path (the results would replace "
             "the data)"]
     for out, msg in [
-        (tmp_path, f"{tmp_path} is a folder; give the path of the results file"),
+        (tmp_path, f"{tmp_path} is a folder; give the path of a regular file, or of one that does not exist "
+                   "yet (the results are written beside it and renamed over it)"),
         (data / "r.jsonl", f"cannot write {data / 'r.jsonl'}: Not a directory"),
         (tmp_path / "missing" / "r.jsonl", f"cannot write {tmp_path / 'missing' / 'r.jsonl'}: No such file or directory"),
         (unwritable_dir / "r.jsonl", f"cannot write {unwritable_dir / 'r.jsonl'}: Permission denied"),
@@ -257,3 +259,36 @@ def test_bmoe_batch_checks_out_before_any_work(tiny_models, tmp_path, unwritable
         assert capsys.readouterr().err.splitlines() == [f"bmoe-batch: --out: {msg}"]
     assert data.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [
         "d.jsonl", "hard.jsonl", "link.jsonl", "read-only", "sub"]
+
+
+def test_bmoe_batch_refuses_a_special_file_as_out(tiny_models, tmp_path, capsys, monkeypatch) -> None:
+    """A FIFO, a device or a link to one named by --out is refused before any work and left as it
+    was: the results would be renamed over it (run as root, ``--out /dev/null`` replaced the
+    system's /dev/null)."""
+    import os
+    import stat
+
+    import bmoe.ray.data.run
+    from bmoe.ray.batch import main
+
+    def no_session(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the model was opened")
+
+    monkeypatch.setattr(bmoe.ray.data.run, "Session", no_session)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prefix":"p","suffix":"s","choices":["A","B"]}\n')
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    null_link = tmp_path / "null"
+    null_link.symlink_to("/dev/null")
+    model = str(tiny_models("qwen3moe", "q8_0"))
+    for out, what in [(fifo, "a FIFO (named pipe)"), (Path("/dev/null"), "a character device"),
+                      (null_link, "a character device")]:
+        assert main([str(data), "--out", str(out), "-m", model]) == 1
+        assert capsys.readouterr().err.splitlines() == [
+            f"bmoe-batch: --out: {out} is {what}; give the path of a regular file, or of one that does not exist "
+            "yet (the results are written beside it and renamed over it)"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and null_link.is_symlink()
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "f", "null"]  # no part file left
+

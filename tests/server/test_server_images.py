@@ -85,7 +85,9 @@ def test_decide_refusals_name_the_image_and_leave_the_server_usable(client, vl) 
         ("http://10.0.0.1/a.png", "no network fetches", "images.0", "remote_image_url"),
         (vl["path"], "reads no files", "images.0", "image_not_inline"),
         (vl["corrupt"], "decide: images[0] (data:image/png;base64,", "images", "decide_refused"),
-        ("data:image/png;base64,@@@", "whose base64 does not decode", "images", "decide_refused"),
+        ("data:image/png;base64,@@@", "images.0 is a data: URL whose base64 does not decode", "images.0",
+         "bad_data_url"),
+        ("DATA:/../etc/passwd", "images.0 is a data: URL that is not base64", "images.0", "bad_data_url"),
         ("data:text/plain;base64," + base64.b64encode(b"not a picture").decode(), "is not an image", "images",
          "decide_refused"),
     ]
@@ -184,3 +186,36 @@ def test_the_openai_client_sends_image_url_parts(make_app, vl, live) -> None:
     with pytest.raises(openai.BadRequestError, match="no network fetches"):
         client.chat.completions.create(model="bmoe", max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])
+
+
+def test_the_scheme_in_any_case_is_a_data_url_never_a_path(client, vl, tmp_path, monkeypatch) -> None:
+    """URL schemes are case-insensitive: ``DATA:`` is a data URL. A request cannot make the server
+    open a path spelled ``DATA:/../...`` (with a folder named ``DATA:`` in its working directory it
+    once did), nor tell an existing path from a missing one; a valid upper-case URL is answered as
+    the lower-case one is, and the session is handed the image's bytes, never a string."""
+    (tmp_path / "DATA:").mkdir()
+    (tmp_path / "secret.png").write_bytes(base64.b64decode(vl["screen"].partition(",")[2]))
+    monkeypatch.chdir(tmp_path)
+    seen: list = []
+    real = Session.decide_many
+
+    def spy(self, requests, **kw):  # type: ignore[no-untyped-def]
+        seen.extend(im for r in requests for im in r.images)
+        return real(self, requests, **kw)
+
+    monkeypatch.setattr(Session, "decide_many", spy)
+    replies = [client.post("/v1/decide", json={**DECISION, "images": [url]})
+               for url in ("DATA:/../secret.png", "DATA:/../missing.png", "Data:/../../../etc/passwd")]
+    assert [r.status_code for r in replies] == [400] * 3
+    assert [r.json()["error"]["code"] for r in replies] == ["bad_data_url"] * 3
+    assert seen == []  # refused before the session saw anything
+    lower = client.post("/v1/decide", json={**DECISION, "images": [vl["screen"]]})
+    upper = client.post("/v1/decide", json={**DECISION, "images": ["DATA:image/png;BASE64," + vl["screen"].partition(",")[2]]})
+    assert lower.status_code == 200 and upper.status_code == 200, upper.text
+    assert upper.json()["choice_logp"] == lower.json()["choice_logp"]
+    assert seen and all(isinstance(im, bytes) for im in seen)
+    chat = client.post("/v1/chat/completions", json={"messages": [image_message("What is this?", "DATA:/../secret.png")],
+                                                     "max_tokens": 2})
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "bad_data_url"
+    assert chat.json()["error"]["param"] == "messages.0.content.0.image_url.url"
+

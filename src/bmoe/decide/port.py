@@ -22,6 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
+from bmoe.image_refs import ImageSource
+
 BYTES_PER_MIB = 1024 * 1024
 
 
@@ -116,12 +118,12 @@ class PromptRenderer(Protocol):
         reasoning off; rendered by the same function generate() uses. Identity without a template."""
         ...
 
-    def tokenize_prompts(self, texts: Sequence[str], images: Sequence[str] = ()) -> list[list[int]]:
+    def tokenize_prompts(self, texts: Sequence[str], images: Sequence[ImageSource] = ()) -> list[list[int]]:
         """Tokens of each rendered prompt, in order, as the engine feeds them: specials parsed,
         BOS as the model wants it. A backend may tokenize them concurrently (a decision
         tokenizes its prompt twice, and at thousands of tokens that is most of its own cost).
 
-        ``images`` (the request's, file paths or data: URLs) go at the image markers of each text
+        ``images`` (the request's: file paths, data: URLs or bytes) go at the image markers of each text
         in order: a text with k markers takes the first k. An image stands in the tokens as a run
         of equal ids below -1 (``is_image_token``), which the backend prefills whole: a piece
         given to ``prefill`` never starts or ends inside one. A bad image is a DecideRefusal."""

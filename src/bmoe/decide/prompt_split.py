@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from bmoe.decide.errors import DecideRequestError
 from bmoe.decide.port import PromptRenderer, is_image_token
+from bmoe.image_refs import ImageSource
 from bmoe.numerics import common_prefix_len
 from bmoe.rules import IMAGE_MARKER, place_images
 
@@ -33,7 +34,7 @@ class SplitPrompt:
         return len(self.tokens)
 
 
-def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[str, ...] = ()) -> SplitPrompt:
+def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[ImageSource, ...] = ()) -> SplitPrompt:
     """Render and tokenize the prompt, and find the prefix boundary on its tokens. ``images``
     go at the markers of ``prefix + suffix``, or without one in front of the prefix."""
     n_markers = (prefix + suffix).count(IMAGE_MARKER) if images else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from bmoe.image_refs import ImageSource
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
 
 DEFAULT_TEMPLATE = "{question}\n{options}\n{cue}"
@@ -56,10 +57,10 @@ class DecideRequest:
     options: tuple[str, ...] | None = None
     render: RenderRule | None = None
     debias: str | None = None
-    # images (file paths or data: URLs) placed at the markers of prefix + suffix
-    # (bmoe.rules.IMAGE_MARKER), or, without one, all in front of the prefix: they are then kept
-    # with it (docs/decide.md "Images")
-    images: tuple[str, ...] = ()
+    # images (file paths, data: URLs or bytes: bmoe.image_refs) placed at the markers of prefix +
+    # suffix (bmoe.rules.IMAGE_MARKER), or, without one, all in front of the prefix: they are then
+    # kept with it (docs/decide.md "Images")
+    images: tuple[ImageSource, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

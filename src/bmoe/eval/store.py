@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bmoe.errors import ConfigError
+from bmoe.out_paths import not_regular
 
 RESULTS = "results.jsonl"
 RUN = "run.json"
@@ -82,8 +83,10 @@ class ResultStore:
             raise ConfigError(f"--out: cannot write in the folder {self.out}: {e.strerror or e}") from None
         for name in names:
             path = self.out / name
-            if path.is_dir():
-                raise ConfigError(f"--out: {path} is a folder; the run writes a file of that name")
+            what = not_regular(path)
+            if what is not None:
+                raise ConfigError(f"--out: {path} is {what}; the run writes a regular file of that name "
+                                  "(remove it, or give another --out)")
             if path.exists():
                 try:
                     path.open("a").close()  # opened to append, nothing written: the file is unchanged

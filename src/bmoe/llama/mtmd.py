@@ -32,7 +32,8 @@ import numpy as np
 from .context import ContextError, LlamaContext
 from .lib import ensure_backend
 from .model import LlamaModel
-from bmoe.errors import ModelFileError, RequestError
+from bmoe.errors import ModelFileError
+from bmoe.image_refs import ImageError
 
 # Where mtmd's helper would look for ffmpeg when the bytes are no image or audio (it then tries
 # them as a video): nowhere, so that bytes that are no image are refused, never run through ffmpeg.
@@ -48,10 +49,6 @@ IMAGE_FORMATS = "PNG, JPEG, GIF or BMP"
 
 class ProjectorError(ModelFileError):
     """The --mmproj file cannot be used with this model."""
-
-
-class ImageError(RequestError):
-    """An image of a request is no image the projector can read; nothing was prefilled."""
 
 
 def image_format(data: bytes) -> str | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
+from bmoe.out_paths import not_regular
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
 
 from .flags import add_actor_flags, run_failure
@@ -77,8 +78,10 @@ def out_refusal(out: Path, data: Path) -> str | None:
     cannot write its results would be lost whole); None when they can. ``out`` may not be the
     input file by any name (another path, a symbolic or hard link), and a file must be creatable
     in its folder: the results are written there and renamed into place."""
-    if out.is_dir():
-        return f"--out: {out} is a folder; give the path of the results file"
+    what = not_regular(out)
+    if what is not None:
+        return (f"--out: {out} is {what}; give the path of a regular file, or of one that does not exist yet "
+                "(the results are written beside it and renamed over it)")
     try:
         same = out.exists() and os.path.samefile(out, data)
     except OSError:  # the data cannot be looked at: its own refusal follows

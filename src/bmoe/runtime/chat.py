@@ -22,6 +22,7 @@ from typing import Literal, Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..image_refs import ImageSource
 from ..config import ChatMode
 from ..errors import ModelFileError, RequestError
 from .textstream import CLOSE, OPEN
@@ -42,10 +43,10 @@ EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 class Message:
     role: Literal["system", "user", "assistant"]
     content: str
-    # the images (file paths or data: URLs) at the image markers of ``content``, in order
-    # (docs/decide.md "Images"); a continued conversation reads them again, so its KV prefix,
-    # images included, is reused
-    images: tuple[str, ...] = ()
+    # the images (file paths, data: URLs or bytes: bmoe.image_refs) at the image markers of
+    # ``content``, in order (docs/decide.md "Images"); a continued conversation reads them again,
+    # so its KV prefix, images included, is reused
+    images: tuple[ImageSource, ...] = ()
 
 
 class Prompt(str):

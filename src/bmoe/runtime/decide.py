@@ -25,7 +25,7 @@ from ..decide.errors import DecideBackendError, DecideCancelled, DecideRequestEr
 from ..decide.port import (
     SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
 )
-from ..llama.mtmd import ImageError
+from ..image_refs import ImageError, ImageSource
 from ..stream.stats import StreamStats
 from .chat import Message
 from .forks import decode_forks, pack_calls, prefill_apart
@@ -82,7 +82,7 @@ class LlamaDecideBackend:
     def render_user(self, text: str) -> str:
         return self._rt.render([Message("user", text)], think=False)
 
-    def tokenize_prompts(self, texts: Sequence[str], images: Sequence[str] = ()) -> list[list[int]]:
+    def tokenize_prompts(self, texts: Sequence[str], images: Sequence[ImageSource] = ()) -> list[list[int]]:
         # llama_tokenize releases the GIL and only reads the vocabulary, so the others run on a
         # worker thread while this one does the first: the two tokenizations of a 3000-token
         # prompt take 3 ms instead of 5.5 ms on a core left idle (bench/decide.py).
@@ -94,7 +94,7 @@ class LlamaDecideBackend:
         first = self._rt.tokenize_prompt(texts[0])
         return [first] + [f.result() for f in others]
 
-    def _with_images(self, texts: Sequence[str], images: Sequence[str]) -> list[list[int]]:
+    def _with_images(self, texts: Sequence[str], images: Sequence[ImageSource]) -> list[list[int]]:
         """Each text's tokens, its k markers taking the request's first k images (read once for
         all the texts); a bad image is a refusal of the request, named as its field."""
         try:

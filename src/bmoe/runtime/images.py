@@ -16,17 +16,14 @@ encoded twice.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
-
 import numpy as np
 
 from .. import rules
 from ..errors import RequestError
+from ..image_refs import ImageSource, image_bytes, shown
 from ..llama.context import LlamaContext
 from ..llama.mtmd import Image, ImageError, Projector
 
@@ -62,15 +59,15 @@ class ImageRuns:
         return rules.IMAGE_MARKER
 
     # --- requests ---------------------------------------------------------------------
-    def read(self, sources: Sequence[str]) -> list[Image]:
-        """Each of a request's images (a file path or a ``data:`` URL), read and tokenized;
+    def read(self, sources: Sequence[ImageSource]) -> list[Image]:
+        """Each of a request's images (a file path, a ``data:`` URL or its bytes), read and tokenized;
         a RequestError naming the image (by its index) and what is wrong with it."""
         while len(self._images) > KEEP_READ:  # only between requests: this one's are read below
             self._images.popitem(last=False)
         out = []
         for i, source in enumerate(sources):
-            name = f"images[{i}] ({_short(source)})"
-            out.append(self.projector.load(_image_bytes(source, name), name))
+            name = f"images[{i}] ({shown(source)})"
+            out.append(self.projector.load(image_bytes(source, name, paths=True), name))
         return out
 
     def tokens(self, image: Image) -> list[int]:
@@ -131,30 +128,3 @@ def split_at_markers(parts: Sequence[tuple[str, bool]]) -> list[list[tuple[str, 
 
 def count_markers(text: str) -> int:
     return text.count(rules.IMAGE_MARKER)
-
-
-def _short(source: str) -> str:
-    return source[:40] + "..." if len(source) > 43 else source
-
-
-def _image_bytes(source: str, name: str) -> bytes:
-    """The bytes of an image given as a file path or a ``data:`` URL (base64)."""
-    if source.startswith("data:"):
-        head, sep, body = source.partition(",")
-        if not sep or not head.endswith(";base64"):
-            raise ImageError(f"{name} is a data: URL that is not base64 (give data:image/png;base64,...)")
-        try:
-            return base64.b64decode(body, validate=True)
-        except (binascii.Error, ValueError):
-            raise ImageError(f"{name} is a data: URL whose base64 does not decode") from None
-    if "://" in source:
-        raise ImageError(f"{name} is a URL; bmoe reads image files and data: URLs only (it fetches nothing)")
-    path = Path(source)
-    try:
-        if path.is_dir():
-            raise ImageError(f"{name} is a folder, not an image file")
-        if not path.is_file():
-            raise ImageError(f"{name}: file not found")
-        return path.read_bytes()
-    except OSError as e:
-        raise ImageError(f"{name}: cannot read it: {e.strerror or e}") from None

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..image_refs import ImageSource
 from .. import rules
 from ..stream.stats import StreamStats
 
@@ -20,9 +21,9 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     keep_logits: bool = False  # keep every step's logit row (gates compare them bit for bit)
-    # image file paths or data: URLs, placed at the prompt's markers (rules.IMAGE_MARKER), or in
-    # front of it without one; needs a session opened with mmproj
-    images: tuple[str, ...] = ()
+    # image file paths, data: URLs or bytes (bmoe.image_refs), placed at the prompt's markers
+    # (rules.IMAGE_MARKER), or in front of it without one; needs a session opened with mmproj
+    images: tuple[ImageSource, ...] = ()
 
 
 # What a generate request may hold, field by field: the session checks a GenerateRequest built in

@@ -24,6 +24,7 @@ import numpy as np
 from .. import rules
 from ..config import SessionConfig
 from ..errors import BmoeError, ConfigError, ContextOverflowError, EngineFailure, ModelFileError, RequestError
+from ..image_refs import ImageSource
 from ..llama.context import ContextParams, LlamaContext
 from ..llama.devices import open_prefill_device
 from ..llama.model import LlamaModel, ModelLoadParams
@@ -270,8 +271,8 @@ class Runtime:
     def render(self, messages: list[Message], *, think: bool) -> Prompt:
         return self.chat.render(messages, think=think)
 
-    def read_images(self, sources: Sequence[str]) -> list[Image]:
-        """A request's images (file paths or data: URLs), read and tokenized by the projector: a
+    def read_images(self, sources: Sequence[ImageSource]) -> list[Image]:
+        """A request's images (file paths, data: URLs or bytes), read and tokenized by the projector: a
         RequestError naming the image, or the missing --mmproj, before anything is prefilled."""
         if not sources:
             return []

@@ -24,7 +24,7 @@ from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
 from .job_queue import ERROR, RESULT, JobQueue, Event, Job
 from .errors import ApiError, error_body, from_request_error
 from .jobs import cancel_on_disconnect, job_error
-from .images import check_inline
+from .images import inline_bytes
 from .metrics import Metrics
 from .schemas import ChatCompletionRequest, ImagePart
 
@@ -34,9 +34,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
     """The session's messages: each image part an image marker in its message's text, its data:
-    URL among the message's images (docs/server.md "Images")."""
+    URL's bytes among the message's images (docs/server.md "Images")."""
     urls = [m.image_urls() for m in body.messages]
     with_images = any(urls)
+    images: list[list[bytes]] = [[] for _ in body.messages]
     for i, (m, u) in enumerate(zip(body.messages, urls)):
         if u and m.role != "user":
             raise ApiError(400, f"messages.{i}: image parts are taken in user messages only, got one in a "
@@ -44,13 +45,13 @@ def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
         parts = m.content if isinstance(m.content, list) else [m.content]
         for j, p in enumerate(parts):
             if isinstance(p, ImagePart):
-                check_inline([p.image_url.url], f"messages.{i}.content.{j}.image_url.url")
+                images[i].extend(inline_bytes([p.image_url.url], f"messages.{i}.content.{j}.image_url.url"))
             elif with_images and IMAGE_MARKER in (p if isinstance(p, str) else p.text):
                 where = f"messages.{i}.content" + (f".{j}.text" if isinstance(m.content, list) else "")
                 raise ApiError(400, f"{where}: holds {IMAGE_MARKER}, the text that marks where an image goes; in "
                                "a conversation with images it cannot be text (send images as image_url parts)", where)
-    return tuple(Message(_ROLES.get(m.role, m.role), m.text(IMAGE_MARKER), tuple(u))  # type: ignore[arg-type]
-                 for m, u in zip(body.messages, urls))
+    return tuple(Message(_ROLES.get(m.role, m.role), m.text(IMAGE_MARKER), tuple(b))  # type: ignore[arg-type]
+                 for m, b in zip(body.messages, images))
 
 
 def to_turn(body: ChatCompletionRequest) -> ChatTurn:

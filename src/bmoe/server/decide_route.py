@@ -20,7 +20,7 @@ from bmoe.wire.records import decide_fields
 from .job_queue import Cancelled, Job, JobQueue
 from .errors import ApiError
 from .jobs import run_job
-from .images import check_inline
+from .images import inline_bytes
 from .metrics import Metrics
 from .schemas import DecideBatch, DecideBody
 
@@ -32,13 +32,13 @@ _PARAM: dict[type, str] = {
 }
 
 
-def to_request(b: DecideBody) -> DecideRequest:
+def to_request(b: DecideBody, param: str = "images") -> DecideRequest:
     render = None if b.render is None else render_rule(b.render.model_dump(exclude_none=True))
     return DecideRequest(id=b.id, prefix=b.prefix, suffix=b.suffix, choices=tuple(b.choices or ()),
                          reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below,
                          scoring=b.scoring, best_by=b.best_by, unconditional=b.unconditional,
                          question=b.question, options=None if b.options is None else tuple(b.options),
-                         render=render, debias=b.debias, images=tuple(b.images))
+                         render=render, debias=b.debias, images=inline_bytes(b.images, param))
 
 
 def _param(r: DecideResult) -> str | None:
@@ -76,9 +76,8 @@ class DecideRoute:
     async def __call__(self, body: DecideBody | DecideBatch, request: Request) -> Any:
         batch = isinstance(body, list)
         items = body if isinstance(body, list) else [body]
-        for k, b in enumerate(items):  # data: URLs only, refused before anything is queued
-            check_inline(b.images, f"{k}.images" if batch else "images")
-        requests = [to_request(b) for b in items]
+        # data: URLs only, decoded to bytes and refused before anything is queued
+        requests = [to_request(b, f"{k}.images" if batch else "images") for k, b in enumerate(items)]
         self._check_work(requests)
         # One whose client left while it waited is dropped; a running one stops at the next decision.
         # A RequestError from the session: decide is off in it.

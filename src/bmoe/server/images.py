@@ -1,32 +1,27 @@
-"""Images in requests to the server: inline only.
+"""Images in requests to the server: inline only, handed to the session as bytes.
 
-A client sends an image as a ``data:`` URL (``data:image/png;base64,...``), in a chat message's
-``image_url`` part or in a decision's ``images``. The server fetches nothing (an http(s) URL is
-refused as such) and reads no file a request names (a path is refused too): what the session
-reads is only what the client sent. Whether the bytes are an image the projector can read is the
-session's question; its refusal is the 400's message.
+A client sends an image as a ``data:`` URL (``data:image/png;base64,...``, the scheme in any
+case), in a chat message's ``image_url`` part or in a decision's ``images``. The server fetches
+nothing and reads no file a request names: it decodes each URL here, with the parser the session
+uses (``bmoe.image_refs``), and passes the session the bytes, never a string that could be a path.
+Whether the bytes are an image the projector can read is the session's question.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bmoe.image_refs import ImageError, image_bytes
+
 from .errors import ApiError
 
-INLINE = "send the image inline as a data: URL (data:image/png;base64,...)"
 
-
-def _shown(url: str) -> str:
-    return url if len(url) <= 60 else url[:57] + "..."
-
-
-def check_inline(urls: Sequence[str], param: str) -> None:
-    """Refuse (400, naming ``param``.index) an image that is not a ``data:`` URL."""
+def inline_bytes(urls: Sequence[str], param: str) -> tuple[bytes, ...]:
+    """Each URL's bytes, or a 400 naming ``param`` (``param.index`` for a list of images)."""
+    out = []
     for i, url in enumerate(urls):
-        head = url[:8].lower()
         where = f"{param}.{i}" if param.endswith("images") else param
-        if head.startswith(("http://", "https://")):
-            raise ApiError(400, f"{where}: {_shown(url)} is a remote URL; this server does no network fetches, "
-                           f"so it cannot read it: {INLINE}", where, "remote_image_url")
-        if not head.startswith("data:"):
-            raise ApiError(400, f"{where}: {_shown(url)} is not a data: URL; the server reads no files or other "
-                           f"URLs a request names: {INLINE}", where, "image_not_inline")
+        try:
+            out.append(image_bytes(url, where, paths=False))
+        except ImageError as e:
+            raise ApiError(400, str(e), where, e.code) from None
+    return tuple(out)
