@@ -183,7 +183,8 @@ def test_bad_images_are_refusals_and_leave_the_session_as_it_was(open_session, v
         str(d / "notes.png"): "is not an image",
         str(d): "is a folder",
         "data:image/png;base64,@@@": "does not decode",
-        "https://example.com/a.png": "fetches nothing",
+        "https://example.com/a.png": "is a remote URL; bmoe does no network fetches",
+        "DATA:/../a.png": "is a data: URL that is not base64",
         vl["big"]: "768 of them its images'",
     }
     for source, words in cases.items():

@@ -84,7 +84,7 @@ def test_decide_refusals_name_the_image_and_leave_the_server_usable(client, vl) 
         ("https://example.com/shot.png", "no network fetches", "images.0", "remote_image_url"),
         ("http://10.0.0.1/a.png", "no network fetches", "images.0", "remote_image_url"),
         (vl["path"], "reads no files", "images.0", "image_not_inline"),
-        (vl["corrupt"], "decide: images[0] (data:image/png;base64,", "images", "decide_refused"),
+        (vl["corrupt"], "decide: images[0] (80 bytes) is corrupt", "images", "decide_refused"),
         ("data:image/png;base64,@@@", "images.0 is a data: URL whose base64 does not decode", "images.0",
          "bad_data_url"),
         ("DATA:/../etc/passwd", "images.0 is a data: URL that is not base64", "images.0", "bad_data_url"),

@@ -25,7 +25,7 @@ from .. import rules
 from ..errors import RequestError
 from ..image_refs import ImageSource, image_bytes, shown
 from ..llama.context import LlamaContext
-from ..llama.mtmd import Image, ImageError, Projector
+from ..llama.mtmd import Image, Projector
 
 # Encodings kept (by image) for an image prefilled again: a few screenshots' worth.
 KEEP_ENCODED = 4
