@@ -15,6 +15,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from typing import TypeGuard
 
 from bmoe.errors import RequestError
 
@@ -24,11 +25,11 @@ Spec = dict[str, tuple[Rule, bool]]  # field name -> (rule, required)
 TEMPERATURE_MAX = 10.0  # sampling temperature: 0 (greedy) .. this
 
 
-def _int(v: object) -> bool:
+def _int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _num(v: object) -> bool:
+def _num(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

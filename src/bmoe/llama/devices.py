@@ -16,6 +16,7 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import llama_cpp  # noqa: F401 - maps libggml first, so the sonames below resolve to that copy
 
@@ -62,7 +63,7 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
-def _sig(lib: ctypes.CDLL, name: str, res: object, *args: object) -> object:
+def _sig(lib: ctypes.CDLL, name: str, res: object, *args: object) -> Callable[..., Any]:
     fn = getattr(lib, name)
     fn.restype, fn.argtypes = res, list(args)
     return fn

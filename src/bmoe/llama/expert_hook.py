@@ -112,7 +112,8 @@ class StreamerPort(Protocol):
 
 
 class GuessPort(Protocol):
-    n_embd: int
+    @property
+    def n_embd(self) -> int: ...
     def can_guess(self, il: int) -> bool: ...
     def guess(self, il: int, h: np.ndarray) -> np.ndarray: ...  # h: [n_tokens, n_embd]
 
@@ -317,7 +318,7 @@ class ExpertHook:
         g0 = time.perf_counter()
         n_embd, n_tokens, row = int(s.ne[0]), int(s.ne[1]), int(s.nb[1])
         words = (ctypes.c_float * ((n_tokens - 1) * row // 4 + n_embd)).from_address(s.data)
-        h = np.ndarray((n_tokens, n_embd), np.float32, words, strides=(row, 4))  # [n_tokens, n_embd], in place
+        h = np.ndarray((n_tokens, n_embd), np.float32, words, strides=(row, 4))  # type: ignore[arg-type]  # [n_tokens, n_embd], in place
         ids = self.guess.guess(il, h)  # type: ignore[union-attr]
         self.guess_s += time.perf_counter() - g0
         self._streamer_call(self.streamer.prefetch, il, ids, early=early)
@@ -442,7 +443,7 @@ class ExpertHook:
             raise HookError(f"the ids of layer {il} were computed off the host; slots renumber them in place")
         # The ids are a view into the argsort result: rows are nb[1] bytes apart, not k*4.
         words = self._ids_words(t, s, (n_tokens - 1) * row // 4 + k)
-        live = np.ndarray((n_tokens, k), np.int32, words, strides=(row, 4))  # [n_tokens, k], in place
+        live = np.ndarray((n_tokens, k), np.int32, words, strides=(row, 4))  # type: ignore[arg-type]  # [n_tokens, k], in place
         ids = live.copy()
         self._stops.clear()
         try:

@@ -60,7 +60,7 @@ def kv_overrides(pairs: tuple[tuple[str, int], ...]) -> ctypes.Array | None:
     if not pairs:
         return None
     arr = (llama_cpp.llama_model_kv_override * (len(pairs) + 1))()
-    room = llama_cpp.llama_model_kv_override.key.size  # a NUL-ended char[128]
+    room = llama_cpp.llama_model_kv_override.key.size  # type: ignore[attr-defined]  # a ctypes field: NUL-ended char[128]
     for entry, (key, value) in zip(arr, pairs):
         raw = key.encode()
         if not 0 < len(raw) < room:

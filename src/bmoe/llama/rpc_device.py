@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import llama_cpp
 
@@ -144,7 +145,7 @@ class RpcPrefillDevice:
     offloaded: int = 0
     widths_offloaded: set[int] = field(default_factory=set)
     widths_declined: set[int] = field(default_factory=set)
-    _c_rule: object = None
+    _c_rule: Any = None
 
     def reset_counts(self) -> None:
         self.asked = self.offloaded = 0
@@ -179,7 +180,8 @@ def _check_layout(handle: int, name: str) -> None:
     for slot, fn_type, expected in ((_SLOT_GET_NAME, _NAME_FN, g.dev_name(handle)),
                                     (_SLOT_GET_DESCRIPTION, _NAME_FN, g.dev_description(handle)),
                                     (_SLOT_GET_TYPE, _TYPE_FN, g.dev_type(handle))):
-        if not table[slot] or fn_type(table[slot])(handle) != expected:
+        addr = table[slot]
+        if not addr or fn_type(addr)(handle) != expected:
             raise HookRefused(f"{name}: function slot {slot} does not answer as libggml's accessor does")
     if not table[_SLOT_SUPPORTS_OP]:
         raise HookRefused(f"{name}: supports_op is empty")

@@ -62,7 +62,7 @@ def deployment(config: SessionConfig, settings: ServerSettings = ServerSettings(
         actor_options["resources"] = size.resources
     dep = serve.deployment(BmoeReplica, name="bmoe", num_replicas=replicas, ray_actor_options=actor_options,
                            max_ongoing_requests=settings.max_queue + 1, max_queued_requests=max_queued_requests)
-    return dep.bind(actor_config(config, options), settings)
+    return dep.bind(actor_config(config, options), settings)  # type: ignore[attr-defined]  # serve's stubs type the decorator, not Deployment
 
 
 def build(args: dict[str, str]) -> Any:

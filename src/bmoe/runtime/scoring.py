@@ -113,6 +113,7 @@ class PromptScorer:
         top_ids = np.zeros((n_tok, TOP_CAP), dtype=np.int64)
         top_lp = np.zeros((n_tok, TOP_CAP))
         t0 = time.perf_counter()
+        last: np.ndarray | None
         if req.echo:
             lp[1 : n_reused + 1] = self._lp[1 : n_reused + 1]
             top_ids[1 : n_reused + 1] = self._top_ids[1 : n_reused + 1]

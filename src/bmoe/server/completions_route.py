@@ -159,7 +159,7 @@ class CompletionsRoute:
                 except RequestError as e:
                     raise refusal(e, param) from e
                 reqs.append(req)
-            results = []
+            results: list[ScoreResult] = []
             for req in reqs:
                 if job.cancelled.is_set():  # the client left: the prompts not scored yet are not
                     self.metrics.completion(results)  # those scored so far count as work done

@@ -185,8 +185,8 @@ class _Cursor:
                 for _ in range(count):
                     self.pos += 8 + _U64.unpack_from(self.buf, self.pos)[0]
             elif etype in _INT_TYPES and count <= _MAX_DECODED and depth == 0:
-                fmt = _SCALAR_FMT[etype]
-                v = struct.unpack_from(f"<{count}{fmt[1]}", self.buf, self.pos)
+                efmt = _SCALAR_FMT[etype]
+                v = struct.unpack_from(f"<{count}{efmt[1]}", self.buf, self.pos)
                 self.pos += count * _SCALAR_SIZE[etype]
                 return v
             elif etype in _SCALAR_SIZE:

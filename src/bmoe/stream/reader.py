@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from bmoe.errors import EngineFailure
 
 ALIGN = max(4096, mmap.PAGESIZE)
 _BOUNCE_BYTES = 1 << 20
-_WAKE = ("wake",)  # queued with each urgent read (see ExpertReader.submit)
+_WAKE: Any = ("wake",)  # queued with each urgent read (see ExpertReader.submit)
 
 
 class StreamIOError(EngineFailure):
@@ -51,7 +51,7 @@ class Window:
     addr: int
 
     @staticmethod
-    def over(buf: object) -> "Window":
+    def over(buf: Any) -> "Window":
         view = memoryview(buf).cast("B")
         return Window(view, int(np.frombuffer(view, np.uint8).ctypes.data) if len(view) else 0)
 
@@ -280,6 +280,7 @@ class ExpertReader:
 
     def _lane(self) -> None:
         while True:
+            item: tuple[Batch, int, ReadOp] | None
             try:
                 item = self._urgent.get_nowait()
             except queue.Empty:

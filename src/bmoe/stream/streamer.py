@@ -371,8 +371,8 @@ def _union(expert_ids: np.ndarray) -> tuple[np.ndarray, Uses]:
     rows = ids.reshape(1, -1) if ids.ndim < 2 else ids.reshape(-1, ids.shape[-1])
     if rows.shape[0] == 1:  # one token (decode): a few ids, where np.unique's machinery is most of the route's cost
         row = rows[0].tolist()
-        experts = sorted(set(row))
-        return np.array(experts, dtype=np.int64), Uses(1, [row.count(e) for e in experts], [0] * len(experts))
+        seen = sorted(set(row))
+        return np.array(seen, dtype=np.int64), Uses(1, [row.count(e) for e in seen], [0] * len(seen))
     experts, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
     last = np.full(experts.size, -1, dtype=np.int64)
     np.maximum.at(last, inverse.reshape(-1), np.repeat(np.arange(rows.shape[0], dtype=np.int64), rows.shape[1]))

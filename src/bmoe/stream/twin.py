@@ -358,9 +358,9 @@ def gc_twins(cache_dir: Path, max_bytes: int | None = None) -> GcReport:
         kept.sort(key=lambda k: k[0])  # least recently used first
         total = sum(e.nbytes for _, e in kept)
         while kept and total > max_bytes:
-            _, e = kept.pop(0)
-            _remove(e.path)
-            total -= e.nbytes
-            removed.append(GcEntry(e.path, f"least recently used, over the budget of {max_bytes / 2**20:.0f} MiB",
-                                   e.nbytes))
+            _, entry = kept.pop(0)
+            _remove(entry.path)
+            total -= entry.nbytes
+            removed.append(GcEntry(entry.path, f"least recently used, over the budget of {max_bytes / 2**20:.0f} MiB",
+                                   entry.nbytes))
     return GcReport(tuple(removed), tuple(e for _, e in sorted(kept, key=lambda k: str(k[1].path))))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import RequestError, SessionClosedError, StreamFailedError
@@ -47,7 +48,7 @@ def decide_line(request: DecideRequest) -> str:
     return json.dumps({"cmd": "decide", **request_fields(request)}, ensure_ascii=False)
 
 
-def _parse(line: str) -> object:
+def _parse(line: str) -> Decide | GenerateRequest | ProtocolError:
     """A Decide, a GenerateRequest, or a ProtocolError for anything else."""
     try:
         cmd = parse_line(as_command_line(line))
@@ -66,7 +67,7 @@ def prefix_key(line: str) -> str:
     return cmd.fields.get("prefix", "") if isinstance(cmd, Decide) else ""
 
 
-def _is_pride(cmd: object) -> bool:
+def _is_pride(cmd: object) -> TypeGuard[Decide]:
     return isinstance(cmd, Decide) and cmd.fields.get("debias") == "pride"
 
 
