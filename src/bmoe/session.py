@@ -38,7 +38,7 @@ from .runtime.results import (
 from .runtime.scoring import TOP_CAP
 from .runtime.kv import KvSequence
 from .runtime.runtime import Runtime
-from .runtime.streaming import ExpertStreaming
+from .runtime.expert_streaming import ExpertStreaming
 from .stream import format_archs
 from .stream.stats import StreamStats
 from .stream.twin import default_twin_dir, gc_twins

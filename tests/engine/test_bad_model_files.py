@@ -177,7 +177,7 @@ def test_stream_setup_errors_name_the_users_file(tmp_path: Path) -> None:
 
     from bmoe.config import SessionConfig
     from bmoe.errors import ModelFileError
-    from bmoe.runtime.streaming import StreamSetupError, open_streaming
+    from bmoe.runtime.expert_streaming import StreamSetupError, open_streaming
 
     path = tmp_path / "mystery.gguf"
     w = gguf.GGUFWriter(str(path), "mystery-moe")

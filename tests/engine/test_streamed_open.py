@@ -68,7 +68,7 @@ def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(ti
     # the layout's read and that check is refused like any other model-file fault at open.
     import pytest
 
-    from bmoe.runtime.streaming import StreamModelError
+    from bmoe.runtime.expert_streaming import StreamModelError
     from bmoe.stream.reader import ExpertReader, FileChangedError
 
     model = tiny_models("qwen3moe", "q8_0")
@@ -87,7 +87,7 @@ def test_a_failure_after_the_load_frees_the_model_too(tiny_models, tmp_path: Pat
     import pytest
 
     from bmoe.llama.model import LlamaModel
-    from bmoe.runtime.streaming import ExpertStreaming
+    from bmoe.runtime.expert_streaming import ExpertStreaming
 
     closed: list[LlamaModel] = []
     real_close = LlamaModel.close

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bmoe.errors import ConfigError
-from bmoe.runtime.streaming import StreamSetupError
+from bmoe.runtime.expert_streaming import StreamSetupError
 from bmoe.stream import lookup
 from decide_prompts import FULL_ARCHS
 from test_g1_g4_streaming import VARIANTS, assert_same, expert_bytes, opener, record_routes, run

@@ -31,7 +31,7 @@ def _lanes() -> set[threading.Thread]:
 def _refusal(err: BaseException, model: Path) -> str:
     """What the user reads: open_streaming turns an OSError (in its except tuple) into this."""
     from bmoe.config import SessionConfig
-    from bmoe.runtime.streaming import StreamSetupError, _setup_error
+    from bmoe.runtime.expert_streaming import StreamSetupError, _setup_error
 
     assert isinstance(err, OSError)
     out = _setup_error(SessionConfig(model=model, moe_stream=True), err)

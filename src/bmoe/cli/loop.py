@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterator, TextIO
 
 from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
 from bmoe.session import DECIDE_OFF, GenerateRequest, Session
-from bmoe.wire import records as telemetry
+from bmoe.wire import records
 from bmoe.wire.protocol import (
     MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
 )
@@ -152,7 +152,7 @@ def _request_id(item: object) -> int | None:
 def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> int:
     emit = _Out(stdout)
     m = session.model
-    emit(telemetry.ready(
+    emit(records.ready(
         load_s=session.load_s, arch=m.arch, n_ctx=session.n_ctx, think_ctl=session.chat.think_ctl,
         n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
         decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
@@ -168,19 +168,19 @@ def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> i
         if item is _EOF or isinstance(item, Close):
             return 0
         if isinstance(item, _ReadFailed):
-            emit(telemetry.error(None, f"reading stdin failed: {type(item.exc).__name__}: {item.exc}", fatal=True))
+            emit(records.error(None, f"reading stdin failed: {type(item.exc).__name__}: {item.exc}", fatal=True))
             return 1
         rid = _request_id(item)
         try:
             _serve(session, item, emit)
         except (StreamFailedError, SessionClosedError) as e:  # sticky: the session cannot go on
-            emit(telemetry.error(rid, str(e), fatal=True))
+            emit(records.error(rid, str(e), fatal=True))
             return 1
         except BmoeError as e:  # this request was refused or failed; the session stays usable
-            emit(telemetry.error(rid, str(e), fatal=False))
+            emit(records.error(rid, str(e), fatal=False))
         except Exception as e:  # a bug must not take the session down with it
             traceback.print_exc()
-            emit(telemetry.error(rid, f"internal error: {type(e).__name__}: {e}", fatal=False))
+            emit(records.error(rid, f"internal error: {type(e).__name__}: {e}", fatal=False))
         finally:
             if isinstance(item, _Job):
                 live.finished(item)
@@ -194,7 +194,7 @@ def _serve(session: Session, item: object, emit: _Out) -> None:
     if isinstance(item, _Job):
         _generate(session, item, emit)
     elif isinstance(item, Stats):
-        emit(telemetry.line("STATS", {"id": item.id, **session.stats()}))
+        emit(records.line("STATS", {"id": item.id, **session.stats()}))
     elif isinstance(item, (Decide, DecideBatch)):
         _decide(session, item, emit)
 
@@ -203,12 +203,12 @@ def _decide(session: Session, cmd: Decide | DecideBatch, emit: _Out) -> None:
     items = cmd.requests if isinstance(cmd, DecideBatch) else (cmd,)
     if session.decider is None:
         for item in items:
-            emit(telemetry.line("DECIDE", {"id": item.id, "error": DECIDE_OFF}))
+            emit(records.line("DECIDE", {"id": item.id, "error": DECIDE_OFF}))
         return
     requests = [item.request for item in items]
     results = session.decide_many(requests) if isinstance(cmd, DecideBatch) else [session.decide(requests[0])]
     for r in results:
-        emit(telemetry.decide(r))
+        emit(records.decide(r))
 
 
 def _generate(session: Session, job: _Job, emit: _Out) -> None:
@@ -221,11 +221,11 @@ def _generate(session: Session, job: _Job, emit: _Out) -> None:
             step = next(it)
         except StopIteration as stop:
             if not started:
-                emit(telemetry.begin(req.id))
-            emit(telemetry.done(stop.value))
+                emit(records.begin(req.id))
+            emit(records.done(stop.value))
             return
         if not started:
-            emit(telemetry.begin(req.id))
+            emit(records.begin(req.id))
             started = True
-        for out in telemetry.step_lines(step, steps, session.dense_resident_frac()):
+        for out in records.step_lines(step, steps, session.dense_resident_frac()):
             emit(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from bmoe.session import GenerateRequest, Session
-from bmoe.wire import records as telemetry
+from bmoe.wire import records
 
 
 def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO, err: TextIO,
@@ -21,7 +21,7 @@ def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO, e
 
     def on_step(step) -> None:
         if progress:
-            err.writelines(ln + "\n" for ln in telemetry.step_lines(step, steps, session.dense_resident_frac()))
+            err.writelines(ln + "\n" for ln in records.step_lines(step, steps, session.dense_resident_frac()))
             err.flush()
         if stream_text:
             out.write(step.delta_text)
@@ -29,12 +29,12 @@ def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO, e
 
     result = session.generate(GenerateRequest(prompt=prompt), on_step=on_step)
     if as_json:
-        out.write(telemetry.json_object(telemetry.done_fields(result)) + "\n")
+        out.write(records.json_object(records.done_fields(result)) + "\n")
     else:
         out.write(("" if stream_text else result.text) + "\n")
     out.flush()
-    err.write("\n" + telemetry.summary(result) + "\n")
+    err.write("\n" + records.summary(result) + "\n")
     if not as_json:
-        err.write(telemetry.done(result) + "\n")
+        err.write(records.done(result) + "\n")
     err.flush()
     return 0

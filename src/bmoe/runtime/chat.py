@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..image_refs import ImageSource
 from ..config import ChatMode
 from ..errors import ModelFileError, RequestError
-from .textstream import CLOSE, OPEN
+from .detokenize import CLOSE, OPEN
 
 ThinkCtl = Literal["template", "prefill", "none"]
 

@@ -23,7 +23,7 @@ from ..config import SessionConfig
 from ..errors import ConfigError
 from ..stream.budget import most_cache_bytes
 from ..stream.layout import read_header, read_layout, shard_paths
-from .streaming import stream_settings
+from .expert_streaming import stream_settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,8 @@ from .perplexity import perplexity as _perplexity
 from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
 from .sampling import Sampler
 from .scoring import PromptScorer, check_token_ids
-from .streaming import ExpertStreaming, open_streaming
-from .textstream import TextStream
+from .expert_streaming import ExpertStreaming, open_streaming
+from .detokenize import Detokenizer
 
 
 def _storage_read_bytes() -> int:
@@ -406,7 +406,7 @@ class Runtime:
         split = self.chat.think_ctl != "none" and think
         # Only the template's generation prompt can open reasoning (chat.py): a "<think>" in the
         # user's text is not the model's, and the stream only ever parses the model's output.
-        stream = TextStream(split_think=split, in_reasoning=split and opens_reasoning)
+        stream = Detokenizer(split_think=split, in_reasoning=split and opens_reasoning)
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"

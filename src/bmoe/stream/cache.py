@@ -43,7 +43,7 @@ _MAP_NORESERVE = 0x4000  # Linux; not exported by Python's mmap module
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class ReadPlan:
     """What a route needs: reads for the misses, and the keys to record once they are read.
 
     ``projs[i]`` is the projection (``gate``, ``up``, ``down``, ...) whose buffer ``ops[i]`` fills,
@@ -209,12 +209,12 @@ class SharedBuffers:
         """Whether layers ``a`` and ``b`` are bound to the same buffers (one's reads overwrite the other's)."""
         return self._set[a] == self._set[b]
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None) -> Plan:
+    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None) -> ReadPlan:
         ops = tuple(by_expert[e] for _, by_expert in self._ops[il] for e in experts)
         projs = tuple(p for p, _ in self._ops[il] for _ in experts)
-        return Plan(ops, 0, tuple(ExpertKey(il, e) for e in experts), projs)
+        return ReadPlan(ops, 0, tuple(ExpertKey(il, e) for e in experts), projs)
 
-    def commit(self, plan: Plan) -> None:
+    def commit(self, plan: ReadPlan) -> None:
         self._routed += len(plan.misses)
 
     def stats(self) -> StreamStats:
@@ -252,7 +252,7 @@ class _PolicyCache:
         return a == b
 
     def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
-             prefetched: Collection[int] = (), pinned: Collection[int] = ()) -> Plan:
+             prefetched: Collection[int] = (), pinned: Collection[int] = ()) -> ReadPlan:
         """Count hits, evict to make room (never this route's experts), return reads for misses.
         ``uses``: how the ubatch's tokens used ``experts`` (None: one token). A prefill ubatch may
         route more of one layer than the budget holds: those experts still have to be present for
@@ -262,7 +262,7 @@ class _PolicyCache:
         self._make_room(victims, misses)
         return self._reads(il, hits, misses)
 
-    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()) -> Plan:
+    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()) -> ReadPlan:
         """Read-ahead: make room for the guessed ``experts`` not resident and return their reads.
         They count as resident from now on (the policy's ``reserve``): nothing is to commit.
         ``busy``: resident experts a matmul or a read still needs, which no victim may be."""
@@ -270,7 +270,7 @@ class _PolicyCache:
         self._make_room(victims, missing)
         return self._reads(il, 0, missing)
 
-    def commit(self, plan: Plan) -> None:
+    def commit(self, plan: ReadPlan) -> None:
         """Record the misses of ``plan`` as resident, once all their reads have succeeded (the
         streamer commits only after the route's last wait: nothing of it is in flight then)."""
         if plan.misses:
@@ -290,7 +290,7 @@ class _PolicyCache:
     def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
         raise NotImplementedError
 
-    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> ReadPlan:
         raise NotImplementedError
 
 
@@ -314,11 +314,11 @@ class ExpertCache(_PolicyCache):
     def data_addr(self, t: ExpertTensor) -> int:
         return self._buffer(t).data_addr(t)
 
-    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> ReadPlan:
         by_proj = self._ops[il]
         ops = tuple(by_expert[k.expert] for k in misses for _, by_expert in by_proj)
         projs = tuple(proj for _ in misses for proj, _ in by_proj)
-        return Plan(ops, hits, tuple(misses), projs)
+        return ReadPlan(ops, hits, tuple(misses), projs)
 
     def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
         """Hand the victims' whole pages to the incoming experts, projection by projection (with a
@@ -443,7 +443,7 @@ class SlotCache(_PolicyCache):
     def slot_of(self, key: ExpertKey) -> int | None:
         return self._slot.get(key)
 
-    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> Plan:
+    def _reads(self, il: int, hits: int, misses: Sequence[ExpertKey]) -> ReadPlan:
         ops, projs = [], []
         for key in misses:
             k = self._slot[key]
@@ -451,7 +451,7 @@ class SlotCache(_PolicyCache):
                 ops.append(ReadOp(t.file_index, t.slice_offset(key.expert), t.slice_nbytes,
                                   self._buffers[pool].window, _pad(t) + k * self.stride[pool]))
                 projs.append(t.proj)
-        return Plan(tuple(ops), hits, tuple(misses), tuple(projs))
+        return ReadPlan(tuple(ops), hits, tuple(misses), tuple(projs))
 
     def _make_room(self, victims: Sequence[ExpertKey], incoming: Sequence[ExpertKey]) -> None:
         """Hand the victims' slots to the incoming experts; release the slots nobody took (and the

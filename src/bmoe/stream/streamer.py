@@ -40,7 +40,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import ExpertCache, ExpertKey, Plan, SharedBuffers, SlotCache, slots_refusal
+from .cache import ExpertCache, ExpertKey, ReadPlan, SharedBuffers, SlotCache, slots_refusal
 from .layout import ExpertTensor, ModelLayout
 from .page_mover import PageMover
 from .budget import Budget, StreamSettings, resolve_budget
@@ -187,7 +187,7 @@ class Streamer:
                                                  pinned=ahead.experts.difference(routed))
                 else:
                     new = self.cache.plan(il, fresh)
-                    plan = Plan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
+                    plan = ReadPlan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
                 parts = tuple((b, ahead.order) for b in ahead.batches)
                 if new.ops:  # what the guess missed goes ahead of the guessed reads still queued
                     urgent = {i for i, p in enumerate(order) if p not in deferred}
@@ -388,7 +388,7 @@ class _Route:
     over, then its own reads); a projection is in place once its group of every part is.
     ``busy``: the experts its matmuls read or its reads fill (routed and guessed)."""
     il: int
-    plan: Plan
+    plan: ReadPlan
     n_experts: int
     order: tuple[str, ...]
     parts: tuple[tuple[Batch, tuple[str, ...]], ...]

@@ -19,7 +19,7 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-class TextStream:
+class Detokenizer:
     def __init__(self, *, split_think: bool, in_reasoning: bool = False) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._split = split_think
