@@ -5,7 +5,7 @@ import pytest
 from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
 from bmoe.runtime.results import GenerateRequest
-from exactness import assert_same_up_to_near_tie
+from helpers.exactness import assert_same_up_to_near_tie
 
 # The log-prob of a chosen token, computed in different pieces, agrees within this many nats on the
 # tiny Q8_0 models (docs/testing.md "What a bit-exact test may compare").

@@ -1,7 +1,7 @@
 """The streaming registry lists exactly the architectures whose gates run in this suite."""
 from bmoe.stream.archs import list_archs
 from bmoe.testing import ARCHS, FAMILIES, HF_ARCHS
-from decide_prompts import ARCHS as DECIDE_ARCHS, FULL_ARCHS, FULL_GATES, family_of
+from helpers.decide_prompts import ARCHS as DECIDE_ARCHS, FULL_ARCHS, FULL_GATES, family_of
 from test_g1_g4_streaming import VARIANTS
 
 

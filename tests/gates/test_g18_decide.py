@@ -10,8 +10,8 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
-from decide_prompts import ABC, ARCHS, FULL_ARCHS, P1, P2, S1, S2, S3, modes_of
-from exactness import assert_same_up_to_near_tie
+from helpers.decide_prompts import ABC, ARCHS, FULL_ARCHS, P1, P2, S1, S2, S3, modes_of
+from helpers.exactness import assert_same_up_to_near_tie
 from test_g1_g4_streaming import expert_bytes, record_routes
 
 

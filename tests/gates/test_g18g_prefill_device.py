@@ -40,7 +40,7 @@ from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
 from bmoe.wire.records import done_fields
 from bmoe.llama import rpc_device
-from decide_prompts import ABC, FULL_ARCHS, MODES, P1, P2, S1, S2, S3
+from helpers.decide_prompts import ABC, FULL_ARCHS, MODES, P1, P2, S1, S2, S3
 
 MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
 UBATCH = 16  # every prompt below is a few full ubatches and a narrower tail

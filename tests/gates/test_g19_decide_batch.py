@@ -21,7 +21,7 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.testing import HF_KQUANT_ARCHS
 
-from decide_prompts import ABC, FULL_ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
+from helpers.decide_prompts import ABC, FULL_ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
 
 SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
 

@@ -15,7 +15,7 @@ import pytest
 from bmoe.runtime.results import GenerateRequest
 from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.testing import HF_ARCHS
-from decide_prompts import FULL_ARCHS
+from helpers.decide_prompts import FULL_ARCHS
 
 HF_VARIANTS = [(a, q) for a in sorted(HF_ARCHS) for q in HF_ARCHS[a].quants]
 VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "q4_k_m")] + HF_VARIANTS

@@ -27,7 +27,7 @@ import pytest
 from bmoe.decide.prompt_split import split_prompt
 from bmoe.decide.types import DecideRequest
 
-from decide_prompts import ABC, P1, S1, S2
+from helpers.decide_prompts import ABC, P1, S1, S2
 
 # The two hand-written fixtures, a plain MoE and a recurrent hybrid (the shared list of every
 # converted architecture would make this gate take minutes; G18/G19 cover those).

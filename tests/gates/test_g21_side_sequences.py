@@ -22,7 +22,7 @@ from bmoe.decide.types import DecideRequest
 from bmoe.runtime.footprint import kv_bytes_per_sequence
 from bmoe.runtime.results import GenerateRequest
 
-from decide_prompts import ABC, P1, P2, S1, S2, S3, modes_of
+from helpers.decide_prompts import ABC, P1, P2, S1, S2, S3, modes_of
 
 ARCHS = ["qwen3moe", "qwen35moe"]
 MODES = {"resident": {}, "stream-nocache": {"moe_stream": True, "cache_mb": 0}}

@@ -29,7 +29,7 @@ from bmoe.runtime.results import GenerateRequest
 from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import read_header, read_layout
 from bmoe.testing import HF_KQUANT_ARCHS, hf_arch
-from decide_prompts import ABC, MODES, P1, P2, S1, S2, S3, modes_of
+from helpers.decide_prompts import ABC, MODES, P1, P2, S1, S2, S3, modes_of
 from test_g1_g4_streaming import TEXT, assert_same, check_warm_equals_cold, expert_bytes, record_routes
 
 T = gguf.GGMLQuantizationType

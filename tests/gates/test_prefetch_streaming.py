@@ -13,7 +13,7 @@ import pytest
 from bmoe.errors import ConfigError
 from bmoe.runtime.expert_streaming import StreamSetupError
 from bmoe.stream import lookup
-from decide_prompts import FULL_ARCHS
+from helpers.decide_prompts import FULL_ARCHS
 from test_g1_g4_streaming import VARIANTS, assert_same, expert_bytes, opener, record_routes, run
 
 # --prefetch runs where the registry allows it (here on the architectures that run the whole gate

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rows_data import FLASH
+from helpers.rows import FLASH
 
 START_TIMEOUT_S = 120
 

@@ -1,6 +1,6 @@
 """The data-set path on a real two-node Ray cluster (tests/ray/conftest.py).
 
-What is compared: each row's answer (``rows_data.ANSWER_KEYS``: id, error, best, choice_logp,
+What is compared: each row's answer (``helpers.rows.ANSWER_KEYS``: id, error, best, choice_logp,
 p_outside, abstained, scoring, best_by, n_tokens) bit for bit, and its set of keys, against one
 session in this process answering the same rows one by one with ``Session.decide`` in input order.
 Bit for bit holds because every decision is its prefix then its suffix, prefilled in those two
@@ -27,7 +27,7 @@ from bmoe.session import Session
 from bmoe.wire.protocol import Decide, ProtocolError, parse_line
 from bmoe.wire.records import decide_fields
 
-from rows_data import FLASH, answers, decide_rows, keys, with_bad_rows
+from helpers.rows import FLASH, answers, decide_rows, keys, with_bad_rows
 
 pytestmark = pytest.mark.ray
 

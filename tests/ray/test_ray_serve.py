@@ -19,7 +19,7 @@ from bmoe.ray.serve import deployment
 from bmoe.server import ServerSettings, close_app, create_app
 from bmoe.session import Session
 
-from rows_data import ANSWER_KEYS
+from helpers.rows import ANSWER_KEYS
 
 pytestmark = pytest.mark.ray
 

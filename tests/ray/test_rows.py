@@ -14,7 +14,7 @@ from bmoe.session import Session
 from bmoe.wire.protocol import parse_line
 from bmoe.wire.records import decide_fields
 
-from rows_data import BAD, answers, decide_rows, keys, with_bad_rows
+from helpers.rows import BAD, answers, decide_rows, keys, with_bad_rows
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
 from bmoe.runtime.results import GenerateRequest
-from exactness import assert_same_up_to_near_tie
+from helpers.exactness import assert_same_up_to_near_tie
 
 Q1 = "Name three fruits."
 Q2 = "Which of them is yellow?"

@@ -9,7 +9,7 @@ import pytest
 
 
 from fastapi import FastAPI  # noqa: E402
-from server_helpers import LiveServer  # noqa: E402
+from helpers.server import LiveServer  # noqa: E402
 
 from bmoe.config import SessionConfig  # noqa: E402
 from bmoe.server import ServerSettings, close_app, create_app  # noqa: E402

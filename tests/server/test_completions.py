@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from server_helpers import metric
+from helpers.server import metric
 
 from bmoe.runtime.results import ScoreRequest
 from bmoe.runtime.scoring import TOP_CAP

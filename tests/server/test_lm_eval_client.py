@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import lm_eval  # the test extra (scripts/setup.sh --test)
 import numpy as np
-from server_helpers import metric
+from helpers.server import metric
 
 # (question, choices, gold). Choices of different lengths, so that acc (summed log-likelihood) and
 # acc_norm (divided by the choice's length in characters) pick differently on some items; some

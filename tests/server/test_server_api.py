@@ -7,7 +7,7 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
-from server_helpers import label_sets, metric
+from helpers.server import label_sets, metric
 
 Q1 = "Name three fruits."
 DECISION = {"prefix": "What is the capital of France?\n",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from server_helpers import label_sets, metric
+from helpers.server import label_sets, metric
 
 from bmoe.server import ServerSettings
 

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import label_sets, metric
+from helpers.server import label_sets, metric
 
 from bmoe.server import ServerSettings
 

@@ -3,7 +3,7 @@ of reading 0, so an assert built on it always checks a real figure."""
 from __future__ import annotations
 
 import pytest
-from server_helpers import label_sets, metric
+from helpers.server import label_sets, metric
 
 from bmoe.server.metrics import Metrics
 

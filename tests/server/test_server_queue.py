@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from server_helpers import hold_queue, label_sets, metric
+from helpers.server import hold_queue, label_sets, metric
 
 from bmoe.server import ServerSettings
 

@@ -1,11 +1,11 @@
-"""tests/exactness.py: the check for computations run in different pieces can fail, and fails for
+"""tests/helpers/exactness.py: the check for computations run in different pieces can fail, and fails for
 the right reasons (synthetic logit rows, no model)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from exactness import assert_same_up_to_near_tie
+from helpers.exactness import assert_same_up_to_near_tie
 
 V = 16
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from bmoe.llama.markup import Control, PlainReader
-from test_special_cuts import partition
+from helpers.special_cuts import partition
 
 WS = b" \t\n\v\f\r"
 PLAIN = 0x10000  # a message's byte b is the symbol chr(PLAIN + b): no control text can match it

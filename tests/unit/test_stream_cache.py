@@ -10,36 +10,8 @@ import pytest
 
 from bmoe.stream import CacheBudgetError, ExpertKey, StreamSettings, Streamer
 from bmoe.stream.cache import ExpertCache, SharedBuffers
-from bmoe.stream.layout import ExpertTensor, FileId, ModelLayout
 from bmoe.stream.budget import MIB, Budget, resolve_budget
-
-PROJS = ("ffn_down_exps", "ffn_gate_exps", "ffn_up_exps")
-
-
-def make_layout(tmp_path: Path, n_layer: int = 4, n_expert: int = 8, slice_nbytes: int = 6528,
-                n_used: int = 2, base: int = 1056) -> tuple[ModelLayout, bytes]:
-    """A file of random bytes described as n_layer x 3 stacked expert tensors (unaligned offsets)."""
-    size = base + n_layer * 3 * n_expert * slice_nbytes + 4096
-    data = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8).tobytes()
-    path = tmp_path / "experts.bin"
-    path.write_bytes(data)
-    experts, off = [], base
-    for il in range(n_layer):
-        for proj in PROJS:
-            experts.append(ExpertTensor(f"blk.{il}.{proj}.weight", il, proj, 0, off, n_expert * slice_nbytes, n_expert))
-            off += n_expert * slice_nbytes + 32  # GGUF-style gaps keep the offsets unaligned
-    layout = ModelLayout("qwen3moe", (FileId.of(path),), tuple(experts), n_expert, n_used, base, off - base)
-    return layout, data
-
-
-def _expert_bytes_in_buffer(streamer: Streamer, t: ExpertTensor, e: int) -> bytes:
-    b = streamer.binding(t.name)
-    assert b is not None
-    # Read back through the buffer the tensor is bound to (its mapping's own memoryview).
-    cache = streamer.cache
-    buf = cache._buffer(t)
-    start = b.data_addr - buf.window.addr + e * t.slice_nbytes
-    return bytes(buf.window.view[start:start + t.slice_nbytes])
+from helpers.stream import expert_bytes_in_buffer, make_layout
 
 
 def test_lru_counts_budget_and_resident_bytes_are_exact(tmp_path: Path) -> None:
@@ -56,7 +28,7 @@ def test_lru_counts_budget_and_resident_bytes_are_exact(tmp_path: Path) -> None:
             routed += 2
             for e in ids.ravel():  # every routed expert is present, byte for byte, at its place
                 for t in layout.layer_tensors(il):
-                    assert _expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
+                    assert expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
             st = s.stats()
             assert st.resident_bytes <= st.budget_bytes
     st = s.stats()
@@ -79,7 +51,7 @@ def test_cache_off_rereads_every_routed_slice(tmp_path: Path) -> None:
     assert (st.routed, st.misses, st.hits, st.evictions, st.resident_bytes) == (9, 9, 0, 0, 0)
     assert st.read_bytes == 9 * layout.expert_nbytes_in_layer(1)
     for t in layout.layer_tensors(1):
-        assert _expert_bytes_in_buffer(s, t, 7) == data[t.slice_offset(7):][:t.slice_nbytes]
+        assert expert_bytes_in_buffer(s, t, 7) == data[t.slice_offset(7):][:t.slice_nbytes]
     s.close()
 
 
@@ -127,7 +99,7 @@ def test_page_shared_with_a_resident_neighbour_is_kept(tmp_path: Path) -> None:
     s.on_route(0, np.array([[5]]))   # evicts 3; its last page is shared with 4 and must survive
     assert s.cache.is_resident(ExpertKey(0, 4)) and not s.cache.is_resident(ExpertKey(0, 3))
     for t in layout.layer_tensors(0):
-        assert _expert_bytes_in_buffer(s, t, 4) == data[t.slice_offset(4):][:t.slice_nbytes]
+        assert expert_bytes_in_buffer(s, t, 4) == data[t.slice_offset(4):][:t.slice_nbytes]
     s.close()
 
 

@@ -17,7 +17,7 @@ from bmoe.stream.layout import FileId
 from bmoe.stream.budget import Budget
 from bmoe.stream.reader import ExpertReader
 
-from test_stream_cache import make_layout
+from helpers.stream import make_layout
 
 
 def _fds() -> int:

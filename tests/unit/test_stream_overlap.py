@@ -14,7 +14,7 @@ from bmoe.llama.expert_hook import ExpertHook
 from bmoe.llama.ggml_tensor import SRC_OFFSET
 from bmoe.stream import StreamSettings, Streamer, lookup, read_layout
 from bmoe.stream.budget import Budget
-from test_stream_e2e import plain, run
+from helpers.stream_e2e import plain, run
 
 
 class CheckedHook(ExpertHook):

@@ -18,7 +18,7 @@ from bmoe.stream import ExpertKey, StreamSettings, Streamer
 from bmoe.stream.cache import ExpertCache
 from bmoe.stream.layout import ExpertTensor
 from bmoe.stream.budget import Budget
-from test_stream_cache import _expert_bytes_in_buffer, make_layout
+from helpers.stream import expert_bytes_in_buffer, make_layout
 
 PAGE = mmap.PAGESIZE
 MOVER = LibcPageMover()  # Linux, where bmoe runs: the adapter must be there
@@ -57,7 +57,7 @@ def assert_in_place(s: Streamer, layout, data: bytes, il: int, experts) -> None:
     """Every projection of each of layer ``il``'s ``experts`` holds the file's bytes at its place."""
     for e in experts:
         for t in layout.layer_tensors(il):
-            assert _expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
+            assert expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
 
 
 def drive(s: Streamer, layout, data: bytes, seed: int, rounds: int = 25) -> None:
@@ -237,7 +237,7 @@ def test_a_bigger_victim_moved_to_a_smaller_slice_counts_the_cut_pages_as_releas
     # 1 takes layer 0's pages, the pages past its slice's size are dropped. Every page the victims
     # covered is then either moved or released, and the counts say so.
     from bmoe.stream.layout import FileId, ModelLayout
-    from test_stream_cache import PROJS
+    from helpers.stream import PROJS
 
     n_expert, sizes = 8, {0: 12 * 4096 + 100, 1: 5 * 4096 + 100}
     experts, off = [], 1056

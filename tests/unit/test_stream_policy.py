@@ -16,7 +16,7 @@ from bmoe.stream.cache import ExpertCache
 from bmoe.stream.policy import DEFAULT_POLICY
 from bmoe.stream.budget import Budget
 from bmoe.stream.policy import ExpertKey, LruPolicy, NextUsePolicy, Uses
-from test_stream_cache import make_layout
+from helpers.stream import make_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import cache_replay  # noqa: E402

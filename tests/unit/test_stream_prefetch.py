@@ -14,8 +14,8 @@ from bmoe.stream.archs import _entry
 from bmoe.stream.budget import Budget
 from bmoe.stream.prefetch import WIDE_COVER, PrefetchError, RouterGuess, wide_cut
 from bmoe.stream.reader import StreamIOError
-from test_stream_cache import PROJS, make_layout
-from test_stream_split_phase import HeldReads, _present
+from helpers.stream import PROJS, make_layout
+from helpers.stream_phases import HeldReads, present
 
 DOWN, GATE, UP = PROJS
 ORDER = (GATE, UP, DOWN)
@@ -125,7 +125,7 @@ def test_route_takes_the_guess_over_and_reads_only_what_it_missed(tmp_path: Path
     s.on_route(1, np.array([routed]))
     s.drain()
     assert s.prefetching is None and s.pending == ()
-    assert _present(s, data, 1, routed, set(PROJS))
+    assert present(s, data, 1, routed, set(PROJS))
     fresh = set(routed) - set(guess)
     hits, wrong = len(set(routed) & set(guess)), len(set(guess) - set(routed))
     st = s.stats()
@@ -161,7 +161,7 @@ def test_a_guess_for_another_layer_is_finished_and_wasted(tmp_path: Path) -> Non
     st = s.stats()
     assert st.guess_hits == 0 and st.wasted_bytes == 2 * layout.expert_nbytes_in_layer(3)
     assert st.read_bytes == 2 * layout.expert_nbytes_in_layer(0) + st.wasted_bytes
-    assert _present(s, data, 0, (1, 2), set(PROJS))
+    assert present(s, data, 0, (1, 2), set(PROJS))
     s.prefetch(1, np.array([5]))
     s.drain()  # never taken over (what raise_if_failed does after llama_decode)
     assert s.prefetching is None and s.stats().wasted_bytes == st.wasted_bytes + layout.expert_nbytes_in_layer(1)
@@ -233,11 +233,11 @@ def test_an_early_guess_reads_behind_the_route_without_waiting_for_it(tmp_path: 
     assert held.taken == [GATE, GATE, UP, UP, DOWN]  # the lane holds layer 0's first down read
     held.release.set()
     s.wait(DOWN)
-    assert _present(s, data, 0, (1, 6), set(PROJS))
+    assert present(s, data, 0, (1, 6), set(PROJS))
     s.prefetch(1, np.array([3, 5]))  # at l_out-0: only 5 is new
     s.on_route(1, np.array([[3, 5], [5, 7]]))
     s.drain()
-    assert _present(s, data, 1, (3, 5, 7), set(PROJS)) and _present(s, data, 0, (1, 6), set(PROJS))
+    assert present(s, data, 1, (3, 5, 7), set(PROJS)) and present(s, data, 0, (1, 6), set(PROJS))
     st = s.stats()
     assert (st.guessed, st.guess_hits, st.wasted_bytes) == (3, 2, per)  # 2 was wrong
     assert st.read_bytes == 2 * layout.expert_nbytes_in_layer(0) + 3 * per + st.wasted_bytes
@@ -263,7 +263,7 @@ def test_an_early_guess_evicts_nothing_of_the_route_whose_matmuls_are_still_to_r
     assert s.cache.is_resident(ExpertKey(0, 1)) and s.cache.is_resident(ExpertKey(0, 6))
     assert s.cache.is_resident(ExpertKey(1, 2))  # over budget by the guess: nothing else was free
     s.drain()
-    assert _present(s, data, 0, (1, 6), set(PROJS)) and _present(s, data, 1, (2,), set(PROJS))
+    assert present(s, data, 0, (1, 6), set(PROJS)) and present(s, data, 1, (2,), set(PROJS))
     st = s.stats()
     assert st.resident_bytes == 3 * layout.expert_nbytes_in_layer(0) and st.misses == 4
     s.prefetch(2, np.array([0]))  # not early: layer 1's route is over, so anything may go

@@ -14,7 +14,7 @@ from bmoe.stream.cache import PAGE, ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import ExpertTensor, ModelLayout
 from bmoe.stream.budget import Budget
 
-from test_stream_cache import make_layout
+from helpers.stream import make_layout
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]

@@ -11,37 +11,12 @@ import pytest
 from bmoe.stream import StreamSettings, Streamer
 from bmoe.stream.budget import Budget
 from bmoe.stream.reader import StreamIOError
-from test_stream_cache import PROJS, _expert_bytes_in_buffer, make_layout
+from helpers.stream import PROJS, make_layout
+from helpers.stream_phases import HeldReads, present
 
 DOWN, GATE, UP = PROJS
 ORDER = (GATE, UP, DOWN)  # what qwen3moe's graph does: gate and up matmuls, then down
 
-
-def _present(s: Streamer, data: bytes, il: int, experts, projs) -> bool:  # noqa: ANN001
-    return all(_expert_bytes_in_buffer(s, t, e) == data[t.slice_offset(e):][:t.slice_nbytes]
-               for t in s.layout.layer_tensors(il) if t.proj in projs for e in experts)
-
-
-class HeldReads:
-    """Wraps the reader's per-chunk read: records which projection each chunk fills, in the order
-    the lanes take them, and holds the chunks of ``hold`` until ``release`` is set."""
-
-    def __init__(self, s: Streamer, hold: str | None = None, fail: str | None = None) -> None:
-        self.s, self.hold, self.fail = s, hold, fail
-        self.release = threading.Event()
-        self.taken: list[str] = []
-        self._inner = s.reader._read_one
-        self._proj = {id(s.cache._buffers[k].window): (k if isinstance(k, str) else k[1]) for k in s.cache._buffers}
-        s.reader._read_one = self
-
-    def __call__(self, op) -> None:  # noqa: ANN001
-        proj = self._proj[id(op.window)]
-        self.taken.append(proj)
-        if proj == self.hold:
-            assert self.release.wait(10)
-        if proj == self.fail:
-            raise StreamIOError(f"injected failure reading {proj}")
-        self._inner(op)
 
 
 @pytest.mark.parametrize("cache", [False, True])
@@ -53,12 +28,12 @@ def test_deferred_projection_is_pending_until_waited_and_counted_then(tmp_path: 
     s.set_schedule(0, ORDER, {DOWN})
     s.on_route(0, np.array([[1, 6]]))  # returns although every down read is held
     assert s.pending == (DOWN,)
-    assert _present(s, data, 0, (1, 6), {GATE, UP})
+    assert present(s, data, 0, (1, 6), {GATE, UP})
     st = s.stats()
     assert st.routed == 0 and st.misses == 0 and st.n_routes == 0  # recorded once all of it is read
     held.release.set()
     s.wait(DOWN)
-    assert s.pending == () and _present(s, data, 0, (1, 6), {GATE, UP, DOWN})
+    assert s.pending == () and present(s, data, 0, (1, 6), {GATE, UP, DOWN})
     st = s.stats()
     assert st.routed == st.misses == 2 and st.n_routes == 1
     assert st.read_bytes == 2 * layout.expert_nbytes_in_layer(0)
@@ -97,7 +72,7 @@ def test_next_route_drains_the_previous_one_before_planning(tmp_path: Path) -> N
     s.drain()
     st = s.stats()
     assert st.hits + st.misses == st.routed == 6 and st.evictions == 3 and st.resident_bytes == 2 * per
-    assert _present(s, data, 1, (0, 1), set(PROJS))
+    assert present(s, data, 1, (0, 1), set(PROJS))
     s.close()
 
 
@@ -107,7 +82,7 @@ def test_failed_deferred_read_raises_at_its_wait_and_is_sticky(tmp_path: Path) -
     HeldReads(s, fail=DOWN)
     s.set_schedule(0, ORDER, {DOWN})
     s.on_route(0, np.array([[1, 2]]))  # one lane: gate and up are read before the down failure
-    assert _present(s, data, 0, (1, 2), {GATE, UP}) and s.error is None
+    assert present(s, data, 0, (1, 2), {GATE, UP}) and s.error is None
     with pytest.raises(StreamIOError, match="injected failure reading ffn_down_exps"):
         s.wait(DOWN)
     assert s.pending == () and isinstance(s.error, StreamIOError)
