@@ -1,67 +1,13 @@
 """ExpertHook: the cb_eval callback that makes llama.cpp compute on streamed experts.
 
-ggml's scheduler calls ``cb_eval(t, ask=True)`` for each graph node before computing it;
-answering True for a node makes it compute everything up to that node, synchronise, and call
-``cb_eval(t, ask=False)`` with the node's data. The hook
-
-- answers True only for the routing nodes ``ffn_moe_topk-<il>``; on their data call it reads
-  the selected expert ids ``# [n_tokens, n_expert_used]`` and calls ``streamer.on_route``;
-- on the ask call of an expert matmul node (any MUL_MAT_ID, and until every streamed weight is
-  bound any ``ffn_moe_*`` node too: where an arch scales an expert's output, as gemma4's
-  ``ffn_down_exps.scale``, the builder gives the name to the scaling MUL and leaves the matmul
-  unnamed), which comes before that node is computed,
-  rebinds the stacked expert weight among its sources (``src[0]`` of MUL_MAT_ID)
-  onto the streamer's buffer. Weight tensors belong to the model, so a rebind lasts for the
-  model's life and later graphs (any ubatch size) reuse it.
-
-Slots (``streamer.slots``: the cache keeps experts in pools of slots shared by the layers, see
-stream/cache.py SlotCache): the rebind also sets the weight's ``ne[2]`` to the slot count and its
-``nb[2]`` to the slot stride, and the route is taken one node later, in the data call of
-``ffn_moe_weights-<il>`` (get_rows of the router's probabilities by the ids, expanded into the
-graph before the expert matmuls). Its second source is the ids tensor: the hook reads the ids
-there, calls ``on_route``, then rewrites them in place to the routed experts' slots
-(``streamer.slot_map``), so the matmuls read each expert in its slot. A streamed matmul whose
-layer was not renumbered in the current graph is refused (HookError) rather than computed on
-other experts' bytes.
-
-Split phase (``overlap=True``): the scheduler asks about every node of a range before it
-computes any of them, so a read can only overlap the nodes computed *before* the hook next
-answers True. While a layer's first graph runs (fully synchronous), the hook learns, from the
-ask calls of the matmuls whose ``src[0]`` is one of that layer's streamed weights, the order in
-which they consume the projections and the node asked just before each. It then tells the
-streamer to queue the layer's reads in that order and to leave the last-consumed projection
-(``down``) pending; from the next graph on it answers True for the node before that matmul and
-waits for the projection in that node's data call, so the reads overlap the matmuls before it.
-If that node does not come, the matmul's own ask waits (correct, just not overlapped):
-nothing is computed on a buffer before its reads are done. Whatever is still pending when
-``llama_decode`` returns is waited for in ``raise_if_failed``.
-
-Speculative prefetch (``guess`` given): the hook also answers True for the ask of
-``l_out-<l>`` when layer ``l+1`` streams. In its data call, layer ``l``'s matmuls have all run,
-so no expert buffer is being read; the hook guesses layer ``l+1``'s experts from that node's rows
-(``RouterGuess``: one token's guess in decode, the union of the tokens' guesses or every expert
-in a prefill ubatch) and calls ``streamer.prefetch``, whose reads then run during layer ``l+1``'s
-attention and router. The route of ``l+1`` takes them over. A prefill ubatch does not guess the
-last streamed layer: the model's last layer routes only the rows whose output is kept.
-
-Read-ahead two layers deep (when the streamer has separate buffers for consecutive layers,
-``two_deep``): in a prefill ubatch the hook also guesses layer ``l+1`` early, in the data call of
-layer ``l``'s route, right after queueing that route's reads, from the residual entering layer
-``l``'s FFN (the arch's ``inp_node``, ``ffn_inp-<l>``: computed before the router, and kept alive
-by the residual add after the experts, so its rows are still there). Those reads queue behind
-layer ``l``'s own and run while layer ``l``'s experts compute, where the disk would otherwise wait
-for ``l_out-<l>``. The guess at ``l_out-<l>`` then only adds what the early one left out. The
-node is not asked to stop the graph: its address is noted in its ask call and read at the
-route. Decode does not guess early: one token's expert matmuls take about a millisecond, too
-short to read behind, and the guess from ``l_out`` is the better informed one.
-
-A Python exception cannot cross the C boundary: it is kept as the sticky ``error`` (anything
-that is not an ``EngineFailure``, a KeyboardInterrupt included, wrapped as a ``HookError``, so
-that the session ends for good with it instead of meeting it again in every request); the
-``c_abort_callback`` (wire it as the context's abort callback) then stops llama_decode, and
-``raise_if_failed()`` re-raises it in the session's thread. An error in a data call also
-answers False there, which ends the graph split at once: the matmul after a failed wait never
-runs.
+It asks only for the nodes it needs: each layer's routing node (``ffn_moe_topk-<il>``, or
+``ffn_moe_weights-<il>`` with slots, whose ids it rewrites to slot numbers), the node before a
+deferred projection's matmul (split phase), and ``l_out-<l>`` / ``ffn_inp-<l>`` for read-ahead.
+On an expert matmul's ask call it rebinds the stacked weight (``src[0]`` of MUL_MAT_ID) onto the
+streamer's buffer, once for the model's life. An exception cannot cross the C boundary: it is
+kept as the sticky ``error``, the abort callback stops ``llama_decode``, and ``raise_if_failed``
+re-raises it in the session's thread. docs/streaming.md ("How it works", "Split-phase reads",
+"Speculative prefetch", "Slots") describes each step and why.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The C library's memory calls, declared once for the modules that manage pages (pages.py,
+"""The C library's memory calls, declared once for the modules that manage pages (mremap_mover.py,
 dense_anon.py, residency.py). Linux values for the flags Python's ``mmap`` module does not export."""
 from __future__ import annotations
 

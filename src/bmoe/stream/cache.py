@@ -17,7 +17,7 @@ committed only when first written, so a full-size mapping costs address space, n
 - ExpertCache (cache on, page moves: where slots are refused, or BMOE_CACHE_SLOTS=0): one buffer
   per (layer, projection), every expert at its own place, chosen by the same policies. An evicted
   expert's pages are handed to an expert that comes in at the same route: with a PageMover
-  (pages.py) the whole pages inside the victim's slice are moved to the incoming slice, and only
+  (page_mover.py; llama/mremap_mover.py moves them) the whole pages inside the victim's slice are moved to the incoming slice, and only
   the partial pages at a slice's two ends go back to the OS (MADV_DONTNEED, unless a resident
   neighbour still uses them). Victims nobody takes over, or every victim without a mover, are
   released whole. Either way the physical memory the cache holds is its resident experts' pages.

@@ -13,16 +13,10 @@ How many to guess: the guessed reads only have to keep the read lanes busy from 
 until layer l+1's route (its attention and router), after which the route queues what the guess
 missed anyway. A wrong guess is read for nothing, and the confidence of a guess falls with its
 rank, so the guess is the top ``ceil(GUESS_SHARE * n_expert_used)`` scores, not all
-``n_expert_used`` (on the benchmark model half of them is about 5 ms of reads, several times the
-span it must cover; docs/benchmarks.md has both measured).
-
-Read-ahead for prefill: a ubatch of several tokens guesses the union of each token's guess, and
-a ubatch of at least ``wide`` tokens skips the guess and reads every expert of layer l+1. The
-default cut, ``ceil(WIDE_COVER * n_expert / n_expert_used)`` tokens, is where uniform routing
-would leave only ``exp(-WIDE_COVER)`` (about 5%) of the layer's experts unpicked, so reading them
-all wastes about that share. Measured on the bench model's 30-token decisions (docs/streaming.md):
-reading every expert there was 1.3-2.6x slower than the union, so the cut lies above 30 tokens;
-the rule is not measured beyond that (``--prefetch-wide-tokens`` sets it).
+``n_expert_used``. A ubatch guesses the union of its tokens' guesses, and one of at least
+``wide`` tokens (``ceil(WIDE_COVER * n_expert / n_expert_used)``: uniform routing would leave
+about 5% unpicked) reads every expert of layer l+1. docs/streaming.md ("Speculative prefetch",
+"Read-ahead for prefill ubatches") has the measurements behind both numbers.
 
 The weights are read once, at open, from the GGUF (F32 and F16 as they are, other types through
 gguf-py's dequantizer), and kept as float32: n_expert x n_embd x 4 bytes per layer.

@@ -1,36 +1,12 @@
 """The streaming engine the llama hook drives: route -> (cache plan, reads, commit).
 
-``on_route(il, ids)`` is called from inside llama.cpp's graph evaluation, right after layer
-``il``'s router picked its experts and before the expert matmuls run. It queues every read of
-the route at once, one group per projection, and by default waits for all of them: when it
-returns, every routed expert of that layer is present in the buffers the layer's expert tensors
-are bound to.
-
-Split phase: once the hook knows in which order layer ``il``'s matmuls consume the projections
-and where it can stop the graph before a later one, it calls ``set_schedule(il, order,
-deferred)``. Then ``on_route`` queues the groups in ``order`` and waits only for the
-projections not ``deferred``; those stay ``pending`` until ``wait(proj)`` (the hook calls it
-just before their matmul) or ``drain()``. The cache records a route's misses only after its
-last wait, and every route (and ``drain``) first waits for what the previous one left.
-
-Speculative prefetch: ``prefetch(il, guess)`` queues the reads of the experts guessed for layer
-``il`` before its router has run. The next ``on_route(il, ids)`` takes them over: routed experts
-that were guessed are not read again, it waits for their groups as for its own; routed experts
-not guessed are queued as urgent reads, ahead of the guessed reads still queued. Wrong guesses
-were read for nothing; ``wasted_bytes`` counts them, so ``read_bytes == routed slice bytes read
-+ wasted_bytes`` stays exact. With the cache on, only guessed experts the cache does not hold are
-read, and they are cached at once (``ExpertCache.reserve``): a wrong guess stays cached like any
-expert, the route counts a right one as a miss (it came from flash), and no route evicts a
-guessed expert whose read may still be in flight.
-
-The hook guesses a layer twice: early, right after the previous layer's route (read-ahead two
-layers deep: the reads run behind that layer's own and during its matmuls), and again when the
-previous layer's output is known. A second guess for the layer being read ahead only adds the
-experts the first one left out. An early guess needs buffers the route in flight does not use
-(``two_deep``: the cache on, or the cache off with two sets); where they are shared, it is
-refused (ValueError). The route in flight is then recorded in the cache at once (its reads are
-queued; a failed one ends the session anyway) and its experts are ``busy``: the guess evicts
-none of them.
+``on_route(il, ids)`` runs inside llama.cpp's graph, after layer ``il``'s router and before its
+expert matmuls: it queues the route's reads, one group per projection, and waits for those the
+schedule does not defer (``set_schedule``; ``wait``/``drain`` for the rest). ``prefetch(il,
+guess)`` queues a guessed layer's reads ahead of its router; the next route takes them over and
+reads only what the guess missed, ``wasted_bytes`` counting wrong guesses so that ``read_bytes``
+stays exact. docs/streaming.md ("Split-phase reads", "Speculative prefetch", "Read-ahead two
+layers deep") gives the rules and why.
 """
 from __future__ import annotations
 
