@@ -7,7 +7,7 @@ bash scripts/setup.sh --test
 .venv/bin/lint-imports
 # pyflakes' checks (undefined names, unused imports, ...): a name a rarely taken path uses but never
 # imported fails here, not in a user's session.
-.venv/bin/flake8 --select=F src bench tests scripts
+.venv/bin/ruff check --select F src bench tests scripts
 # Two workers, each test file on one of them (its module fixtures computed once): most tests run
 # llama.cpp on one thread, so the two cores run two files at a time (docs/testing.md).
 exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests "$@"
