@@ -139,3 +139,25 @@ def test_a_chat_client_that_leaves_as_its_turn_starts_is_counted(make_app, tiny_
         fn(app.state.session, job)
     assert e.value.status == 499
     assert metric(app.state.metrics.render().decode(), "bmoe_cancelled_total") == before + 1
+
+
+def test_a_decide_client_that_leaves_is_counted(make_app, tiny_path) -> None:
+    """The worker side of a /v1/decide whose client left: the list stops and the request counts in
+    bmoe_cancelled_total, as a chat turn does (it was only a 499 in the request counter)."""
+    from bmoe import DecideRequest
+    from bmoe.server.decide_route import DecideRoute
+    from bmoe.server.errors import ApiError
+    from bmoe.server.job_queue import Job
+
+    app = make_app(tiny_path, ServerSettings(), decide=True)
+    route = DecideRoute(app.state.queue, app.state.metrics)
+    fn = route._fn([DecideRequest(id=i, prefix="Pick one. ", suffix="A or B?", choices=("A", "B")) for i in range(3)])
+    job = object.__new__(Job)
+    job.cancelled = threading.Event()
+    job.cancelled.set()
+    before = metric(app.state.metrics.render().decode(), "bmoe_cancelled_total")
+    with pytest.raises(Exception) as e:
+        fn(app.state.session, job)
+    assert not isinstance(e.value, ApiError)  # Cancelled: run_job turns it into the 499
+    assert type(e.value).__name__ == "Cancelled"
+    assert metric(app.state.metrics.render().decode(), "bmoe_cancelled_total") == before + 1

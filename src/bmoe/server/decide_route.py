@@ -58,7 +58,8 @@ class DecideRoute:
             for r in results:
                 if not isinstance(r.cause, DecideCancelled):
                     self.metrics.decision(r)
-            if job.cancelled.is_set():
+            if job.cancelled.is_set():  # stopped because its client left: counted as chat's are
+                self.metrics.cancelled.inc()
                 raise Cancelled("the client closed the request")
             return results
         return fn
