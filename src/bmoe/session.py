@@ -31,7 +31,7 @@ from .runtime.chat import ChatRenderer, Message
 from .runtime.decide import LlamaDecideBackend
 from .llama.devices import format_devices, list_devices
 from .runtime.footprint import Footprint, footprint
-from .runtime.plan import Plan, make_plan
+from .runtime.plan import Plan, checked_plan, make_plan
 from .runtime.results import (
     GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, check_generate,
 )
@@ -45,7 +45,7 @@ from .stream.twin import default_twin_dir, gc_twins
 
 __all__ = [
     "DECIDE_OFF", "TOP_CAP", "DecideRequest", "DecideResult", "Footprint", "GenerateRequest", "GenerateResult",
-    "Message", "PerplexityResult", "Plan", "make_plan", "plan_for", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
+    "Message", "PerplexityResult", "Plan", "checked_plan", "make_plan", "plan_for", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
     "default_twin_dir", "footprint", "format_archs", "format_devices", "gc_twins", "list_devices",
 ]
 

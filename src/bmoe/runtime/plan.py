@@ -27,6 +27,7 @@ from ..stream.disk_rate import DiskRate, read_rate
 from ..stream.layout import ModelLayout, read_header, read_layout, shard_paths
 from ..stream.twin import default_twin_dir
 from .footprint import kv_bytes_per_sequence
+from .opening import check_opening
 
 MIB = 1 << 20
 RESERVE_MIN = 128 * MIB   # left for what grows after open: Python objects, read buffers, kept decision states
@@ -278,6 +279,19 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
     planned_config = replace(config, **planned) if planned else config
     return Plan(mode="streamed" if planned_config.moe_stream else "resident", choices=tuple(choices),
                 machine=machine, model=m, disk=disk_rate, config=planned_config)
+
+
+def checked_plan(config: SessionConfig) -> Plan:
+    """The plan ``config`` opens with (``--plan-only``), refused where opening would refuse, with
+    the same error: opening plans, then runs ``check_opening`` on the planned config, or on the
+    config as given where the header cannot be read (the file's own refusal then names it)."""
+    try:
+        plan = make_plan(config)
+    except (OSError, ValueError):
+        check_opening(config)
+        raise
+    check_opening(plan.config)
+    return plan
 
 
 def _rates_dir(config: SessionConfig) -> Path:
