@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import SessionConfig
+from ..errors import BmoeError
 from ..stream import lookup
 from ..stream.archs import NothingToStreamError, UnsupportedArchError
 from ..stream.budget import available_bytes, cgroup_memory
@@ -30,8 +31,18 @@ from .footprint import kv_bytes_per_sequence
 from .opening import check_opening
 
 MIB = 1 << 20
-RESERVE_MIN = 128 * MIB   # left for what grows after open: Python objects, read buffers, kept decision states
+# Left for what grows after open beyond what is counted (HEAP, the lanes, the buffers): kept
+# decision states, Python's objects of long sessions. It was 128 MiB before the heap and the
+# streamer's buffers were counted; at a 1 GiB limit that much made the plan map the bench model's
+# dense weights (0.2 tok/s) where holding them runs (#38.11).
+RESERVE_MIN = 16 * MIB
 RESERVE_FRAC = 0.05       # and this share of the memory on top
+# What an open adds to the process beyond the weights, the KV, the compute buffers and the
+# streamer's buffers: llama.cpp's own tables (vocabulary, graph), the chat template, Python's
+# objects. Measured on the bench model, streamed: 35 MiB of anonymous memory at open and 14 more
+# after the first answer beyond dense weights and one layer of expert buffers.
+HEAP = 48 * MIB
+LANE_BYTES = 1 << 20      # the reader's aligned bounce buffer, one per read lane (stream/reader.py)
 WIDE_UBATCH = 2048        # a streamed prefill this wide reads each expert once per 2048 tokens
 # Settings the plan chooses together: when the caller chose any of them, streaming is theirs.
 STREAM_FIELDS = ("moe_stream", "cache_mb", "cache_ceil_mb", "cache_force", "prefetch", "dense_weights")
@@ -68,6 +79,10 @@ def usable_cores() -> int:
     return cores
 
 
+class PlanMemoryError(BmoeError):
+    """Not even the smallest configuration the plan knows fits in the memory this process may use."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFacts:
     """What the header tells the plan: bytes of the file, its dense part and its experts, one
@@ -77,6 +92,7 @@ class ModelFacts:
     dense_bytes: int
     expert_bytes: int        # 0: a dense model (nothing to stream)
     token_bytes: int         # one token's routed experts (the cache's floor)
+    layer_bytes: int         # the largest layer's experts: what one set of the cache-off buffers fills up to
     kv_bytes: int            # the KV of the sequences the session opens with
     mmproj_bytes: int        # the vision projector (--mmproj), held resident beside the model
     n_vocab: int
@@ -167,6 +183,8 @@ def model_facts(config: SessionConfig) -> ModelFacts:
     return ModelFacts(
         mmproj_bytes=mmproj, file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
         expert_bytes=layout.expert_nbytes if layout else 0, token_bytes=layout.floor_bytes() if layout else 0,
+        layer_bytes=max((layout.n_expert * layout.expert_nbytes_in_layer(il) for il in layout.layers), default=0)
+        if layout else 0,
         kv_bytes=kv, n_vocab=n_vocab, n_embd=n_embd, n_head=_int(fields_, f"{arch}.attention.head_count"),
         n_ff_active=(layout.n_expert_used * (_int(fields_, f"{arch}.expert_feed_forward_length") or n_embd)
                      if layout else _int(fields_, f"{arch}.feed_forward_length") or 4 * n_embd),
@@ -210,7 +228,7 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
             planned[name] = value
 
     base_compute = compute_bytes(m, config.n_ubatch, config.n_ctx, config.flash_attn)
-    resident_need = m.file_bytes + m.mmproj_bytes + m.kv_bytes + base_compute
+    resident_need = m.file_bytes + m.mmproj_bytes + m.kv_bytes + base_compute + HEAP
     stream_given = [f for f in STREAM_FIELDS if is_fixed(config, f)]
     if stream_given:
         streamed = config.moe_stream
@@ -239,15 +257,24 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
         if batch_given:
             n_ub = config.n_ubatch
         compute = compute_bytes(m, n_ub, config.n_ctx, config.flash_attn)
-        fixed_bytes = m.dense_bytes + m.mmproj_bytes + m.kv_bytes
+        lanes = config.io_threads * LANE_BYTES
+        fixed_bytes = m.dense_bytes + m.mmproj_bytes + m.kv_bytes + HEAP + lanes
         left = room - fixed_bytes - compute
         if left < m.token_bytes and not batch_given:  # the wide buffers would leave no cache: stay narrow
             n_ub, compute = config.n_ubatch, base_compute
             left = room - fixed_bytes - compute
-        dense = "anon" if left >= 0 else "mmap"
         cache = -(-m.expert_bytes // MIB) if left >= m.expert_bytes else max(0, left) // MIB
         if cache * MIB < m.token_bytes:  # below one token's experts a cache only churns
             cache = 0
+        # The cache off binds each layer to shared buffers that fill up to the layer's experts as
+        # they are routed: one set, two with read-ahead (the next layer's reads go to the other).
+        can_prefetch = m.can_prefetch and config.prefill_device is None
+        sets = 0 if cache else 2 if can_prefetch and left >= 2 * m.layer_bytes else 1
+        dense = "anon" if left >= sets * m.layer_bytes else "mmap"
+        if dense == "mmap" and left + m.dense_bytes < sets * m.layer_bytes:
+            need = fixed_bytes - m.dense_bytes + compute + sets * m.layer_bytes
+            raise PlanMemoryError(_too_little(config, m, machine, need, compute))
+        prefetch = can_prefetch and (cache > 0 or sets == 2)
         choose("moe_stream", True, why_mode)
         choose("dense_weights", dense,
                f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) held where the kernel cannot drop them"
@@ -255,13 +282,15 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
                f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) do not fit beside the KV and buffers: mapped")
         choose("cache_mb", int(cache),
                f"what is left after dense weights, KV ({m.kv_bytes / MIB:.0f} MiB) and buffers "
-               f"({compute / MIB:.0f} MiB), at most every expert" if cache else
+               f"({(compute + HEAP + lanes) / MIB:.0f} MiB), at most every expert" if cache else
                f"less than one token's experts ({m.token_bytes / MIB:.1f} MiB) left after dense weights, KV "
-               "and buffers: cache off")
-        prefetch = m.can_prefetch and config.prefill_device is None
+               f"and buffers: cache off, {sets} layer{'s' if sets > 1 else ''} of expert buffers "
+               f"({sets * m.layer_bytes / MIB:.0f} MiB)")
         choose("prefetch", prefetch,
                "read the next layer's guessed experts while this one computes" if prefetch else
-               "a prefill device is given" if m.can_prefetch else
+               "a prefill device is given" if m.can_prefetch and config.prefill_device is not None else
+               f"with the cache off it needs a second layer of expert buffers ({m.layer_bytes / MIB:.0f} MiB) "
+               "that does not fit" if m.can_prefetch else
                f"refused for {layout.arch} (bmoe-cli --list-archs)")
         if batch_given:  # the two sizes go together
             choices.extend(Choice(f, getattr(config, f), "you", "given" if is_fixed(config, f) else "the other size is given")
@@ -292,6 +321,19 @@ def checked_plan(config: SessionConfig) -> Plan:
         raise
     check_opening(plan.config)
     return plan
+
+
+def _too_little(config: SessionConfig, m: ModelFacts, machine: Machine, need: int, compute: int) -> str:
+    """The refusal of a machine where not even the smallest streamed configuration fits: the
+    memory the process would need free at open (``need`` spent plus the reserve), and what it has."""
+    free = math.ceil((need + RESERVE_MIN) / (1 - RESERVE_FRAC) / MIB)
+    limit = f", limit {machine.limit // MIB} MiB" if machine.limit is not None else ""
+    return (f"memory: {Path(config.model).name} needs {free} MiB free to open, and this process may use "
+            f"{machine.available // MIB} MiB{limit}: streamed with the cache off and the dense weights mapped, "
+            f"it holds one layer of expert buffers ({m.layer_bytes / MIB:.0f} MiB), the KV ({m.kv_bytes / MIB:.0f} MiB), "
+            f"compute buffers ({compute / MIB:.0f} MiB) and bmoe's own ({(HEAP + config.io_threads * LANE_BYTES) / MIB:.0f} "
+            f"MiB), plus a reserve of {RESERVE_MIN // MIB} MiB and {RESERVE_FRAC:.0%}; give it more memory or a "
+            "smaller --ctx-size")
 
 
 def _rates_dir(config: SessionConfig) -> Path:
