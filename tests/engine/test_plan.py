@@ -64,7 +64,8 @@ def test_a_model_that_does_not_fit_streams_with_the_rest_as_cache(model) -> None
     m = model_facts(cfg)
     wide = compute_bytes(m, min(WIDE_UBATCH, 512), 512)
     # room for the dense weights, the KV, wide buffers and 3 MiB of experts (about two tokens' worth)
-    room = m.dense_bytes + m.kv_bytes + wide + OWN + 3 * MIB
+    # (and one layer of experts more: read-ahead's staging)
+    room = m.dense_bytes + m.kv_bytes + wide + OWN + m.layer_bytes + 3 * MIB
     p = make_plan(cfg, machine_with_room(room), _disk)
     s = settings(p)
     assert p.mode == "streamed" and p.disk is DISK
@@ -83,7 +84,8 @@ def test_the_cache_holds_at_most_every_expert_and_is_off_below_one_token(model) 
     # not quite the whole file's worth of room: 64 bytes short (machine_with_room rounds up by less)
     p = make_plan(cfg, machine_with_room(base - 4 * LANE_BYTES + m.expert_bytes - 64), _disk)
     assert p.mode == "streamed"  # the resident need counts the same buffers but the lanes: a few bytes short streams
-    assert p.config.cache_mb * MIB >= m.expert_bytes - 4 * LANE_BYTES - MIB
+    assert p.config.prefetch  # its staging (one layer) comes out of the cache
+    assert p.config.cache_mb * MIB >= m.expert_bytes - 4 * LANE_BYTES - m.layer_bytes - MIB
     p = make_plan(cfg, machine_with_room(base + m.token_bytes // 2), _disk)
     assert settings(p)["cache_mb"][0] == 0 and p.config.moe_stream
     p = make_plan(cfg, machine_with_room(smallest(m)), _disk)  # not even the dense weights fit
@@ -151,7 +153,7 @@ def test_plan_only_prints_the_plan_without_opening(model, monkeypatch, capsys) -
 def test_a_planned_streamed_session_answers_as_the_resident_one(model, monkeypatch, tmp_path) -> None:
     cfg = dict(model=model, n_ctx=512, n_threads=1, twin_dir=tmp_path)
     m = model_facts(SessionConfig(**cfg))
-    room = m.dense_bytes + m.kv_bytes + compute_bytes(m, 512, 512) + OWN + 2 * MIB
+    room = m.dense_bytes + m.kv_bytes + compute_bytes(m, 512, 512) + OWN + m.layer_bytes + 2 * MIB
     monkeypatch.setattr(plan_mod.Machine, "here", staticmethod(lambda: machine_with_room(room)))
     gen = GenerateRequest(prompt="Tell me about the sea.", n_predict=12, keep_logits=True)
     with Session(SessionConfig(**cfg)) as planned:
@@ -170,14 +172,15 @@ def test_a_planned_streamed_session_answers_as_the_resident_one(model, monkeypat
     assert all(np.array_equal(x, y) for x, y in zip(a.logits, b.logits, strict=True))
 
 
-def test_flash_attention_off_counts_the_attention_scores_and_leaves_less_cache(model) -> None:
+def test_flash_attention_off_counts_the_attention_scores_and_leaves_less_cache(model, monkeypatch) -> None:
     """llama.cpp computes attention in tiles with flash attention (which ``None`` lets it turn on
     for the CPU); turned off, a ubatch's scores over the whole context are one more buffer."""
     cfg = SessionConfig(model=model, n_ctx=512)
-    m = model_facts(cfg)
+    m = dataclasses.replace(model_facts(cfg), file_bytes=1 << 40)  # never resident: the cache is compared
+    monkeypatch.setattr(plan_mod, "model_facts", lambda config: m)
     tiled, whole = compute_bytes(m, 512, 512), compute_bytes(m, 512, 512, False)
     assert whole - tiled == 512 * 512 * m.n_head * 4 and compute_bytes(m, 512, 512, True) == tiled
-    room = m.dense_bytes + m.kv_bytes + whole + OWN + 3 * MIB
+    room = m.dense_bytes + m.kv_bytes + whole + OWN + m.layer_bytes + 3 * MIB
     auto = make_plan(cfg, machine_with_room(room), _disk)
     off = make_plan(dataclasses.replace(cfg, flash_attn=False), machine_with_room(room), _disk)
     assert off.config.cache_mb == 3
@@ -199,8 +202,12 @@ def test_the_cache_off_counts_its_expert_buffers_and_read_ahead_a_second_layer_o
     s = settings(short)
     assert s["cache_mb"] == (0, "plan") and s["prefetch"] == (False, "plan") and s["dense_weights"] == ("mmap", "plan")
     assert short.choices[2].why.endswith(f"cache off, 1 layer of expert buffers ({m.layer_bytes / MIB:.0f} MiB)")
-    # with room for a token's experts (whole MiB) the cache is on
-    assert make_plan(cfg, machine_with_room(base + 2 * MIB), _disk).config.cache_mb == 2
+    # with room for a token's experts (whole MiB) the cache is on; read-ahead's staging (a layer) does not fit
+    on = make_plan(cfg, machine_with_room(base + 2 * MIB), _disk)
+    assert (on.config.cache_mb, on.config.prefetch) == (2, False)
+    assert settings(on)["prefetch"] == (False, "plan") and "does not fit beside one token's experts" in on.choices[3].why
+    on = make_plan(cfg, machine_with_room(base + m.layer_bytes + 2 * MIB), _disk)
+    assert (on.config.cache_mb, on.config.prefetch) == (2, True)
     # a model whose layer is small against a token: cache off, two sets of buffers and read-ahead
     small = dataclasses.replace(real, layer_bytes=real.token_bytes // 4)
     monkeypatch.setattr(plan_mod, "model_facts", lambda config: small)
