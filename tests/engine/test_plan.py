@@ -248,3 +248,9 @@ def test_below_the_smallest_configuration_the_open_refuses_naming_the_memory_it_
         assert main(["-m", str(model), "-c", "512", *flags]) == 1
         out, err = capsys.readouterr()
         assert out == "" and err.splitlines() == [f"bmoe-cli: {line}"]
+
+
+def test_the_lanes_the_plan_counts_are_the_reader_s_bounce_buffers() -> None:
+    from bmoe.stream import reader
+
+    assert LANE_BYTES == reader._BOUNCE_BYTES
