@@ -6,7 +6,7 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from bmoe.runtime.forks import NO_LIMITS, TILED_MIN_ROWS, RowLimits, pack_calls, row_limits
+from bmoe.runtime.forks import NO_LIMITS, TILED_MIN_ROWS, RowLimits, batch_limits, pack_calls, row_limits
 
 T = gguf.GGMLQuantizationType
 DENSE = RowLimits(dense=True)
@@ -61,3 +61,11 @@ def test_full_scoring_outputs(limits: RowLimits) -> None:
         assert got == [[0], [1], [2], [3, 4, 5], [6]]
     else:
         assert got == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_an_unreadable_header_takes_the_strictest_limits(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("GGML_CPU_TILED_MM", raising=False)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    assert batch_limits(bad) == EXPERTS
+    assert batch_limits(tmp_path / "missing.gguf") == EXPERTS

@@ -118,8 +118,12 @@ def row_limits(tensors: Iterable[tuple[str, int]], env: dict[str, str] | None = 
 
 
 def batch_limits(model: str | Path) -> RowLimits:
-    """``row_limits`` of a GGUF file's tensors, over all its shards."""
-    return row_limits((t.name, t.ggml_type) for p in shard_paths(Path(model)) for t in read_header(p).tensors)
+    """``row_limits`` of a GGUF file's tensors, over all its shards; the strictest limits where the
+    header cannot be read (then the batch is exact, only slower)."""
+    try:
+        return row_limits((t.name, t.ggml_type) for p in shard_paths(Path(model)) for t in read_header(p).tensors)
+    except (OSError, ValueError):
+        return row_limits((("unknown", T.Q4_K), ("unknown_exps.weight", T.Q4_K)))
 
 
 def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True,
