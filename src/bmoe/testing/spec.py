@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import gguf
 
-ARCHS = ("qwen3moe", "qwen35moe")
 QUANTS = ("f32", "q8_0", "q4_k_m")
 # Variants llama.cpp's quantizer makes from the F32 file (gguf cannot write K-quants or i-quants),
 # by the LLAMA_FTYPE_MOSTLY_* name it is asked for. "q6_k" and "iq4_xs" are only for the K-quant
@@ -98,7 +97,7 @@ def spec_for(arch: str) -> TinySpec:
     try:
         return SPECS[arch]
     except KeyError:
-        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(ARCHS)}") from None
+        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(SPECS)}") from None
 
 
 def expert_slice_bytes(spec: TinySpec, ggml_type: gguf.GGMLQuantizationType) -> int:
