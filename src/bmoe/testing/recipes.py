@@ -28,11 +28,16 @@ _MIMO2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5000000.
 # The K-quant recipes' width: 256-wide rows are whole K-quant blocks; half the init for 4x the fan-in.
 _WIDE = {"hidden_size": 256, "initializer_range": 0.05}
 
+
+def _hand_written(name: str, real_models: str, **kw) -> Recipe:
+    spec = SPECS[name]
+    return Recipe(name, HAND_WRITTEN, spec.arch, spec.flavour.model_type, spec.seed, real_models, quants=QUANTS,
+                  spec=spec, **kw)
+
+
 _TABLE: tuple[Recipe, ...] = (
-    Recipe("qwen3moe", HAND_WRITTEN, "qwen3moe", "qwen3_moe", SPECS["qwen3moe"].seed, "Qwen3-30B-A3B",
-           quants=QUANTS, spec=SPECS["qwen3moe"]),
-    Recipe("qwen35moe", HAND_WRITTEN, "qwen35moe", "qwen3_5_moe_text", SPECS["qwen35moe"].seed,
-           "Qwen3.5/3.6-35B-A3B", quants=QUANTS, family="deltanet", spec=SPECS["qwen35moe"]),
+    _hand_written("qwen3moe", "Qwen3-30B-A3B"),
+    _hand_written("qwen35moe", "Qwen3.5/3.6-35B-A3B", family="deltanet"),
     # Converted: the text gates run on these.
     Recipe("olmoe", CONVERTED, "olmoe", "olmoe", 101, "OLMoE-1B-7B",
            config={"intermediate_size": 128, "num_experts": 32, "num_experts_per_tok": 4}),
@@ -139,7 +144,8 @@ _TABLE: tuple[Recipe, ...] = (
     Recipe("qwen3vlmoe", CONVERTED, "qwen3vlmoe", "qwen3_vl_moe", 136,
            "Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B (language model)",
            special_tokens=QWEN_VL_TOKENS,
-           config={"vocab_size": _VOCAB + len(QWEN_VL_TOKENS), "intermediate_size": 128, "moe_intermediate_size": 128, "num_experts": 32,
+           config={"vocab_size": _VOCAB + len(QWEN_VL_TOKENS), "intermediate_size": 128,
+                   "moe_intermediate_size": 128, "num_experts": 32,
                    "num_experts_per_tok": 4, "num_key_value_heads": 2, "head_dim": 16,
                    "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
@@ -178,7 +184,8 @@ _TABLE: tuple[Recipe, ...] = (
                    "num_experts_per_tok": 4, "embedding_multiplier": 1.0, "residual_multiplier": 0.22,
                    "attention_multiplier": 0.0625, "logits_scaling": 4.0}),
     Recipe("mistral4", CONVERTED, "mistral4", "mistral3", 149, "Mistral-Small-4-119B",
-           config={"model_type": "mistral4", "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
+           config={"model_type": "mistral4", "intermediate_size": 128, "moe_intermediate_size": 128,
+                   "n_routed_experts": 32,
                    "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 4, "topk_group": 2,
                    "norm_topk_prob": True, "routed_scaling_factor": 1.0, "q_lora_rank": 32,
                    "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
