@@ -1,7 +1,7 @@
 """The tiny models, one recipe each, in one table: ``RECIPES``, keyed by the recipe's name.
 
 A recipe's variant says how it is built and which checks take it (recipe.VARIANTS). Why each
-recipe is shaped as it is, and what the one-off fix-ups are for: docs/tiny-models.md#the-recipes.
+recipe is shaped as it is, and what the one-off fix-ups are for: docs/tiny-models.md#the-recipes-one-by-one.
 The other names here are views of the table, by variant, for the tests that take one kind.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from bmoe.testing.recipe import (CONVERTED, FAMILIES, HAND_WRITTEN, K_QUANT, VAR
                                  Fixups, Recipe)
 from bmoe.testing.spec import QUANTS, SPECS
 
-_VOCAB = VOCAB
 # The "spm" tokenizer's byte pieces SmolLM2 has no <0xXX> token for, after its ids
 # (hf_tokenizer._write_spm_model checks the count).
 SPM_BYTE_PIECES = 143
@@ -88,7 +87,7 @@ _TABLE: tuple[Recipe, ...] = (
                    "num_key_value_heads": 2,
                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
     Recipe("gemma4", CONVERTED, "gemma4", "gemma4_text", 123, "Gemma-4-26B-A4B",
-           config={"vocab_size": _VOCAB + 1, "tie_word_embeddings": True, "num_key_value_heads": 2,
+           config={"vocab_size": VOCAB + 1, "tie_word_embeddings": True, "num_key_value_heads": 2,
                    "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
                    "attention_k_eq_v": True, "layer_types": ["sliding_attention", "full_attention"],
                    "sliding_window": 8, "enable_moe_block": True, "num_experts": 32,
@@ -110,13 +109,13 @@ _TABLE: tuple[Recipe, ...] = (
            family="mla",
            fix=Fixups(random_init=("e_score_correction_bias",))),
     Recipe("glm4moe", CONVERTED, "glm4moe", "glm4_moe", 132, "GLM-4.5-Air, GLM-4.5, GLM-4.6",
-           config={"vocab_size": _VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+           config={"vocab_size": VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
                    "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
                    "num_experts_per_tok": 4, "n_shared_experts": 1, "num_key_value_heads": 2,
                    "attention_bias": True, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
                                        "partial_rotary_factor": 0.5}},
-           special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
+           special_tokens=GLM_TOKENS,
            fix=Fixups(random_init=("e_score_correction_bias",),
                       mtp_layers=1)),
     Recipe("dots1", CONVERTED, "dots1", "dots1", 133, "dots.llm1 (142B-A14B)",
@@ -144,14 +143,14 @@ _TABLE: tuple[Recipe, ...] = (
     Recipe("qwen3vlmoe", CONVERTED, "qwen3vlmoe", "qwen3_vl_moe", 136,
            "Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B (language model)",
            special_tokens=QWEN_VL_TOKENS,
-           config={"vocab_size": _VOCAB + len(QWEN_VL_TOKENS), "intermediate_size": 128,
+           config={"vocab_size": VOCAB + len(QWEN_VL_TOKENS), "intermediate_size": 128,
                    "moe_intermediate_size": 128, "num_experts": 32,
                    "num_experts_per_tok": 4, "num_key_value_heads": 2, "head_dim": 16,
                    "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
                                        "mrope_section": [4, 2, 2], "mrope_interleaved": True}},
            outer_config={"tie_word_embeddings": False,
-                         **{f"{t}_token_id": _VOCAB + i for i, t in enumerate(("vision_start", "vision_end",
+                         **{f"{t}_token_id": VOCAB + i for i, t in enumerate(("vision_start", "vision_end",
                                                                                "image", "video"))},
                          "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64,
                                            "num_heads": 2, "out_hidden_size": 64,
@@ -165,7 +164,7 @@ _TABLE: tuple[Recipe, ...] = (
            fix=Fixups(checkpoint_transpose=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))),
     Recipe("ernie4_5-moe", CONVERTED, "ernie4_5-moe", "ernie4_5_moe", 137,
            "ERNIE-4.5-21B-A3B, ERNIE-4.5-300B-A47B",
-           config={"vocab_size": _VOCAB + SPM_BYTE_PIECES, "tie_word_embeddings": True,
+           config={"vocab_size": VOCAB + SPM_BYTE_PIECES, "tie_word_embeddings": True,
                    "num_hidden_layers": 3, "num_key_value_heads": 2, "intermediate_size": 256,
                    "moe_intermediate_size": 128, "moe_num_experts": 32, "moe_k": 4,
                    "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "moe_layer_end_index": 2,
@@ -207,7 +206,7 @@ _TABLE: tuple[Recipe, ...] = (
            fix=Fixups(random_init=("e_score_correction_bias",))),
     Recipe("jamba", CONVERTED, "jamba", "jamba", 181,
            "Jamba-v0.1, AI21-Jamba-Mini-1.5/1.6/1.7, AI21-Jamba-Large-1.5",
-           config={"vocab_size": _VOCAB + SPM_BYTE_PIECES, "num_hidden_layers": 4,
+           config={"vocab_size": VOCAB + SPM_BYTE_PIECES, "num_hidden_layers": 4,
                    "num_key_value_heads": 2, "intermediate_size": 128, "num_experts": 32,
                    "num_experts_per_tok": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
                    "attn_layer_period": 4, "attn_layer_offset": 2, "mamba_d_state": 16,
@@ -263,7 +262,7 @@ _TABLE: tuple[Recipe, ...] = (
                                                                 "sparse_attention_freq": [0, 1, 1]}},
                       random_init=("e_score_correction_bias",))),
     Recipe("glm5-next", CONVERTED, "glm5-next", "glm5_next", 160, "GLM-5.3-Flash",
-           config={"vocab_size": _VOCAB + 3, "pad_token_id": None, "num_hidden_layers": 4,
+           config={"vocab_size": VOCAB + 3, "pad_token_id": None, "num_hidden_layers": 4,
                    "layer_types": ["linear_attention", "linear_attention", "indexed_attention",
                                    "indexed_attention"],
                    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
@@ -281,7 +280,7 @@ _TABLE: tuple[Recipe, ...] = (
                                            "num_heads": 2, "out_hidden_size": 64,
                                            "projection_intermediate_size": 64}},
            auto_class="AutoModelForImageTextToText",
-           special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
+           special_tokens=GLM_TOKENS,
            family="kda-dsa",
            fix=Fixups(saved_config={"first_k_dense_replace": 1, "mla_use_nope": True,
                                     "linear_attn_config": {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
@@ -289,7 +288,7 @@ _TABLE: tuple[Recipe, ...] = (
                       random_init=("e_score_correction_bias", "attn_hc.base", "ffn_hc.base",
                                    "index_kpool_compress_ape", "index_kpool_compress_gate"))),
     Recipe("glm-dsa", CONVERTED, "glm-dsa", "glm_moe_dsa", 161, "GLM-5, GLM-5.1, GLM-5.2",
-           config={"vocab_size": _VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+           config={"vocab_size": VOCAB + 3, "num_hidden_layers": 3, "first_k_dense_replace": 1,
                    "indexer_types": ["full", "full", "shared", "full"],
                    "intermediate_size": 128, "moe_intermediate_size": 128, "n_routed_experts": 32,
                    "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
@@ -297,7 +296,7 @@ _TABLE: tuple[Recipe, ...] = (
                    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
                    "qk_nope_head_dim": 16, "v_head_dim": 16,
                    "index_n_heads": 2, "index_head_dim": 64, "index_topk": 32},
-           special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
+           special_tokens=GLM_TOKENS,
            family="dsa",
            fix=Fixups(saved_config={"indexer_types": ["full", "full", "shared"],
                                     "layer_types": ["indexed_attention"] * 3,
@@ -473,7 +472,7 @@ _TABLE: tuple[Recipe, ...] = (
     # Vision-language: the image tests only.
     Recipe("glm4vmoe", VISION_LANGUAGE, "glm4moe", "glm4v_moe", 260, "GLM-4.5V (language model)",
            special_tokens=GLM_TOKENS + GLM_VL_TOKENS,
-           config={"vocab_size": _VOCAB + len(GLM_TOKENS) + len(GLM_VL_TOKENS), "num_hidden_layers": 3,
+           config={"vocab_size": VOCAB + len(GLM_TOKENS) + len(GLM_VL_TOKENS), "num_hidden_layers": 3,
                    "first_k_dense_replace": 1, "intermediate_size": 128, "moe_intermediate_size": 128,
                    "n_routed_experts": 32, "num_experts_per_tok": 4, "n_shared_experts": 1,
                    "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True, "norm_topk_prob": True,
@@ -481,7 +480,7 @@ _TABLE: tuple[Recipe, ...] = (
                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                        "mrope_section": [2, 1, 1]}},
            outer_config={"tie_word_embeddings": False,
-                         **{f"{t}_token_id": _VOCAB + len(GLM_TOKENS) + i
+                         **{f"{t}_token_id": VOCAB + len(GLM_TOKENS) + i
                             for i, t in enumerate(("image_start", "image_end", "image", "video_start", "video_end",
                                                    "video"))},
                          "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -512,7 +511,7 @@ _TABLE: tuple[Recipe, ...] = (
            quants=("q4_k_m", "q6_k", "iq4_xs"),
            fix=Fixups(random_init=("e_score_correction_bias",))),
     Recipe("gemma4-w256", K_QUANT, "gemma4", "gemma4_text", 223, "Gemma-4-26B-A4B",
-           config={**_WIDE, "vocab_size": _VOCAB + 1, "tie_word_embeddings": True, "num_key_value_heads": 2,
+           config={**_WIDE, "vocab_size": VOCAB + 1, "tie_word_embeddings": True, "num_key_value_heads": 2,
                    "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
                    "attention_k_eq_v": True, "layer_types": ["sliding_attention", "full_attention"],
                    "sliding_window": 8, "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
