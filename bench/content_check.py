@@ -59,7 +59,7 @@ def decode_rounds(a: argparse.Namespace) -> dict[str, dict[str, float]]:
     from bmoe.stream import reader as reader_mod
 
     cfg = SessionConfig(model=a.model, n_ctx=512, n_threads=a.threads, chat="none", moe_stream=True,
-                        io_threads=a.io_threads, stream_cache_dir=a.twins)
+                        io_threads=a.io_threads, twin_dir=a.twins)
     defaults = (reader_mod.CHECK_EVERY_S, reader_mod.COST_SHARE)
     out: dict[str, list[tuple[float, int, float]]] = {"off": [], "default": [], "every ubatch": []}
     with Session(cfg) as s:

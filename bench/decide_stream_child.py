@@ -184,7 +184,7 @@ def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
 
     if a.planned:  # the plan chooses what these flags leave open (docs/plan.md): nothing but the prompt's shape
         return Session(SessionConfig(model=a.model, n_ctx=a.n_ctx, chat="chatml", decide=True,
-                                     flash_attn=a.flash_attn, stream_cache_dir=a.twins))
+                                     flash_attn=a.flash_attn, twin_dir=a.twins))
     # every other configuration is exactly the flags it names: no plan
     common = dict(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
                   chat="chatml", decide=True, flash_attn=a.flash_attn, plan="off")
@@ -192,7 +192,7 @@ def open_session(a: argparse.Namespace):  # -> bmoe.session.Session
         return Session(SessionConfig(**common))
     return Session(SessionConfig(**common, moe_stream=True, cache_mb=a.cache_mb, io_threads=a.io_threads,
                                  prefetch=a.prefetch, prefetch_wide_tokens=a.wide_tokens if a.prefetch else 0,
-                                 dense_weights=a.dense_weights, stream_cache_dir=a.twins, cache_policy=a.cache_policy))
+                                 dense_weights=a.dense_weights, twin_dir=a.twins, cache_policy=a.cache_policy))
 
 
 def decode_rate(session, n_predict: int) -> dict[str, object]:

@@ -48,7 +48,7 @@ def bench_modes(expert_bytes: int, cache_pct: int, io_threads: int, twins: Path)
 
     common = {"n_batch": BENCH_UBATCH, "n_ubatch": BENCH_UBATCH}
     stream = {**common, "moe_stream": True, "io_threads": io_threads, "prefetch": True, "prefetch_wide_tokens": 0,
-              "stream_cache_dir": twins}
+              "twin_dir": twins}
     return {
         "resident": common,
         "streamed, cache off, read-ahead": {**stream, "cache_mb": 0},

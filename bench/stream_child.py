@@ -203,7 +203,7 @@ def open_session(a: argparse.Namespace, stream: bool):  # -> bmoe.session.Sessio
 
     cfg = SessionConfig(
         model=a.model, n_ctx=a.n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads, chat="none",
-        moe_stream=stream, cache_mb=(a.cache_mb or 0) if stream else 0, io_threads=a.io_threads, stream_cache_dir=a.twins,
+        moe_stream=stream, cache_mb=(a.cache_mb or 0) if stream else 0, io_threads=a.io_threads, twin_dir=a.twins,
         prefetch=bool(stream and a.prefetch),
     )
     return Session(cfg)

@@ -63,7 +63,7 @@ class SessionConfig:
     cache_policy: str = DEFAULT_POLICY_NAME  # which experts the cache keeps: a key of bmoe.stream.policy.POLICIES
     odirect: bool = True
     io_threads: int = 4
-    stream_cache_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
+    twin_dir: Path | None = None  # where dense twins live (None: $BMOE_CACHE_DIR or ~/.cache/bmoe)
     stream_read_all: bool = False  # verification: read every expert at every route (gate G3)
     prefetch: bool = False  # speculative prefetch (read-ahead) of the next layer's guessed experts
     prefetch_wide_tokens: int = 0  # prefill ubatches this wide read all of the next layer (0: the rule)
@@ -169,8 +169,8 @@ def validate(cfg: SessionConfig) -> None:
     _int_at_least(cfg, "io_threads", 1)
     if cfg.io_threads > MAX_IO_THREADS:
         raise ConfigError(f"io_threads: at most {MAX_IO_THREADS} (each read lane is a thread), got {cfg.io_threads}")
-    if cfg.stream_cache_dir is not None and not isinstance(cfg.stream_cache_dir, (str, Path)):
-        raise ConfigError(f"stream_cache_dir: must be a folder path, got {cfg.stream_cache_dir!r}")
+    if cfg.twin_dir is not None and not isinstance(cfg.twin_dir, (str, Path)):
+        raise ConfigError(f"twin_dir: must be a folder path, got {cfg.twin_dir!r}")
     if cfg.cache_policy not in POLICIES:
         raise ConfigError(f"cache_policy: must be one of {', '.join(POLICIES)}, got {cfg.cache_policy!r}")
     if not cfg.moe_stream:  # a setting that would be ignored: the user meant to stream

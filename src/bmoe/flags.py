@@ -96,8 +96,9 @@ SESSION_FLAGS: tuple[Flag, ...] = (
     _flag("--no-odirect", field="odirect", to_field=lambda v: not v, action="store_true",
           help="read experts through the page cache instead of O_DIRECT"),
     _flag("--io-threads", field="io_threads", type=int, default=4, help="parallel read lanes (default 4)"),
-    _flag("--stream-cache-dir", field="stream_cache_dir", type=Path, default=None,
-          help="folder for dense twins (default $BMOE_CACHE_DIR/twins or ~/.cache/bmoe/twins)"),
+    _flag("--stream-cache-dir", "--twin-dir", field="twin_dir", type=Path, default=None,
+          help="folder for dense twins (default $BMOE_CACHE_DIR/twins or ~/.cache/bmoe/twins; "
+               "--stream-cache-dir is its old name)"),
     _flag("--stream-read-all", field="stream_read_all", action="store_true",
           help="verification: read every expert at every layer, not just the routed ones"),
     _flag("--prefetch", field="prefetch", action="store_true",

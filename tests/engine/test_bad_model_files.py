@@ -78,7 +78,7 @@ class Run:
     prog: str           # "bmoe-cli" or "bmoe-server"
     session: bool
     stream: bool
-    cache: Path         # this run's --stream-cache-dir (and $BMOE_CACHE_DIR)
+    cache: Path         # this run's --twin-dir (and $BMOE_CACHE_DIR)
     rc: int
     stdout: str
     stderr: str
@@ -102,7 +102,7 @@ def _run(model: Path, prog: str, session: bool, stream: bool, cache: Path) -> Ru
     else:
         argv = [sys.executable, "-m", "bmoe.server", "-m", str(model), "--port", str(_free_port())]
     if stream:
-        argv += ["--moe-stream", "--stream-cache-dir", str(cache)]
+        argv += ["--moe-stream", "--twin-dir", str(cache)]
     env = {**os.environ, "BMOE_CACHE_DIR": str(cache)}
     env.pop("BMOE_LLAMA_LOG", None)
     p = subprocess.run(argv, input='{"cmd":"close"}\n' if session else "", capture_output=True, text=True,
@@ -187,7 +187,7 @@ def test_stream_setup_errors_name_the_users_file(tmp_path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    config = SessionConfig(model=path, moe_stream=True, stream_cache_dir=tmp_path / "twins")
+    config = SessionConfig(model=path, moe_stream=True, twin_dir=tmp_path / "twins")
     with pytest.raises(StreamSetupError, match=rf"^--moe-stream: {path}: .*architecture 'mystery-moe'") as e:
         open_streaming(config)
     assert isinstance(e.value, ModelFileError)  # the file's fault, as architecture.md's error root says

@@ -14,7 +14,7 @@ from bmoe.wire.records import done_fields, summary
 
 def test_the_decode_split_is_the_sum_of_the_steps_and_leaves_the_prefill_out(tiny_models, tmp_path: Path) -> None:
     model = tiny_models("qwen3moe", "q8_0")
-    cfg = SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=256, n_threads=1)
+    cfg = SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path / "twins", n_ctx=256, n_threads=1)
     with Session(cfg) as s:
         steps = []
         r = s.generate(GenerateRequest(prompt="Tell me about the sea and the sky. " * 6, n_predict=6), on_step=steps.append)

@@ -50,10 +50,10 @@ def _fs_drops_pages(folder: Path) -> bool:
 
 
 def test_anon_pages_are_not_the_files_so_dropping_the_file_changes_nothing(open_tiny, tmp_path) -> None:
-    ref_session = open_tiny(moe_stream=True, dense_weights="mmap", stream_cache_dir=tmp_path / "twins")
+    ref_session = open_tiny(moe_stream=True, dense_weights="mmap", twin_dir=tmp_path / "twins")
     ref = ref_session.generate(GEN)
     ref_session.close()  # nothing maps the twin any more but the anon session below
-    s = open_tiny(moe_stream=True, stream_cache_dir=tmp_path / "twins")  # anon: the default when streaming
+    s = open_tiny(moe_stream=True, twin_dir=tmp_path / "twins")  # anon: the default when streaming
     assert s.streaming.dense_weights == "anon" and s.config.dense_weights is None
     spans = s.streaming.dense.spans
     assert spans and s.dense_anon_bytes == sum(hi - lo for lo, hi in spans)
@@ -78,14 +78,14 @@ def test_anon_pages_are_not_the_files_so_dropping_the_file_changes_nothing(open_
 
 
 def test_mmap_measures_the_files_page_cache(open_tiny, tmp_path) -> None:
-    s = open_tiny(moe_stream=True, dense_weights="mmap", stream_cache_dir=tmp_path / "twins")
+    s = open_tiny(moe_stream=True, dense_weights="mmap", twin_dir=tmp_path / "twins")
     assert s.dense_anon_bytes == 0 and isinstance(s.streaming.dense, PageResidency)
     assert s.dense_resident_frac() == 1.0  # populated at load, and mapped: the kernel keeps them
 
 
 def test_ready_reports_the_mode_and_the_bytes_held(open_tiny, tmp_path) -> None:
     for kw, mode in (({}, "anon"), ({"dense_weights": "mmap"}, "mmap")):
-        s = open_tiny(moe_stream=True, stream_cache_dir=tmp_path / "twins", **kw)
+        s = open_tiny(moe_stream=True, twin_dir=tmp_path / "twins", **kw)
         out = io.StringIO()
         assert run_session(s, io.StringIO(""), out) == 0
         ready = json.loads(out.getvalue().splitlines()[0].partition(" ")[2])
@@ -149,7 +149,7 @@ def test_a_twin_removed_while_the_model_loads_is_still_moved_and_given_back(open
     before the load) and the expert pages still given back, and the session answers as before."""
     import llama_cpp
 
-    ref = open_tiny("lfm2moe", moe_stream=True, stream_cache_dir=tmp_path / "ref-twins").generate(GEN).tokens
+    ref = open_tiny("lfm2moe", moe_stream=True, twin_dir=tmp_path / "ref-twins").generate(GEN).tokens
     load = llama_cpp.llama_model_load_from_file
     removed: list[Path] = []
 
@@ -160,7 +160,7 @@ def test_a_twin_removed_while_the_model_loads_is_still_moved_and_given_back(open
         return ptr
 
     monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", load_then_remove)
-    s = open_tiny("lfm2moe", moe_stream=True, stream_cache_dir=tmp_path / "twins")
+    s = open_tiny("lfm2moe", moe_stream=True, twin_dir=tmp_path / "twins")
     assert removed == [s.streaming.load_path] and not removed[0].exists()
     assert s.streaming.dense_weights == "anon" and s.dense_anon_bytes > 0
     assert s.runtime.model.dropped_bytes > 0
@@ -184,7 +184,7 @@ def _mapped_rss(path: Path) -> int:
 def test_the_expert_pages_llama_cpp_populated_are_given_back(open_tiny, tmp_path, mode) -> None:
     """llama.cpp's MAP_POPULATE fills the twin's expert holes with zero pages; the session unmaps
     them once loaded, so only dense pages (mmap) or nothing (anon) of the twin stay mapped."""
-    s = open_tiny(moe_stream=True, dense_weights=mode, stream_cache_dir=tmp_path / "twins")
+    s = open_tiny(moe_stream=True, dense_weights=mode, twin_dir=tmp_path / "twins")
     layout = s.streaming.layout
     twin = s.streaming.load_path
     assert twin != s.config.model  # the dense twin was loaded

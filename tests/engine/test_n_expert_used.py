@@ -44,8 +44,8 @@ def _decode_bytes_per_token(s: Session) -> float:
 def test_bytes_read_per_decoded_token_fall_in_proportion_to_k(open_tiny, tmp_path: Path, arch: str) -> None:
     """Cache off, no read-ahead: a decoded token reads exactly its K experts in every MoE layer
     (top-k ids are distinct), which is the layout's floor; so K=1 reads 1/n_expert_used of it."""
-    own = open_tiny(arch, moe_stream=True, stream_cache_dir=tmp_path)
-    one = open_tiny(arch, moe_stream=True, stream_cache_dir=tmp_path, n_expert_used=1)
+    own = open_tiny(arch, moe_stream=True, twin_dir=tmp_path)
+    one = open_tiny(arch, moe_stream=True, twin_dir=tmp_path, n_expert_used=1)
     k_own = own.streaming.layout.n_expert_used
     assert k_own == {"qwen3moe": 2, "qwen35moe": 4}[arch] and one.streaming.layout.n_expert_used == 1
     per_own, per_one = _decode_bytes_per_token(own), _decode_bytes_per_token(one)
@@ -68,7 +68,7 @@ def test_more_experts_than_the_model_has_is_refused_before_anything_loads(tiny_m
     monkeypatch.setattr(runtime_mod, "open_streaming", never)
     model = tiny_models("qwen3moe", "q8_0")
     for stream in (False, True):
-        kw = dict(moe_stream=True, stream_cache_dir=tmp_path / "twins") if stream else {}
+        kw = dict(moe_stream=True, twin_dir=tmp_path / "twins") if stream else {}
         cfg = SessionConfig(model=model, n_ctx=256, n_threads=1, n_expert_used=17, **kw)  # the config takes it
         with pytest.raises(ConfigError) as e:
             Session(cfg)
@@ -100,7 +100,7 @@ def test_a_dense_model_is_refused_naming_that_it_has_no_experts(monkeypatch) -> 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_ready_says_k_and_the_model_s_own(open_tiny, tmp_path: Path, stream: bool) -> None:
-    kw = dict(moe_stream=True, stream_cache_dir=tmp_path) if stream else {}
+    kw = dict(moe_stream=True, twin_dir=tmp_path) if stream else {}
     s = open_tiny("qwen35moe", n_expert_used=3, **kw)
     out = io.StringIO()
     assert run_session(s, io.StringIO('{"cmd":"close"}\n'), out) == 0

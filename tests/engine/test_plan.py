@@ -139,7 +139,7 @@ def test_plan_only_prints_the_plan_without_opening(model, monkeypatch, capsys) -
 
 
 def test_a_planned_streamed_session_answers_as_the_resident_one(model, monkeypatch, tmp_path) -> None:
-    cfg = dict(model=model, n_ctx=512, n_threads=1, stream_cache_dir=tmp_path)
+    cfg = dict(model=model, n_ctx=512, n_threads=1, twin_dir=tmp_path)
     m = model_facts(SessionConfig(**cfg))
     room = m.dense_bytes + m.kv_bytes + compute_bytes(m, 512, 512) + 2 * MIB
     monkeypatch.setattr(plan_mod.Machine, "here", staticmethod(lambda: machine_with_room(room)))

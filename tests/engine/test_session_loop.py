@@ -258,7 +258,7 @@ def test_a_lone_surrogate_is_refused_with_its_id(tiny) -> None:
 def test_the_fatal_streaming_error_carries_the_request_id(tiny_models, tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     shutil.copyfile(tiny_models("qwen3moe", "q4_k_m"), model)
-    s = Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    s = Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     try:
         st = model.stat()
         os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "replaced" under the session

@@ -23,7 +23,7 @@ def test_split_gguf_streams_from_its_shards(tiny_models, tmp_path: Path) -> None
         ("split", first, {}),
         ("split-streamed", first, {"moe_stream": True, "cache_mb": 1, "cache_force": True}),
     ]:
-        with Session(SessionConfig(model=model, n_ctx=128, n_threads=1, stream_cache_dir=tmp_path / "twins", **kw)) as s:
+        with Session(SessionConfig(model=model, n_ctx=128, n_threads=1, twin_dir=tmp_path / "twins", **kw)) as s:
             runs[name] = s.generate(GEN)
             if kw:
                 st = s.stream_stats()

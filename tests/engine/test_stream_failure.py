@@ -20,7 +20,7 @@ from bmoe.stream.reader import StreamIOError
 def streamed(tiny_models, tmp_path: Path):
     model = tmp_path / "m.gguf"
     shutil.copyfile(tiny_models("qwen3moe", "q4_k_m"), model)
-    s = Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    s = Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     yield s, model
     s.close()
 
@@ -53,7 +53,7 @@ def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models
     from bmoe.stream.reader import StreamIOError
 
     s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, io_threads=1,
-                              stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+                              twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4  # learns the graph
         hook, streamer = s.streaming.hook, s.streaming.streamer
@@ -87,7 +87,7 @@ def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: 
     from bmoe.stream.reader import ReadOp
 
     s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, prefetch=True, io_threads=1,
-                              stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+                              twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
         hook, streamer = s.streaming.hook, s.streaming.streamer

@@ -45,7 +45,7 @@ def model(tiny_models, tmp_path: Path) -> Path:
 
 
 def test_expert_bytes_overwritten_in_place_are_a_sticky_error_naming_the_file(model: Path, tmp_path: Path) -> None:
-    s = Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    s = Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
         # Layer 0's down projections now hold layer 1's: a real model's bytes, just not these.
@@ -68,7 +68,7 @@ def test_a_session_opened_after_an_in_place_overwrite_uses_the_new_bytes(model: 
     """The twin holds the dense weights: one made before the overwrite must not be reused after
     it. The streamed run must equal the resident run of the file as it is now."""
     twins = tmp_path / "twins"
-    cfg = dict(model=model, stream_cache_dir=twins, n_ctx=128, n_threads=1)
+    cfg = dict(model=model, twin_dir=twins, n_ctx=128, n_threads=1)
     with Session(SessionConfig(moe_stream=True, **cfg)) as s:
         before = s.generate(GenerateRequest(prompt="Hi", n_predict=8)).tokens
     (a1, b1), (a2, b2) = dense_ranges(read_layout(model), 0)[1:3]  # layer 1's dense tensors get layer 2's

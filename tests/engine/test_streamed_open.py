@@ -24,10 +24,10 @@ def test_streamed_open_reads_dense_bytes_only(tiny_models, tmp_path: Path) -> No
     size = model.stat().st_size
     dense = read_layout(model).dense_nbytes
     twins = tmp_path / "twins"
-    Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=twins, n_ctx=64)).close()  # writes the twin
+    Session(SessionConfig(model=model, moe_stream=True, twin_dir=twins, n_ctx=64)).close()  # writes the twin
     for f in [model, *twins.rglob("*.gguf")]:
         evict(f)
-    with Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=twins, n_ctx=64)) as s:
+    with Session(SessionConfig(model=model, moe_stream=True, twin_dir=twins, n_ctx=64)) as s:
         # dense weights, plus the header read that the host's read-ahead (8 MiB here) rounds up
         assert 0 < s.load_read_bytes <= dense + (12 << 20) < size * 2 // 3
     evict(model)
@@ -56,7 +56,7 @@ def test_page_residency_follows_the_page_cache(tmp_path: Path) -> None:
 
 def test_streamed_session_reports_dense_residency(tiny_models, tmp_path: Path) -> None:
     model = tiny_models("qwen3moe", "q8_0")
-    with Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path / "twins", n_ctx=64)) as s:
+    with Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path / "twins", n_ctx=64)) as s:
         assert s.dense_resident_frac() > 0.9  # llama.cpp populated the dense weights at load
     with Session(SessionConfig(model=model, n_ctx=64)) as s:
         assert s.dense_resident_frac() == 0.0  # resident sessions: unmeasured
@@ -78,7 +78,7 @@ def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(ti
 
     monkeypatch.setattr(ExpertReader, "verify_files", changed)
     with pytest.raises(StreamModelError, match=rf"^--moe-stream: {model} changed since it was opened"):
-        Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path))
+        Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path))
 
 
 def test_a_failure_after_the_load_frees_the_model_too(tiny_models, tmp_path: Path, monkeypatch) -> None:
@@ -103,10 +103,10 @@ def test_a_failure_after_the_load_frees_the_model_too(tiny_models, tmp_path: Pat
     monkeypatch.setattr(ExpertStreaming, "attach", attach)
     model = tiny_models("qwen3moe", "q8_0")
     with pytest.raises(ValueError, match="attach refused"):
-        Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path))
+        Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path))
     assert len(closed) == 1
     monkeypatch.undo()
-    with Session(SessionConfig(model=model, moe_stream=True, stream_cache_dir=tmp_path, n_ctx=64)) as s:
+    with Session(SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path, n_ctx=64)) as s:
         from bmoe import GenerateRequest
 
         assert s.generate(GenerateRequest(prompt="Hello", n_predict=2)).n_tokens == 2  # it opens again and runs

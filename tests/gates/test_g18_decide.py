@@ -240,7 +240,7 @@ def test_g18d_resident_equals_streaming(arch, tiny_models, open_session, tmp_pat
     seq = [req(1, P1, S1), req(2, P1, S2), req(3, P2, S3), req(4, P2, S3, reuse_prefix=False)]
     answers = {}
     for mode, kw in modes_of(arch).items():
-        s = open_session(model, decide=True, stream_cache_dir=tmp_path / "twins", **kw)
+        s = open_session(model, decide=True, twin_dir=tmp_path / "twins", **kw)
         routes = record_routes(s) if kw.get("prefetch") else []
         results = s.decide_many(seq)
         answers[mode] = ([r.scores.choice_logp for r in results], [r.reuse for r in results], logits_of(s))

@@ -80,7 +80,7 @@ def opener(variant: tuple[str, str], tiny_models, open_session, tmp_path) -> tup
 
     def open_(**kw):
         if kw.get("moe_stream"):
-            kw.setdefault("stream_cache_dir", tmp_path / "twins")
+            kw.setdefault("twin_dir", tmp_path / "twins")
         return open_session(model, n_ctx=256, **kw)
 
     if variant not in _RESIDENT:

@@ -45,7 +45,7 @@ def test_g22_resident_equals_streamed_with_the_same_k(tiny_models, open_session,
     assert resident.model.n_expert_used == k != resident.model.n_expert_used_gguf
     reference = resident.generate(GEN)
 
-    off = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, stream_cache_dir=twins)
+    off = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, twin_dir=twins)
     assert off.streaming.layout.n_expert_used == k
     routes = record_routes(off)
     assert_same(reference, off.generate(GEN))
@@ -55,7 +55,7 @@ def test_g22_resident_equals_streamed_with_the_same_k(tiny_models, open_session,
     assert st.read_bytes == sum(per_expert[il] * len(ex) for il, _, ex in routes) and st.hits == 0
 
     # an evicting cache: 1 MiB holds five of a layer's experts, under one token's floor above K=1
-    evicting = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, stream_cache_dir=twins,
+    evicting = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, twin_dir=twins,
                             cache_mb=1, cache_force=True)
     routes = record_routes(evicting)
     assert_same(reference, evicting.generate(GEN))
@@ -64,7 +64,7 @@ def test_g22_resident_equals_streamed_with_the_same_k(tiny_models, open_session,
     assert st.evictions > 0 and st.hits + st.misses == st.routed == sum(len(ex) for _, _, ex in routes)
 
     # read-ahead guesses half of K (rounded up) per token; what it reads changes no output
-    ahead = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, stream_cache_dir=twins, prefetch=True)
+    ahead = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, twin_dir=twins, prefetch=True)
     assert ahead.streaming.hook.guess.k == -(-k // 2)
     assert_same(reference, ahead.generate(GEN))
     assert ahead.stream_stats().guessed > 0

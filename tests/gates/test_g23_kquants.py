@@ -68,7 +68,7 @@ def kq_variant(request, tiny_models, open_session, tmp_path):
 
     def open_(**kw):
         if kw.get("moe_stream"):
-            kw.setdefault("stream_cache_dir", tmp_path / "twins")
+            kw.setdefault("twin_dir", tmp_path / "twins")
         return open_session(model, n_ctx=256, **kw)
 
     if request.param not in _RESIDENT:
@@ -159,7 +159,7 @@ def test_g23c_decisions_streamed_equal_resident_and_restore_exactly(tiny_models,
     twins = tmp_path / "twins"
     answers = {}
     for mode, kw in modes_of(gguf_arch(variant[0])).items():
-        s = open_session(model, decide=True, stream_cache_dir=twins, **kw)
+        s = open_session(model, decide=True, twin_dir=twins, **kw)
         routes = record_routes(s) if kw.get("moe_stream") else []
         answers[mode] = []
         for r in seq:
@@ -181,7 +181,7 @@ def test_g23c_decisions_streamed_equal_resident_and_restore_exactly(tiny_models,
         for i, (got, want) in enumerate(zip(answers[mode], ref, strict=True)):
             assert got[:3] == want[:3] and np.array_equal(got[3], want[3]), f"{mode}: decision {i + 1}"
 
-    fresh = open_session(model, decide=True, stream_cache_dir=twins, **MODES["stream-evicting"])
+    fresh = open_session(model, decide=True, twin_dir=twins, **MODES["stream-evicting"])
     alone = fresh.decide(req(2, P1, S2))
     logp, reuse, n_reused, logits = answers["stream-evicting"][1]
     assert (reuse, alone.reuse) == ("restored", "stored") and n_reused > 0 == alone.n_reused

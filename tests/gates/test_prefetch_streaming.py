@@ -114,7 +114,7 @@ def test_prefetch_is_refused_for_an_arch_whose_routing_the_guess_does_not_model(
                                                                                 open_session, tmp_path) -> None:
     with pytest.raises(StreamSetupError, match=f"cannot guess the routing of architecture '{arch}': .+") as e:
         open_session(tiny_models(arch, "q8_0"), moe_stream=True, cache_mb=0, prefetch=True,
-                      stream_cache_dir=tmp_path / "twins")
+                      twin_dir=tmp_path / "twins")
     assert isinstance(e.value, ConfigError)  # a setting's fault (--prefetch), as architecture.md's error root says
 
 

@@ -87,7 +87,7 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
         "-n", "7", "-c", "64", "-b", "32", "-ub", "16", "-t", "1", "--temp", "0.5", "--top-p", "0.9",
         "--seed", "3", "--chatml", "--no-think", "--flash-attn", "off", "--kv-f32", "--moe-stream",
         "--cache-mb", "auto", "--cache-ceil-mb", "9", "--cache-force", "--no-odirect", "--io-threads", "2",
-        "--stream-cache-dir", "/tmp/x", "--stream-read-all", "--decide", "--decide-prefix-cache", "on",
+        "--twin-dir", "/tmp/x", "--stream-read-all", "--decide", "--decide-prefix-cache", "on",
         "--prefill-min-tokens", "5", "--n-expert-used", "3",
     ])
     cfg = config_from_flags(args, model)
@@ -96,7 +96,7 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
         (0.5, 0.9, 3, "chatml", False, False, True)
     assert (cfg.moe_stream, cfg.cache_mb, cfg.cache_ceil_mb, cfg.cache_force, cfg.odirect, cfg.io_threads) == \
         (True, "auto", 9, True, False, 2)
-    assert (cfg.stream_cache_dir, cfg.stream_read_all, cfg.decide, cfg.decide_prefix_cache) == \
+    assert (cfg.twin_dir, cfg.stream_read_all, cfg.decide, cfg.decide_prefix_cache) == \
         (Path("/tmp/x"), True, True, "on")
     assert (cfg.prefill_device, cfg.prefill_min_tokens, cfg.prefetch, cfg.n_expert_used) == (None, 5, False, 3)
     # and the defaults are SessionConfig's own

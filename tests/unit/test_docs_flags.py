@@ -44,7 +44,7 @@ def test_every_batch_flag_has_a_row_in_scale_out_md_or_cli_md() -> None:
 
 
 def test_the_check_sees_a_missing_row() -> None:
-    assert not _documented("--stream-cache-dir", [" `--gc-twins [MAX_MB]` ", " see `--stream-cache-dir` "][:1])
+    assert not _documented("--twin-dir", [" `--gc-twins [MAX_MB]` ", " see `--twin-dir` "][:1])
     assert _documented("--cache-mb", [" `--cache-mb N\\|auto` "])
 
 

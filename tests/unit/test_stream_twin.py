@@ -161,14 +161,14 @@ def test_bmoe_cli_gc_twins_prints_what_it_removed_and_exits_0(tiny_models, tmp_p
     gone_twin = dense_twin(read_layout(gone), cache).parent
     kept_twin = dense_twin(read_layout(kept), cache).parent
     gone.unlink()
-    assert main(["--gc-twins", "--stream-cache-dir", str(cache)]) == 0
+    assert main(["--gc-twins", "--twin-dir", str(cache)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"removed {gone_twin} (its source {gone} is gone, ")
     assert out[-1].startswith("bmoe-cli: --gc-twins: removed 1 twin (") and "kept 1 (" in out[-1]
     assert _twins(cache) == [kept_twin]
-    assert main(["--gc-twins", "0", "--stream-cache-dir", str(cache)]) == 0  # a budget of 0 MiB: all go
+    assert main(["--gc-twins", "0", "--twin-dir", str(cache)]) == 0  # a budget of 0 MiB: all go
     assert _twins(cache) == []
-    assert main(["--gc-twins", "--stream-cache-dir", str(tmp_path / "none")]) == 0  # no cache yet: nothing to do
+    assert main(["--gc-twins", "--twin-dir", str(tmp_path / "none")]) == 0  # no cache yet: nothing to do
     assert "removed 0 twins" in capsys.readouterr().out
 
 
@@ -219,7 +219,7 @@ def test_bmoe_cli_gc_twins_names_a_folder_it_cannot_list(tmp_path: Path, capsys,
         raise PermissionError(13, "Permission denied", str(self))
 
     monkeypatch.setattr(Path, "iterdir", refuse)
-    assert main(["--gc-twins", "--stream-cache-dir", str(cache)]) == 1
+    assert main(["--gc-twins", "--twin-dir", str(cache)]) == 1
     assert capsys.readouterr().err == f"bmoe-cli: --gc-twins: cannot list the twins folder {cache}: Permission denied\n"
 
 

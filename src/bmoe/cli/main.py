@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
     a("--list-devices", action="store_true", help="print the devices this llama-cpp-python provides and exit")
     a("--gc-twins", nargs="?", const=True, default=False, type=_gc_budget, metavar="MAX_MB",
-      help="remove the dense twins (--stream-cache-dir) of model files that are gone or changed, then, with "
+      help="remove the dense twins (--twin-dir) of model files that are gone or changed, then, with "
            "MAX_MB, the least recently used ones until the rest take at most MAX_MB MiB; print them and exit")
     a("--plan-only", action="store_true", help=PLAN_ONLY_HELP)
     a("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
@@ -44,7 +44,7 @@ def gc_twins_main(args: argparse.Namespace) -> int:
     """--gc-twins: one line per removed twin, then a summary line; exit 0 (1 if one cannot be removed)."""
     from bmoe.session import default_twin_dir, gc_twins
 
-    cache = args.stream_cache_dir or default_twin_dir()
+    cache = args.twin_dir or default_twin_dir()
     budget = None if args.gc_twins is True else args.gc_twins << 20
     try:
         report = gc_twins(cache, budget)

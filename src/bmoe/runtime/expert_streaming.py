@@ -163,7 +163,7 @@ def open_streaming(config: SessionConfig) -> ExpertStreaming:
         raise _setup_error(config, e) from e
     try:
         try:
-            load_path = open_twin(layout, config.stream_cache_dir or default_twin_dir(), content).path
+            load_path = open_twin(layout, config.twin_dir or default_twin_dir(), content).path
         except TwinError as e:
             print(f"bmoe: {e}; loading the original file (its experts will be read once at load)", file=sys.stderr)
             load_path = Path(config.model)

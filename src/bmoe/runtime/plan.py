@@ -281,4 +281,4 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
 
 
 def _rates_dir(config: SessionConfig) -> Path:
-    return Path(config.stream_cache_dir) if config.stream_cache_dir else default_twin_dir().parent
+    return Path(config.twin_dir) if config.twin_dir else default_twin_dir().parent

@@ -49,24 +49,44 @@ def _read_int(path: Path) -> int | None:
     return None if text in ("", "max") else int(text)
 
 
-def cgroup_memory() -> tuple[int, int] | None:
-    """(limit, usage) in bytes of the process's memory cgroup (v2, then v1), or None without a limit."""
+def _stat(path: Path, *keys: str) -> int:
+    """The first of ``keys`` found in a cgroup's ``memory.stat`` (0 when none is)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        pairs = dict(line.split() for line in path.read_text().splitlines() if line.count(" ") == 1)
+    except (OSError, ValueError):
+        return 0
+    for key in keys:
+        if key in pairs:
+            return int(pairs[key])
+    return 0
+
+
+def cgroup_memory(proc_cgroup: Path = Path("/proc/self/cgroup"),
+                  root: Path = Path("/sys/fs/cgroup")) -> tuple[int, int] | None:
+    """(limit, usage) in bytes of the process's memory cgroup (v2, then v1), or None without a limit.
+
+    Usage leaves out the cgroup's inactive file pages (``memory.stat``): clean page cache that the
+    kernel reclaims before it kills anything. A container that has just copied or read its model
+    holds hundreds of MB of it, which a plan must not count as taken (the kernel's own working
+    set, what container runtimes report, leaves it out the same way)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         _, controllers, rel = line.split(":", 2)
         if controllers == "":  # v2 unified
-            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            base = root / rel.lstrip("/")
             limit, usage = _read_int(base / "memory.max"), _read_int(base / "memory.current")
+            inactive = _stat(base / "memory.stat", "inactive_file")
         elif "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
+            base = root / "memory" / rel.lstrip("/")
             limit, usage = _read_int(base / "memory.limit_in_bytes"), _read_int(base / "memory.usage_in_bytes")
+            inactive = _stat(base / "memory.stat", "total_inactive_file", "inactive_file")
         else:
             continue
         if limit is not None and usage is not None and limit < (1 << 60):
-            return limit, usage
+            return limit, max(0, usage - inactive)
     return None
 
 

@@ -52,7 +52,7 @@ class TwinError(BmoeError, OSError):
 
 
 def default_twin_dir() -> Path:
-    """Where twins are kept without ``--stream-cache-dir``: $BMOE_CACHE_DIR/twins, else ~/.cache/bmoe/twins."""
+    """Where twins are kept without ``--twin-dir``: $BMOE_CACHE_DIR/twins, else ~/.cache/bmoe/twins."""
     env = os.environ.get("BMOE_CACHE_DIR")
     return (Path(env) if env else Path.home() / ".cache" / "bmoe") / "twins"
 
