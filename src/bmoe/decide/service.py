@@ -71,8 +71,7 @@ class DecideService:
         """One answer per request, in order, each as if answered alone after the ones before it.
         ``stop`` is asked between decisions (and between the calls of a batch): once it says so,
         what has not run is answered as cancelled (``DecideCancelled``)."""
-        over = {i: too_much_work(r, self.max_work) for i, r in enumerate(requests)}
-        over = {i: res for i, res in over.items() if res is not None}
+        over = {i: res for i, r in enumerate(requests) if (res := too_much_work(r, self.max_work)) is not None}
         if over:  # refused alone, before anything runs; the others are answered as without them
             rest = self.answer([r for i, r in enumerate(requests) if i not in over], stop)
             it = iter(rest)

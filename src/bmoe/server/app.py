@@ -95,7 +95,7 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
         return error_response(ApiError(503, str(e), None, "queue_full", {"Retry-After": str(e.retry_after)}))
 
     api = APIRouter(dependencies=[Depends(_auth(settings))])
-    busy = {503: {"description": "the queue is full (Retry-After says when to retry)"}}
+    busy: dict[int | str, dict[str, Any]] = {503: {"description": "the queue is full (Retry-After says when to retry)"}}
     api.add_api_route("/v1/chat/completions", ChatRoute(queue, metrics, model_id(session)), methods=["POST"],
                       summary="OpenAI chat completion (stream=true for SSE)", responses=busy)
     api.add_api_route("/v1/decide", DecideRoute(queue, metrics, settings.max_request_decisions), methods=["POST"],

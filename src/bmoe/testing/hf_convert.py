@@ -75,7 +75,7 @@ def write_hf_model(a: Recipe, out: Path) -> Path:
 
     ids = write_hf_tokenizer(out, a.special_tokens, a.tokenizer)
     cfg = a.hf_config()
-    n_layer = cfg.get("num_hidden_layers")
+    n_layer = int(cfg.get("num_hidden_layers") or 0)
     if a.fix.mtp_layers:  # built as ordinary trailing layers, then made NextN blocks (hf_mtp.py)
         cfg["num_hidden_layers"] = n_layer + a.fix.mtp_layers
     config = AutoConfig.for_model(a.model_type, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
