@@ -2,7 +2,7 @@
 from bmoe.stream.archs import list_archs
 from bmoe.testing import FAMILIES, RECIPES, names
 from helpers.decide_prompts import ARCHS as DECIDE_ARCHS, FULL_ARCHS, FULL_GATES, family_of
-from test_g1_g4_streaming import VARIANTS
+from helpers.gates import VARIANTS
 
 
 def test_every_listed_arch_has_a_tiny_model_and_runs_the_gates() -> None:

@@ -64,7 +64,7 @@ def test_g19_batch_equals_one_by_one(tiny_models, open_session, arch: str, mode:
     assert answers(got) == answers(want)
     near(*[next(r for r in rs if r.id == 90) for rs in (got, want)])
     assert got[5].refused and got[3].batch is None and got[-1].batch is None
-    apart = bool(batch_apart(arch))  # answered one by one (glm5-next: test_g19b_glm5next_batch.py)
+    apart = bool(batch_apart(arch))  # answered one by one (glm5-next: test_decide_batch_glm5next.py)
     # six decisions keep P1: a batch of 4, then one of 2 (decide_batch caps the sequences of a batch)
     sizes = sorted({(r.batch.id, r.batch.size) for r in got if r.batch is not None})
     assert [s for _, s in sizes] == ([] if apart else [4, 2])
