@@ -9,15 +9,17 @@ test holds it to the table.
 from __future__ import annotations
 
 from bmoe import rules
-from bmoe.rules import REQUIRED, Field, Table
+from bmoe.rules import Field, Table
 from bmoe.decide.types import DEFAULT_CUE, DEFAULT_JOINER, DEFAULT_OPTION, DEFAULT_TEMPLATE, DecideRequest, RenderRule
 
 RENDER_TABLE: Table = (
-    Field("template", rules.STR, DEFAULT_TEMPLATE, "the block after `suffix`: `{question}`, `{options}`, `{cue}`"),
-    Field("option", rules.STR, DEFAULT_OPTION, "one option: `{label}` and `{text}`"),
-    Field("joiner", rules.STR, DEFAULT_JOINER, "between options"),
-    Field("cue", rules.STR, DEFAULT_CUE, "the answer cue"),
-    Field("labels", rules.STR_LIST, None, "one label per option; none: A, B, C, ... as many as there are options"),
+    Field("template", rules.STR, DEFAULT_TEMPLATE, "the block; `{question}`, `{options}` and `{cue}` are replaced, "
+                                                   "and it must have `{options}`"),
+    Field("option", rules.STR, DEFAULT_OPTION, "one option; must have `{label}` and `{text}`"),
+    Field("joiner", rules.STR, DEFAULT_JOINER, "between two options"),
+    Field("cue", rules.STR, DEFAULT_CUE, "the answer cue, put where `{cue}` is"),
+    Field("labels", rules.STR_LIST, None, "one label per option, all different; the default runs to Z (26 options)",
+          default_doc='`["A", "B", ...]`'),
 )
 
 DECIDE_TABLE: Table = (
