@@ -89,3 +89,24 @@ def test_each_door_lists_what_it_has(door):
     module = importlib.import_module(door)
     for name in module.__all__:
         assert hasattr(module, name) or importlib.util.find_spec(f"{door}.{name}") is not None, f"{door}.{name}"
+
+
+def test_the_cli_answers_the_sessions_decide_off():
+    """The session is the one place that knows decide is off: the line loop answers its refusal
+    (each request of a batch gets it, with its id) rather than checking again."""
+    from bmoe.cli import loop
+    from bmoe.session import DECIDE_OFF, DecideOffError
+    from bmoe.wire.protocol import parse_line
+
+    class Off:  # a session opened without decide, as far as the loop can see: only its refusal
+        def decide_many(self, requests):
+            raise DecideOffError(DECIDE_OFF)
+
+        def decide(self, request):
+            raise DecideOffError(DECIDE_OFF)
+
+    lines: list[str] = []
+    batch = parse_line('{"cmd":"decide_batch","id":9,"requests":[{"id":1,"choices":["a"]},{"choices":["b"]}]}')
+    loop._decide(Off(), batch, lines.append)
+    loop._decide(Off(), parse_line('{"cmd":"decide","id":4,"choices":["a"]}'), lines.append)
+    assert lines == [f'BMOE_DECIDE {{"id":{i},"error":"{DECIDE_OFF}"}}' for i in (1, 0, 4)]
