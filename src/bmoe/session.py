@@ -92,7 +92,8 @@ class Session:
     def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
         """Decide's adapter over the runtime, and the policy over the adapter, given its settings."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
-        return DecideService(LlamaDecideBackend(runtime), keep_prefix=keep, pride_sample=config.decide_pride_sample)
+        return DecideService(LlamaDecideBackend(runtime), keep_prefix=keep, pride_sample=config.decide_pride_sample,
+                             max_work=config.decide_max_work)
 
     # --- facts ------------------------------------------------------------------------
     @property

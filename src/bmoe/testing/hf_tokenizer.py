@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 
 from gguf.vocab import bytes_to_unicode
 
-from bmoe.testing.hf_archs import SPM_BYTE_PIECES
+from bmoe.testing.recipes import SPM_BYTE_PIECES
 from bmoe.testing.smollm2 import smollm2_tokenizer_fields
 
 _CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
