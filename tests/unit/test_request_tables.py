@@ -84,3 +84,19 @@ def test_server_builds_with_the_same_function():
     assert to_request(DecideBody.model_validate(body)) == decide_request(body)
     assert to_request(DecideBody.model_validate({"choices": ["a"]})) == \
         DecideRequest(id=0, prefix="", suffix="", choices=("a",))
+
+
+def test_server_refuses_null_where_the_protocol_does():
+    """render's texts have defaults, not none: null is refused on both surfaces (the server took it
+    as 'the default' before the body was derived from the table)."""
+    pytest.importorskip("fastapi")
+    from pydantic import ValidationError
+
+    from bmoe.server.schemas import DecideBody
+
+    body = {"question": "q", "options": ["a", "b"], "render": {"template": None}}
+    with pytest.raises(ValidationError) as e:
+        DecideBody.model_validate(body)
+    assert e.value.errors()[0]["loc"] == ("render", "template")
+    with pytest.raises(protocol.ProtocolError, match="field 'template' must be a string, got null"):
+        protocol.parse_line(json.dumps({"cmd": "decide", **body}))
