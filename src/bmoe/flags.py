@@ -224,7 +224,7 @@ def plan_only(config: SessionConfig, prog: str) -> int:
     (2 with --plan off, which has no plan to show)."""
     import json
 
-    from .session import make_plan
+    from .tools import make_plan
 
     if config.plan == "off":
         print(f"{prog}: --plan-only shows the plan, and --plan off has none", file=sys.stderr)
