@@ -75,6 +75,7 @@ class SessionConfig:
     # session, "auto" when a batch or full scoring first needs them, 1 never (one by one)
     decide_batch: int | Literal["auto"] = "auto"
     decide_pride_sample: int = 8  # debias "pride": requests per label list that estimate the prior
+    decide_max_work: int = 1024  # prefills one decide request may take (decide.debias.decisions_needed)
     # prefill device (docs/prefill-device.md): None = everything on the CPU
     prefill_device: str | None = None
     prefill_min_tokens: int = 32  # ubatches at least this wide run on the device
@@ -215,6 +216,7 @@ def validate(cfg: SessionConfig) -> None:
         if cfg.decide_batch > MAX_DECIDE_BATCH:
             raise ConfigError(f"decide_batch: at most {MAX_DECIDE_BATCH} (llama.cpp's sequence limit), got {cfg.decide_batch}")
     _int_at_least(cfg, "decide_pride_sample", 1)
+    _int_at_least(cfg, "decide_max_work", 1)
     if cfg.plan not in PLAN_MODES:
         raise ConfigError(f"plan: must be one of auto, off, got {cfg.plan!r}")
     unknown = sorted(set(cfg.fixed) - set(SessionConfig.__dataclass_fields__)) if isinstance(cfg.fixed, frozenset) else None

@@ -120,6 +120,9 @@ SESSION_FLAGS: tuple[Flag, ...] = (
                "needs them, fewer where memory is short; 1: one by one, no side sequences"),
     _flag("--decide-pride-sample", field="decide_pride_sample", type=int, default=8, metavar="K",
           help='debias "pride": the first K requests of a label list estimate the prior (default 8)'),
+    _flag("--decide-max-work", field="decide_max_work", type=int, default=1024, metavar="N",
+          help="refuse a decide request that may take more than N prefills (each debias permutation, pride sample "
+               "and choice scored in full counts one; default 1024)"),
     # the plan (docs/plan.md)
     _flag("--plan", field="plan", choices=list(PLAN_MODES), default="auto",
           help="auto (default): choose at open what no flag sets (resident or streamed, cache, read-ahead, dense "
@@ -222,7 +225,7 @@ def plan_only(config: SessionConfig, prog: str) -> int:
     setting the file does not allow) is refused with the same error (``checked_plan``)."""
     import json
 
-    from .session import checked_plan
+    from .tools import checked_plan
 
     if config.plan == "off":
         print(f"{prog}: --plan-only shows the plan, and --plan off has none", file=sys.stderr)

@@ -15,6 +15,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeGuard
 
 from bmoe.errors import RequestError
@@ -96,3 +97,74 @@ def check_fields(obj: dict, spec: Spec, what: str) -> dict:
         if where is not None:
             raise FieldError(f"{what}: field {name!r} is not valid Unicode: {where}")
     return dict(obj)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: object = _Required()  # a Field's default when the field must be given
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a request's table (docs/protocol.md "Request tables"): its name, its ``rule``
+    (type and bound), its ``default`` (REQUIRED: none), what it means (``doc``, the docs' table),
+    and for an object field the table of its own fields (``fields``). ``default_doc`` is the docs'
+    default column where the default's JSON would not say it (a field required unless another is
+    given)."""
+
+    name: str
+    rule: Rule
+    default: object
+    doc: str
+    fields: tuple["Field", ...] = ()
+    default_doc: str | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+Table = tuple[Field, ...]
+
+
+def spec(table: Table) -> Spec:
+    """The table as ``check_fields`` reads it."""
+    return {f.name: (f.rule, f.required) for f in table}
+
+
+def with_defaults(fields: dict, table: Table) -> dict:
+    """Checked ``fields`` with every field the table has and they leave out (or give as null)
+    at its default; an object field's own fields too."""
+    out = {}
+    for f in table:
+        value = fields.get(f.name)
+        if value is None:
+            value = None if f.required else f.default
+        elif f.fields:
+            value = with_defaults(value, f.fields)
+        out[f.name] = value
+    return out
+
+
+def _default_doc(f: Field) -> str:
+    if f.default_doc is not None:
+        return f.default_doc
+    if f.required:
+        return "required"
+    if f.default is None:
+        return "none"
+    value = list(f.default) if isinstance(f.default, tuple) else f.default
+    return f"`{json.dumps(value, ensure_ascii=False)}`"
+
+
+def markdown_table(table: Table) -> str:
+    """The docs' table of a request's fields (docs/protocol.md, docs/decide.md): a test holds the
+    docs to it."""
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for f in table:
+        kind = f.rule[0].removeprefix("a ").removeprefix("an ")
+        rows.append(f"| `{f.name}` | {kind} | {_default_doc(f)} | {f.doc} |")
+    return "\n".join(rows)

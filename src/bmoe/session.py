@@ -5,10 +5,10 @@ next decode boundary (a decision list's: its next decision, or its batch's next 
 changes. A streaming failure is sticky: every later call raises the same StreamFailedError.
 
 The edges (bmoe-cli, bmoe-server, bmoe-eval, bmoe-batch and bmoe.ray.data) import the engine's
-records and facts from here, never from ``bmoe.runtime``, ``bmoe.llama`` or ``bmoe.stream``: the
-requests and results, ``Message``, a config's ``footprint``, and what needs no model at all (the
-streamable architectures, the devices, the dense twins' garbage collection). An import-linter
-contract holds them to it (pyproject.toml).
+requests, results and ``Message`` from here (``__all__``), never from ``bmoe.runtime``,
+``bmoe.llama`` or ``bmoe.stream``; what needs no session (a config's footprint and plan, the
+streamable architectures, the devices, the dense twins' garbage collection) from ``bmoe.tools``.
+An import-linter contract and tests/unit/test_public_door.py hold them to it.
 """
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ from .errors import EngineFailure, RequestError, SessionClosedError, StreamFaile
 from .llama.model import LlamaModel
 from .runtime.chat import ChatRenderer, Message
 from .runtime.decide import LlamaDecideBackend
-from .llama.devices import format_devices, list_devices
-from .runtime.footprint import Footprint, footprint
-from .runtime.plan import Plan, checked_plan, make_plan
+from .runtime.plan import Plan, make_plan
 from .runtime.results import (
     GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, check_generate,
 )
@@ -39,17 +37,20 @@ from .runtime.scoring import TOP_CAP
 from .runtime.kv import KvSequence
 from .runtime.runtime import Runtime
 from .runtime.expert_streaming import ExpertStreaming
-from .stream import format_archs
 from .stream.stats import StreamStats
-from .stream.twin import default_twin_dir, gc_twins
 
+# What other packages may use (a test holds them to it): the session, its requests and results
+# and what they carry. The edges' utilities that need no session are bmoe.tools'.
 __all__ = [
-    "DECIDE_OFF", "TOP_CAP", "DecideRequest", "DecideResult", "Footprint", "GenerateRequest", "GenerateResult",
-    "Message", "PerplexityResult", "Plan", "checked_plan", "make_plan", "plan_for", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
-    "default_twin_dir", "footprint", "format_archs", "format_devices", "gc_twins", "list_devices",
+    "DECIDE_OFF", "TOP_CAP", "DecideOffError", "DecideRequest", "DecideResult", "GenerateRequest", "GenerateResult",
+    "Message", "PerplexityResult", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
 ]
 
 DECIDE_OFF = "decide is off in this session: open it with --decide (SessionConfig.decide=True)"
+
+
+class DecideOffError(RequestError):
+    """A decision asked of a session opened without decide (the one check: the edges answer it)."""
 
 
 CLOSE_WAIT_S = 600.0  # close(): how long a running request may still take before the model is left unfreed
@@ -91,7 +92,8 @@ class Session:
     def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
         """Decide's adapter over the runtime, and the policy over the adapter, given its settings."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
-        return DecideService(LlamaDecideBackend(runtime), keep_prefix=keep, pride_sample=config.decide_pride_sample)
+        return DecideService(LlamaDecideBackend(runtime), keep_prefix=keep, pride_sample=config.decide_pride_sample,
+                             max_work=config.decide_max_work)
 
     # --- facts ------------------------------------------------------------------------
     @property
@@ -244,7 +246,7 @@ class Session:
         llama_decode calls of a batch: what has not run is answered as cancelled."""
         self._check_open()
         if self.decider is None:
-            raise RequestError(DECIDE_OFF)
+            raise DecideOffError(DECIDE_OFF)
         with self._lock:
             self._cancel = cancel if cancel is not None else threading.Event()
             self._running = True

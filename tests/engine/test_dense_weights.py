@@ -1,5 +1,5 @@
 """--dense-weights anon|mmap on the tiny qwen3moe: where the dense pages live, what the session
-reports about them, and what is refused. (Exactness of both modes: tests/gates/test_g1_dense_weights.py.)"""
+reports about them, and what is refused. (Exactness of both modes: tests/gates/test_dense_weights_exact.py.)"""
 from __future__ import annotations
 
 import io

@@ -1,7 +1,7 @@
 """--n-expert-used K on the tiny models: the override takes effect, the bytes read per decoded token
 fall with K exactly as the layout says, what the model does not allow is refused when the session
 opens (before anything loads), and BMOE_READY names K. Resident and streamed with the same K agree
-bit for bit: gate G22, tests/gates/test_g22_n_expert_used.py."""
+bit for bit: gate G22, tests/gates/test_n_expert_used_exact.py."""
 from __future__ import annotations
 
 import io

@@ -343,3 +343,69 @@ def test_a_special_file_in_out_is_refused_before_any_work(data: Path, tmp_path: 
     assert stat.S_ISFIFO(os.lstat(tmp_path / "results" / "results.jsonl").st_mode)
     assert calls == [] and stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_run_resumes(data: Path, tmp_path: Path, monkeypatch,
+                                                                     calls, capsys) -> None:
+    """ENOSPC while results are appended is one refusal line naming the file (it was "internal error:
+    OSError" inside the progress bar's line), exit 1; the rows written before it are kept and a
+    rerun answers only the rest."""
+    import errno
+
+    from bmoe.eval.store import ResultStore
+
+    out = tmp_path / "out"
+    real = ResultStore.append
+    written: list[int] = []
+
+    class FullDisk:
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            pass
+
+    def full_after_three(self: ResultStore, row: dict) -> None:  # type: ignore[no-untyped-def]
+        if len(written) == 3:
+            self._fh = FullDisk()
+        else:
+            written.append(row["line"])
+        real(self, row)
+
+    monkeypatch.setattr(ResultStore, "append", full_after_three)
+    assert main([str(data), "--out", str(out), "--batch", "4", *FAST]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (f"bmoe-eval: cannot write {out / 'results.jsonl'}: No space left on device; the rows "
+                       f"answered so far are kept in {out / 'results.jsonl'}: make room and rerun the same command "
+                       "to resume")
+    assert "internal error" not in "\n".join(err) and not (out / "metrics.json").exists()
+    assert not err[-2].endswith("bmoe-eval: cannot write")  # not on the progress bar's line
+    assert [r["line"] for r in _results(out)] == written == [1, 3, 5]
+    monkeypatch.setattr(ResultStore, "append", real)
+    calls.clear()
+    assert main([str(data), "--out", str(out), "--batch", "4", *FAST]) == 0
+    assert sorted(i for c in calls for i in c) == [2, 4, 6, 7, 8]  # only what was not written
+    assert [r["line"] for r in _results(out)] == list(range(1, 9))
+
+
+def test_a_second_run_on_the_same_out_is_refused_while_the_first_runs(data: Path, tmp_path: Path, calls,
+                                                                     capsys) -> None:
+    """Two runs answering into one folder would both answer the same rows: the folder's lock file is
+    held for a run, and a second run is refused before any work; once the first ends, it runs."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out / ".bmoe-eval.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a first run, in another process as far as flock goes
+        assert main([str(data), "--out", str(out), *FAST]) == 1
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"bmoe-eval: --out: {out} is in use by another bmoe-eval run (it holds {out / '.bmoe-eval.lock'}); "
+            "wait for it to end, or give another --out")
+        assert calls == [] and not (out / "results.jsonl").exists()
+    finally:
+        os.close(fd)
+    assert main([str(data), "--out", str(out), *FAST]) == 0
+    assert main([str(data), "--out", str(out), *FAST]) == 0  # the lock went with the run that held it

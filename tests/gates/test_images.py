@@ -32,7 +32,7 @@ from bmoe.errors import ConfigError, ModelFileError, RequestError
 from bmoe.testing import VL_ARCHS, write_hf_arch, write_hf_mmproj, write_png, write_tiny
 
 from helpers.decide_prompts import ABC, MODES, P1, P2, S2, S3
-from test_g1_g4_streaming import record_routes
+from helpers.gates import record_routes
 
 MARK = "<__media__>"
 

@@ -14,7 +14,7 @@ from bmoe.errors import ConfigError
 from bmoe.runtime.expert_streaming import StreamSetupError
 from bmoe.stream import lookup
 from helpers.decide_prompts import FULL_ARCHS
-from test_g1_g4_streaming import VARIANTS, assert_same, expert_bytes, opener, record_routes, run
+from helpers.gates import VARIANTS, assert_same, expert_bytes, opener, record_routes, run
 
 # --prefetch runs where the registry allows it (here on the architectures that run the whole gate
 # set; on the others G18a runs it); the others must refuse it, naming the reason.

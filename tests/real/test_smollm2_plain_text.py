@@ -14,7 +14,7 @@ import llama_cpp
 import pytest
 
 from bmoe.cli.loop import run_session
-from bmoe.decide import DecideRequest
+from bmoe.decide.types import DecideRequest
 from bmoe.decide.prompt_split import split_prompt
 from bmoe.errors import RequestError
 from bmoe.runtime.chat import Message

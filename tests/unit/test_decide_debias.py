@@ -15,15 +15,9 @@ from dataclasses import replace
 
 import pytest
 
-from bmoe.decide import (
-    ChoiceScores,
-    DebiasState,
-    DecideRequest,
-    DecideResult,
-    RenderRule,
-    answer_debiased,
-    render_block,
-)
+from bmoe.decide.debias import DebiasState, answer_debiased
+from bmoe.decide.option_list import render_block
+from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, RenderRule
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
 from bmoe.wire.protocol import ProtocolError, parse_line
 from bmoe.wire.records import decide_fields

@@ -13,23 +13,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from bmoe.decide import (
-    UNCOND_CACHED,
-    UNCOND_RESTORED,
-    UNCOND_STORED,
-    ChoiceTooLongError,
-    DecidePolicy,
-    DecideRequest,
-    DecideRequestError,
-    EmptyChoiceError,
-    KeptState,
-    LastPrefixStore,
-    NeutralStore,
-    NoSideSequenceError,
-    PrefillCost,
-    answer_one,
-    answer_many,
-)
+from bmoe.decide.continuations import NeutralStore, UNCOND_CACHED, UNCOND_RESTORED, UNCOND_STORED
+from bmoe.decide.decider import DecidePolicy, answer_many, answer_one
+from bmoe.decide.errors import ChoiceTooLongError, DecideRequestError, EmptyChoiceError, NoSideSequenceError
+from bmoe.decide.kept_prefix import LastPrefixStore
+from bmoe.decide.port import KeptState, PrefillCost
+from bmoe.decide.types import DecideRequest
 from bmoe.decide.port import SIDE_MEMORY, SIDE_OFF, SideSequences
 from bmoe.wire.records import decide_fields
 from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text

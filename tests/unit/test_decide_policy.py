@@ -19,30 +19,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bmoe.wire.records import decide_fields
-from bmoe.decide import (
+from bmoe.decide.choice_scorer import score_choices
+from bmoe.decide.decider import (
+    DecidePolicy,
     REUSE_OFF,
     REUSE_OPTED_OUT,
     REUSE_RESTORED,
     REUSE_RESTORED_STORED,
     REUSE_STORED,
+    answer_many,
+    answer_one,
+)
+from bmoe.decide.errors import (
     ChoiceCollisionError,
-    DecidePolicy,
-    DecideRequest,
     DecideRequestError,
-    DecideResult,
     EmptyChoiceError,
     EmptyPromptError,
-    KeptState,
-    LastPrefixStore,
     NoChoicesError,
-    PrefillCost,
     PromptTooLongError,
-    resolve_keep_prefix,
-    answer_one,
-    answer_many,
-    score_choices,
-    split_prompt,
 )
+from bmoe.decide.kept_prefix import LastPrefixStore, resolve_keep_prefix
+from bmoe.decide.port import KeptState, PrefillCost
+from bmoe.decide.prompt_split import split_prompt
+from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.numerics import common_prefix_len
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bmoe.decide import DecideRequest, DecideService, RenderRule
+from bmoe.decide.service import DecideService
+from bmoe.decide.types import DecideRequest, RenderRule
 from bmoe.decide.port import SIDE_MEMORY, KeptState, KeptView, PrefillCost, SideSequences
 from test_decide_full import PREFIX, SUFFIX, ForkingBackend, full
 

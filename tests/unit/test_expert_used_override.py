@@ -1,7 +1,7 @@
 """--n-expert-used K without loading a model: the layout that routes K (its floor, the budget, the
 read-ahead's guess), the llama.cpp override array, and BMOE_READY's keys. The config's refusals
 are in test_config.py; what the model allows, and the runs, in tests/engine/test_n_expert_used.py
-and the gate tests/gates/test_g22_n_expert_used.py."""
+and the gate tests/gates/test_n_expert_used_exact.py."""
 from __future__ import annotations
 
 import ctypes

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, TextIO
 
 from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
-from bmoe.session import DECIDE_OFF, GenerateRequest, Session
+from bmoe.session import DecideOffError, GenerateRequest, Session
 from bmoe.wire import records
 from bmoe.wire.protocol import (
     MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
@@ -201,12 +201,13 @@ def _serve(session: Session, item: object, emit: _Out) -> None:
 
 def _decide(session: Session, cmd: Decide | DecideBatch, emit: _Out) -> None:
     items = cmd.requests if isinstance(cmd, DecideBatch) else (cmd,)
-    if session.decider is None:
-        for item in items:
-            emit(records.line("DECIDE", {"id": item.id, "error": DECIDE_OFF}))
-        return
     requests = [item.request for item in items]
-    results = session.decide_many(requests) if isinstance(cmd, DecideBatch) else [session.decide(requests[0])]
+    try:
+        results = session.decide_many(requests) if isinstance(cmd, DecideBatch) else [session.decide(requests[0])]
+    except DecideOffError as e:  # the session's one check; each request is answered with it
+        for item in items:
+            emit(records.line("DECIDE", {"id": item.id, "error": str(e)}))
+        return
     for r in results:
         emit(records.decide(r))
 

@@ -42,7 +42,7 @@ def _gc_budget(text: str) -> int:
 
 def gc_twins_main(args: argparse.Namespace) -> int:
     """--gc-twins: one line per removed twin, then a summary line; exit 0 (1 if one cannot be removed)."""
-    from bmoe.session import default_twin_dir, gc_twins
+    from bmoe.tools import default_twin_dir, gc_twins
 
     cache = args.twin_dir or default_twin_dir()
     budget = None if args.gc_twins is True else args.gc_twins << 20
@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         if given is not None:
             parser.error(f"argument --plan-only: not allowed with argument {given} (it prints the plan and exits)")
     if args.list_archs:
-        from bmoe.session import format_archs
+        from bmoe.tools import format_archs
 
         print(format_archs())
         return 0
     if args.list_devices:
-        from bmoe.session import format_devices, list_devices
+        from bmoe.tools import format_devices, list_devices
 
         print(format_devices(list_devices()))
         return 0

@@ -36,7 +36,9 @@ def continuation_logps(
     (``# [n_vocab]``): the sequence's ``n_past`` tokens, or the saved ``base``. The lists of more
     than one token are prefilled, all but their last token, at most ``max_forks()`` per call."""
     first_logp = log_softmax(first_row)
-    rows: list[np.ndarray | None] = [None] * len(tokens)
+    # Only each choice's target log-probs are kept: a chunk's rows ([k - 1, n_vocab] a choice) are
+    # reduced as soon as they come, so memory is one chunk's rows whatever the number of choices.
+    out: list[TokenLogps | None] = [token_logps(first_logp, None, t) if len(t) <= 1 else None for t in tokens]
     costs: list[PrefillCost] = []
     longer = [i for i, t in enumerate(tokens) if len(t) > 1]
     cap = max(1, backend.max_forks())
@@ -47,8 +49,9 @@ def continuation_logps(
             raise ValueError("prefill_forks returned rows that do not match the continuations")
         costs.append(cost)
         for i, g in zip(chunk, got):
-            rows[i] = log_softmax(g)  # [k - 1, n_vocab]
-    return [token_logps(first_logp, r, t) for r, t in zip(rows, tokens)], costs
+            out[i] = token_logps(first_logp, log_softmax(g), tokens[i])  # g: [k - 1, n_vocab]
+        del got
+    return [o for o in out if o is not None], costs
 
 
 @dataclass(frozen=True, slots=True)

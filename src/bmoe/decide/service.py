@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bmoe.decide.continuations import NeutralStore
-from bmoe.decide.debias import PRIDE_SAMPLE, DebiasState, combine, expand
+from bmoe.decide.debias import PRIDE_SAMPLE, DebiasState, combine, decisions_needed, expand
+from bmoe.decide.errors import DecideRequestError
 from bmoe.decide.decider import (
     DecidePolicy,
     answer_checked,
@@ -32,13 +33,31 @@ from bmoe.decide.port import DecideBackend
 from bmoe.decide.types import DecideRequest, DecideResult
 
 
+MAX_WORK = 1024  # prefills one request may take by default (SessionConfig.decide_max_work)
+
+
+def too_much_work(request: DecideRequest, max_work: int) -> DecideResult | None:
+    """The refusal of a request that may take more than ``max_work`` prefills, or None. Every
+    surface (the line protocol, bmoe-eval, bmoe-batch, Python) goes through here; the server also
+    bounds a whole HTTP request (--max-request-decisions)."""
+    need = decisions_needed([request])
+    if need <= max_work:
+        return None
+    msg = (f"decide: this request may take {need} prefills (each debias permutation, pride sample and choice "
+           f"scored in full counts one), over this session's limit of {max_work} a request (--decide-max-work); "
+           "give fewer choices, or raise the limit")
+    return DecideResult.failed(request.id, msg, DecideRequestError(msg, field="choices"))
+
+
 class DecideService:
     """Created only for sessions opened with decide on, so a session without it allocates
     nothing. ``keep_prefix``: whether prefix states are kept (``resolve_keep_prefix``);
     ``pride_sample``: debias ``pride``'s sample size per label list."""
 
-    def __init__(self, backend: DecideBackend, *, keep_prefix: bool, pride_sample: int = PRIDE_SAMPLE) -> None:
+    def __init__(self, backend: DecideBackend, *, keep_prefix: bool, pride_sample: int = PRIDE_SAMPLE,
+                 max_work: int = MAX_WORK) -> None:
         self.backend = backend
+        self.max_work = max_work
         self.policy = DecidePolicy(keep_prefix=keep_prefix)
         self.store = LastPrefixStore()
         backend.watch_kept(self.store)
@@ -52,6 +71,11 @@ class DecideService:
         """One answer per request, in order, each as if answered alone after the ones before it.
         ``stop`` is asked between decisions (and between the calls of a batch): once it says so,
         what has not run is answered as cancelled (``DecideCancelled``)."""
+        over = {i: res for i, r in enumerate(requests) if (res := too_much_work(r, self.max_work)) is not None}
+        if over:  # refused alone, before anything runs; the others are answered as without them
+            rest = self.answer([r for i, r in enumerate(requests) if i not in over], stop)
+            it = iter(rest)
+            return [over[i] if i in over else next(it) for i in range(len(requests))]
         expansion = expand(requests, self.debias)
         jobs = expansion.jobs
         answers = self._answer_plain(jobs, stop) if jobs else []

@@ -153,6 +153,17 @@ def _evaluate(args: argparse.Namespace) -> int:
     ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
                      abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias,
                      decide_pride_sample=cfg.decide_pride_sample if pride else None)
+    try:
+        return _run(args, ds, cfg, path, pride, store, ident)
+    finally:
+        store.unlock()
+
+
+def _run(args: argparse.Namespace, ds: Dataset, cfg: SessionConfig, path: Path, pride: set[int], store: ResultStore,
+         ident: dict) -> int:
+    """Open the output folder (its lock held until the caller lets it go), answer what is left, write."""
+    from bmoe.eval.store import cannot_write
+
     done = store.open(ident, {"data": str(path), "rows": len(ds.rows)}, OUTPUT_FILES)
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
     # session's settings (scoring "full" with --decide-batch 1) rather than the row
@@ -174,7 +185,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         store.close()
     ordered = [done[r.line] for r in ds.rows if r.line in done]
     store.finish(ordered)
-    return _write_outputs(args, ds, cfg.model, path, ordered, len(ds.rows) - len(todo), counts)
+    try:
+        return _write_outputs(args, ds, cfg.model, path, ordered, len(ds.rows) - len(todo), counts)
+    except OSError as e:  # metrics.json, report.md, the pictures: a full disk names the file
+        raise cannot_write(Path(e.filename) if e.filename else args.out, e, store.results) from None
 
 
 def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
@@ -183,6 +197,7 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
     from tqdm import tqdm
 
     from bmoe.eval.runner import RunCounts, chunks, result_row, run
+    from bmoe.eval.store import OutputError
 
     counts = RunCounts()
     if not todo:
@@ -221,10 +236,12 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
         bar.close()
         _say(f"interrupted after {counts.decided} decisions this run; {saved}")
         raise
+    except OutputError:  # says itself where the answered rows are
+        raise
     except BmoeError as e:
-        bar.close()
         raise BmoeError(f"{e}; {saved}") from e
-    bar.close()
+    finally:  # before any message: a line printed over the bar would share its line
+        bar.close()
     return counts
 
 
@@ -237,6 +254,7 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
 
     from bmoe.errors import ConfigError
     from bmoe.eval.runner import answer_row, run_ray
+    from bmoe.eval.store import OutputError
     from bmoe.ray.data import RayOptions
 
     saved = f"rerun the same command to resume (answered rows are in {store.results})"
@@ -267,7 +285,7 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
     except KeyboardInterrupt:
         _say(f"interrupted after {counts.decided} decisions this run; {saved}")
         raise
-    except ConfigError:  # a setting refused before anything was sent
+    except (ConfigError, OutputError):  # a setting refused before anything was sent; a full disk
         raise
     except ImportError as e:  # the ray extra missing: nothing was sent either
         raise ConfigError(run_failure(e)) from e

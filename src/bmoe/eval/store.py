@@ -7,6 +7,7 @@ model opens (docs/eval.md#resume).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -14,11 +15,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from bmoe.errors import ConfigError
+from bmoe.errors import BmoeError, ConfigError
 from bmoe.out_paths import not_regular
 
 RESULTS = "results.jsonl"
 RUN = "run.json"
+LOCK = ".bmoe-eval.lock"  # held (flock) for the whole run: two runs never answer into one folder
+
+
+class OutputError(BmoeError):
+    """A file of the output folder could not be written (a full disk, ...); what was answered is kept."""
+
+
+def cannot_write(path: Path, e: OSError, results: Path) -> OutputError:
+    return OutputError(f"cannot write {path}: {e.strerror or e}; the rows answered so far are kept in {results}: "
+                       "make room and rerun the same command to resume")
 
 # run.json keys that must be equal for a rerun to resume, and how a mismatch is named
 IDENTITY = {
@@ -54,6 +65,7 @@ class ResultStore:
         self.results = out / RESULTS
         self.run = out / RUN
         self._fh: IO[str] | None = None
+        self._lock: int | None = None
 
     def open(self, ident: dict[str, Any], info: dict[str, Any], others: Iterable[str] = ()) -> dict[int, dict]:
         """Make the folder, check a previous run's identity and return its rows by line number.
@@ -68,6 +80,7 @@ class ResultStore:
         except OSError as e:
             raise ConfigError(f"--out: cannot make the folder {self.out}: {e.strerror or e}") from None
         self._check_writable((RESULTS, RUN, *others))
+        self._take_lock()
         done: dict[int, dict] = {}
         if self.results.exists() and self.results.read_text(encoding="utf-8", errors="replace").strip():
             self._check_identity(ident)
@@ -92,6 +105,26 @@ class ResultStore:
                     path.open("a").close()  # opened to append, nothing written: the file is unchanged
                 except OSError as e:
                     raise ConfigError(f"--out: cannot write {path}: {e.strerror or e}") from None
+
+    def _take_lock(self) -> None:
+        """Hold the folder's lock file for the run, or refuse: another run is answering into it."""
+        path = self.out / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise ConfigError(f"--out: cannot write {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"--out: {self.out} is in use by another bmoe-eval run (it holds {path}); wait for "
+                              "it to end, or give another --out") from None
+        self._lock = fd
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases the flock
+            self._lock = None
 
     def _check_identity(self, ident: dict[str, Any]) -> None:
         again = f"give another --out, or delete {self.results} to start over"
@@ -132,21 +165,31 @@ class ResultStore:
         return done
 
     def append(self, row: dict) -> None:
-        if self._fh is None:  # made on the first row: a run that answered nothing leaves no file
-            self._fh = self.results.open("a", encoding="utf-8")
-        self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        try:
+            if self._fh is None:  # made on the first row: a run that answered nothing leaves no file
+                self._fh = self.results.open("a", encoding="utf-8")
+            self._fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+            self._fh.flush()
+        except OSError as e:  # a cut last line is dropped when the run resumes
+            raise cannot_write(self.results, e, self.results) from None
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError:  # its buffered tail could not be written: the write already said why
+                pass
 
     def finish(self, rows: Iterable[dict]) -> None:
         """Rewrite the file with ``rows`` (already in input order), atomically."""
         self.close()
         tmp = self.results.with_name(RESULTS + ".tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
-        os.replace(tmp, self.results)
+        try:
+            with tmp.open("w", encoding="utf-8") as fh:
+                for row in rows:
+                    fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+            os.replace(tmp, self.results)
+        except OSError as e:  # the appended file is still whole: only its reordering is lost
+            tmp.unlink(missing_ok=True)
+            raise cannot_write(self.results, e, self.results) from None

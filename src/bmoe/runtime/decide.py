@@ -26,9 +26,11 @@ from ..decide.port import (
     SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
 )
 from ..image_refs import ImageError, ImageSource
+from ..llama.context import LlamaContext
+from ..stream.archs import batch_apart
 from ..stream.stats import StreamStats
 from .chat import Message
-from .forks import decode_forks, pack_calls, prefill_apart
+from .forks import RowLimits, batch_limits, decode_forks, pack_calls, prefill_apart
 from .images import count_markers
 from .runtime import Runtime, SideSequencesError
 
@@ -71,6 +73,14 @@ class LlamaDecideBackend:
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
         self._holding: KeptState | None = None  # the state the sequence's first tokens are
         self._open_failed: str | None = None  # why opening the side sequences failed, once it did
+        self._limits: RowLimits | None = None  # how the model's weight types bound a call (forks.py)
+
+    @property
+    def _ctx(self) -> LlamaContext:
+        ctx = self._rt.ctx
+        if ctx is None:
+            raise DecideBackendError("decide: the session's context is closed")
+        return ctx
 
     def watch_kept(self, store: KeptView) -> None:
         self._store = store
@@ -128,7 +138,7 @@ class LlamaDecideBackend:
         return self._cost_since(start, len(tokens))
 
     def _mark(self) -> tuple[float, StreamStats, int]:
-        io0, dev0 = self._rt.stream_stats(), self._rt.ctx.n_dev_tokens  # before the clock starts
+        io0, dev0 = self._rt.stream_stats(), self._ctx.n_dev_tokens  # before the clock starts
         return time.perf_counter(), io0, dev0
 
     def _cost_since(self, start: tuple[float, StreamStats, int], n_tokens: int) -> PrefillCost:
@@ -144,7 +154,7 @@ class LlamaDecideBackend:
             read_mb=io.read_bytes / 1e6 if streaming else None,
             cache_hits=io.hits if counted else None,
             cache_misses=io.misses if counted else None,
-            prefill_dev_tokens=self._rt.ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
+            prefill_dev_tokens=self._ctx.n_dev_tokens - dev0 if self._rt.prefill_device is not None else None,
         )
 
     # --- side sequences ---------------------------------------------------------------
@@ -179,7 +189,14 @@ class LlamaDecideBackend:
         return rt.side_sequences
 
     def max_batch(self) -> int:
+        if batch_apart(self._rt.model.arch):  # batched side by side it would not be exact: one by one
+            return 1
         return max(1, self._rt.side_sequences)
+
+    def _row_limits(self) -> RowLimits:
+        if self._limits is None:
+            self._limits = batch_limits(self._rt.config.model)
+        return self._limits
 
     def _need_side_sequences(self, what: str) -> None:
         if not self._rt.side_sequences:
@@ -200,7 +217,7 @@ class LlamaDecideBackend:
         Resident, reads cost nothing and padding only costs compute: a call holds suffixes of one
         length, unpadded."""
         self._need_side_sequences("a batch")
-        ctx, kv = self._rt.ctx, self._rt.kv
+        ctx, kv = self._ctx, self._rt.kv
         if n_past != kv.n_past:
             raise DecideBackendError(f"decide: batch at position {n_past} but the sequence holds {kv.n_past} tokens")
         if not 0 < len(suffixes) <= self.max_batch() or any(not s for s in suffixes):
@@ -208,7 +225,8 @@ class LlamaDecideBackend:
         pos = kv.pos_of(n_past)  # where the suffixes start: the token count, but after an image
         start = self._mark()
         rows: list[np.ndarray | None] = [None] * len(suffixes)
-        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None)
+        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None,
+                           limits=self._row_limits())
         for call in calls:
             if stop():  # between llama_decode calls: seq 0 still holds the prefix, untouched
                 raise DecideCancelled("decide: the batch was cancelled between its ubatches")
@@ -248,15 +266,16 @@ class LlamaDecideBackend:
         data = None if base is None else saved_bytes(base)
         if base is not None and not isinstance(data, np.ndarray):
             raise DecideBackendError("decide: a neutral prompt state this adapter did not save")
+        assert data is None or isinstance(data, np.ndarray)
         pos = self._rt.kv.pos_of(n_past) if base is None else n_past  # a neutral prompt holds no image
         start = self._mark()
-        rows = decode_forks(self._rt.ctx, continuations, pos, data)
+        rows = decode_forks(self._ctx, continuations, pos, data, limits=self._row_limits())
         return rows, self._cost_since(start, sum(len(c) for c in continuations))
 
     def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
         self._need_side_sequences("a neutral prompt")
         start = self._mark()
-        row, state = prefill_apart(self._rt.ctx, tokens)
+        row, state = prefill_apart(self._ctx, tokens)
         return row, KeptState(data=state, n_tokens=len(tokens)), self._cost_since(start, len(tokens))
 
     def last_logits(self) -> np.ndarray:
@@ -265,7 +284,7 @@ class LlamaDecideBackend:
         return self._logits
 
     def save_state(self) -> KeptState:
-        ctx, kv = self._rt.ctx, self._rt.kv
+        ctx, kv = self._ctx, self._rt.kv
         n = kv.n_past
         if self._cuttable:
             # It replaces the kept state, and any copy of that goes with it: a copy is only made
@@ -294,7 +313,7 @@ class LlamaDecideBackend:
         kept = self._kept()
         if kept is None or kept.state is not state or not isinstance(state.data, InSequence):
             return  # dropped or replaced: not worth a copy; or already a copy
-        ctx, kv = self._rt.ctx, self._rt.kv
+        ctx, kv = self._ctx, self._rt.kv
         n = state.n_tokens
         # Trimmed even when the bookkeeping holds n tokens: the copy must hold positions 0..n-1
         # and nothing after them, whatever a failed decode left behind.
@@ -342,7 +361,7 @@ class LlamaDecideBackend:
             raise DecideBackendError(f"decide: the kept {n}-token prefix state left the sequence uncopied")
         try:
             kv.reset()
-            self._rt.ctx.load_state_bytes(data)
+            self._ctx.load_state_bytes(data)
         except Exception:
             kv.reset()
             raise
@@ -355,4 +374,6 @@ def saved_bytes(state: KeptState) -> np.ndarray | bytes | None:
     """The bytes of a state this adapter saved: its copy, or None while it lives only in the
     sequence."""
     data = state.data
-    return data.copy if isinstance(data, InSequence) else data
+    if isinstance(data, InSequence):
+        return data.copy
+    return data if isinstance(data, (np.ndarray, bytes)) else None

@@ -26,17 +26,36 @@ class GenerateRequest:
     images: tuple[ImageSource, ...] = ()
 
 
-# What a generate request may hold, field by field: the session checks a GenerateRequest built in
-# Python against it (check_generate), the line protocol a generate line (wire/protocol.py).
-GENERATE_FIELDS: rules.Spec = {
-    "id": (rules.INT, False), "prompt": (rules.STR, True), "n_predict": (rules.POS_INT, False),
-    "think": (rules.BOOL, False), "clear_kv": (rules.BOOL, False), "temperature": (rules.TEMPERATURE, False),
-    "top_p": (rules.TOP_P, False), "seed": (rules.SEED, False), "images": (rules.IMAGES, False),
-}
+# The generate request's field table, written once: the session checks a GenerateRequest built in
+# Python against it (check_generate), the line protocol checks a generate line by it and builds the
+# request with generate_request (wire/protocol.py), and docs/protocol.md's table is rendered from
+# it (a test compares). GenerateRequest keeps the same names and defaults (a test holds it to them).
+GENERATE_TABLE: rules.Table = (
+    rules.Field("id", rules.INT, 0, "echoed in the answer; what `cancel` names"),
+    rules.Field("prompt", rules.STR, rules.REQUIRED, "the user message (a new chat, or the next turn with "
+                                                     "`clear_kv` false)"),
+    rules.Field("n_predict", rules.POS_INT, None, "tokens to generate at most", default_doc="`-n`"),
+    rules.Field("think", rules.BOOL, None, "reasoning on or off for this turn", default_doc="not `--no-think`"),
+    rules.Field("clear_kv", rules.BOOL, True, "`true`: a new chat; `false`: continue the conversation"),
+    rules.Field("temperature", rules.TEMPERATURE, None, "sampling temperature; 0 is greedy",
+                default_doc="`--temp`"),
+    rules.Field("top_p", rules.TOP_P, None, "nucleus sampling's mass", default_doc="`--top-p`"),
+    rules.Field("seed", rules.SEED, None, "the sampler's seed", default_doc="`--seed`"),
+    rules.Field("images", rules.IMAGES, (), "image file paths or `data:` URLs, at the prompt's `<__media__>` "
+                                            "markers or in front of it; needs `--mmproj` "
+                                            "([decide.md](decide.md#images))"),
+)
+GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
+
+
+def generate_request(fields: dict) -> GenerateRequest:
+    """The GenerateRequest of checked generate ``fields`` (a field left out takes its default)."""
+    f = rules.with_defaults(fields, GENERATE_TABLE)
+    return GenerateRequest(**{k: tuple(v) if isinstance(v, list) else v for k, v in f.items()})
 
 
 def check_generate(req: GenerateRequest) -> None:
-    """Refuse (``rules.FieldError``, a RequestError) a request whose fields break GENERATE_FIELDS."""
+    """Refuse (``rules.FieldError``, a RequestError) a request whose fields break GENERATE_TABLE."""
     rules.check_fields({k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None},
                        GENERATE_FIELDS, "generate")
 

@@ -62,7 +62,7 @@ def prompts_of(body: CompletionRequest) -> tuple[list[str | list[int]], bool]:
     if isinstance(p, str):
         return [p], False
     if p and isinstance(p[0], int):
-        return [list(p)], False  # type: ignore[arg-type]
+        return [list(p)], False
     return list(p), True  # type: ignore[arg-type]
 
 

@@ -14,7 +14,7 @@ from bmoe.decide import errors as derr
 from bmoe.decide.errors import DecideCancelled
 from bmoe.decide.debias import NoPriorError, decisions_needed
 from bmoe.decide.types import DecideRequest, DecideResult
-from bmoe.wire.protocol import render_rule
+from bmoe.decide.fields import decide_request
 from bmoe.wire.records import decide_fields
 
 from .job_queue import Cancelled, Job, JobQueue
@@ -33,12 +33,9 @@ _PARAM: dict[type, str] = {
 
 
 def to_request(b: DecideBody, param: str = "images") -> DecideRequest:
-    render = None if b.render is None else render_rule(b.render.model_dump(exclude_none=True))
-    return DecideRequest(id=b.id, prefix=b.prefix, suffix=b.suffix, choices=tuple(b.choices or ()),
-                         reuse_prefix=b.reuse_prefix, abstain_below=b.abstain_below,
-                         scoring=b.scoring, best_by=b.best_by, unconditional=b.unconditional,
-                         question=b.question, options=None if b.options is None else tuple(b.options),
-                         render=render, debias=b.debias, images=inline_bytes(b.images, param))
+    """The request of a checked body, built as the protocol builds a decide line's; its images
+    (data: URLs only) decoded to bytes, so that the session opens no file a client names."""
+    return decide_request({**b.model_dump(), "images": inline_bytes(b.images, param)})
 
 
 def _param(r: DecideResult) -> str | None:

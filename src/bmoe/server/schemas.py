@@ -8,12 +8,14 @@ No field names a file: the model is the one the server was started with. Numbers
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from bmoe import rules
+from bmoe.decide.fields import DECIDE_TABLE, RENDER_TABLE
 from bmoe.session import TOP_CAP
 from bmoe.wire.protocol import repeated_id
 
@@ -94,49 +96,65 @@ class ChatCompletionRequest(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
-class RenderBody(BaseModel):
-    """The structured form's rendering rule (docs/decide.md "Order debiasing"); left out: defaults."""
+# The decide body is derived from the request's one table (bmoe.decide.fields.DECIDE_TABLE): each
+# rule is a pydantic type with the same bounds; strings are Text (valid Unicode); lists are capped.
+MAX_LIST = 1024  # choices, options, labels in one decision
+_INT64 = Field(ge=-(2**63), le=2**63 - 1)
+_TYPES: dict[rules.Rule, object] = {
+    rules.INT: Annotated[int, _INT64],
+    rules.STR: Text,
+    rules.BOOL: bool,
+    rules.PROB: Annotated[float, Field(ge=0.0, le=1.0)],
+    rules.STR_LIST: Annotated[list[Text], Field(max_length=MAX_LIST)],
+    rules.IMAGES: Annotated[list[Text], Field(max_length=MAX_IMAGES)],
+}
+_IMAGES_DOC = ("data: URLs of images, placed at the <__media__> markers of prefix + suffix, or in front of the "
+               "prefix (docs/decide.md \"Images\"); the server reads no files")
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    template: Text | None = Field(None, description="the block after suffix: {question}, {options}, {cue}")
-    option: Text | None = Field(None, description="one option: {label} and {text}")
-    joiner: Text | None = Field(None, description="between options")
-    cue: Text | None = Field(None, description="the answer cue")
-    labels: Annotated[list[Text], Field(max_length=1024)] | None = None
+
+def _body_fields(table: rules.Table, nested: dict[str, type[BaseModel]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in table:
+        kind = nested[f.name] if f.name in nested else _TYPES[f.rule]
+        doc = _IMAGES_DOC if f.rule is rules.IMAGES else re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", f.doc).replace("`", "")
+        if f.required:
+            out[f.name] = (kind, Field(description=doc))
+        elif f.default is None:
+            out[f.name] = (kind | None, Field(None, description=doc))
+        else:
+            default = list(f.default) if isinstance(f.default, tuple) else f.default
+            out[f.name] = (kind, Field(default, description=doc))
+    return out
 
 
-class DecideBody(BaseModel):
-    """One decision; the fields and rules of the session protocol's decide request."""
+# The structured form's rendering rule (docs/decide.md "Order debiasing"); left out: defaults.
+RenderBody = create_model("RenderBody", __config__=ConfigDict(extra="forbid", strict=True),
+                          **_body_fields(RENDER_TABLE, {}))
 
-    # the schema says what the choices check enforces: choices, or options with question
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={
-        "anyOf": [{"required": ["choices"]}, {"required": ["question", "options"]}]})
-    id: int = Field(0, ge=-(2**63), le=2**63 - 1)
-    prefix: Text = Field("", description="the part of the prompt worth keeping for the next decision")
-    suffix: Text = ""
-    # the structured form (before choices, so that choices' check sees it): docs/decide.md "Order debiasing"
-    question: Text | None = Field(None, description="structured form: the question bmoe renders the options after")
-    options: Annotated[list[Text], Field(max_length=1024)] | None = Field(None, description="structured form: option texts")
-    render: RenderBody | None = None
-    debias: Text | None = Field(None, description='"permute", "pride" or "contextual" (needs question and options)')
-    images: Annotated[list[Text], Field(max_length=MAX_IMAGES)] = Field(
-        [], description="data: URLs of images, placed at the <__media__> markers of prefix + suffix, or in front "
-                        "of the prefix (docs/decide.md \"Images\")")
-    # required unless options is given (decide refuses both)
-    choices: Annotated[list[Text], Field(max_length=1024)] | None = Field(None, validate_default=True)
-    reuse_prefix: bool = True
-    abstain_below: float | None = Field(None, ge=0.0, le=1.0)
-    # Values are checked by decide itself, so that one bad item of a list spoils only itself.
-    scoring: Text = Field("first", description='"first" (first token of each choice) or "full" (all its tokens)')
-    best_by: Text = Field("sum", description='which score picks best: "sum", "mean", "norm" or "uncond"')
-    unconditional: Text | None = Field(None, description="scoring full: a neutral prompt to score the choices after too")
 
-    @field_validator("choices")
-    @classmethod
-    def _choices_or_options(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if v is None and info.data.get("options") is None:
-            raise PydanticCustomError("missing", "Field required (or options, with question)")
-        return v
+def _choices_or_options(v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+    if v is None and info.data.get("options") is None:
+        raise PydanticCustomError("missing", "Field required (or options, with question)")
+    return v
+
+
+def _decide_fields() -> dict[str, Any]:
+    """DECIDE_TABLE's fields, ``choices`` last: it is required unless ``options`` is given, and its
+    check sees only the fields before it."""
+    out = _body_fields(DECIDE_TABLE, {"render": RenderBody})
+    choices = out.pop("choices")[0]
+    out["choices"] = (choices | None, Field(None, validate_default=True, description="the labels to choose from"))
+    return out
+
+
+# One decision; the fields and rules of the session protocol's decide request. The schema says what
+# the choices check enforces: choices, or options with question.
+DecideBody = create_model(
+    "DecideBody", __doc__="One decision: the fields and rules of the session protocol's decide request.",
+    __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={
+        "anyOf": [{"required": ["choices"]}, {"required": ["question", "options"]}]}),
+    __validators__={"_choices_or_options": field_validator("choices")(_choices_or_options)},
+    **_decide_fields())
 
 
 def _ids_tell_answers_apart(v: list[DecideBody]) -> list[DecideBody]:

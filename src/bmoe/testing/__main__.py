@@ -5,7 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bmoe.testing.spec import ALL_QUANTS, ARCHS, QUANTS
+from bmoe.testing.recipes import ARCHS
+from bmoe.testing.spec import ALL_QUANTS, QUANTS
 from bmoe.testing.writer import default_tiny_dir, write_tiny
 
 

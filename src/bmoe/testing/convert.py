@@ -84,8 +84,8 @@ def _moe(spec: TinySpec, sd: dict[str, np.ndarray], p: str, il: int) -> Iterator
 def gguf_tensors(spec: TinySpec, sd: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array) in file order. The output head is tied to token_embd, so no
     ``output.weight`` is written (llama.cpp then duplicates the embedding)."""
-    # Qwen3.5 RMSNorms compute x * (1 + w); llama.cpp computes x * w, so the converter adds 1.
-    if spec.arch == "qwen35moe":
+    # Zero-centred RMSNorms compute x * (1 + w); llama.cpp computes x * w, so the converter adds 1.
+    if spec.flavour.zero_centred_norms:
         norm = lambda w: w + np.float32(1.0)  # noqa: E731
     else:
         norm = lambda w: w  # noqa: E731
@@ -98,8 +98,7 @@ def gguf_tensors(spec: TinySpec, sd: dict[str, np.ndarray]) -> Iterator[tuple[st
             yield from _linear_attention(spec, sd, p, il)
         else:
             yield from _full_attention(sd, p, il, norm)
-        post = _T.ATTN_POST_NORM if spec.arch == "qwen35moe" else _T.FFN_NORM
-        yield tensor_name(post, il), norm(sd[f"{p}.post_attention_layernorm.weight"])
+        yield tensor_name(spec.flavour.post_attention_norm, il), norm(sd[f"{p}.post_attention_layernorm.weight"])
         yield from _moe(spec, sd, p, il)
 
 

@@ -1,6 +1,6 @@
 """Roundings llama.cpp's CPU kernels make by design, as transformers activations for the reference.
 
-A recipe names one in ``HfArch.reference_config`` (e.g. ``{"hidden_activation": GELU_FP16}``) so
+A recipe names one in ``Recipe.reference_config`` (e.g. ``{"hidden_activation": GELU_FP16}``) so
 the transformers reference computes what llama.cpp computes, instead of the parity bound being
 widened to cover the rounding.
 

@@ -11,7 +11,6 @@ The converter is the one vendored in the pinned llama-cpp-python's source releas
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -23,14 +22,15 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from bmoe.testing.hf_archs import HfArch, hf_arch
+from bmoe.testing.recipe import Recipe, hashed_fields
+from bmoe.testing.recipes import hf_arch
 from bmoe.testing.writer import _is_current, _sidecar, generation_lock
 
 # What the converter writes itself; anything else is quantized by llama.cpp from the F32 file.
 _CONVERTER_TYPES = ("f32", "q8_0")
 _QUANTIZER_TYPES = {"q4_k_m": "Q4_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS", "mxfp4_moe": "MXFP4_MOE"}
 RECIPE_VERSION = 1
-# HfArch.checkpoint layouts: the module that makes each (prepare_model before saving,
+# Fixups.checkpoint layouts: the module that makes each (prepare_model before saving,
 # write_checkpoint before converting).
 CHECKPOINTS = {"deepseek4": "bmoe.testing.hf_deepseek4"}
 
@@ -60,15 +60,12 @@ def _toolchain() -> dict[str, object]:
             "converter": hashlib.sha256(converter_path().read_bytes()).hexdigest()}
 
 
-def _recipe(a: HfArch, quant: str) -> str:
-    arch = dataclasses.asdict(a)
-    if arch.get("preprocessor") is None:  # recipes without a projector hash as they did before it
-        arch.pop("preprocessor", None)
-    parts = {"recipe_version": RECIPE_VERSION, "arch": arch, "quant": quant, **_toolchain()}
+def _recipe(a: Recipe, quant: str) -> str:
+    parts = {"recipe_version": RECIPE_VERSION, "arch": hashed_fields(a), "quant": quant, **_toolchain()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def write_hf_model(a: HfArch, out: Path) -> Path:
+def write_hf_model(a: Recipe, out: Path) -> Path:
     """The tiny HF folder (config, safetensors, tokenizer) of recipe ``a``; always rewritten."""
     import torch
     import transformers
@@ -78,35 +75,35 @@ def write_hf_model(a: HfArch, out: Path) -> Path:
 
     ids = write_hf_tokenizer(out, a.special_tokens, a.tokenizer)
     cfg = a.hf_config()
-    n_layer = cfg.get("num_hidden_layers")
-    if a.mtp_layers:  # built as ordinary trailing layers, then made NextN blocks (hf_mtp.py)
-        cfg["num_hidden_layers"] = n_layer + a.mtp_layers
+    n_layer = int(cfg.get("num_hidden_layers") or 0)
+    if a.fix.mtp_layers:  # built as ordinary trailing layers, then made NextN blocks (hf_mtp.py)
+        cfg["num_hidden_layers"] = n_layer + a.fix.mtp_layers
     config = AutoConfig.for_model(a.model_type, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
                                   pad_token_id=ids["pad"], **cfg)
     torch.manual_seed(a.seed)
     model = getattr(transformers, a.auto_class).from_config(config, dtype=torch.float32)
     std = getattr(config, "initializer_range", None) or config.get_text_config().initializer_range
-    _randomize(model, a.random_init, float(a.random_init_std or std))
-    if a.checkpoint:
-        _checkpoint_module(a.checkpoint).prepare_model(model, a.seed)
+    _randomize(model, a.fix.random_init, float(a.fix.random_init_std or std))
+    if a.fix.checkpoint:
+        _checkpoint_module(a.fix.checkpoint).prepare_model(model, a.seed)
     model.save_pretrained(out)
     if a.preprocessor is not None:
         (out / "preprocessor_config.json").write_text(json.dumps(a.preprocessor, indent=2) + "\n")
-    if a.checkpoint_transpose:
-        _transpose_saved(out, a.checkpoint_transpose)
-    if a.checkpoint_rename:
-        _rename_saved(out, a.checkpoint_rename)
-    if a.checkpoint_drop:
-        _drop_saved(out, a.checkpoint_drop)
-    if a.checkpoint_index:
+    if a.fix.checkpoint_transpose:
+        _transpose_saved(out, a.fix.checkpoint_transpose)
+    if a.fix.checkpoint_rename:
+        _rename_saved(out, a.fix.checkpoint_rename)
+    if a.fix.checkpoint_drop:
+        _drop_saved(out, a.fix.checkpoint_drop)
+    if a.fix.checkpoint_index:
         _write_index(out)
-    if a.saved_config:
+    if a.fix.saved_config:
         saved = json.loads((out / "config.json").read_text())
-        (out / "config.json").write_text(json.dumps({**saved, **a.saved_config}, indent=2))
-    if a.mtp_layers:
+        (out / "config.json").write_text(json.dumps({**saved, **a.fix.saved_config}, indent=2))
+    if a.fix.mtp_layers:
         from bmoe.testing.hf_mtp import add_mtp_block
 
-        add_mtp_block(out, n_layer, a.mtp_layers, a.seed)
+        add_mtp_block(out, n_layer, a.fix.mtp_layers, a.seed)
     return out
 
 
@@ -119,7 +116,7 @@ def _checkpoint_module(layout: str):
 
 
 def _transpose_saved(out: Path, suffixes: tuple[str, ...]) -> None:
-    """Swap the last two dims of the saved tensors named by ``suffixes`` (HfArch.checkpoint_transpose)."""
+    """Swap the last two dims of the saved tensors named by ``suffixes`` (Fixups.checkpoint_transpose)."""
     from safetensors.torch import load_file, save_file
 
     (path,) = out.glob("*.safetensors")  # the tiny models are one shard
@@ -134,7 +131,7 @@ def _transpose_saved(out: Path, suffixes: tuple[str, ...]) -> None:
 
 
 def _rename_saved(out: Path, renames: tuple[tuple[str, str], ...]) -> None:
-    """Rewrite the saved tensor names by ``renames`` (HfArch.checkpoint_rename), in turn."""
+    """Rewrite the saved tensor names by ``renames`` (Fixups.checkpoint_rename), in turn."""
     import re
 
     from safetensors.torch import load_file, save_file
@@ -149,7 +146,7 @@ def _rename_saved(out: Path, renames: tuple[tuple[str, str], ...]) -> None:
 
 
 def _drop_saved(out: Path, suffixes: tuple[str, ...]) -> None:
-    """Remove the saved tensors named by ``suffixes`` (HfArch.checkpoint_drop)."""
+    """Remove the saved tensors named by ``suffixes`` (Fixups.checkpoint_drop)."""
     from safetensors.torch import load_file, save_file
 
     (path,) = out.glob("*.safetensors")  # the tiny models are one shard
@@ -161,7 +158,7 @@ def _drop_saved(out: Path, suffixes: tuple[str, ...]) -> None:
 
 
 def _write_index(out: Path) -> None:
-    """model.safetensors.index.json naming the one shard for every tensor (HfArch.checkpoint_index)."""
+    """model.safetensors.index.json naming the one shard for every tensor (Fixups.checkpoint_index)."""
     from safetensors import safe_open
 
     (path,) = out.glob("*.safetensors")  # the tiny models are one shard
@@ -199,8 +196,8 @@ def load_reference(arch: str, out_dir: Path):
     ggml_rounding.register()  # activations a recipe's reference_config may name
     a = hf_arch(arch)
     folder = hf_dir(arch, out_dir)
-    if "model_type" in a.saved_config:
-        # The folder names a model_type transformers does not know (HfArch.saved_config): the
+    if "model_type" in a.fix.saved_config:
+        # The folder names a model_type transformers does not know (Fixups.saved_config): the
         # config is the recipe's model_type with the saved keys.
         saved = json.loads((folder / "config.json").read_text())
         del saved["model_type"]
@@ -216,7 +213,7 @@ def load_reference(arch: str, out_dir: Path):
 
 def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
     """Path of the tiny ``arch`` GGUF in ``quant`` under ``out_dir``, made when missing or stale.
-    ``arch`` names the recipe (hf_archs.hf_arch): the file and HF folder are named after it."""
+    ``arch`` names the recipe (recipes.RECIPES): the file and HF folder are named after it."""
     a = hf_arch(arch)
     quant = quant.lower()
     if quant not in (*_CONVERTER_TYPES, *_QUANTIZER_TYPES):
@@ -228,28 +225,28 @@ def write_hf_arch(arch: str, quant: str, out_dir: Path) -> Path:
         return _write_hf_arch_locked(arch, a, quant, out_dir, path)
 
 
-def _write_hf_arch_locked(arch: str, a: HfArch, quant: str, out_dir: Path, path: Path) -> Path:
+def _write_hf_arch_locked(arch: str, a: Recipe, quant: str, out_dir: Path, path: Path) -> Path:
     recipe = _recipe(a, quant)
     folder = _current_hf_folder(arch, a, out_dir)
     if _is_current(path, recipe):
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        if quant in _QUANTIZER_TYPES or (quant == "q8_0" and a.checkpoint):
+        if quant in _QUANTIZER_TYPES or (quant == "q8_0" and a.fix.checkpoint):
             from bmoe.llama.quantize import quantize_gguf
 
             # A real-layout checkpoint's converter output keeps its packed experts (DeepSeek-V4's
             # MXFP4) whatever the outtype: its Q8_0 file is llama.cpp's quantizer's, from them.
             quantize_gguf(write_hf_arch(arch, "f32", out_dir), tmp, _QUANTIZER_TYPES.get(quant, "Q8_0"),
                           allow_requantize=quant == "q8_0")
-        elif a.checkpoint:
+        elif a.fix.checkpoint:
             # The converter reads the real layout, written into a private folder of the HF
             # folder's own name (the converter names the model after its folder).
             with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
-                src = _checkpoint_module(a.checkpoint).write_checkpoint(folder, Path(scratch) / folder.name)
-                _convert(src, tmp, quant, a.converter_args)
+                src = _checkpoint_module(a.fix.checkpoint).write_checkpoint(folder, Path(scratch) / folder.name)
+                _convert(src, tmp, quant, a.fix.converter_args)
         else:
-            _convert(folder, tmp, quant, a.converter_args)
+            _convert(folder, tmp, quant, a.fix.converter_args)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -282,7 +279,7 @@ def write_hf_mmproj(arch: str, out_dir: Path) -> Path:
     return path
 
 
-def _current_hf_folder(name: str, a: HfArch, out_dir: Path) -> Path:
+def _current_hf_folder(name: str, a: Recipe, out_dir: Path) -> Path:
     """The HF folder of recipe ``a``, rebuilt unless its stamp names this recipe. It is built under
     a temporary name and renamed into place, stamp included, so a folder is never half-written
     or stamped with a recipe it was not made from (two test runs may share the folder)."""
@@ -291,7 +288,7 @@ def _current_hf_folder(name: str, a: HfArch, out_dir: Path) -> Path:
         return _current_hf_folder_locked(a, folder)
 
 
-def _current_hf_folder_locked(a: HfArch, folder: Path) -> Path:
+def _current_hf_folder_locked(a: Recipe, folder: Path) -> Path:
     recipe = _recipe(a, "hf")
     stamp = folder / "bmoe-recipe.json"
     try:

@@ -1,4 +1,4 @@
-"""DeepSeek-V4's own checkpoint layout for a tiny transformers model (HfArch.checkpoint "deepseek4").
+"""DeepSeek-V4's own checkpoint layout for a tiny transformers model (Fixups.checkpoint "deepseek4").
 
 llama.cpp's converter reads DeepSeek-V4 only as DeepSeek ships it: tensors named without the
 ``model.`` prefix (``embed.weight``, ``layers.<i>.attn.wq_a.weight``, ``hc_head_fn``, ...), and

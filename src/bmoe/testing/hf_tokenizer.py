@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from gguf.vocab import bytes_to_unicode
 
-from bmoe.testing.hf_archs import SPM_BYTE_PIECES
+from bmoe.testing.recipes import SPM_BYTE_PIECES
 from bmoe.testing.smollm2 import smollm2_tokenizer_fields
 
 _CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
@@ -32,7 +33,7 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
     (ERNIE 4.5's); "ranks" is SmolLM2's own files plus a tokenizer class (remote code in the
     folder, _RANKS_MODULE) that also exposes them as tiktoken-style ``mergeable_ranks`` and
     ``special_tokens``, for a converter that reads only those (Hunyuan's)."""
-    f = {m.key.removeprefix("tokenizer."): m.value for m in smollm2_tokenizer_fields()}
+    f: dict[str, Any] = {m.key.removeprefix("tokenizer."): m.value for m in smollm2_tokenizer_fields()}
     tokens: list[str] = f["ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in f["ggml.merges"]]
@@ -106,7 +107,8 @@ def _spm_style(tokens: list[str], types: list[int], merges: list[tuple[str, ...]
     kept = []
     for a, b in merges:
         ia, ib, ij = ids.get(a), ids.get(b), ids.get(a + b)
-        if {ia, ib, ij} <= text and out[ia] + out[ib] == out[ij]:
+        if ia is not None and ib is not None and ij is not None and {ia, ib, ij} <= text \
+                and out[ia] + out[ib] == out[ij]:
             kept.append((out[ia], out[ib]))
     return out, kept
 

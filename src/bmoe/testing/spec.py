@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import gguf
 
-ARCHS = ("qwen3moe", "qwen35moe")
 QUANTS = ("f32", "q8_0", "q4_k_m")
 # Variants llama.cpp's quantizer makes from the F32 file (gguf cannot write K-quants or i-quants),
 # by the LLAMA_FTYPE_MOSTLY_* name it is asked for. "q6_k" and "iq4_xs" are only for the K-quant
@@ -74,6 +73,31 @@ class TinySpec:
     def n_rot(self) -> int:
         return int(self.head_dim * self.partial_rotary)
 
+    @property
+    def flavour(self) -> Flavour:
+        return FLAVOURS[self.arch]
+
+
+@dataclass(frozen=True, slots=True)
+class Flavour:
+    """What the two hand-written architectures do differently beyond their shapes: the rules the
+    weights, the tensor conversion and the metadata follow (weights.py, convert.py, writer.py). Not
+    part of the recipe hash: the arch, which the hash covers, picks it."""
+
+    model_type: str  # transformers' model_type
+    zero_centred_norms: bool  # RMSNorm computes x * (1 + w): neutral weight 0, and the converter adds 1
+    gated_attention: bool  # q_proj yields [query, gate] per head
+    post_attention_norm: gguf.MODEL_TENSOR  # the GGUF name of the norm between attention and the FFN
+    dense_ffn_length: bool  # the loader reads feed_forward_length (the experts' width x the used count)
+
+
+FLAVOURS = {
+    "qwen3moe": Flavour("qwen3_moe", zero_centred_norms=False, gated_attention=False,
+                        post_attention_norm=gguf.MODEL_TENSOR.FFN_NORM, dense_ffn_length=True),
+    "qwen35moe": Flavour("qwen3_5_moe_text", zero_centred_norms=True, gated_attention=True,
+                         post_attention_norm=gguf.MODEL_TENSOR.ATTN_POST_NORM, dense_ffn_length=False),
+}
+
 
 QWEN3MOE = TinySpec(arch="qwen3moe", seed=3)
 
@@ -98,7 +122,7 @@ def spec_for(arch: str) -> TinySpec:
     try:
         return SPECS[arch]
     except KeyError:
-        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(ARCHS)}") from None
+        raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(SPECS)}") from None
 
 
 def expert_slice_bytes(spec: TinySpec, ggml_type: gguf.GGMLQuantizationType) -> int:

@@ -70,14 +70,14 @@ def hf_config(spec: TinySpec) -> tuple[str, dict[str, object]]:
         eos_token_id=2,
         pad_token_id=2,
     )
-    if spec.arch == "qwen3moe":
+    if spec.linear is None:
         common.update(
             intermediate_size=spec.n_ff_exp * spec.n_expert_used,
             # llama.cpp's qwen3moe graph always renormalises the top-k weights.
             norm_topk_prob=True,
             rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         )
-        return "qwen3_moe", common
+        return spec.flavour.model_type, common
     lin = spec.linear
     assert lin is not None
     common.update(
@@ -96,7 +96,7 @@ def hf_config(spec: TinySpec) -> tuple[str, dict[str, object]]:
             "mrope_interleaved": True,
         },
     )
-    return "qwen3_5_moe_text", common
+    return spec.flavour.model_type, common
 
 
 def _moe_block(spec: TinySpec, p: str, sd: dict[str, np.ndarray]) -> None:
@@ -118,7 +118,7 @@ def _moe_block(spec: TinySpec, p: str, sd: dict[str, np.ndarray]) -> None:
 def _full_attention(spec: TinySpec, p: str, sd: dict[str, np.ndarray], zero_centered: bool) -> None:
     d, hd = spec.n_embd, spec.head_dim
     # Qwen3.5 attention is output-gated: q_proj yields [query, gate] per head.
-    q_rows = spec.n_head * hd * (2 if spec.arch == "qwen35moe" else 1)
+    q_rows = spec.n_head * hd * (2 if spec.flavour.gated_attention else 1)
     a = f"{p}.self_attn"
     sd[f"{a}.q_proj.weight"] = _linear(spec, f"{a}.q_proj.weight", q_rows, d)
     sd[f"{a}.k_proj.weight"] = _linear(spec, f"{a}.k_proj.weight", spec.n_head_kv * hd, d)
@@ -150,7 +150,7 @@ def _linear_attention(spec: TinySpec, p: str, sd: dict[str, np.ndarray]) -> None
 def hf_weights(spec: TinySpec) -> HfWeights:
     """The fixture's weights in HF form (deterministic in ``spec``)."""
     model_type, config = hf_config(spec)
-    zero_centered = spec.arch == "qwen35moe"
+    zero_centered = spec.flavour.zero_centred_norms
     sd: dict[str, np.ndarray] = {}
     sd["model.embed_tokens.weight"] = _normal(
         spec, "model.embed_tokens.weight", (spec.n_vocab, spec.n_embd), _EMBED_STD)

@@ -155,7 +155,7 @@ def _add_metadata(w: gguf.GGUFWriter, spec: TinySpec, quant: str) -> None:
     w.add_expert_used_count(spec.n_expert_used)
     w.add_expert_feed_forward_length(spec.n_ff_exp)
     w.add_vocab_size(spec.n_vocab)
-    if spec.arch == "qwen3moe":
+    if spec.flavour.dense_ffn_length:
         w.add_feed_forward_length(spec.n_ff_exp * spec.n_expert_used)
     if spec.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(spec.n_ff_shexp)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, fields as dataclass_fields
+from dataclasses import dataclass
 from typing import Union
 
-from bmoe.decide.types import DEFAULT_CUE, DEFAULT_JOINER, DEFAULT_OPTION, DEFAULT_TEMPLATE, DecideRequest, RenderRule
+from bmoe.decide.fields import DECIDE_TABLE, MISSING_CHOICES, RENDER_TABLE, decide_request, lacks_choices
+from bmoe.decide.fields import request_fields as request_fields
+from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
 from bmoe import rules
 from bmoe.rules import FieldError, Spec, check_fields
-from bmoe.runtime.results import GENERATE_FIELDS, GenerateRequest
+from bmoe.runtime.results import GENERATE_TABLE, GenerateRequest, generate_request
 
 
 class ProtocolError(RequestError):
@@ -66,48 +68,11 @@ class Stats:
 @dataclass(frozen=True, slots=True)
 class Decide:
     id: int
-    fields: dict  # validated decide fields (see DECIDE_FIELDS)
+    fields: dict  # checked decide fields (DECIDE_TABLE)
 
     @property
     def request(self) -> DecideRequest:
-        f = self.fields
-        return DecideRequest(
-            id=self.id, prefix=f.get("prefix", ""), suffix=f.get("suffix", ""), choices=tuple(f.get("choices", ())),
-            reuse_prefix=f.get("reuse_prefix", True),
-            abstain_below=None if f.get("abstain_below") is None else float(f["abstain_below"]),
-            scoring=f.get("scoring", "first"), best_by=f.get("best_by", "sum"), unconditional=f.get("unconditional"),
-            question=f.get("question"), options=None if f.get("options") is None else tuple(f["options"]),
-            render=None if f.get("render") is None else render_rule(f["render"]), debias=f.get("debias"),
-            images=tuple(f.get("images", ())),
-        )
-
-
-def render_rule(obj: dict) -> RenderRule:
-    """A checked ``render`` object as a RenderRule (what it leaves out takes the defaults)."""
-    labels = obj.get("labels")
-    return RenderRule(template=obj.get("template", DEFAULT_TEMPLATE), option=obj.get("option", DEFAULT_OPTION),
-                      joiner=obj.get("joiner", DEFAULT_JOINER), cue=obj.get("cue", DEFAULT_CUE),
-                      labels=None if labels is None else tuple(labels))
-
-
-def request_fields(request: DecideRequest) -> dict:
-    """The decide object of ``request``, the inverse of ``Decide.request``: ``id``, ``prefix``,
-    ``suffix``, then every field that differs from its default (``choices`` unless the request
-    is in the structured form), so that ``parse_line`` of it gives ``request`` back."""
-    out: dict = {"id": request.id, "prefix": request.prefix, "suffix": request.suffix}
-    if request.choices or request.options is None:
-        out["choices"] = list(request.choices)
-    for f in dataclass_fields(DecideRequest):
-        if f.name in out or f.name == "choices":
-            continue
-        value = getattr(request, f.name)
-        if value == f.default:
-            continue
-        if f.name == "render":
-            value = {r.name: list(v) if isinstance(v, tuple) else v
-                     for r in dataclass_fields(RenderRule) if (v := getattr(value, r.name)) != r.default}
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
+        return decide_request(self.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,26 +83,12 @@ class DecideBatch:
 
 Command = Union[GenerateRequest, Cancel, Close, Stats, Decide, DecideBatch]
 
-# the field rules and the table check are bmoe.rules'; a generate line's table is the session's own
-# (GENERATE_FIELDS, next to GenerateRequest)
-_INT, _BOOL, _STR, _PROB, _STR_LIST = rules.INT, rules.BOOL, rules.STR, rules.PROB, rules.STR_LIST
-
-DECIDE_FIELDS: Spec = {
-    # "choices" or "options" (with "question"): one of the two is required, checked by _check_decide
-    "id": (_INT, False), "prefix": (_STR, False), "suffix": (_STR, False), "choices": (_STR_LIST, False),
-    "reuse_prefix": (_BOOL, False), "abstain_below": (_PROB, False),
-    # values checked by decide (a refusal of that request only): docs/decide.md "Scoring modes"
-    "scoring": (_STR, False), "best_by": (_STR, False), "unconditional": (_STR, False),
-    # the structured form and order debiasing: docs/decide.md "Order debiasing"
-    "question": (_STR, False), "options": (_STR_LIST, False),
-    "render": (rules.OBJECT, False), "debias": (_STR, False),
-    # images (docs/decide.md "Images"): file paths or data: URLs, at the text's markers
-    "images": (rules.IMAGES, False),
-}
-RENDER_FIELDS: Spec = {
-    "template": (_STR, False), "option": (_STR, False), "joiner": (_STR, False), "cue": (_STR, False),
-    "labels": (_STR_LIST, False),
-}
+# the field rules and the table check are bmoe.rules'; each request's table is its record's own
+# (bmoe.decide.fields.DECIDE_TABLE, bmoe.runtime.results.GENERATE_TABLE)
+_INT = rules.INT
+DECIDE_FIELDS: Spec = rules.spec(DECIDE_TABLE)
+RENDER_FIELDS: Spec = rules.spec(RENDER_TABLE)
+GENERATE_FIELDS: Spec = rules.spec(GENERATE_TABLE)
 
 
 ID_ONLY: Spec = {"id": (_INT, False)}  # stats, cancel, close
@@ -159,8 +110,8 @@ def _check_decide(obj: dict, what: str, rid: int | None) -> dict:
     fields = _check(obj, DECIDE_FIELDS, what, rid)
     if "render" in fields:
         fields["render"] = _check(fields["render"], RENDER_FIELDS, f"{what}: field 'render'", rid)
-    if "choices" not in fields and "options" not in fields:
-        raise ProtocolError(f"{what}: missing field 'choices'", rid)  # or 'options' (docs/protocol.md)
+    if lacks_choices(fields):
+        raise ProtocolError(f"{what}: {MISSING_CHOICES}", rid)  # or 'options' (docs/protocol.md)
     return fields
 
 
@@ -219,10 +170,7 @@ def parse_line(line: str) -> Command:
         raise ProtocolError(f"field 'cmd' must be a string, got {json.dumps(cmd)[:60]}", rid)
     body = {k: v for k, v in obj.items() if k != "cmd"}
     if cmd == "generate":
-        fields = _check(body, GENERATE_FIELDS, "generate", rid)
-        if "images" in fields:
-            fields["images"] = tuple(fields["images"])
-        return GenerateRequest(**fields)
+        return generate_request(_check(body, GENERATE_FIELDS, "generate", rid))
     if cmd == "cancel":
         _check(body, ID_ONLY, "cancel", rid)
         return Cancel(id=rid)

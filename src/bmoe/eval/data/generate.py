@@ -45,7 +45,7 @@ def arithmetic(n: int = 120) -> list[dict]:
     rng = random.Random(1)
     prefix = "You compare two arithmetic expressions and say which one has the larger value."
     ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "x": lambda a, b: a * b}
-    rows = []
+    rows: list[dict] = []
     while len(rows) < n:
         exprs = []
         for _ in range(2):
@@ -124,14 +124,14 @@ def phone_agent() -> list[dict]:
     switch's screen, one decision per screen, the history growing in the prefix. The switch is
     always in the state the task changes, so the last step's answer is the task's verb."""
     rng = random.Random(4)
-    rows = []
+    rows: list[dict] = []
     tasks = [(section, switch, verb) for section, switches in SECTIONS.items() for switch in switches
              for verb in ("on", "off")]
     for t, (section, switch, verb) in enumerate(tasks):
         split = _split(t)
         head = f"You control a phone. Task: turn {verb} {switch}. History:"
         history: list[str] = []
-        screens = []
+        screens: list[tuple[str, list[str], str, str | None]] = []
         home = ["Open Settings", *(f"Open {a}" for a in rng.sample(APPS, 2))]
         screens.append(("Home", home, "Open Settings", "opened Settings"))
         others = [s for s in SECTIONS if s != section]

@@ -1,7 +1,7 @@
 """What one bmoe actor asks Ray for: CPUs, memory, and optionally one unit of a flash resource.
 
 memory = weights + KV + overhead. Weights and KV are the session's footprint
-(``bmoe.session.footprint``: the weights resident or streamed with the most the expert cache holds,
+(``bmoe.tools.footprint``: the weights resident or streamed with the most the expert cache holds,
 the KV at the most sequences the session may open, ``decide_batch`` side sequences included);
 overhead is a fixed allowance for llama.cpp's compute buffers, Python and the Ray worker.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from bmoe.config import SessionConfig
 from bmoe.errors import ConfigError
-from bmoe.session import footprint
+from bmoe.tools import footprint
 
 MIB = 2**20
 OVERHEAD_MB = 512  # compute buffers at n_ubatch 512, the Python interpreter with bmoe and Ray's worker

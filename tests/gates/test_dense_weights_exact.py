@@ -10,7 +10,7 @@ import mmap
 
 import pytest
 
-from test_g1_g4_streaming import VARIANTS, assert_same, opener, run
+from helpers.gates import VARIANTS, assert_same, opener, run
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}")

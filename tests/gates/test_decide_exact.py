@@ -12,7 +12,7 @@ from bmoe.errors import RequestError
 from bmoe.runtime.results import GenerateRequest
 from helpers.decide_prompts import ABC, ARCHS, FULL_ARCHS, P1, P2, S1, S2, S3, modes_of
 from helpers.exactness import assert_same_up_to_near_tie
-from test_g1_g4_streaming import expert_bytes, record_routes
+from helpers.gates import expert_bytes, record_routes
 
 
 # The log-prob of a chosen token, computed in different pieces, agrees within this many nats on the

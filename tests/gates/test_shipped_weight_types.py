@@ -10,7 +10,7 @@ whose expert rows are 256 wide: the hand-written qwen3moe and qwen35moe (already
   gate/up, Q4_K or Q6_K for down, both present; Q6_K: Q6_K; IQ4_XS: IQ4_XS; MXFP4_MOE: MXFP4), so
   the gates below cannot pass on a fallback type.
 - G23b: G1-G4 on each file (the hand-written Q4_K_M ones already run them in
-  test_g1_g4_streaming.py): resident == streamed bit for bit with the cache off (bytes read are the
+  test_streamed_equals_resident.py): resident == streamed bit for bit with the cache off (bytes read are the
   routed slices exactly), with an evicting cache in slots and with page moves (IQ4_XS, MXFP4 and
   Q6_K slices end inside a page), reading every expert, and a warm second run reading nothing.
 - G23c: the decide gates G18a and G18d on each file: a restored prefix equals a fresh session's
@@ -30,7 +30,7 @@ from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import read_header, read_layout
 from bmoe.testing import HF_KQUANT_ARCHS, hf_arch
 from helpers.decide_prompts import ABC, MODES, P1, P2, S1, S2, S3, modes_of
-from test_g1_g4_streaming import TEXT, assert_same, check_warm_equals_cold, expert_bytes, record_routes
+from helpers.gates import TEXT, assert_same, check_warm_equals_cold, expert_bytes, record_routes
 
 T = gguf.GGMLQuantizationType
 # The hand-written models in the quantizer's variants, then every 256-wide converted recipe in its own.
@@ -44,7 +44,7 @@ EXPERT_TYPES = {
     "mxfp4_moe": ({T.MXFP4}, {T.MXFP4}),
 }
 IDS = [f"{a}-{q}" for a, q in KQ_VARIANTS]
-# G1-G4 already run the hand-written Q4_K_M files (test_g1_g4_streaming.py): G23b takes the rest.
+# G1-G4 already run the hand-written Q4_K_M files (test_streamed_equals_resident.py): G23b takes the rest.
 STREAM_VARIANTS = [v for v in KQ_VARIANTS if v not in (("qwen3moe", "q4_k_m"), ("qwen35moe", "q4_k_m"))]
 # G1's generate, half as long (14 files x 5 gates here); G1's perplexity run (37 tokens, windows of 32).
 GEN = GenerateRequest(prompt="Tell me about the sea and the ships on it.", n_predict=32, keep_logits=True)
@@ -152,8 +152,8 @@ def test_g23c_decisions_streamed_equal_resident_and_restore_exactly(tiny_models,
 
     One decide() at a time, not decide_many: a list batches the decisions that share a prefix, and
     a batch is cut into other ubatches streamed (suffixes padded into one) than resident (as they
-    are). A K-quant row rounds differently with the width of its ubatch (docs/decide.md, "What is
-    exact"; G19), so only decisions made one by one run the same pieces on both sides."""
+    are). A K-quant row rounds differently on either side of the tiled matmul's 8 rows
+    (docs/decide.md, "What is exact"); G19 checks batches against one by one on these files."""
     model = tiny_models(*variant)
     seq = [req(1, P1, S1), req(2, P1, S2), req(3, P2, S3), req(4, P2, S3, reuse_prefix=False)]
     twins = tmp_path / "twins"
