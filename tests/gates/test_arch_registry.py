@@ -31,4 +31,4 @@ def test_each_family_runs_the_whole_gate_set_on_one_of_its_archs() -> None:
 
 def test_an_arch_refusing_prefetch_says_why() -> None:
     for e in list_archs():
-        assert e.can_prefetch != bool(e.no_prefetch), e.arch
+        assert e.can_prefetch != bool(e.why_no_prefetch), e.arch

@@ -3,7 +3,7 @@ indexer's top-k too.
 
 glm5-next's pooled DSA indexer picked other tokens for a suffix prefilled on a forked side sequence
 than for the same suffix alone once the context was longer than its top-k, resident as well as
-streamed (docs/streaming.md). Its registry entry says so (``ArchEntry.batch_apart``), and the
+streamed (docs/streaming.md). Its registry entry says so (``ArchEntry.why_batch_apart``), and the
 adapter answers its batches one by one. The suite's tiny glm5-next has a top-k of 1024, above every
 context the suite opens; here a copy of it has its ``indexer.top_k`` set to 32, under the longest
 prompts' 71 tokens. With the batch side by side, decision 0 scored 0.26 nats off one by one.

@@ -86,7 +86,7 @@ def test_guess_weights_are_the_gguf_router_times_its_norm(tiny_models, arch: str
 
 def test_an_arch_without_a_router_entry_is_refused_with_its_reason(tiny_models) -> None:
     layout = read_layout(tiny_models("qwen3moe", "q8_0"))
-    entry = _entry("qwen3moe", "router", no_prefetch="its routing adds a bias the guess leaves out")
+    entry = _entry("qwen3moe", "router", why_no_prefetch="its routing adds a bias the guess leaves out")
     with pytest.raises(PrefetchError, match="cannot guess the routing of architecture 'qwen3moe': "
                                             "its routing adds a bias the guess leaves out"):
         RouterGuess.load(layout, entry)

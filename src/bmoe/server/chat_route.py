@@ -23,7 +23,7 @@ from bmoe.wire.records import done_fields
 from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
 from .job_queue import ERROR, RESULT, JobQueue, Event, Job
 from .errors import ApiError, error_body, from_request_error
-from .jobs import cancel_on_disconnect, job_error
+from .run_job import cancel_on_disconnect, job_error
 from .images import inline_bytes
 from .metrics import Metrics
 from .schemas import ChatCompletionRequest, ImagePart

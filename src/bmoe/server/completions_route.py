@@ -23,7 +23,7 @@ from bmoe.session import ScoreRequest, ScoreResult, Session
 
 from .job_queue import Cancelled, JobQueue, Job
 from .errors import ApiError, from_request_error
-from .jobs import run_job
+from .run_job import run_job
 from .metrics import Metrics
 from .schemas import CompletionRequest
 

@@ -19,7 +19,7 @@ from bmoe.wire.records import decide_fields
 
 from .job_queue import Cancelled, Job, JobQueue
 from .errors import ApiError
-from .jobs import run_job
+from .run_job import run_job
 from .images import inline_bytes
 from .metrics import Metrics
 from .schemas import DecideBatch, DecideBody

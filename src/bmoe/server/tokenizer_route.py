@@ -15,7 +15,7 @@ from bmoe.session import Session
 
 from .job_queue import JobQueue, Job
 from .errors import ApiError
-from .jobs import run_job
+from .run_job import run_job
 from .schemas import DetokenizeBody, TokenizeBody
 
 

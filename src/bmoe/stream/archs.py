@@ -39,17 +39,17 @@ class ArchEntry:
     resident: str                   # what stays in RAM besides the dense weights, for people
     # Speculative prefetch (--prefetch): the router weight and the RMS-norm weight right before it,
     # per layer "blk.<il>.<name>", and the node that ends a layer ("l_out-<il>"). None: the guess
-    # is not right for this arch's routing, and ``no_prefetch`` says why.
+    # is not right for this arch's routing, and ``why_no_prefetch`` says why.
     router: str | None = None       # [n_embd, n_expert] in ggml order
     router_norm: str | None = None  # [n_embd]: what scales the router's input, element-wise
     out_node: str = "l_out"
     # The residual stream entering a layer's FFN ("<inp_node>-<il>", [n_embd, n_tokens]): the early
     # guess of layer il+1 reads it at layer il's route, before layer il's experts have run.
     inp_node: str = "ffn_inp"
-    no_prefetch: str = ""           # why --prefetch is refused (empty where it is allowed)
+    why_no_prefetch: str = ""       # why --prefetch is refused (empty where it is allowed)
     # Why a decide batch of this arch is answered one by one instead of side by side on forked
     # side sequences (empty where batching is exact): docs/decide.md "What is exact".
-    batch_apart: str = ""
+    why_batch_apart: str = ""
 
     @property
     def can_prefetch(self) -> bool:
@@ -74,13 +74,13 @@ ROUTER = "ffn_gate_inp.weight"
 
 
 def _entry(arch: str, resident: str, *, fused: bool = False, norm: str | None = None,
-           inp: str = "ffn_inp", no_prefetch: str = "", batch_apart: str = "") -> ArchEntry:
-    if (norm is None) == (not no_prefetch):
+           inp: str = "ffn_inp", why_no_prefetch: str = "", batch_apart: str = "") -> ArchEntry:
+    if (norm is None) == (not why_no_prefetch):
         raise ValueError(f"{arch}: give either the router's norm or the reason --prefetch is refused")
     names = SPLIT_EXPERTS + ((FUSED_GATE_UP,) if fused else ())
     return ArchEntry(arch=arch, route_node=ROUTE_NODE, expert_tensors=names, resident=resident,
-                     router=ROUTER if norm else None, router_norm=norm, inp_node=inp, no_prefetch=no_prefetch,
-                     batch_apart=batch_apart)
+                     router=ROUTER if norm else None, router_norm=norm, inp_node=inp, why_no_prefetch=why_no_prefetch,
+                     why_batch_apart=batch_apart)
 
 
 # An architecture is listed only when its gates run in the suite (streamed == resident bit for
@@ -102,14 +102,14 @@ _REGISTRY: dict[str, ArchEntry] = {
         # ffn_gate_inp.bias added to the router's logits and a bias per expert and projection
         # (ffn_{gate,up,down}_exps.bias, [n, n_expert]): those biases are small and stay resident.
         _entry("gpt-oss", "router and its bias, per-expert biases (ffn_*_exps.bias), attention sinks",
-               no_prefetch="its router adds a bias (ffn_gate_inp.bias) to the logits, which the guess "
+               why_no_prefetch="its router adds a bias (ffn_gate_inp.bias) to the logits, which the guess "
                            "leaves out"),
         # lfm2moe (lfm2.cpp): ffn_norm, then build_moe_ffn with SIGMOID gating (the GGUF's
         # expert_gating_func) and exp_probs_b added to the probabilities before the pick; the
         # leading dense layers (leading_dense_block_count) carry no experts and load whole.
         _entry("lfm2moe", "router and its per-expert bias (exp_probs_b), leading dense layers, "
                           "short-convolution state",
-               no_prefetch="its routing is a sigmoid plus a per-expert bias (exp_probs_b) the guess "
+               why_no_prefetch="its routing is a sigmoid plus a per-expert bias (exp_probs_b) the guess "
                            "leaves out"),
         # granitehybrid (granite-hybrid.cpp): ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX)
         # without exp_probs_b or gate_inp_b; the shared expert (ffn_*_shexp) runs beside it.
@@ -139,24 +139,24 @@ _REGISTRY: dict[str, ArchEntry] = {
         # (sigmoid for V3/Kimi/Moonlight, softmax for V2) over group-limited top-k; shared expert beside.
         _entry("deepseek2", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) and keeps only "
+               why_no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) and keeps only "
                "the best expert groups, which the guess leaves out"),
         # glm4moe: post_attention_norm, then build_moe_ffn(SIGMOID) with exp_probs_b; shared expert
         # beside. The NextN block after the last layer is never computed (layout.py leaves it out).
         _entry("glm4moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # dots1: ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function
         # (sigmoid); shared experts beside.
         _entry("dots1", "router, selection bias (exp_probs_b), shared experts (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # minimax-m2: ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function
         # (sigmoid); no shared expert.
         _entry("minimax-m2", "router, selection bias (exp_probs_b)",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # llama4 (src/models/llama4.cpp): on its MoE layers ffn_norm, then build_moe_ffn(SIGMOID)
         # without exp_probs_b or gate_inp_b, whose pick for llama4 is the top k of the raw logits
@@ -176,7 +176,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # the probabilities for the pick (not the weights); the shared experts run beside it.
         _entry("ernie4_5-moe", "router, selection bias (exp_probs_b), shared experts (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) to the "
+               why_no_prefetch="its routing adds a per-expert selection bias (exp_probs_b) to the "
                "probabilities before the pick, which the guess leaves out"),
         # hunyuan-moe (src/models/hunyuan-moe.cpp): ffn_norm, then a shared MLP (ffn_*_shexp)
         # and build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b side by side.
@@ -191,7 +191,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # gating function (softmax) over group-limited top-k; shared expert beside; experts written
         # with gate and up fused (ffn_gate_up_exps).
         _entry("mistral4", "router, shared expert (ffn_*_shexp)", fused=True,
-               no_prefetch="its routing keeps only the best expert groups, which the guess leaves out"),
+               why_no_prefetch="its routing keeps only the best expert groups, which the guess leaves out"),
         # nemotron_h_moe (Nemotron 3 Nano; src/models/nemotron-h.cpp, whose graph nemotron-h-moe.cpp
         # builds): each block is a Mamba2 layer, an attention layer or a MoE layer. On a MoE block,
         # attn_norm, then build_moe_ffn(SIGMOID) with exp_probs_b over ffn_up_exps and
@@ -200,7 +200,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # The blocks without experts load whole. (Its "l_out" is the FFN's output, not the block's.)
         _entry("nemotron_h_moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "the Mamba2 and attention blocks between MoE blocks, Mamba2 state",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # jamba (src/models/jamba.cpp): on the layers with a router (ffn_gate_inp), ffn_norm on the
         # residual, then build_moe_ffn(SOFTMAX) without exp_probs_b or gate_inp_b, weights not
@@ -209,7 +209,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # after the residual add is made from it), so no node holds the residual entering the FFN
         # that the read-ahead guess reads.
         _entry("jamba", "router, the dense FFN layers between MoE layers, Mamba state",
-               no_prefetch="its graph names no node for the residual entering the FFN (the node it "
+               why_no_prefetch="its graph names no node for the residual entering the FFN (the node it "
                "calls ffn_inp is the Mamba/attention output), which the read-ahead guess reads"),
         # bailingmoe3 (Ling 3.0; src/models/bailingmoe3.cpp): after the leading dense layers,
         # ffn_norm on the residual, then build_moe_ffn with exp_probs_b, the GGUF's gating function
@@ -218,7 +218,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # attention) or gated MLA.
         _entry("bailingmoe3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers, KDA state",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "over group-limited top-k, which the guess leaves out"),
         # kimi-linear (src/models/kimi-linear.cpp): KDA (recurrent) and MLA layers alike end in
         # ffn_norm on ffn_inp, then build_moe_ffn with exp_probs_b and the GGUF's gating function
@@ -226,7 +226,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # The leading dense layers (leading_dense_block_count) carry no experts.
         _entry("kimi-linear", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers, KDA (linear-attention) state",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # minimax-m3 (src/models/minimax-m3.cpp; the language model of MiniMax-M3): after the leading
         # dense layers, ffn_norm on ffn_inp, then build_moe_ffn(SWIGLU_OAI_MOE) with exp_probs_b and
@@ -235,7 +235,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # on (an indexer, blk.<il>.indexer.*, picks key blocks), dense otherwise; no expert tensors.
         _entry("minimax-m3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "sparse-attention indexer, leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # glm5-next (src/models/glm5-next.cpp): the layer's residual is 4 mHC streams
         # ([n_embd, 4, n_tokens]); hc_ffn_pre collapses them with learned weights, then ffn_norm and
@@ -244,7 +244,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # and the DSA indexer's key/pool cache; leading dense layers carry no experts.
         _entry("glm5-next", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), mHC "
                "mixing weights, DSA indexer, KDA state, leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b), and "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b), and "
                "the router reads a learned mix of four residual streams, not l_out",
                batch_apart="its pooled DSA indexer picks other tokens for a suffix on a forked side sequence "
                "than alone once the context is past its top-k"),
@@ -254,7 +254,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # (sigmoid); shared expert beside. The NextN block is never computed (layout.py leaves it out).
         _entry("glm-dsa", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), DSA "
                "indexer and its key cache, leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # exaone-moe (K-EXAONE; src/models/exaone-moe.cpp): after the leading dense layers,
         # ffn_norm, then build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid),
@@ -262,7 +262,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # NextN layers after the trunk carry a dense FFN, no experts, and are never computed.
         _entry("exaone-moe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # afmoe (Arcee Trinity; src/models/afmoe.cpp): after the leading dense layers, ffn_norm, then
         # build_moe_ffn with exp_probs_b and sigmoid gating (the GGUF's, sigmoid by default),
@@ -270,7 +270,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # ffn_post_norm scales their sum.
         _entry("afmoe", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # cohere2moe (src/models/cohere2moe.cpp): a parallel block. attn_norm (RMS when the GGUF
         # has layer_norm_rms_epsilon, else a bias-free LayerNorm) feeds both the attention and
@@ -287,7 +287,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # build_moe_ffn(SOFTMAX, weights renormalised) without exp_probs_b or gate_inp_b; every
         # layer is MoE, nothing shared.
         _entry("dbrx", "router",
-               no_prefetch="its router reads a LayerNorm (attn_out_norm), which takes out the mean "
+               why_no_prefetch="its router reads a LayerNorm (attn_out_norm), which takes out the mean "
                "the guess's RMS norm keeps"),
         # deepseek4 (src/models/deepseek4.cpp): hyper-connections (hc_ffn_pre) mix the residual
         # streams, ffn_norm, then build_moe_ffn with the sqrt-softplus gating and exp_probs_b; the
@@ -296,7 +296,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("deepseek4", "router, selection bias (exp_probs_b), hash-routing table "
                "(ffn_gate_tid2eid), shared expert (ffn_*_shexp), hyper-connection mixers (hc_*), "
                "compressor and indexer weights",
-               no_prefetch="its routing scores are sqrt(softplus) with a per-expert selection bias, "
+               why_no_prefetch="its routing scores are sqrt(softplus) with a per-expert selection bias, "
                "and its hash layers pick by token id, neither of which the guess follows"),
         # mellum (src/models/mellum.cpp): ffn_norm on ffn_inp, then build_moe_ffn(SOFTMAX, weights
         # renormalised) without exp_probs_b or gate_inp_b on every layer; nothing shared.
@@ -307,7 +307,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # FFN. The NextN block after the last layer is never computed by the trunk graph.
         _entry("hy_v3", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layer",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # hy_v4 (Tencent Hy4; src/models/hy-v4.cpp): the layer's hyper-connection streams are mixed
         # (hc_ffn_*), then ffn_norm; after the leading dense layers (leading_dense_block_count)
@@ -315,7 +315,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # expert (ffn_*_shexp) beside it. The residual is hc streams wide: no ffn_inp node.
         _entry("hy_v4", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layer, hyper-connection mixers, sparse-attention indexers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out, and its residual is several hyper-connection streams mixed "
                "per layer"),
         # laguna (poolside Laguna; src/models/laguna.cpp): ffn_norm on ffn_inp, then after the
@@ -323,7 +323,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # (sigmoid), the shared expert (ffn_*_shexp) beside it.
         _entry("laguna", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layer",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # minimax-01 (MiniMax-Text-01 / M1; src/models/minimax-01.cpp): ffn_norm on ffn_inp, then
         # build_moe_ffn(SOFTMAX, weights renormalised) without exp_probs_b (the loader creates none)
@@ -344,7 +344,7 @@ _REGISTRY: dict[str, ArchEntry] = {
         # averaged), not one RMS norm of one residual. The PLE n-gram table stays resident too.
         _entry("qwen4exp", "router, shared expert (ffn_*_shexp) and its sigmoid gate, hyper-connection "
                "mixers, PLE n-gram table, linear-attention (gated DeltaNet) state", fused=True,
-               no_prefetch="its router reads a hyper-connection mix of several residual streams "
+               why_no_prefetch="its router reads a hyper-connection mix of several residual streams "
                "(gated by weights computed from them), not rms_norm(x) * norm of one residual"),
         # step35 (Step-3.5/3.7-Flash; src/models/step35.cpp): ffn_norm, then on MoE layers
         # build_moe_ffn with exp_probs_b and the GGUF's gating function (sigmoid when unset), its
@@ -352,14 +352,14 @@ _REGISTRY: dict[str, ArchEntry] = {
         # without a router run a dense MLP.
         _entry("step35", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), "
                "leading dense layers",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
         # mimo2 (MiMo-V2-Flash; src/models/mimo2.cpp): ffn_norm, then on MoE layers
         # build_moe_ffn(SIGMOID) with exp_probs_b, no shared expert; layers without a router run a
         # dense MLP. Sliding-window layers carry attention sinks (attn_sinks). The NextN blocks of
         # the real files are never computed (layout.py leaves them out).
         _entry("mimo2", "router, selection bias (exp_probs_b), attention sinks, leading dense layer",
-               no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
+               why_no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b) "
                "the guess leaves out"),
     )
 }
@@ -371,7 +371,7 @@ def batch_apart(arch: str) -> str:
     """Why decisions of ``arch`` are not batched side by side (empty: they are); an arch outside
     the registry has nothing against it."""
     entry = _REGISTRY.get(arch)
-    return "" if entry is None else entry.batch_apart
+    return "" if entry is None else entry.why_batch_apart
 
 
 def lookup(arch: str) -> ArchEntry:

@@ -83,7 +83,7 @@ class RouterGuess:
         ``wide``: ubatch width from which every expert is read (default: WIDE_COVER's rule)."""
         if not entry.can_prefetch:
             raise PrefetchError(f"--prefetch cannot guess the routing of architecture '{layout.arch}': "
-                                f"{entry.no_prefetch}")
+                                f"{entry.why_no_prefetch}")
         want = {entry.router: "router", entry.router_norm: "norm"}
         found: dict[tuple[int, str], tuple[Path, TensorInfo]] = {}
         for f in layout.files:
