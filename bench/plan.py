@@ -21,7 +21,7 @@ and in decode, never OOM-killed, resident with no limit; every read-ahead config
 1.2x of its bound (decide_stream's target as #29 restated it). Needs root (cgroups, drop_caches).
 docs/benchmarks.md "The plan" holds a recorded run.
 
-    .venv/bin/python bench/plan.py [--limits 2 2.5 4 8 0] [--preset uniform trace] [--decisions 5]
+    .venv/bin/python bench/plan.py [--limits 0.75 1 1.25 1.5 2 2.5 4 8 0] [--preset uniform trace] [--decisions 5]
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def print_rows(rows: list[dict[str, object]], preset: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=HERE / "out")
-    ap.add_argument("--limits", nargs="+", type=float, default=[2, 2.5, 4, 8, 0], help="GiB; 0: no limit")
+    ap.add_argument("--limits", nargs="+", type=float, default=[0.75, 1, 1.25, 1.5, 2, 2.5, 4, 8, 0], help="GiB; 0: no limit")
     ap.add_argument("--preset", nargs="+", default=["uniform", "trace"])
     ap.add_argument("--floor-rounds", type=int, default=4, help="resident runs (no limit) the compute floor takes")
     ap.add_argument("--long-lines", type=int, default=55,

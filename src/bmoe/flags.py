@@ -221,15 +221,16 @@ PLAN_ONLY_HELP = ("print the plan for these flags on this machine (a table on st
 
 def plan_only(config: SessionConfig, prog: str) -> int:
     """--plan-only: the plan ``config`` opens with, as a table on stderr and JSON on stdout; exit 0
-    (2 with --plan off, which has no plan to show)."""
+    (2 with --plan off, which has no plan to show). What opening would refuse (a bad model file, a
+    setting the file does not allow) is refused with the same error (``checked_plan``)."""
     import json
 
-    from .tools import make_plan
+    from .tools import checked_plan
 
     if config.plan == "off":
         print(f"{prog}: --plan-only shows the plan, and --plan off has none", file=sys.stderr)
         return 2
-    plan = make_plan(config)
+    plan = checked_plan(config)
     print(plan.table(), file=sys.stderr)
     print(json.dumps(plan.as_json()), flush=True)
     return 0

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from bmoe.llama.devices import format_devices, list_devices
 from bmoe.runtime.footprint import Footprint, footprint
-from bmoe.runtime.plan import Plan, make_plan
+from bmoe.runtime.plan import Plan, checked_plan, make_plan
 from bmoe.stream import format_archs
 from bmoe.stream.twin import default_twin_dir, gc_twins
 
 __all__ = [
-    "Footprint", "Plan", "default_twin_dir", "footprint", "format_archs", "format_devices", "gc_twins",
+    "Footprint", "Plan", "checked_plan", "default_twin_dir", "footprint", "format_archs", "format_devices", "gc_twins",
     "list_devices", "make_plan",
 ]

@@ -80,7 +80,7 @@ def test_a_twin_removed_before_the_load_is_named_as_such(tmp_path) -> None:  # n
     twin = tmp_path / "twins" / "model.gguf"
     with pytest.raises(ModelLoadError, match=rf"^model: the dense twin of {user} was removed while the session "
                                              r"opened \(--gc-twins in another process\?\); open it again$"):
-        model_mod._refuse_early(twin, user)
+        model_mod.refuse_early(twin, user)
     user.unlink()  # both gone: the user's file is what is missing
     with pytest.raises(ModelLoadError, match=rf"^model: file not found: {user}$"):
-        model_mod._refuse_early(twin, user)
+        model_mod.refuse_early(twin, user)

@@ -158,7 +158,7 @@ def test_bad_lines_and_refused_rows_are_reported_not_fatal(tmp_path: Path, calls
     (["--fit-temperature"], '--fit-temperature: 0 of the 8 rows have "split":"train"'),
     (["-c", "8"], "--ctx-size (n_ctx): must be an integer >= 16, got 8"),
     (["--set", "nope"], None),
-    (["-m", "BAD"], "model: llama.cpp could not load "),
+    (["-m", "BAD"], "model: cannot read GGUF "),  # refused from its header, before llama.cpp (#38.8)
 ])
 def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args, msg, capsys) -> None:
     argv = [str(data), "--out", str(tmp_path / "out"), *FAST, *args]

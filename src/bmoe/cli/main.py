@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.session and (args.prompt is not None or args.progress):
         # one-shot flags a session would silently ignore (exit 2, as argparse's own refusals)
         parser.error(f"argument --session: not allowed with argument {'-p/--prompt' if args.prompt is not None else '--progress'}")
+    if args.plan_only:  # it prints the plan and exits: a prompt or a session it would silently not run
+        given = next((flag for flag, on in (("-p/--prompt", args.prompt is not None), ("--session", args.session),
+                                            ("--json", args.json), ("--progress", args.progress)) if on), None)
+        if given is not None:
+            parser.error(f"argument --plan-only: not allowed with argument {given} (it prints the plan and exits)")
     if args.list_archs:
         from bmoe.tools import format_archs
 

@@ -71,7 +71,7 @@ def kv_overrides(pairs: tuple[tuple[str, int], ...]) -> ctypes.Array | None:
     return arr  # the last entry stays zeroed: its empty key ends the array
 
 
-def _refuse_early(path: Path, named: Path) -> None:
+def refuse_early(path: Path, named: Path) -> None:
     """The failures llama.cpp would only log: a missing, empty or non-GGUF file, refused by name.
 
     ``named`` is what the message names: the user's file even when ``path`` is its dense twin."""
@@ -97,7 +97,7 @@ class LlamaModel:
     def __init__(self, params: ModelLoadParams) -> None:
         ensure_backend()
         path = Path(params.path)
-        _refuse_early(path, params.user_path or path)
+        refuse_early(path, params.user_path or path)
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = 0
         mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if params.mmap else llama_cpp.LLAMA_LOAD_MODE_NONE

@@ -21,13 +21,13 @@ from ..llama.mremap_mover import LibcPageMover
 from ..llama.dense_anon import AnonDense
 from ..llama.residency import PageResidency
 from ..stream import (
-    CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamSettings, Streamer, TwinError,
-    UnsupportedArchError, lookup, read_layout,
+    ArchEntry, Budget, CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamSettings, Streamer,
+    TwinError, UnsupportedArchError, lookup, read_layout, resolve_budget,
 )
 from ..stream.stats import StreamStats
 from ..stream.content import ContentSample
 from ..stream.prefetch import PrefetchError, RouterGuess
-from ..stream.reader import StreamIOError
+from ..stream.reader import StreamIOError, stderr_warn
 from ..stream.twin import default_twin_dir, dense_ranges, open_twin
 
 
@@ -135,26 +135,53 @@ def stream_settings(config: SessionConfig) -> StreamSettings:
     )
 
 
-def open_streaming(config: SessionConfig) -> ExpertStreaming:
-    # read_layout comes first and checks that every tensor lies inside its file, so a truncated
-    # or malformed GGUF is refused here, naming it, before a dense twin of it is written.
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What ``check_streaming`` read and decided: the parts ``open_streaming`` builds on."""
+
+    layout: ModelLayout
+    entry: ArchEntry
+    settings: StreamSettings
+    budget: Budget
+    guess: RouterGuess | None
+
+
+_SETUP_ERRORS = (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError,
+                 StreamIOError)  # StreamIOError: a shard changed before the reader opened it
+
+
+def check_streaming(config: SessionConfig) -> StreamPlan:
+    """Every refusal of a --moe-stream open that needs no memory: the file's layout (a truncated or
+    malformed GGUF is refused here, naming it, before a dense twin of it is written), the
+    architecture, the cache budget against the floor, read-ahead's router. ``--plan-only`` runs it
+    too (``check_opening``), so it refuses what opening refuses, with the same line."""
     try:
         layout = read_layout(config.model)
         if config.n_expert_used is not None:  # what llama.cpp will route (checked at open: runtime.py)
             layout = layout.with_n_expert_used(config.n_expert_used)
         entry = lookup(layout.arch)
+        settings = stream_settings(config)
+        budget = resolve_budget(settings, layout, warn=stderr_warn)
+        guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None
+    except _SETUP_ERRORS as e:
+        raise _setup_error(config, e) from e
+    return StreamPlan(layout, entry, settings, budget, guess)
+
+
+def open_streaming(config: SessionConfig) -> ExpertStreaming:
+    checked = check_streaming(config)
+    layout, entry, settings, guess = checked.layout, checked.entry, checked.settings, checked.guess
+    try:
         # The content sample of the file as it is now: the twin must have been made from the same
         # bytes, and the reader compares it again on a schedule (an overwrite in place that kept
         # size, mtime and inode becomes the sticky FileChangedError).
         content = ContentSample.take(layout)
-        settings = stream_settings(config)
-        guess = RouterGuess.load(layout, entry, wide=config.prefetch_wide_tokens or None) if config.prefetch else None
         pages = LibcPageMover.available(sum(t.n_expert for t in layout.experts))
         # Read-ahead two layers deep needs the next layer's buffers apart from this one's: with the
         # cache off that is a second set of shared buffers (one layer of expert bytes more).
-        streamer = Streamer(layout, settings, pages=pages, buffer_sets=2 if guess else 1, slots=stream_slots(config))
-    except (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError,
-            StreamIOError) as e:  # StreamIOError: a shard changed before the reader opened it
+        streamer = Streamer(layout, settings, budget=checked.budget, pages=pages, buffer_sets=2 if guess else 1,
+                            slots=stream_slots(config))
+    except _SETUP_ERRORS as e:
         raise _setup_error(config, e) from e
     try:
         hook = ExpertHook(streamer, entry, overlap=stream_overlap(config), guess=guess)

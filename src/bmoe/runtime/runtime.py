@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import rules
 from ..config import SessionConfig
-from ..errors import BmoeError, ConfigError, ContextOverflowError, EngineFailure, ModelFileError, RequestError
+from ..errors import BmoeError, ContextOverflowError, EngineFailure, RequestError
 from ..image_refs import ImageSource
 from ..llama.context import ContextParams, LlamaContext
 from ..llama.devices import open_prefill_device
@@ -31,10 +31,10 @@ from ..llama.model import LlamaModel, ModelLoadParams
 from ..llama.mtmd import Image, ImageError, Projector
 from ..numerics import log_softmax
 from ..stream.budget import available_bytes
-from ..stream.layout import read_header, shard_paths
 from ..stream.stats import StreamStats
 from .chat import ChatRenderer, Message, Prompt
 from .footprint import kv_bytes_per_sequence
+from .opening import check_opening
 from .images import ImageRuns, split_at_markers
 from .kv import KvSequence
 from .perplexity import perplexity as _perplexity
@@ -60,35 +60,6 @@ def _storage_read_bytes() -> int:
 def _rusage() -> tuple[int, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_majflt, ru.ru_utime + ru.ru_stime
-
-
-def expert_used_override(config: SessionConfig) -> tuple[tuple[str, int], ...]:
-    """The metadata override ``n_expert_used`` asks llama.cpp to load with,
-    ``((<arch>.expert_used_count, K),)``, or ``()`` for the model's own number.
-
-    What K the model allows is known only from its file, so it is checked here against the GGUF
-    header, before anything is opened or written: a ConfigError naming the field. (Loaded with a K
-    above the expert count, llama.cpp stops the whole process on an assertion; on a model without
-    experts it ignores the key.)"""
-    k = config.n_expert_used
-    if k is None:
-        return ()
-    try:
-        fields = read_header(shard_paths(Path(config.model))[0]).fields
-    except (OSError, ValueError) as e:
-        raise ModelFileError(f"model: cannot read GGUF {config.model}: {e}") from None
-    arch = fields.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelFileError(f"model: {config.model} has no general.architecture")
-    count = fields.get(f"{arch}.expert_count")
-    n_expert = count if isinstance(count, int) and not isinstance(count, bool) else 0
-    if n_expert <= 0:
-        raise ConfigError(f"n_expert_used: the model has no experts ({arch}.expert_count is "
-                          f"{count if isinstance(count, int) else 'not set'}): it is a dense model, with no "
-                          "experts per token to change")
-    if k > n_expert:
-        raise ConfigError(f"n_expert_used: {k} is more than the model's {n_expert} experts ({arch}.expert_count)")
-    return ((f"{arch}.expert_used_count", k),)
 
 
 class Turn(NamedTuple):
@@ -130,7 +101,8 @@ class Runtime:
         self.available_bytes: Callable[[], int] = available_bytes
         self._kv_per_sequence: int | None = None
         t0, read0 = time.perf_counter(), _storage_read_bytes()
-        overrides = expert_used_override(config)  # refused here, before anything is opened or written
+        # refused here, before anything is opened or written (open_streaming runs the streaming checks)
+        overrides = check_opening(config, streaming=False)
         # First: the device backends fix their offload threshold when the registry is first read.
         self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
             if config.prefill_device is not None else None
