@@ -100,7 +100,7 @@ class ModelFacts:
     n_head: int
     n_ff_active: int         # FFN width a token runs through (experts used x their width, or the dense FFN)
     n_outputs: int           # logit rows a ubatch asks for at most in a decision (one per sequence)
-    streamable: str          # "" when its experts can stream, else why not
+    why_not_streamed: str    # "" when its experts can stream, else why not
     can_prefetch: bool
     layout: ModelLayout | None  # where its experts lie (None: they cannot stream)
 
@@ -169,16 +169,16 @@ def model_facts(config: SessionConfig) -> ModelFacts:
     n_embd = _int(fields_, f"{arch}.embedding_length") or (embd.ne[0] if embd else 0)
     n_vocab = embd.ne[1] if embd is not None and len(embd.ne) > 1 else 0
     kv = kv_bytes_per_sequence(config.model, config.n_ctx, config.kv_f32) * config.n_seq_at_open
-    streamable, can_prefetch, layout = "", False, None
+    why_not_streamed, can_prefetch, layout = "", False, None
     try:
         layout = read_layout(config.model)
         if config.n_expert_used is not None and 1 <= config.n_expert_used <= layout.n_expert:
             layout = layout.with_n_expert_used(config.n_expert_used)
         can_prefetch = lookup(layout.arch).can_prefetch
     except NothingToStreamError:
-        streamable = "a dense model: it has no experts to stream"
+        why_not_streamed = "a dense model: it has no experts to stream"
     except UnsupportedArchError:
-        streamable = f"expert streaming does not support architecture '{arch}'"
+        why_not_streamed = f"expert streaming does not support architecture '{arch}'"
     mmproj = Path(config.mmproj).stat().st_size if config.mmproj is not None else 0
     return ModelFacts(
         mmproj_bytes=mmproj, file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
@@ -189,7 +189,7 @@ def model_facts(config: SessionConfig) -> ModelFacts:
         n_ff_active=(layout.n_expert_used * (_int(fields_, f"{arch}.expert_feed_forward_length") or n_embd)
                      if layout else _int(fields_, f"{arch}.feed_forward_length") or 4 * n_embd),
         n_outputs=config.n_seq_max,
-        streamable=streamable, can_prefetch=can_prefetch, layout=layout)
+        why_not_streamed=why_not_streamed, can_prefetch=can_prefetch, layout=layout)
 
 
 def compute_bytes(m: ModelFacts, n_ubatch: int, n_ctx: int, flash_attn: bool | None = None) -> int:
@@ -239,8 +239,8 @@ def choose_mode(config: SessionConfig, m: ModelFacts, room: int) -> Chosen:
     if resident_need <= room:
         return Chosen(False, f"the whole model ({m.file_bytes / MIB:.0f} MiB), its KV and buffers "
                              f"({(m.kv_bytes + base_compute) / MIB:.0f} MiB) fit in {room / MIB:.0f} MiB")
-    if m.streamable:
-        return Chosen(False, f"does not fit in {room / MIB:.0f} MiB, but {m.streamable}: llama.cpp maps it")
+    if m.why_not_streamed:
+        return Chosen(False, f"does not fit in {room / MIB:.0f} MiB, but {m.why_not_streamed}: llama.cpp maps it")
     return Chosen(True, f"the model needs {resident_need / MIB:.0f} MiB with its KV and buffers, {room / MIB:.0f} MiB "
                         "usable: its experts stream from the disk")
 
