@@ -12,7 +12,7 @@ import queue
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator, TextIO
+from typing import Any, BinaryIO, Iterator, TextIO
 
 from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
 from bmoe.session import DecideOffError, GenerateRequest, Session
@@ -82,7 +82,7 @@ def _lines(stream: TextIO | BinaryIO) -> Iterator[bytes | None]:
         chunk = src.readline(MAX_LINE_BYTES + 2)  # a line at the limit, with its "\r\n"
         if not chunk:
             return
-        nl = "\n" if isinstance(chunk, str) else b"\n"
+        nl: Any = "\n" if isinstance(chunk, str) else b"\n"  # the stream's own kind: text or bytes
         if not chunk.endswith(nl) and len(chunk) > MAX_LINE_BYTES + 1:
             yield None
             while True:

@@ -51,9 +51,9 @@ def gc_twins_main(args: argparse.Namespace) -> int:
     except BmoeError as e:
         print(f"bmoe-cli: --gc-twins: {e}", file=sys.stderr)
         return 1
-    for e in report.removed:
-        print(f"removed {e.path} ({e.why}, {e.nbytes / 2**20:.1f} MiB)")
-    freed, left = sum(e.nbytes for e in report.removed), sum(e.nbytes for e in report.kept)
+    for gone in report.removed:
+        print(f"removed {gone.path} ({gone.why}, {gone.nbytes / 2**20:.1f} MiB)")
+    freed, left = sum(g.nbytes for g in report.removed), sum(k.nbytes for k in report.kept)
     n = len(report.removed)
     print(f"bmoe-cli: --gc-twins: removed {n} twin{'' if n == 1 else 's'} ({freed / 2**20:.1f} MiB), "
           f"kept {len(report.kept)} ({left / 2**20:.1f} MiB) in {cache}")

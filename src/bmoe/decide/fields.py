@@ -8,6 +8,7 @@ test holds it to the table.
 """
 from __future__ import annotations
 
+from typing import Any
 from bmoe import rules
 from bmoe.rules import Field, Table
 from bmoe.decide.types import DEFAULT_CUE, DEFAULT_JOINER, DEFAULT_OPTION, DEFAULT_TEMPLATE, DecideRequest, RenderRule
@@ -70,12 +71,14 @@ def decide_request(fields: dict) -> DecideRequest:
     """The DecideRequest of checked decide ``fields`` (the protocol's line, the server's body; a
     field left out or null takes the table's default). Lists become tuples, ``render`` a RenderRule,
     ``abstain_below`` a float."""
-    f = rules.with_defaults(fields, DECIDE_TABLE)
+    f: dict[str, Any] = rules.with_defaults(fields, DECIDE_TABLE)
     if f["render"] is not None:
-        f["render"] = RenderRule(**{k: _tuple(v) for k, v in f["render"].items()})
+        render: dict[str, Any] = {k: _tuple(v) for k, v in f["render"].items()}
+        f["render"] = RenderRule(**render)
     if f["abstain_below"] is not None:
         f["abstain_below"] = float(f["abstain_below"])
-    return DecideRequest(**{k: _tuple(v) for k, v in f.items()})
+    values: dict[str, Any] = {k: _tuple(v) for k, v in f.items()}
+    return DecideRequest(**values)
 
 
 def request_fields(request: DecideRequest) -> dict:

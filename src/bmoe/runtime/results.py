@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from typing import Any
 from ..image_refs import ImageSource
 from .. import rules
 from ..stream.stats import StreamStats
@@ -50,8 +51,9 @@ GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
 
 def generate_request(fields: dict) -> GenerateRequest:
     """The GenerateRequest of checked generate ``fields`` (a field left out takes its default)."""
-    f = rules.with_defaults(fields, GENERATE_TABLE)
-    return GenerateRequest(**{k: tuple(v) if isinstance(v, list) else v for k, v in f.items()})
+    f: dict[str, Any] = rules.with_defaults(fields, GENERATE_TABLE)
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in f.items()}
+    return GenerateRequest(**values)
 
 
 def check_generate(req: GenerateRequest) -> None:

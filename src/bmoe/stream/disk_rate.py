@@ -66,6 +66,8 @@ def remembered(layout: ModelLayout, cache_dir: Path) -> DiskRate | None:
     """The rate an earlier probe measured on the file system of ``layout``'s first shard."""
     key = file_system_key(layout.files[0].path)
     entry = _load(cache_dir / RATES_FILE).get(key)
+    if entry is None:
+        return None
     try:
         return DiskRate(float(entry["mib_s"]), "remembered", key, float(entry["probe_mib"]), bool(entry["odirect"]))
     except (TypeError, KeyError, ValueError):
