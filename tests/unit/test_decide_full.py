@@ -6,7 +6,6 @@ and "scored alone" agree only if the policy gives each continuation the same bas
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 
@@ -17,63 +16,15 @@ from bmoe.decide.continuations import NeutralStore, UNCOND_CACHED, UNCOND_RESTOR
 from bmoe.decide.decider import DecidePolicy, answer_many, answer_one
 from bmoe.decide.errors import ChoiceTooLongError, DecideRequestError, EmptyChoiceError, NoSideSequenceError
 from bmoe.decide.kept_prefix import LastPrefixStore
-from bmoe.decide.port import KeptState, PrefillCost
 from bmoe.decide.types import DecideRequest
-from bmoe.decide.port import SIDE_MEMORY, SIDE_OFF, SideSequences
+from bmoe.decide.port import SIDE_MEMORY, SideSequences
 from bmoe.wire.records import decide_fields
-from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text
+from helpers.decide import (
+    FULL_CHOICES as CHOICES, PREFIX, SUFFIX, TOKEN_ID, ForkingBackend, ScriptedBackend, fork_rows, full, hand_logp, logits_of,
+    prompt_tokens, tokenize_text,
+)
 
 ON = DecidePolicy(keep_prefix=True)
-PREFIX, SUFFIX = "Task: x. ", " Pick one."
-# "ab" and "abx" share their first token (refused under "first"); "Hello world" is two merges
-CHOICES = ("ab", "abx", "Hello world", "c")
-
-
-class ForkingBackend(ScriptedBackend):
-    def __init__(self, *, forks: int = 4, sides: SideSequences | None = None, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
-        self.forks = forks
-        self.sides = sides  # what side_sequences() says; by default forks open, or none (decide_batch 1)
-
-    def max_forks(self) -> int:
-        return self.forks
-
-    def side_sequences(self) -> SideSequences:
-        return self.sides or SideSequences(self.forks, self.forks, "" if self.forks else SIDE_OFF)
-
-    def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
-                      base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
-        self.calls.append(("prefill_forks", tuple(len(c) for c in continuations), n_past))
-        self._maybe_fail("prefill_forks")
-        assert 0 < len(continuations) <= self.forks and all(continuations)
-        if base is None:
-            assert n_past == self.n_past
-            pieces = list(self.pieces)
-        else:
-            pieces = [tuple(p) for p in json.loads(base.data)]
-            assert n_past == base.n_tokens == sum(len(p) for p in pieces)
-        rows = [fork_rows(pieces, c) for c in continuations]
-        n = sum(len(c) for c in continuations)
-        return rows, PrefillCost(n_tokens=n, prefill_s=0.01 * n, read_mb=0.5 * n if self.streaming else None)
-
-    def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
-        self.calls.append(("prefill_apart", tuple(tokens), 0))
-        self._maybe_fail("prefill_apart")
-        pieces = [tuple(tokens)]
-        state = KeptState(data=json.dumps([list(tokens)]).encode(), n_tokens=len(tokens))
-        return logits_of(pieces), state, PrefillCost(n_tokens=len(tokens), prefill_s=0.02 * len(tokens))
-
-
-def fork_rows(pieces: Sequence[tuple[int, ...]], continuation: Sequence[int]) -> np.ndarray:
-    """Rows after each token of ``continuation`` prefilled as one piece after ``pieces``."""
-    piece = tuple(continuation)
-    return np.stack([logits_of(list(pieces) + [piece, (-1, j)]) for j in range(len(piece))])
-
-
-def full(choices: tuple[str, ...] = CHOICES, **kw: object) -> DecideRequest:
-    kw.setdefault("id", 1)
-    kw.setdefault("scoring", "full")
-    return DecideRequest(prefix=PREFIX, suffix=SUFFIX, choices=choices, **kw)  # type: ignore[arg-type]
 
 
 def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralStore | None = None,
