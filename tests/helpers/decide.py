@@ -146,6 +146,20 @@ class ScriptedBackend:
         n = sum(len(s) for s in suffixes)
         return rows, PrefillCost(n_tokens=n, prefill_s=0.1 * n, **self._reads(2.0 * n))
 
+    # -- what DecideService asks beyond the decider: its side sequences are open from the start
+    # (``batch`` of them), so the service never opens them nor drops the kept state for them
+    def watch_kept(self, store: object) -> None:
+        pass
+
+    def forget(self) -> None:
+        pass
+
+    def side_sequences(self) -> SideSequences:
+        return SideSequences(self.batch, self.batch)
+
+    def open_side_sequences(self) -> int:
+        raise AssertionError("the scripted backend's side sequences are open from the start")
+
     def touched(self) -> list[str]:
         return [c[0] for c in self.calls]
 

@@ -12,11 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from bmoe.decide.continuations import NeutralStore, UNCOND_CACHED, UNCOND_RESTORED, UNCOND_STORED
-from bmoe.decide.decider import DecidePolicy, answer_many, answer_one
+from bmoe.decide.continuations import UNCOND_CACHED, UNCOND_RESTORED, UNCOND_STORED
+from bmoe.decide.service import DecideService
 from bmoe.decide.errors import ChoiceTooLongError, DecideRequestError, EmptyChoiceError, NoSideSequenceError
-from bmoe.decide.kept_prefix import LastPrefixStore
-from bmoe.decide.types import DecideRequest
+from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.decide.port import SIDE_MEMORY, SideSequences
 from bmoe.wire.records import decide_fields
 from helpers.decide import (
@@ -24,12 +23,11 @@ from helpers.decide import (
     prompt_tokens, tokenize_text,
 )
 
-ON = DecidePolicy(keep_prefix=True)
 
 
-def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralStore | None = None,
-           cache: LastPrefixStore | None = None):
-    return answer_one(backend, cache or LastPrefixStore(), request, ON, neutral)
+def decide(backend: ForkingBackend, request: DecideRequest, svc: DecideService | None = None) -> DecideResult:
+    """``request`` answered by ``svc``, or by a new service over ``backend``."""
+    return (svc or DecideService(backend, keep_prefix=True)).answer([request])[0]
 
 
 def hand_scores(pieces: Sequence[tuple[int, ...]], choice: str) -> list[float]:
@@ -96,8 +94,8 @@ def test_a_choice_scored_among_others_equals_it_scored_alone(forks: int) -> None
 def test_one_token_choices_need_no_fork() -> None:
     b = ForkingBackend()
     r = decide(b, full(("A", "B", "C")))
-    first = answer_one(ScriptedBackend(), LastPrefixStore(), DecideRequest(
-        id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")), ON)
+    first = decide(ScriptedBackend(), DecideRequest(
+        id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")))
     assert "prefill_forks" not in b.touched()
     assert r.scores.choice_logp == first.scores.choice_logp  # the same number as "first" scoring
     assert r.scores.p_outside == first.scores.p_outside
@@ -128,24 +126,27 @@ def test_abstaining_compares_the_whole_choice_probability() -> None:
 
 
 def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does() -> None:
-    b, cache = ForkingBackend(), LastPrefixStore()
-    decide(b, full(), cache=cache)
-    f, fcache = ScriptedBackend(), LastPrefixStore()
-    answer_one(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
+    b = ForkingBackend()
+    svc = DecideService(b, keep_prefix=True)
+    decide(b, full(), svc)
+    f = ScriptedBackend()
+    fsvc = DecideService(f, keep_prefix=True)
+    decide(f, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), fsvc)
     assert b.pieces == f.pieces
-    assert cache.kept is not None and cache.kept.tokens == fcache.kept.tokens
+    assert svc.store.kept is not None and svc.store.kept.tokens == fsvc.store.kept.tokens
     # the next decision restores the kept prefix and answers what a fresh session answers
-    nxt = decide(b, full(id=2), cache=cache)
+    nxt = decide(b, full(id=2), svc)
     assert nxt.reuse == "restored"
     assert nxt.scores == decide(ForkingBackend(), full(id=2)).scores
 
 
 def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
-    b, cache = ForkingBackend(), LastPrefixStore()
+    b = ForkingBackend()
+    svc = DecideService(b, keep_prefix=True)
     b.fail_on = "prefill_forks"
-    r = decide(b, full(), cache=cache)
+    r = decide(b, full(), svc)
     assert r.error is not None and "scoring the choices" in r.error and "scripted failure" in r.error
-    ok = decide(b, full(id=2), cache=cache)
+    ok = decide(b, full(id=2), svc)
     assert ok.error is None and ok.reuse == "restored"
     assert ok.scores == decide(ForkingBackend(), full(id=2)).scores
 
@@ -216,7 +217,7 @@ def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
             DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
             DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")), full(id=5, best_by="norm")]
     b = ForkingBackend(batch=4)
-    got = answer_many(b, LastPrefixStore(), reqs, ON)
+    got = DecideService(b, keep_prefix=True).answer(reqs)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]
     assert got[1].refused and got[1].error.startswith('decide: "best_by" is "max"')
     # the first-token decisions are batched together; the full ones run alone
@@ -246,10 +247,12 @@ def test_unconditional_scores_match_a_hand_computation() -> None:
 
 
 def test_the_neutral_side_is_prefilled_once_then_forked_then_remembered() -> None:
-    b, neutral, cache = ForkingBackend(), NeutralStore(), LastPrefixStore()
-    r1 = decide(b, full(("A", "Hello world"), unconditional="Answer:"), neutral, cache)
-    r2 = decide(b, full(("Hello world", "abx"), unconditional="Answer:"), neutral, cache)
-    r3 = decide(b, full(("abx", "A"), unconditional="Answer:"), neutral, cache)
+    b = ForkingBackend()
+    svc = DecideService(b, keep_prefix=True)
+    neutral = svc.neutral
+    r1 = decide(b, full(("A", "Hello world"), unconditional="Answer:"), svc)
+    r2 = decide(b, full(("Hello world", "abx"), unconditional="Answer:"), svc)
+    r3 = decide(b, full(("abx", "A"), unconditional="Answer:"), svc)
     assert [r.uncond_reuse for r in (r1, r2, r3)] == [UNCOND_STORED, UNCOND_RESTORED, UNCOND_CACHED]
     assert sum(1 for c in b.calls if c[0] == "prefill_apart") == 1
     # remembered and recomputed scores are the same numbers
@@ -258,7 +261,7 @@ def test_the_neutral_side_is_prefilled_once_then_forked_then_remembered() -> Non
     assert r3.score_tokens == 1  # only the conditional "abx" was prefilled
     assert r1.uncond_state_mib == pytest.approx(neutral.kept_mib) and neutral.kept_mib > 0
     # another neutral prompt replaces the kept one
-    r4 = decide(b, full(("A",), unconditional="Other"), neutral, cache)
+    r4 = decide(b, full(("A",), unconditional="Other"), svc)
     assert r4.uncond_reuse == UNCOND_STORED and sum(1 for c in b.calls if c[0] == "prefill_apart") == 2
     # the main sequence never held the neutral prompt
     assert all(piece != tuple(prompt_tokens("Answer:")) for piece in b.pieces)
