@@ -2,9 +2,9 @@
 
 Pure policy, in two steps around whatever answers plain requests: ``expand`` turns requests into
 the plain decisions to run (a structured request becomes one or more: the options in other
-orders, or the content-free prompt), all meant for one run (``answer_many``) so that they share
-the kept prefix and, with side sequences, are prefilled together; ``combine`` turns their answers
-into one answer per request. ``answer_debiased`` does both around a ``Runner``.
+orders, or the content-free prompt), all meant for one run so that they share the kept prefix
+and, with side sequences, are prefilled together; ``combine`` turns their answers into one answer
+per request. ``DecideService.answer`` does both around the decider.
 
 Probabilities are over the labels (each decision's choice log-probs renormalised to sum 1):
 
@@ -23,7 +23,7 @@ A division is renormalised: ``debiased_p[o] = p[o] / prior[o] / sum_j p[j] / pri
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -32,8 +32,6 @@ from bmoe.decide.errors import DecideRefusal
 from bmoe.decide.option_list import check_structured, labels_of, rendered, rotation
 from bmoe.decide.types import DebiasScores, DecideRequest, DecideResult
 from bmoe.numerics import log_softmax
-
-Runner = Callable[[Sequence[DecideRequest]], list[DecideResult]]
 
 PRIDE_SAMPLE = 8  # default K: pride requests per label list that estimate the prior
 MAX_LAYOUTS = 256  # contextual calibrations kept per session, the oldest forgotten first
@@ -91,7 +89,7 @@ class DebiasState:
 @dataclass
 class _Expanded:
     request: DecideRequest
-    jobs: list[int]  # indexes into the runner's answers: the request's own decisions
+    jobs: list[int]  # indexes into the jobs' answers: the request's own decisions
     stage: str | None = None  # pride: "sample" or "prior"
     cf_key: tuple | None = None  # contextual: the layout
     cf_job: int | None = None  # contextual: the content-free decision, when this request runs it
@@ -168,12 +166,6 @@ def combine(expansion: Expansion, answers: list[DecideResult], state: DebiasStat
     """One answer per request of ``expansion`` from the answers of its ``jobs`` (in job order);
     PriDe's samples and contextual calibration's layouts are added to ``state``."""
     return [p if isinstance(p, DecideResult) else _combine(p, answers, state) for p in expansion.expanded]
-
-
-def answer_debiased(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
-    """Answer ``requests`` in order (plain, structured and debiased alike) with one ``run`` call."""
-    expansion = expand(requests, state)
-    return combine(expansion, run(expansion.jobs) if expansion.jobs else [], state)
 
 
 def _combine(ex: _Expanded, answers: list[DecideResult], state: DebiasState) -> DecideResult:

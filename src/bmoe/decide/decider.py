@@ -6,7 +6,7 @@ one that restored the same prefix therefore run the same rest-piece graph over t
 their logits agree bit for bit. Without the cache (off, opted out) the prompt is prefilled whole,
 as one piece, which is what perplexity() over the same text computes.
 
-Batches (``answer_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
+Batches (``answer_checked`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
 same prefix share one prefix piece, and their rest pieces go into one ``prefill_batch`` call, each
 on its own copy of the prefix state. Each rest piece is the same piece the decision would prefill
 alone after its restored prefix.
@@ -99,19 +99,6 @@ class _Prefilled:
 
 
 Checked = Union[_Tokenized, DecideResult]  # a request that passed its checks, or its refusal
-
-
-def answer_one(
-    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy,
-    neutral: NeutralStore | None = None,
-) -> DecideResult:
-    """Answer one request. Never raises for a bad request or a backend failure: the result then
-    carries ``error``, and the kept prefix state is still a valid state for its own tokens.
-    ``neutral`` keeps the neutral prompt's side between requests (a new one each call without)."""
-    [checked] = check_requests(backend, [request])
-    if isinstance(checked, DecideResult):
-        return checked
-    return _run_tokenized(backend, store, request, policy, checked, neutral)
 
 
 def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) -> list[Checked]:
@@ -216,18 +203,6 @@ def _result(request: DecideRequest, tok: _Tokenized, done: "_Prefilled", scores:
         uncond_reuse=scored.uncond_reuse,
         uncond_state_mib=scored.uncond_state_mib,
     )
-
-
-def answer_many(
-    backend: DecideBackend,
-    store: PrefixStore,
-    requests: Sequence[DecideRequest],
-    policy: DecidePolicy,
-    neutral: NeutralStore | None = None,
-) -> list[DecideResult]:
-    """Answer requests, each as if answered alone in order after the ones before it: every
-    request is checked first (``check_requests``), then ``answer_checked`` runs them."""
-    return answer_checked(backend, store, requests, check_requests(backend, requests), policy, neutral)
 
 
 def answer_checked(
