@@ -413,7 +413,7 @@ def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None
     assert computed.scores != fresh(grown).scores
 
 
-def test_answer_many_shares_the_kept_state_in_order() -> None:
+def test_a_request_list_shares_the_kept_state_in_order() -> None:
     requests = [
         req("Task: x. ", id=1),
         req("Task: x. ", " Again.", id=2),
