@@ -15,12 +15,14 @@ from dataclasses import replace
 
 import pytest
 
-from bmoe.decide.debias import DebiasState, answer_debiased
+from bmoe.decide.debias import DebiasState
+from bmoe.decide.service import DecideService
 from bmoe.decide.option_list import render_block
 from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, RenderRule
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
 from bmoe.wire.protocol import ProtocolError, parse_line
 from bmoe.wire.records import decide_fields
+from helpers.decide import ScriptedBackend
 
 BIAS = [0.6, 0.2, 0.1]  # position A is preferred three times over B
 WEIGHT = {"x": 0.3, "y": 0.6, "z": 0.5, "N/A": 0.4}
@@ -56,6 +58,23 @@ class Runner:
         return sum(len(c) for c in self.calls)
 
 
+class RunnerService(DecideService):
+    """The service, whose plain decisions a ``Runner`` answers instead of a backend: ``answer``
+    (too much work, ``expand``, ``combine``) is the service's own."""
+
+    def __init__(self, run: Runner, state: DebiasState) -> None:
+        super().__init__(ScriptedBackend(), keep_prefix=True)
+        self.run, self.debias = run, state
+
+    def _answer_plain(self, jobs: Sequence[DecideRequest], stop: object) -> list[DecideResult]:
+        return self.run(jobs)
+
+
+def debiased(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
+    """``requests`` answered by ``DecideService.answer`` with ``state`` as its debias state."""
+    return RunnerService(run, state).answer(requests)
+
+
 def ask(options: Sequence[str], debias: str | None = None, **kw) -> DecideRequest:
     fields = {"id": 1, "prefix": "P ", "suffix": "", "choices": (), "question": "Q", **kw}
     return DecideRequest(options=tuple(options), debias=debias, **fields)
@@ -82,7 +101,7 @@ def test_no_text_is_taken_for_a_placeholder(m: str) -> None:
 
 def test_structured_form_without_debias_is_the_plain_decision_it_renders_to() -> None:
     run = Runner()
-    [res] = answer_debiased(run, [ask(["x", "y"])], DebiasState())
+    [res] = debiased(run, [ask(["x", "y"])], DebiasState())
     [[sent]] = run.calls
     assert (sent.prefix, sent.suffix, sent.choices) == ("P ", "Q\nA) x\nB) y\nAnswer with the letter.", ("A", "B"))
     assert res.debias is None and res.scores is not None and res.scores.best == 0
@@ -90,7 +109,7 @@ def test_structured_form_without_debias_is_the_plain_decision_it_renders_to() ->
 
 def test_permute_averages_each_option_over_its_positions() -> None:
     run = Runner()
-    [res] = answer_debiased(run, [ask(["x", "y"], "permute")], DebiasState())
+    [res] = debiased(run, [ask(["x", "y"], "permute")], DebiasState())
     # Shown x, y: 0.18, 0.12 -> 0.6, 0.4. Shown y, x: 0.36, 0.06 -> 6/7, 1/7.
     # x: (0.6 + 1/7) / 2; y: (0.4 + 6/7) / 2.
     assert res.debias is not None and res.scores is not None
@@ -104,7 +123,7 @@ def test_permute_averages_each_option_over_its_positions() -> None:
 
 def test_permute_of_three_uses_the_three_cyclic_orders() -> None:
     run = Runner()
-    [res] = answer_debiased(run, [ask(["x", "y", "z"], "permute")], DebiasState())
+    [res] = debiased(run, [ask(["x", "y", "z"], "permute")], DebiasState())
     shown = [[t for _, t in LINE.findall(r.suffix)] for r in run.calls[0]]
     assert shown == [["x", "y", "z"], ["y", "z", "x"], ["z", "x", "y"]]
     # x at positions 0, 2, 1 of the three orders: 0.18 of 0.18+0.12+0.05, 0.03 of 0.36+0.10+0.03,
@@ -116,7 +135,7 @@ def test_permute_of_three_uses_the_three_cyclic_orders() -> None:
 
 def test_pride_estimates_the_prior_from_the_first_k_and_divides_it_out_after() -> None:
     run, state = Runner(), DebiasState(pride_sample=1)
-    first, second = answer_debiased(run, [ask(["x", "y"], "pride", id=1), ask(["x", "y"], "pride", id=2)], state)
+    first, second = debiased(run, [ask(["x", "y"], "pride", id=1), ask(["x", "y"], "pride", id=2)], state)
     # The sample's prior: softmax of the mean log-probs per position, sqrt(0.6 * 6/7) : sqrt(0.4 * 1/7),
     # which is 0.75 : 0.25 (the content cancels out).
     assert first.debias is not None and second.debias is not None
@@ -129,7 +148,7 @@ def test_pride_estimates_the_prior_from_the_first_k_and_divides_it_out_after() -
     assert second.scores is not None and (second.scores.best, second.debias.best_raw) == (1, 0)
     assert run.decisions == 3
     # The prior is kept by the session: a third request, in a later call, divides too.
-    [third] = answer_debiased(run, [ask(["y", "z"], "pride", id=3)], state)
+    [third] = debiased(run, [ask(["y", "z"], "pride", id=3)], state)
     assert third.debias is not None and third.debias.stage == "prior" and run.decisions == 4
     assert third.debias.debiased_p == pytest.approx((0.6 / 1.1, 0.5 / 1.1), abs=1e-12)  # 0.6 : 0.5
 
@@ -137,7 +156,7 @@ def test_pride_estimates_the_prior_from_the_first_k_and_divides_it_out_after() -
 def test_pride_prior_is_the_mean_of_the_samples_and_is_per_label_list() -> None:
     state = DebiasState(pride_sample=2)
     two = RenderRule(labels=("1", "2"))
-    results = answer_debiased(Runner(), [ask(["x", "y"], "pride", id=1), ask(["y", "z"], "pride", id=2),
+    results = debiased(Runner(), [ask(["x", "y"], "pride", id=1), ask(["y", "z"], "pride", id=2),
                                     ask(["x", "z"], "pride", id=3, render=two)], state)
     assert [r.debias.stage for r in results if r.debias] == ["sample", "sample", "sample"]
     # both A/B samples give 0.75 : 0.25 (the content cancels), so their mean does too
@@ -148,7 +167,7 @@ def test_pride_prior_is_the_mean_of_the_samples_and_is_per_label_list() -> None:
 
 def test_contextual_scores_the_content_free_prompt_once_per_layout_and_divides_it_out() -> None:
     run, state = Runner(), DebiasState()
-    a, b = answer_debiased(run, [ask(["x", "y"], "contextual", id=1), ask(["y", "x"], "contextual", id=2)], state)
+    a, b = debiased(run, [ask(["x", "y"], "contextual", id=1), ask(["y", "x"], "contextual", id=2)], state)
     cf = run.calls[0][1]  # right after the first request's own decision
     assert cf.suffix == "N/A\nA) N/A\nB) N/A\nAnswer with the letter."
     # content-free: 0.24, 0.08 -> 0.75, 0.25; x, y: 0.6, 0.4 / (0.75, 0.25) -> 1/3, 2/3
@@ -156,15 +175,15 @@ def test_contextual_scores_the_content_free_prompt_once_per_layout_and_divides_i
     assert a.debias.prior == pytest.approx((0.75, 0.25)) and a.debias.debiased_p == pytest.approx((1 / 3, 2 / 3))
     assert b.debias.debiased_p == pytest.approx((2 / 3, 1 / 3))
     assert (a.debias.decisions, b.debias.decisions, run.decisions) == (2, 1, 3)
-    [c] = answer_debiased(run, [ask(["z", "x"], "contextual", id=3)], state)  # kept: nothing more to score
+    [c] = debiased(run, [ask(["z", "x"], "contextual", id=3)], state)  # kept: nothing more to score
     assert c.debias is not None and c.debias.decisions == 1 and run.decisions == 4
-    [d] = answer_debiased(run, [ask(["z", "x"], "contextual", id=4, suffix="other ")], state)  # another layout
+    [d] = debiased(run, [ask(["z", "x"], "contextual", id=4, suffix="other ")], state)  # another layout
     assert d.debias is not None and d.debias.decisions == 2
 
 
 def test_abstaining_compares_the_debiased_probability() -> None:
     run = Runner()
-    kept, dropped = answer_debiased(run, [ask(["x", "y"], "permute", abstain_below=0.6),
+    kept, dropped = debiased(run, [ask(["x", "y"], "permute", abstain_below=0.6),
                                      ask(["x", "y"], "permute", abstain_below=0.7)], DebiasState())
     assert kept.scores is not None and (kept.scores.best, kept.scores.abstained) == (1, False)  # y: 0.629
     assert dropped.scores is not None and (dropped.scores.best, dropped.scores.abstained) == (-1, True)
@@ -190,7 +209,7 @@ def test_abstaining_compares_the_debiased_probability() -> None:
 ])
 def test_refusals_are_per_request_and_up_front(request_: DecideRequest, field: str, words: str) -> None:
     run = Runner()
-    bad, good = answer_debiased(run, [request_, ask(["x", "y"], "permute", id=2)], DebiasState())
+    bad, good = debiased(run, [request_, ask(["x", "y"], "permute", id=2)], DebiasState())
     assert bad.error is not None and bad.error.startswith(words) and bad.refused
     assert isinstance(bad.cause, DecideRequestError) and bad.cause.field == field
     assert good.error is None and run.decisions == 2  # nothing of the refused one ran
@@ -198,12 +217,12 @@ def test_refusals_are_per_request_and_up_front(request_: DecideRequest, field: s
 
 def test_a_failed_permutation_fails_its_request_only_and_no_sample_is_kept() -> None:
     run, state = Runner(fail_on="A) y"), DebiasState(pride_sample=1)
-    bad, other = answer_debiased(run, [ask(["x", "y"], "pride", id=1), ask(["z", "x"], "permute", id=2)], state)
+    bad, other = debiased(run, [ask(["x", "y"], "pride", id=1), ask(["z", "x"], "permute", id=2)], state)
     assert bad.error is not None and "boom" in bad.error and not bad.refused
     assert other.error is None and state.samples == {}
     # the planned-for prior never came: a pride request after a failed sample in the same call says so
     run2 = Runner(fail_on="A) y")
-    first, second = answer_debiased(run2, [ask(["x", "y"], "pride", id=3), ask(["z", "x"], "pride", id=4)],
+    first, second = debiased(run2, [ask(["x", "y"], "pride", id=3), ask(["z", "x"], "pride", id=4)],
                                DebiasState(pride_sample=1))
     assert second.error is not None and second.error.startswith('decide: "debias": "pride" has no prior')
     assert isinstance(second.cause, DecideRefusal)
@@ -212,7 +231,7 @@ def test_a_failed_permutation_fails_its_request_only_and_no_sample_is_kept() -> 
 def test_plain_requests_pass_through_unchanged() -> None:
     run = Runner()
     plain = DecideRequest(id=7, prefix="P ", suffix="Q\nA) x\nB) y", choices=("A", "B"))
-    [res] = answer_debiased(run, [plain], DebiasState())
+    [res] = debiased(run, [plain], DebiasState())
     assert run.calls == [[plain]] and res.debias is None
 
 
@@ -231,7 +250,7 @@ def test_the_protocol_reads_the_structured_form_and_checks_render() -> None:
 
 
 def test_the_answer_carries_raw_and_debiased_keys() -> None:
-    [res] = answer_debiased(Runner(), [ask(["x", "y"], "pride")], DebiasState(pride_sample=3))
+    [res] = debiased(Runner(), [ask(["x", "y"], "pride")], DebiasState(pride_sample=3))
     out = decide_fields(res)
     assert out["best"] == 1 and out["best_raw"] == 0 and out["debias"] == "pride"
     assert out["pride_stage"] == "sample" and out["prior_samples"] == 1

@@ -6,79 +6,28 @@ and "scored alone" agree only if the policy gives each continuation the same bas
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from bmoe.decide.continuations import NeutralStore, UNCOND_CACHED, UNCOND_RESTORED, UNCOND_STORED
-from bmoe.decide.decider import DecidePolicy, answer_many, answer_one
+from bmoe.decide.continuations import UNCOND_CACHED, UNCOND_RESTORED, UNCOND_STORED
+from bmoe.decide.service import DecideService
 from bmoe.decide.errors import ChoiceTooLongError, DecideRequestError, EmptyChoiceError, NoSideSequenceError
-from bmoe.decide.kept_prefix import LastPrefixStore
-from bmoe.decide.port import KeptState, PrefillCost
-from bmoe.decide.types import DecideRequest
-from bmoe.decide.port import SIDE_MEMORY, SIDE_OFF, SideSequences
+from bmoe.decide.types import DecideRequest, DecideResult
+from bmoe.decide.port import SIDE_MEMORY, SideSequences
 from bmoe.wire.records import decide_fields
-from test_decide_policy import TOKEN_ID, ScriptedBackend, hand_logp, logits_of, prompt_tokens, tokenize_text
-
-ON = DecidePolicy(keep_prefix=True)
-PREFIX, SUFFIX = "Task: x. ", " Pick one."
-# "ab" and "abx" share their first token (refused under "first"); "Hello world" is two merges
-CHOICES = ("ab", "abx", "Hello world", "c")
+from helpers.decide import (
+    FULL_CHOICES as CHOICES, PREFIX, SUFFIX, TOKEN_ID, ForkingBackend, ScriptedBackend, fork_rows, full, hand_logp, logits_of,
+    prompt_tokens, tokenize_text,
+)
 
 
-class ForkingBackend(ScriptedBackend):
-    def __init__(self, *, forks: int = 4, sides: SideSequences | None = None, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
-        self.forks = forks
-        self.sides = sides  # what side_sequences() says; by default forks open, or none (decide_batch 1)
 
-    def max_forks(self) -> int:
-        return self.forks
-
-    def side_sequences(self) -> SideSequences:
-        return self.sides or SideSequences(self.forks, self.forks, "" if self.forks else SIDE_OFF)
-
-    def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
-                      base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
-        self.calls.append(("prefill_forks", tuple(len(c) for c in continuations), n_past))
-        self._maybe_fail("prefill_forks")
-        assert 0 < len(continuations) <= self.forks and all(continuations)
-        if base is None:
-            assert n_past == self.n_past
-            pieces = list(self.pieces)
-        else:
-            pieces = [tuple(p) for p in json.loads(base.data)]
-            assert n_past == base.n_tokens == sum(len(p) for p in pieces)
-        rows = [fork_rows(pieces, c) for c in continuations]
-        n = sum(len(c) for c in continuations)
-        return rows, PrefillCost(n_tokens=n, prefill_s=0.01 * n, read_mb=0.5 * n if self.streaming else None)
-
-    def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:
-        self.calls.append(("prefill_apart", tuple(tokens), 0))
-        self._maybe_fail("prefill_apart")
-        pieces = [tuple(tokens)]
-        state = KeptState(data=json.dumps([list(tokens)]).encode(), n_tokens=len(tokens))
-        return logits_of(pieces), state, PrefillCost(n_tokens=len(tokens), prefill_s=0.02 * len(tokens))
-
-
-def fork_rows(pieces: Sequence[tuple[int, ...]], continuation: Sequence[int]) -> np.ndarray:
-    """Rows after each token of ``continuation`` prefilled as one piece after ``pieces``."""
-    piece = tuple(continuation)
-    return np.stack([logits_of(list(pieces) + [piece, (-1, j)]) for j in range(len(piece))])
-
-
-def full(choices: tuple[str, ...] = CHOICES, **kw: object) -> DecideRequest:
-    kw.setdefault("id", 1)
-    kw.setdefault("scoring", "full")
-    return DecideRequest(prefix=PREFIX, suffix=SUFFIX, choices=choices, **kw)  # type: ignore[arg-type]
-
-
-def decide(backend: ForkingBackend, request: DecideRequest, neutral: NeutralStore | None = None,
-           cache: LastPrefixStore | None = None):
-    return answer_one(backend, cache or LastPrefixStore(), request, ON, neutral)
+def decide(backend: ForkingBackend, request: DecideRequest, svc: DecideService | None = None) -> DecideResult:
+    """``request`` answered by ``svc``, or by a new service over ``backend``."""
+    return (svc or DecideService(backend, keep_prefix=True)).answer([request])[0]
 
 
 def hand_scores(pieces: Sequence[tuple[int, ...]], choice: str) -> list[float]:
@@ -145,8 +94,8 @@ def test_a_choice_scored_among_others_equals_it_scored_alone(forks: int) -> None
 def test_one_token_choices_need_no_fork() -> None:
     b = ForkingBackend()
     r = decide(b, full(("A", "B", "C")))
-    first = answer_one(ScriptedBackend(), LastPrefixStore(), DecideRequest(
-        id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")), ON)
+    first = decide(ScriptedBackend(), DecideRequest(
+        id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")))
     assert "prefill_forks" not in b.touched()
     assert r.scores.choice_logp == first.scores.choice_logp  # the same number as "first" scoring
     assert r.scores.p_outside == first.scores.p_outside
@@ -177,24 +126,27 @@ def test_abstaining_compares_the_whole_choice_probability() -> None:
 
 
 def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does() -> None:
-    b, cache = ForkingBackend(), LastPrefixStore()
-    decide(b, full(), cache=cache)
-    f, fcache = ScriptedBackend(), LastPrefixStore()
-    answer_one(f, fcache, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), ON)
+    b = ForkingBackend()
+    svc = DecideService(b, keep_prefix=True)
+    decide(b, full(), svc)
+    f = ScriptedBackend()
+    fsvc = DecideService(f, keep_prefix=True)
+    decide(f, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), fsvc)
     assert b.pieces == f.pieces
-    assert cache.kept is not None and cache.kept.tokens == fcache.kept.tokens
+    assert svc.store.kept is not None and svc.store.kept.tokens == fsvc.store.kept.tokens
     # the next decision restores the kept prefix and answers what a fresh session answers
-    nxt = decide(b, full(id=2), cache=cache)
+    nxt = decide(b, full(id=2), svc)
     assert nxt.reuse == "restored"
     assert nxt.scores == decide(ForkingBackend(), full(id=2)).scores
 
 
 def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
-    b, cache = ForkingBackend(), LastPrefixStore()
+    b = ForkingBackend()
+    svc = DecideService(b, keep_prefix=True)
     b.fail_on = "prefill_forks"
-    r = decide(b, full(), cache=cache)
+    r = decide(b, full(), svc)
     assert r.error is not None and "scoring the choices" in r.error and "scripted failure" in r.error
-    ok = decide(b, full(id=2), cache=cache)
+    ok = decide(b, full(id=2), svc)
     assert ok.error is None and ok.reuse == "restored"
     assert ok.scores == decide(ForkingBackend(), full(id=2)).scores
 
@@ -265,7 +217,7 @@ def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
             DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
             DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")), full(id=5, best_by="norm")]
     b = ForkingBackend(batch=4)
-    got = answer_many(b, LastPrefixStore(), reqs, ON)
+    got = DecideService(b, keep_prefix=True).answer(reqs)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]
     assert got[1].refused and got[1].error.startswith('decide: "best_by" is "max"')
     # the first-token decisions are batched together; the full ones run alone
@@ -295,10 +247,12 @@ def test_unconditional_scores_match_a_hand_computation() -> None:
 
 
 def test_the_neutral_side_is_prefilled_once_then_forked_then_remembered() -> None:
-    b, neutral, cache = ForkingBackend(), NeutralStore(), LastPrefixStore()
-    r1 = decide(b, full(("A", "Hello world"), unconditional="Answer:"), neutral, cache)
-    r2 = decide(b, full(("Hello world", "abx"), unconditional="Answer:"), neutral, cache)
-    r3 = decide(b, full(("abx", "A"), unconditional="Answer:"), neutral, cache)
+    b = ForkingBackend()
+    svc = DecideService(b, keep_prefix=True)
+    neutral = svc.neutral
+    r1 = decide(b, full(("A", "Hello world"), unconditional="Answer:"), svc)
+    r2 = decide(b, full(("Hello world", "abx"), unconditional="Answer:"), svc)
+    r3 = decide(b, full(("abx", "A"), unconditional="Answer:"), svc)
     assert [r.uncond_reuse for r in (r1, r2, r3)] == [UNCOND_STORED, UNCOND_RESTORED, UNCOND_CACHED]
     assert sum(1 for c in b.calls if c[0] == "prefill_apart") == 1
     # remembered and recomputed scores are the same numbers
@@ -307,7 +261,7 @@ def test_the_neutral_side_is_prefilled_once_then_forked_then_remembered() -> Non
     assert r3.score_tokens == 1  # only the conditional "abx" was prefilled
     assert r1.uncond_state_mib == pytest.approx(neutral.kept_mib) and neutral.kept_mib > 0
     # another neutral prompt replaces the kept one
-    r4 = decide(b, full(("A",), unconditional="Other"), neutral, cache)
+    r4 = decide(b, full(("A",), unconditional="Other"), svc)
     assert r4.uncond_reuse == UNCOND_STORED and sum(1 for c in b.calls if c[0] == "prefill_apart") == 2
     # the main sequence never held the neutral prompt
     assert all(piece != tuple(prompt_tokens("Answer:")) for piece in b.pieces)

@@ -7,10 +7,9 @@ the decider's sequencing, not just the token ids.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -27,8 +26,6 @@ from bmoe.decide.decider import (
     REUSE_RESTORED,
     REUSE_RESTORED_STORED,
     REUSE_STORED,
-    answer_many,
-    answer_one,
 )
 from bmoe.decide.errors import (
     ChoiceCollisionError,
@@ -38,154 +35,16 @@ from bmoe.decide.errors import (
     NoChoicesError,
     PromptTooLongError,
 )
+from bmoe.decide.service import DecideService
 from bmoe.decide.kept_prefix import LastPrefixStore, resolve_keep_prefix
 from bmoe.decide.port import KeptState, PrefillCost
 from bmoe.decide.prompt_split import split_prompt
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.numerics import common_prefix_len
-
-# ---------------------------------------------------------------------------------------------
-# Scripted backend
-
-SPECIALS = ("<s>", "<u>", "<e>", "<a>")  # BOS, user open, end of message, assistant open
-MERGES = ("ab", "abc", "Hello", " world", "Task", "Pick", "Yes")
-CHARS = tuple(chr(c) for c in range(32, 127))
-VOCAB = SPECIALS + CHARS + MERGES
-TOKEN_ID = {piece: i for i, piece in enumerate(VOCAB)}
-N_VOCAB = len(VOCAB)
-BOS, USER, END, ASSISTANT = (TOKEN_ID[s] for s in SPECIALS)
-
-
-def tokenize_text(text: str, *, specials: bool) -> list[int]:
-    """Greedy longest match: a merge like "ab" swallows the join between "a" and "b"."""
-    out: list[int] = []
-    i = 0
-    pieces = sorted(VOCAB if specials else CHARS + MERGES, key=len, reverse=True)
-    while i < len(text):
-        piece = next(p for p in pieces if text.startswith(p, i))
-        out.append(TOKEN_ID[piece])
-        i += len(piece)
-    return out
-
-
-class ScriptedFailure(RuntimeError):
-    pass
-
-
-class ScriptedBackend:
-    """Implements DecideBackend; records every call that touches the sequence."""
-
-    def __init__(
-        self, *, n_ctx: int = 512, template: bool = True, bos: bool = True, streaming: bool = False,
-        batch: int = 1, expert_cache: bool = True,
-    ) -> None:
-        self._n_ctx = n_ctx
-        self.batch = batch
-        self.template = template
-        self.bos = bos
-        self.streaming = streaming
-        self.expert_cache = expert_cache  # streamed: whether expert cache lookups are counted
-        # streamed with the cache on: (hits, misses) of each prefill call in turn, then (1, 3) each
-        self.lookups: list[tuple[int, int]] = []
-        self.pieces: list[tuple[int, ...]] = []  # the "KV": what was prefilled, piece by piece
-        self.calls: list[tuple[str, tuple[int, ...], int]] = []
-        self.fail_on: str | None = None  # method name that raises once
-        self.clear_copy_s = 0.0  # what clear() reports having spent copying a kept state out
-        self.state_n_tokens_skew = 0  # a save_state that lies about its size
-        self.held_bytes = 0  # what it holds for kept states: the last one saved (one buffer)
-
-    # -- failure injection
-    def _maybe_fail(self, name: str) -> None:
-        if self.fail_on == name:
-            self.fail_on = None
-            raise ScriptedFailure(f"scripted failure in {name}")
-
-    # -- PromptRenderer / ChoiceTokenizer
-    def render_user(self, text: str) -> str:
-        self._maybe_fail("render_user")
-        return f"<u>{text}<e><a>" if self.template else text
-
-    def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.tokenize_prompt(t) for t in texts]
-
-    def tokenize_prompt(self, text: str) -> list[int]:
-        self._maybe_fail("tokenize_prompt")
-        return ([BOS] if self.bos else []) + tokenize_text(text, specials=True)
-
-    def tokenize_choice(self, text: str) -> list[int]:
-        return tokenize_text(text, specials=False)
-
-    def token_piece(self, token: int) -> str:
-        return VOCAB[token]
-
-    # -- sequence
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def n_past(self) -> int:
-        return sum(len(p) for p in self.pieces)
-
-    def clear(self) -> float:
-        self.calls.append(("clear", (), 0))
-        self.pieces = []
-        # A backend that keeps saved states in the sequence copies the kept one out here.
-        return self.clear_copy_s
-
-    def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
-        self.calls.append(("prefill", tuple(tokens), n_past))
-        self._maybe_fail("prefill")
-        assert n_past == self.n_past, "prefill must append at the end of the sequence"
-        assert len(tokens) > 0
-        self.pieces.append(tuple(tokens))
-        return PrefillCost(n_tokens=len(tokens), prefill_s=0.25 * len(tokens), **self._reads(1.5 * len(tokens)))
-
-    def _reads(self, read_mb: float) -> dict[str, float | None]:
-        if not self.streaming:
-            return {}
-        hits, misses = (self.lookups.pop(0) if self.lookups else (1, 3)) if self.expert_cache else (None, None)
-        return {"read_mb": read_mb, "cache_hits": hits, "cache_misses": misses}
-
-    def last_logits(self) -> np.ndarray:
-        return logits_of(self.pieces)
-
-    def save_state(self) -> KeptState:
-        self.calls.append(("save_state", (), self.n_past))
-        self._maybe_fail("save_state")
-        data = json.dumps([list(p) for p in self.pieces]).encode()
-        self.held_bytes = len(data)
-        return KeptState(data=data, n_tokens=self.n_past + self.state_n_tokens_skew)
-
-    def load_state(self, state: KeptState) -> None:
-        self.calls.append(("load_state", (), state.n_tokens))
-        self._maybe_fail("load_state")
-        self.pieces = [tuple(p) for p in json.loads(state.data)]
-
-    def max_batch(self) -> int:
-        return self.batch
-
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
-                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
-        self.calls.append(("prefill_batch", tuple(len(s) for s in suffixes), n_past))
-        self._maybe_fail("prefill_batch")
-        assert n_past == self.n_past and 0 < len(suffixes) <= self.batch
-        # each suffix continues its own copy of the sequence, in one piece; the sequence stays
-        rows = [logits_of(self.pieces + [tuple(s)]) for s in suffixes]
-        n = sum(len(s) for s in suffixes)
-        return rows, PrefillCost(n_tokens=n, prefill_s=0.1 * n, **self._reads(2.0 * n))
-
-    def touched(self) -> list[str]:
-        return [c[0] for c in self.calls]
-
-
-def logits_of(pieces: Sequence[tuple[int, ...]]) -> np.ndarray:
-    seed = int.from_bytes(hashlib.blake2b(repr(list(pieces)).encode(), digest_size=8).digest(), "little")
-    return (np.random.default_rng(seed).standard_normal(N_VOCAB) * 3.0).astype(np.float32)
-
-
-def prompt_tokens(text: str) -> list[int]:
-    return [BOS] + tokenize_text(f"<u>{text}<e><a>", specials=True)
-
+from helpers.decide import (
+    ASSISTANT, BOS, END, TOKEN_ID, USER, ScriptedBackend, ScriptedFailure, hand_logp, logits_of,
+    prompt_tokens, tokenize_text,
+)
 
 ON = DecidePolicy(keep_prefix=True)
 OFF = DecidePolicy(keep_prefix=False)
@@ -209,18 +68,13 @@ def req(
 
 def fresh(request: DecideRequest, policy: DecidePolicy = ON) -> DecideResult:
     """The same request on a new backend with nothing kept."""
-    return answer_one(ScriptedBackend(), LastPrefixStore(), request, policy)
+    return DecideService(ScriptedBackend(), keep_prefix=policy.keep_prefix).answer([request])[0]
 
 
 def untimed(result: DecideResult) -> DecideResult:
     """A result without its wall-clock fields, for comparing two runs."""
     return replace(result, store_s=0.0, restore_s=0.0)
 
-
-def hand_logp(row: np.ndarray, token: int) -> float:
-    x = [float(v) for v in row]
-    m = max(x)
-    return x[token] - m - math.log(math.fsum(math.exp(v - m) for v in x))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,11 +127,12 @@ def test_split_prefix_is_shared_by_both_renderings(prefix: str, suffix: str) -> 
 # Up-front checks: exact messages, nothing prefilled, the kept state unchanged
 
 
-def primed() -> tuple[ScriptedBackend, LastPrefixStore]:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    assert answer_one(b, cache, req("Task: x. "), ON).error is None
+def primed() -> tuple[ScriptedBackend, DecideService]:
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    assert svc.answer([req("Task: x. ")])[0].error is None
     b.calls.clear()
-    return b, cache
+    return b, svc
 
 
 @pytest.mark.parametrize(
@@ -303,28 +158,28 @@ def primed() -> tuple[ScriptedBackend, LastPrefixStore]:
 def test_refusals_touch_nothing(
     request_: DecideRequest, exc_type: type[Exception], message: str
 ) -> None:
-    b, cache = primed()
+    b, svc = primed()
     b._n_ctx = 63
-    kept = cache.kept
-    result = answer_one(b, cache, request_, ON)
+    kept = svc.store.kept
+    result = svc.answer([request_])[0]
     assert result.error == message
     assert isinstance(result.cause, exc_type)
     assert result.refused
     assert result.scores is None
     assert decide_fields(result) == {"id": 1, "error": message}
     assert b.calls == []
-    assert cache.kept is kept
+    assert svc.store.kept is kept
 
 
 def test_prompt_of_exactly_n_ctx_tokens_fits() -> None:
     r = req("T" * 30, "x" * 30)
     assert len(prompt_tokens("T" * 30 + "x" * 30)) == 64
-    assert answer_one(ScriptedBackend(n_ctx=64), LastPrefixStore(), r, ON).error is None
+    assert DecideService(ScriptedBackend(n_ctx=64), keep_prefix=True).answer([r])[0].error is None
 
 
 def test_empty_prompt_is_refused() -> None:
     b = ScriptedBackend(template=False, bos=False)
-    result = answer_one(b, LastPrefixStore(), req("", ""), ON)
+    result = DecideService(b, keep_prefix=True).answer([req("", "")])[0]
     assert result.error == "decide: the prompt renders to no tokens; give a prefix or a suffix"
     assert isinstance(result.cause, EmptyPromptError)
     assert b.calls == []
@@ -346,7 +201,7 @@ def test_score_choices_against_a_hand_computation() -> None:
 
 def test_decision_scores_match_the_logit_row() -> None:
     b = ScriptedBackend()
-    result = answer_one(b, LastPrefixStore(), req("Task: x. ", choices=("A", "Yes", "c")), ON)
+    result = DecideService(b, keep_prefix=True).answer([req("Task: x. ", choices=("A", "Yes", "c"))])[0]
     row = b.last_logits()
     ids = [TOKEN_ID["A"], TOKEN_ID["Yes"], TOKEN_ID["c"]]
     expected = [hand_logp(row, t) for t in ids]
@@ -367,7 +222,7 @@ def test_abstention_is_strictly_below_the_threshold(threshold: float, abstains: 
 
 
 def test_abstained_decision_still_reports_scores() -> None:
-    result = answer_one(ScriptedBackend(), LastPrefixStore(), req("Task: x. ", abstain_below=1.0), ON)
+    result = DecideService(ScriptedBackend(), keep_prefix=True).answer([req("Task: x. ", abstain_below=1.0)])[0]
     assert result.scores is not None and result.scores.abstained and result.scores.best == -1
     out = decide_fields(result)
     assert out["best"] == -1 and out["abstained"] is True
@@ -379,10 +234,11 @@ def test_abstained_decision_still_reports_scores() -> None:
 
 
 def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     n = split.n_prefix
     assert result.reuse == REUSE_STORED
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, 0)
@@ -392,39 +248,41 @@ def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
         ("save_state", (), n),
         ("prefill", split.tokens[n:], n),
     ]
-    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
-    assert result.prefix_state_mib == cache.kept.state.nbytes / 2**20 > 0
+    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
+    assert result.prefix_state_mib == svc.store.kept.state.nbytes / 2**20 > 0
     assert result.restore_s == 0.0 and result.store_s >= 0.0
 
 
 def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    answer_one(b, cache, req("Task: x. "), ON)
-    kept = cache.kept
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    svc.answer([req("Task: x. ")])[0]
+    kept = svc.store.kept
     b.calls.clear()
     r = req("Task: x. ", " Pick again.")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.reuse == REUSE_RESTORED
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, split.n_prefix)
     assert b.calls == [
         ("load_state", (), split.n_prefix),
         ("prefill", split.tokens[split.n_prefix:], split.n_prefix),
     ]
-    assert cache.kept is kept
+    assert svc.store.kept is kept
     assert result.store_s == 0.0
     assert result.prefill_s == 0.25 * (split.n_tokens - split.n_prefix)
     assert result.prefill_tps == pytest.approx(4.0)
 
 
 def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
     first = split_prompt(b, "Task: x. ", " Pick one.")
-    answer_one(b, cache, req("Task: x. "), ON)
+    svc.answer([req("Task: x. ")])[0]
     b.calls.clear()
     r = req("Task: x. Hello world. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     k, n = first.n_prefix, split.n_prefix
     assert result.reuse == REUSE_RESTORED_STORED
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, k)
@@ -434,55 +292,58 @@ def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
         ("save_state", (), n),
         ("prefill", split.tokens[n:], n),
     ]
-    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
 
 
 def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
     # "Task: a" ends on the token "a"; the next prefix "Task: ab. " turns it into "ab". The token
     # given back at the join kept "a" out of the stored prefix, so the grown prefix still hits.
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    first = answer_one(b, cache, req("Task: a", " Pick"), ON)
-    assert cache.kept is not None and TOKEN_ID["a"] not in cache.kept.tokens
-    grown = answer_one(b, cache, req("Task: ab. ", " Pick"), ON)
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    first = svc.answer([req("Task: a", " Pick")])[0]
+    assert svc.store.kept is not None and TOKEN_ID["a"] not in svc.store.kept.tokens
+    grown = svc.answer([req("Task: ab. ", " Pick")])[0]
     assert (first.reuse, grown.reuse) == (REUSE_STORED, REUSE_RESTORED_STORED)
     assert grown.n_reused == first.n_tokens - len(tokenize_text(" Pick<e><a>", specials=True)) - 1
 
 
 def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    answer_one(b, cache, req("Task: x. "), ON)
-    old = cache.kept
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    svc.answer([req("Task: x. ")])[0]
+    old = svc.store.kept
     assert old is not None
     r = req("Task: y. ")
     split = split_prompt(b, r.prefix, r.suffix)
     at = common_prefix_len(old.tokens, split.prefix_tokens)
     assert at == 5  # <s> <u> Task : " " -> then the x/y token
     b.calls.clear()
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.reuse == f"miss: prefix differs at token {at}"
     assert result.n_reused == 0
     assert b.touched() == ["clear", "prefill", "save_state", "prefill"]
-    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
 
 
 def test_shorter_prefix_is_a_miss_where_it_ends() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    answer_one(b, cache, req("Task: x. Hello world. "), ON)
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    svc.answer([req("Task: x. Hello world. ")])[0]
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.reuse == f"miss: prefix differs at token {split.n_prefix}"
 
 
 def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
-    b, cache = primed()
-    kept = cache.kept
+    b, svc = primed()
+    kept = svc.store.kept
     r = req("Task: x. ", reuse_prefix=False)
     split = split_prompt(b, r.prefix, r.suffix)
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.reuse == REUSE_OPTED_OUT
     assert b.calls == [("clear", (), 0), ("prefill", split.tokens, 0)]
-    assert cache.kept is kept
+    assert svc.store.kept is kept
     assert result.n_reused == 0 and result.n_tokens == split.n_tokens
     assert kept is not None and result.prefix_state_mib == kept.state.mib
     # whole prefill: the logits of the prompt as one piece
@@ -490,26 +351,28 @@ def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
 
 
 def test_policy_off_never_touches_the_cache() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    result = answer_one(b, cache, req("Task: x. "), OFF)
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=False)
+    result = svc.answer([req("Task: x. ")])[0]
     assert result.reuse == REUSE_OFF
     assert b.touched() == ["clear", "prefill"]
-    assert cache.kept is None and result.prefix_state_mib == 0.0
+    assert svc.store.kept is None and result.prefix_state_mib == 0.0
 
 
 def test_no_prefix_on_tokens_prefills_whole() -> None:
-    b, cache = ScriptedBackend(template=False, bos=False), LastPrefixStore()
-    result = answer_one(b, cache, req("", "Pick"), ON)
+    b = ScriptedBackend(template=False, bos=False)
+    svc = DecideService(b, keep_prefix=True)
+    result = svc.answer([req("", "Pick")])[0]
     assert result.reuse == "no prefix"
     assert b.touched() == ["clear", "prefill"]
-    assert cache.kept is None
+    assert svc.store.kept is None
 
 
 def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
-    b, cache = primed()
-    cache.drop()
-    assert cache.kept is None
-    result = answer_one(b, cache, req("Task: x. "), ON)
+    b, svc = primed()
+    svc.drop()
+    assert svc.store.kept is None
+    result = svc.answer([req("Task: x. ")])[0]
     assert result.reuse == REUSE_STORED
     assert untimed(result) == untimed(fresh(req("Task: x. ")))
 
@@ -524,10 +387,11 @@ def test_store_refuses_a_state_of_another_length() -> None:
 
 
 def test_restored_prefix_equals_fresh_computation() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    answer_one(b, cache, req("Task: x. ", " First."), ON)
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    svc.answer([req("Task: x. ", " First.")])[0]
     r = req("Task: x. ", " Second.")
-    restored = answer_one(b, cache, r, ON)
+    restored = svc.answer([r])[0]
     assert restored.reuse == REUSE_RESTORED
     computed = fresh(r)
     assert computed.reuse == REUSE_STORED
@@ -535,12 +399,13 @@ def test_restored_prefix_equals_fresh_computation() -> None:
 
 
 def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    answer_one(b, cache, req("Task: x. "), ON)
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    svc.answer([req("Task: x. ")])[0]
     grown = req("Task: x. Hello world. ")
-    computed = answer_one(b, cache, grown, ON)
+    computed = svc.answer([grown])[0]
     assert computed.reuse == REUSE_RESTORED_STORED
-    again = answer_one(b, cache, grown, ON)
+    again = svc.answer([grown])[0]
     assert again.reuse == REUSE_RESTORED
     assert again.scores == computed.scores
     # The grown prefix went in as two pieces, so it is not the one-piece fresh answer: the
@@ -548,22 +413,24 @@ def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None
     assert computed.scores != fresh(grown).scores
 
 
-def test_answer_many_shares_the_kept_state_in_order() -> None:
+def test_a_request_list_shares_the_kept_state_in_order() -> None:
     requests = [
         req("Task: x. ", id=1),
         req("Task: x. ", " Again.", id=2),
         req("Task: x. Hello world. ", id=3),
         req("Task: x. Hello world. ", id=4, reuse_prefix=False),
     ]
-    b, cache = ScriptedBackend(), LastPrefixStore()
-    results = answer_many(b, cache, requests, ON)
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
+    results = svc.answer(requests)
     assert [r.id for r in results] == [1, 2, 3, 4]
     assert [r.reuse for r in results] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED_STORED, REUSE_OPTED_OUT]
-    one_by_one_b, one_by_one_cache = ScriptedBackend(), LastPrefixStore()
-    one_by_one = [answer_one(one_by_one_b, one_by_one_cache, r, ON) for r in requests]
+    one_by_one_b = ScriptedBackend()
+    one_by_one_svc = DecideService(one_by_one_b, keep_prefix=True)
+    one_by_one = [one_by_one_svc.answer([r])[0] for r in requests]
     assert [untimed(r) for r in results] == [untimed(r) for r in one_by_one]
-    assert cache.kept is not None
-    assert cache.kept.tokens == split_prompt(b, requests[2].prefix, requests[2].suffix).prefix_tokens
+    assert svc.store.kept is not None
+    assert svc.store.kept.tokens == split_prompt(b, requests[2].prefix, requests[2].suffix).prefix_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,24 +439,25 @@ def test_answer_many_shares_the_kept_state_in_order() -> None:
 
 @pytest.mark.parametrize("where", ["load_state", "prefill", "save_state"])
 def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> None:
-    b, cache = primed()
-    kept = cache.kept
+    b, svc = primed()
+    kept = svc.store.kept
     b.fail_on = where
-    result = answer_one(b, cache, req("Task: x. Hello world. "), ON)
+    result = svc.answer([req("Task: x. Hello world. ")])[0]
     assert result.error == (
         f"decide: the backend failed while running the prompt: ScriptedFailure: scripted failure in {where}"
     )
     assert isinstance(result.cause, ScriptedFailure) and not result.refused
     assert result.scores is None
-    assert cache.kept is kept  # the failed call stored nothing
+    assert svc.store.kept is kept  # the failed call stored nothing
     # The kept state still restores exactly: a retry answers as a session that never failed.
-    retry = answer_one(b, cache, req("Task: x. Hello world. "), ON)
-    clean_b, clean_cache = primed()
-    assert untimed(retry) == untimed(answer_one(clean_b, clean_cache, req("Task: x. Hello world. "), ON))
+    retry = svc.answer([req("Task: x. Hello world. ")])[0]
+    clean_b, clean_svc = primed()
+    assert untimed(retry) == untimed(clean_svc.answer([req("Task: x. Hello world. ")])[0])
 
 
 def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
-    b, cache = ScriptedBackend(), LastPrefixStore()
+    b = ScriptedBackend()
+    svc = DecideService(b, keep_prefix=True)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     original_prefill = b.prefill
@@ -603,33 +471,33 @@ def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
         return original_prefill(tokens, n_past)
 
     b.prefill = fail_second  # type: ignore[method-assign]
-    assert answer_one(b, cache, r, ON).error is not None
-    assert cache.kept is not None and cache.kept.tokens == split.prefix_tokens
+    assert svc.answer([r])[0].error is not None
+    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
     b.prefill = original_prefill  # type: ignore[method-assign]
-    retry = answer_one(b, cache, r, ON)
+    retry = svc.answer([r])[0]
     assert retry.reuse == REUSE_RESTORED
     assert retry.scores == fresh(r).scores
 
 
 def test_failure_while_preparing_touches_nothing() -> None:
-    b, cache = primed()
-    kept = cache.kept
+    b, svc = primed()
+    kept = svc.store.kept
     b.fail_on = "tokenize_prompt"
-    result = answer_one(b, cache, req("Task: x. "), ON)
+    result = svc.answer([req("Task: x. ")])[0]
     assert result.error == (
         "decide: the backend failed while preparing the prompt: ScriptedFailure: scripted failure in tokenize_prompt"
     )
     assert not result.refused
-    assert b.calls == [] and cache.kept is kept
+    assert b.calls == [] and svc.store.kept is kept
 
 
 def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
-    b, cache = primed()
-    kept = cache.kept
+    b, svc = primed()
+    kept = svc.store.kept
     b.state_n_tokens_skew = 1
     r = req("Task: y. ")
     n = split_prompt(b, r.prefix, r.suffix).n_prefix
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.error == (
         "decide: the backend failed while running the prompt: ValueError: prefix cache: "
         f"a saved state of {n + 1} tokens cannot be kept for a {n}-token prefix"
@@ -637,7 +505,7 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
     # The request missed the kept prefix, which was dropped before anything was prefilled (a
     # miss replaces it; copying it out of the sequence first would be wasted), and the
     # mis-sized state was refused: nothing is kept.
-    assert kept is not None and cache.kept is None
+    assert kept is not None and svc.store.kept is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,10 +513,11 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
 
 
 def test_streaming_counters_pass_through() -> None:
-    b, cache = ScriptedBackend(streaming=True), LastPrefixStore()
+    b = ScriptedBackend(streaming=True)
+    svc = DecideService(b, keep_prefix=True)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.read_mb == 1.5 * split.n_tokens  # summed over both pieces
     assert result.cache_hit_pct == 25.0  # (1 + 1) hits of (4 + 4) lookups
     assert result.prefill_s == 0.25 * split.n_tokens
@@ -659,19 +528,20 @@ def test_streaming_counters_pass_through() -> None:
 def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
     """As BMOE_DONE's: hits over lookups summed over the request's own prefills, not the
     session's rate so far (nor its last piece's)."""
-    b, cache = ScriptedBackend(streaming=True), LastPrefixStore()
+    b = ScriptedBackend(streaming=True)
+    svc = DecideService(b, keep_prefix=True)
     b.lookups = [(30, 10), (1, 9)]  # the prefix piece, then the rest
-    first = answer_one(b, cache, req("Task: x. "), ON)
+    first = svc.answer([req("Task: x. ")])[0]
     assert first.reuse == REUSE_STORED and first.cache_hit_pct == 62.0  # 31 of 50
     b.lookups = [(5, 15)]  # the rest only: the prefix is restored
-    second = answer_one(b, cache, req("Task: x. ", " Pick two."), ON)
+    second = svc.answer([req("Task: x. ", " Pick two.")])[0]
     assert second.reuse == REUSE_RESTORED and second.cache_hit_pct == 25.0  # the session's: 36 of 70
     b.lookups = [(0, 0)]  # streamed, but nothing was looked up
-    assert answer_one(b, cache, req("Task: x. ", " Pick three."), ON).cache_hit_pct == 0.0
+    assert svc.answer([req("Task: x. ", " Pick three.")])[0].cache_hit_pct == 0.0
 
 
 def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> None:
-    off = answer_one(ScriptedBackend(streaming=True, expert_cache=False), LastPrefixStore(), req("Task: x. "), ON)
+    off = DecideService(ScriptedBackend(streaming=True, expert_cache=False), keep_prefix=True).answer([req("Task: x. ")])[0]
     assert off.read_mb is not None and off.cache_hit_pct == -1.0 and decide_fields(off)["cache_hit_pct"] == -1.0
     resident = fresh(req("Task: x. "))
     assert resident.cache_hit_pct is None and "cache_hit_pct" not in decide_fields(resident)
@@ -680,13 +550,13 @@ def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> 
 def test_prefix_state_mib_is_what_the_backend_holds_not_the_kept_state_alone() -> None:
     """A backend may hold more than the kept state's own bytes (a spare buffer, room to grow):
     the answer reports all of it, after the request."""
-    b, cache = primed()
+    b, svc = primed()
     b.held_bytes = 3 * 2**20 + 2**19
-    result = answer_one(b, cache, req("Task: x. ", " Pick two."), ON)
-    assert result.reuse == REUSE_RESTORED and cache.kept is not None
-    assert result.prefix_state_mib == 3.5 != cache.kept.state.mib
+    result = svc.answer([req("Task: x. ", " Pick two.")])[0]
+    assert result.reuse == REUSE_RESTORED and svc.store.kept is not None
+    assert result.prefix_state_mib == 3.5 != svc.store.kept.state.mib
     b.held_bytes = 0  # the state lives in the sequence, uncopied
-    assert answer_one(b, cache, req("Task: x. "), ON).prefix_state_mib == 0.0
+    assert svc.answer([req("Task: x. ")])[0].prefix_state_mib == 0.0
 
 
 def test_to_json_keys() -> None:
@@ -712,33 +582,33 @@ def test_prefix_cache_policy(mode: str, prefill_device: bool, keeps: bool) -> No
 
 
 def test_copying_the_kept_state_out_on_clear_is_the_store_of_that_call() -> None:
-    b, cache = primed()
-    kept = cache.kept
+    b, svc = primed()
+    kept = svc.store.kept
     b.clear_copy_s = 0.125
-    result = answer_one(b, cache, req("Task: y. ", reuse_prefix=False), ON)
+    result = svc.answer([req("Task: y. ", reuse_prefix=False)])[0]
     assert result.reuse == REUSE_OPTED_OUT and result.store_s == 0.125
-    assert cache.kept is kept  # left alone
+    assert svc.store.kept is kept  # left alone
 
 
 def test_a_miss_drops_the_kept_state_before_clearing() -> None:
-    b, cache = primed()
+    b, svc = primed()
     seen: list[object] = []
     clear = b.clear
-    b.clear = lambda: (seen.append(cache.kept), clear())[1]  # type: ignore[method-assign]
+    b.clear = lambda: (seen.append(svc.store.kept), clear())[1]  # type: ignore[method-assign]
     r = req("Task: y. ")
-    result = answer_one(b, cache, r, ON)
+    result = svc.answer([r])[0]
     assert result.reuse.startswith("miss: prefix differs at token")
     assert seen == [None]  # nothing kept while the sequence was cleared: no copy to make
-    assert cache.kept is not None and cache.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens
+    assert svc.store.kept is not None and svc.store.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens
 
 
 # ---------------------------------------------------------------------------------------------
 # Batches: decide_many over a backend that prefills several suffixes together
 
 
-def sequential(requests: list[DecideRequest], policy: DecidePolicy = ON) -> tuple[list[DecideResult], LastPrefixStore]:
-    cache = LastPrefixStore()
-    return answer_many(ScriptedBackend(), cache, requests, policy), cache
+def sequential(requests: list[DecideRequest], keep_prefix: bool = True) -> tuple[list[DecideResult], LastPrefixStore]:
+    svc = DecideService(ScriptedBackend(), keep_prefix=keep_prefix)
+    return svc.answer(requests), svc.store
 
 
 def scores_of(results: list[DecideResult]) -> list[object]:
@@ -754,8 +624,9 @@ BATCH = [req("Task: wifi. ", " Screen 1.", id=1), req("Task: wifi. ", " Screen t
 @pytest.mark.parametrize("cap", [2, 3, 8])
 def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
     alone, alone_cache = sequential(BATCH)
-    b, cache = ScriptedBackend(batch=cap), LastPrefixStore()
-    batched = answer_many(b, cache, BATCH, ON)
+    b = ScriptedBackend(batch=cap)
+    svc = DecideService(b, keep_prefix=True)
+    batched = svc.answer(BATCH)
     assert scores_of(batched) == scores_of(alone)
     assert [r.id for r in batched] == [1, 2, 3, 4, 5, 6]  # request order
     assert batched[4].refused and batched[4].batch is None  # refused up front, spoiling nothing
@@ -767,14 +638,14 @@ def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
         ([2, 2, None, 1, None, None] if cap == 2 else [3, 3, None, 3, None, None])
     assert batched[2].batch is None and batched[5].batch is None  # alone in their group / opted out
     # the state kept at the end is the one the last request left
-    assert cache.kept is not None and alone_cache.kept is not None
-    assert cache.kept.tokens == alone_cache.kept.tokens
+    assert svc.store.kept is not None and alone_cache.kept is not None
+    assert svc.store.kept.tokens == alone_cache.kept.tokens
 
 
 def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> None:
     b = ScriptedBackend(batch=8, streaming=True)
     b.lookups = [(3, 1), (1, 3)]  # the prefix piece, then the batch
-    rs = answer_many(b, LastPrefixStore(), [BATCH[0], BATCH[1], BATCH[3]], ON)
+    rs = DecideService(b, keep_prefix=True).answer([BATCH[0], BATCH[1], BATCH[3]])
     assert [r.reuse for r in rs] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED]
     share = rs[0].batch
     assert share is not None and all(r.batch == share for r in rs) and share.size == 3
@@ -799,7 +670,7 @@ def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> Non
 def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_on() -> None:
     b = ScriptedBackend(batch=8)
     b.fail_on = "prefill_batch"
-    rs = answer_many(b, LastPrefixStore(), BATCH[:4], ON)
+    rs = DecideService(b, keep_prefix=True).answer(BATCH[:4])
     assert [r.error is not None for r in rs] == [True, True, False, True]
     assert all("scripted failure in prefill_batch" in (r.error or "") for r in (rs[0], rs[1], rs[3]))
     assert rs[2].scores is not None
@@ -807,5 +678,5 @@ def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_o
 
 def test_no_batching_without_the_prefix_cache_or_a_batching_backend() -> None:
     for backend, policy in ((ScriptedBackend(batch=1), ON), (ScriptedBackend(batch=8), OFF)):
-        answer_many(backend, LastPrefixStore(), BATCH, policy)
+        DecideService(backend, keep_prefix=policy.keep_prefix).answer(BATCH)
         assert "prefill_batch" not in backend.touched()

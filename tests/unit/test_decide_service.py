@@ -14,7 +14,7 @@ import numpy as np
 from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest, RenderRule
 from bmoe.decide.port import SIDE_MEMORY, KeptState, KeptView, PrefillCost, SideSequences
-from test_decide_full import PREFIX, SUFFIX, ForkingBackend, full
+from helpers.decide import PREFIX, SUFFIX, ForkingBackend, full
 
 
 class LateBackend(ForkingBackend):

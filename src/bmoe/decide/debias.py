@@ -2,9 +2,9 @@
 
 Pure policy, in two steps around whatever answers plain requests: ``expand`` turns requests into
 the plain decisions to run (a structured request becomes one or more: the options in other
-orders, or the content-free prompt), all meant for one run (``answer_many``) so that they share
-the kept prefix and, with side sequences, are prefilled together; ``combine`` turns their answers
-into one answer per request. ``answer_debiased`` does both around a ``Runner``.
+orders, or the content-free prompt), all meant for one run so that they share the kept prefix
+and, with side sequences, are prefilled together; ``combine`` turns their answers into one answer
+per request. ``DecideService.answer`` does both around the decider.
 
 Probabilities are over the labels (each decision's choice log-probs renormalised to sum 1):
 
@@ -23,7 +23,7 @@ A division is renormalised: ``debiased_p[o] = p[o] / prior[o] / sum_j p[j] / pri
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -32,8 +32,6 @@ from bmoe.decide.errors import DecideRefusal
 from bmoe.decide.option_list import check_structured, labels_of, rendered, rotation
 from bmoe.decide.types import DebiasScores, DecideRequest, DecideResult
 from bmoe.numerics import log_softmax
-
-Runner = Callable[[Sequence[DecideRequest]], list[DecideResult]]
 
 PRIDE_SAMPLE = 8  # default K: pride requests per label list that estimate the prior
 MAX_LAYOUTS = 256  # contextual calibrations kept per session, the oldest forgotten first
@@ -89,9 +87,9 @@ class DebiasState:
 
 
 @dataclass
-class _Plan:
+class _Expanded:
     request: DecideRequest
-    jobs: list[int]  # indexes into the runner's answers: the request's own decisions
+    jobs: list[int]  # indexes into the jobs' answers: the request's own decisions
     stage: str | None = None  # pride: "sample" or "prior"
     cf_key: tuple | None = None  # contextual: the layout
     cf_job: int | None = None  # contextual: the content-free decision, when this request runs it
@@ -104,10 +102,10 @@ def _layout(r: DecideRequest) -> tuple:
 @dataclass
 class Expansion:
     """What ``expand`` made of a request list: the plain decisions to run, in order, and per
-    request its plan over them (or its refusal)."""
+    request which of them are its own (or its refusal)."""
 
     jobs: list[DecideRequest]
-    plans: list[_Plan | DecideResult]
+    expanded: list[_Expanded | DecideResult]
 
 
 def expand(requests: Sequence[DecideRequest], state: DebiasState) -> Expansion:
@@ -116,42 +114,42 @@ def expand(requests: Sequence[DecideRequest], state: DebiasState) -> Expansion:
     it needs and, for ``contextual``, once more content-free when its layout is not known yet.
     A request refused by the structured form's checks runs nothing."""
     jobs: list[DecideRequest] = []
-    plans: list[_Plan | DecideResult] = []
+    expanded: list[_Expanded | DecideResult] = []
     planned_samples: dict[tuple[str, ...], int] = {}
     planned_cf: set[tuple] = set()
     for r in requests:
         try:
             check_structured(r)
         except DecideRefusal as exc:
-            plans.append(DecideResult.failed(r.id, str(exc), exc))
+            expanded.append(DecideResult.failed(r.id, str(exc), exc))
             continue
         start = len(jobs)
         if r.options is None:
             jobs.append(r)
-            plans.append(_Plan(r, [start]))
+            expanded.append(_Expanded(r, [start]))
             continue
-        plan = _Plan(r, [])
+        ex = _Expanded(r, [])
         labels = labels_of(r)
         n = len(labels)
         permute = r.debias == "permute"
         if r.debias == "pride":
             done = len(state.samples.get(labels, ())) + planned_samples.get(labels, 0)
-            plan.stage = "sample" if done < state.pride_sample else "prior"
-            permute = plan.stage == "sample"
+            ex.stage = "sample" if done < state.pride_sample else "prior"
+            permute = ex.stage == "sample"
             planned_samples[labels] = planned_samples.get(labels, 0) + permute
         debias = r.debias is not None
         orders = [rotation(n, k) for k in range(n)] if permute else [None]
         for order in orders:
-            plan.jobs.append(len(jobs))
+            ex.jobs.append(len(jobs))
             jobs.append(rendered(r, order, keep_abstain=not debias))
         if r.debias == "contextual":
-            plan.cf_key = _layout(r)
-            if plan.cf_key not in state.content_free and plan.cf_key not in planned_cf:
-                planned_cf.add(plan.cf_key)
-                plan.cf_job = len(jobs)
+            ex.cf_key = _layout(r)
+            if ex.cf_key not in state.content_free and ex.cf_key not in planned_cf:
+                planned_cf.add(ex.cf_key)
+                ex.cf_job = len(jobs)
                 jobs.append(rendered(r, content_free=True, keep_abstain=False))
-        plans.append(plan)
-    return Expansion(jobs, plans)
+        expanded.append(ex)
+    return Expansion(jobs, expanded)
 
 
 def decisions_needed(requests: Sequence[DecideRequest]) -> int:
@@ -167,21 +165,15 @@ def decisions_needed(requests: Sequence[DecideRequest]) -> int:
 def combine(expansion: Expansion, answers: list[DecideResult], state: DebiasState) -> list[DecideResult]:
     """One answer per request of ``expansion`` from the answers of its ``jobs`` (in job order);
     PriDe's samples and contextual calibration's layouts are added to ``state``."""
-    return [p if isinstance(p, DecideResult) else _combine(p, answers, state) for p in expansion.plans]
+    return [p if isinstance(p, DecideResult) else _combine(p, answers, state) for p in expansion.expanded]
 
 
-def answer_debiased(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
-    """Answer ``requests`` in order (plain, structured and debiased alike) with one ``run`` call."""
-    expansion = expand(requests, state)
-    return combine(expansion, run(expansion.jobs) if expansion.jobs else [], state)
-
-
-def _combine(plan: _Plan, answers: list[DecideResult], state: DebiasState) -> DecideResult:
-    r = plan.request
-    own = [answers[j] for j in plan.jobs]
-    cf = answers[plan.cf_job] if plan.cf_job is not None else None
-    if cf is not None and cf.error is None and cf.scores is not None and plan.cf_key is not None:
-        state.remember(plan.cf_key, np.exp(label_logp(cf.scores.choice_logp)))
+def _combine(ex: _Expanded, answers: list[DecideResult], state: DebiasState) -> DecideResult:
+    r = ex.request
+    own = [answers[j] for j in ex.jobs]
+    cf = answers[ex.cf_job] if ex.cf_job is not None else None
+    if cf is not None and cf.error is None and cf.scores is not None and ex.cf_key is not None:
+        state.remember(ex.cf_key, np.exp(label_logp(cf.scores.choice_logp)))
     failed = next((a for a in own + ([cf] if cf is not None else []) if a.error is not None or a.scores is None), None)
     if failed is not None:
         return failed if failed is own[0] else DecideResult.failed(r.id, failed.error or "", failed.cause or
@@ -194,9 +186,9 @@ def _combine(plan: _Plan, answers: list[DecideResult], state: DebiasState) -> De
     labels = labels_of(r)
     prior: np.ndarray | None = None
     samples: int | None = None
-    if r.debias == "permute" or plan.stage == "sample":
+    if r.debias == "permute" or ex.stage == "sample":
         p = permuted_p(runs)
-        if plan.stage == "sample":
+        if ex.stage == "sample":
             state.samples.setdefault(labels, []).append(sample_prior(runs))
             prior, samples = state.prior(labels), len(state.samples[labels])
     elif r.debias == "pride":
@@ -208,8 +200,8 @@ def _combine(plan: _Plan, answers: list[DecideResult], state: DebiasState) -> De
         samples = len(state.samples[labels])
         p = divided_p(runs[0], prior)
     else:
-        assert plan.cf_key is not None
-        prior = state.content_free.get(plan.cf_key)
+        assert ex.cf_key is not None
+        prior = state.content_free.get(ex.cf_key)
         if prior is None:  # the content-free decision of an earlier request of this call failed
             exc = NoPriorError('decide: "debias": "contextual" has no content-free probabilities for this layout: '
                                'the content-free decision of an earlier request failed; send it again')
@@ -221,6 +213,6 @@ def _combine(plan: _Plan, answers: list[DecideResult], state: DebiasState) -> De
     info = DebiasScores(
         mode=r.debias, debiased_p=tuple(float(x) for x in p), best_raw=int(np.argmax(raw.scores.choice_logp)),
         prior=None if prior is None else tuple(float(x) for x in prior), prior_samples=samples,
-        decisions=len(spent), prefill_s=sum(a.prefill_s + a.score_s for a in spent), stage=plan.stage)
+        decisions=len(spent), prefill_s=sum(a.prefill_s + a.score_s for a in spent), stage=ex.stage)
     scores = replace(raw.scores, best=-1 if abstained else best, abstained=abstained)
     return replace(raw, scores=scores, debias=info)

@@ -6,7 +6,7 @@ one that restored the same prefix therefore run the same rest-piece graph over t
 their logits agree bit for bit. Without the cache (off, opted out) the prompt is prefilled whole,
 as one piece, which is what perplexity() over the same text computes.
 
-Batches (``answer_many`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
+Batches (``answer_checked`` over a backend whose ``max_batch()`` is above 1): decisions that keep the
 same prefix share one prefix piece, and their rest pieces go into one ``prefill_batch`` call, each
 on its own copy of the prefix state. Each rest piece is the same piece the decision would prefill
 alone after its restored prefix.
@@ -68,8 +68,9 @@ class DecidePolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """A request that passed every check; nothing has touched the backend's sequence yet."""
+class _Tokenized:
+    """A request that passed every check, as tokens (its prompt split at the prefix, its choices);
+    nothing has touched the backend's sequence yet."""
 
     prompt: SplitPrompt
     first: tuple[int, ...]  # [n_choices] first token of each choice
@@ -97,30 +98,17 @@ class _Prefilled:
     reuse: str
 
 
-Checked = Union[_Plan, DecideResult]  # a request that passed its checks, or its refusal
-
-
-def answer_one(
-    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy,
-    neutral: NeutralStore | None = None,
-) -> DecideResult:
-    """Answer one request. Never raises for a bad request or a backend failure: the result then
-    carries ``error``, and the kept prefix state is still a valid state for its own tokens.
-    ``neutral`` keeps the neutral prompt's side between requests (a new one each call without)."""
-    [checked] = check_requests(backend, [request])
-    if isinstance(checked, DecideResult):
-        return checked
-    return _run_planned(backend, store, request, policy, checked, neutral)
+Checked = Union[_Tokenized, DecideResult]  # a request that passed its checks, or its refusal
 
 
 def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) -> list[Checked]:
     """Every check that can refuse each request, in order; touches no model state. A refused
     request (or one whose prompt the backend failed to render or tokenize) comes back as its
-    failed result, the others as their plans, for ``answer_checked``."""
+    failed result, the others tokenized, for ``answer_checked``."""
     out: list[Checked] = []
     for request in requests:
         try:
-            out.append(_plan(backend, request))
+            out.append(_tokenize(backend, request))
         except DecideRefusal as exc:
             out.append(DecideResult.failed(request.id, str(exc), exc))
         except Exception as exc:  # a backend failure while rendering or tokenizing
@@ -128,12 +116,12 @@ def check_requests(backend: DecideBackend, requests: Sequence[DecideRequest]) ->
     return out
 
 
-def _shares_prefix(request: DecideRequest, plan: _Plan) -> bool:
+def _shares_prefix(request: DecideRequest, tok: _Tokenized) -> bool:
     """Whether the request can share its prefix piece with others: a first-token decision that
     keeps a non-empty prefix."""
     # A suffix holding an image runs alone: an image is prefilled by itself, not beside others.
-    return bool(request.reuse_prefix and plan.prompt.n_prefix and plan.tokens is None
-                and not any(is_image_token(t) for t in plan.prompt.tokens[plan.prompt.n_prefix:]))
+    return bool(request.reuse_prefix and tok.prompt.n_prefix and tok.tokens is None
+                and not any(is_image_token(t) for t in tok.prompt.tokens[tok.prompt.n_prefix:]))
 
 
 def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Checked], policy: DecidePolicy) -> bool:
@@ -141,63 +129,63 @@ def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Ch
     sequences: a full-scored request (its choices are scored on them), or, with the prefix cache
     on, two first-token decisions that keep the same prefix (a batch)."""
     seen: set[tuple[int, ...]] = set()
-    for request, plan in zip(requests, checked):
-        if isinstance(plan, DecideResult):
+    for request, tok in zip(requests, checked):
+        if isinstance(tok, DecideResult):
             continue
-        if plan.tokens is not None:
+        if tok.tokens is not None:
             return True
-        if policy.keep_prefix and _shares_prefix(request, plan):
-            if plan.prompt.prefix_tokens in seen:
+        if policy.keep_prefix and _shares_prefix(request, tok):
+            if tok.prompt.prefix_tokens in seen:
                 return True
-            seen.add(plan.prompt.prefix_tokens)
+            seen.add(tok.prompt.prefix_tokens)
     return False
 
 
-def _run_planned(
-    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy, plan: _Plan,
+def _run_tokenized(
+    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy, tok: _Tokenized,
     neutral: NeutralStore | None = None,
 ) -> DecideResult:
     try:
-        done = _prefill(backend, store, request, policy, plan.prompt)
+        done = _prefill(backend, store, request, policy, tok.prompt)
         row = backend.last_logits()
     except Exception as exc:
         return DecideResult.failed(request.id, failure_message("running the prompt", exc), exc)
     try:
-        if plan.tokens is None:
-            scores, scored = score_choices(row, plan.first, request.abstain_below), _Scored()
+        if tok.tokens is None:
+            scores, scored = score_choices(row, tok.first, request.abstain_below), _Scored()
         else:
-            scores, scored = _score_full(backend, neutral or NeutralStore(), request, plan, row)
+            scores, scored = _score_full(backend, neutral or NeutralStore(), request, tok, row)
     except Exception as exc:
         return DecideResult.failed(request.id, failure_message("scoring the choices", exc), exc)
-    return _result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
+    return _result(request, tok, done, scores, backend.held_bytes / BYTES_PER_MIB, scored=scored)
 
 
 def _score_full(
-    backend: DecideBackend, neutral: NeutralStore, request: DecideRequest, plan: _Plan, row: np.ndarray
+    backend: DecideBackend, neutral: NeutralStore, request: DecideRequest, tok: _Tokenized, row: np.ndarray
 ) -> tuple[ChoiceScores, _Scored]:
     """Every token of every choice after the prompt (the sequence holds it, ``row`` is its last
     logits), and after the neutral prompt when the request wants that."""
-    assert plan.tokens is not None
-    per_token, costs = continuation_logps(backend, row, plan.tokens, plan.prompt.n_tokens)
+    assert tok.tokens is not None
+    per_token, costs = continuation_logps(backend, row, tok.tokens, tok.prompt.n_tokens)
     per_token_neutral = None
     how = None
-    if plan.neutral is not None:
-        per_token_neutral, more, how = neutral.logps(backend, plan.neutral, plan.tokens)
+    if tok.neutral is not None:
+        per_token_neutral, more, how = neutral.logps(backend, tok.neutral, tok.tokens)
         costs = costs + more
-    scores = full_scores(request.choices, plan.first, log_softmax(row), per_token, request.best_by,
+    scores = full_scores(request.choices, tok.first, log_softmax(row), per_token, request.best_by,
                          request.abstain_below, per_token_neutral)
     return scores, _Scored(costs=tuple(costs), uncond_reuse=how,
                            uncond_state_mib=None if how is None else neutral.kept_mib)
 
 
-def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: ChoiceScores, held_mib: float,
+def _result(request: DecideRequest, tok: _Tokenized, done: "_Prefilled", scores: ChoiceScores, held_mib: float,
             batch: BatchShare | None = None, scored: _Scored = _Scored()) -> DecideResult:
     prefill_s = sum(c.prefill_s for c in done.costs)
-    n_prefilled = plan.prompt.n_tokens - done.n_reused
+    n_prefilled = tok.prompt.n_tokens - done.n_reused
     return DecideResult(
         id=request.id,
         scores=scores,
-        n_tokens=plan.prompt.n_tokens,
+        n_tokens=tok.prompt.n_tokens,
         n_reused=done.n_reused,
         prefill_s=prefill_s,
         prefill_tps=n_prefilled / prefill_s if prefill_s > 0 else 0.0,
@@ -215,18 +203,6 @@ def _result(request: DecideRequest, plan: _Plan, done: "_Prefilled", scores: Cho
         uncond_reuse=scored.uncond_reuse,
         uncond_state_mib=scored.uncond_state_mib,
     )
-
-
-def answer_many(
-    backend: DecideBackend,
-    store: PrefixStore,
-    requests: Sequence[DecideRequest],
-    policy: DecidePolicy,
-    neutral: NeutralStore | None = None,
-) -> list[DecideResult]:
-    """Answer requests, each as if answered alone in order after the ones before it: every
-    request is checked first (``check_requests``), then ``answer_checked`` runs them."""
-    return answer_checked(backend, store, requests, check_requests(backend, requests), policy, neutral)
 
 
 def answer_checked(
@@ -253,19 +229,19 @@ def answer_checked(
     neutral = neutral or NeutralStore()
     cap = backend.max_batch() if policy.keep_prefix and len(requests) > 1 else 1
     results: list[DecideResult | None] = [None] * len(requests)
-    units: dict[object, list[tuple[int, _Plan]]] = {}
-    for i, (request, plan) in enumerate(zip(requests, checked)):
-        if isinstance(plan, DecideResult):
-            results[i] = plan
+    units: dict[object, list[tuple[int, _Tokenized]]] = {}
+    for i, (request, tok) in enumerate(zip(requests, checked)):
+        if isinstance(tok, DecideResult):
+            results[i] = tok
             continue
         # Only first-token decisions that keep a prefix can share one; the others run alone, in order.
-        key: object = plan.prompt.prefix_tokens if cap > 1 and _shares_prefix(request, plan) else ("alone", i)
-        units.setdefault(key, []).append((i, plan))
+        key: object = tok.prompt.prefix_tokens if cap > 1 and _shares_prefix(request, tok) else ("alone", i)
+        units.setdefault(key, []).append((i, tok))
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:
-            i, plan = members[0]
+            i, tok = members[0]
             results[i] = _cancelled(requests[i]) if stop() else \
-                _run_planned(backend, store, requests[i], policy, plan, neutral)
+                _run_tokenized(backend, store, requests[i], policy, tok, neutral)
             continue
         for start in range(0, len(members), cap):
             chunk = members[start : start + cap]
@@ -285,7 +261,7 @@ _batch_ids = itertools.count(1)  # BatchShare.id: batches prefilled in this proc
 
 
 def _run_batch(
-    backend: DecideBackend, store: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Plan]],
+    backend: DecideBackend, store: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Tokenized]],
     stop: Callable[[], bool] = lambda: False,
 ) -> list[DecideResult]:
     """Prefill the members' rest pieces together after their shared prefix (kept, restored or
@@ -294,7 +270,7 @@ def _run_batch(
     try:
         head = _prefix_piece(backend, store, first)
         n_prefix = first.n_prefix
-        rows, cost = backend.prefill_batch([plan.prompt.tokens[n_prefix:] for _, plan in members], n_prefix,
+        rows, cost = backend.prefill_batch([tok.prompt.tokens[n_prefix:] for _, tok in members], n_prefix,
                                            stop=stop)
     except DecideCancelled:
         return [_cancelled(requests[i]) for i, _ in members]
@@ -304,11 +280,11 @@ def _run_batch(
     share = BatchShare(id=next(_batch_ids), size=len(members), n_tokens=cost.n_tokens, prefill_s=cost.prefill_s,
                        read_mb=cost.read_mb)
     out: list[DecideResult] = []
-    for k, ((i, plan), row) in enumerate(zip(members, rows)):
+    for k, ((i, tok), row) in enumerate(zip(members, rows)):
         request = requests[i]
-        part = (plan.prompt.n_tokens - n_prefix) / max(1, cost.n_tokens)
+        part = (tok.prompt.n_tokens - n_prefix) / max(1, cost.n_tokens)
         mine = PrefillCost(
-            n_tokens=plan.prompt.n_tokens - n_prefix, prefill_s=cost.prefill_s * part,
+            n_tokens=tok.prompt.n_tokens - n_prefix, prefill_s=cost.prefill_s * part,
             read_mb=None if cost.read_mb is None else cost.read_mb * part,
             cache_hits=None if cost.cache_hits is None else cost.cache_hits * part,
             cache_misses=None if cost.cache_misses is None else cost.cache_misses * part,
@@ -319,27 +295,27 @@ def _run_batch(
                           store_s=head.store_s, reuse=head.reuse) if k == 0 else \
             _Prefilled(costs=(mine,), n_reused=n_prefix, restore_s=0.0, store_s=0.0, reuse=REUSE_RESTORED)
         try:
-            scores = score_choices(row, plan.first, request.abstain_below)
+            scores = score_choices(row, tok.first, request.abstain_below)
         except Exception as exc:
             out.append(DecideResult.failed(request.id, failure_message("scoring", exc), exc))
             continue
-        out.append(_result(request, plan, done, scores, backend.held_bytes / BYTES_PER_MIB, batch=share))
+        out.append(_result(request, tok, done, scores, backend.held_bytes / BYTES_PER_MIB, batch=share))
     return out
 
 
-def _plan(backend: DecideBackend, request: DecideRequest) -> _Plan:
+def _tokenize(backend: DecideBackend, request: DecideRequest) -> _Tokenized:
     """Every check that can refuse the request; touches no model state."""
     check_abstain_below(request.abstain_below)
     check_scoring_fields(request)
     if request.scoring == SCORING_FULL:
-        return _plan_full(backend, request)
+        return _tokenize_full(backend, request)
     first = first_tokens(backend, request.choices)
     prompt = split_prompt(backend, request.prefix, request.suffix, request.images)
     check_prompt_fits(prompt.n_tokens, backend.n_ctx(), sum(1 for t in prompt.tokens if is_image_token(t)))
-    return _Plan(prompt=prompt, first=first)
+    return _Tokenized(prompt=prompt, first=first)
 
 
-def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
+def _tokenize_full(backend: DecideBackend, request: DecideRequest) -> _Tokenized:
     """The checks of a full-scored request: every choice's tokens fit after the prompt (and after
     the neutral prompt), on side sequences the backend has."""
     tokens = tokenize_choices(backend, request.choices)  # first tokens may collide: all are scored
@@ -359,7 +335,7 @@ def _plan_full(backend: DecideBackend, request: DecideRequest) -> _Plan:
                 'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral '
                 'text, e.g. "Answer:"', field="unconditional")
         check_choices_fit(request.choices, tokens, len(neutral), n_ctx, before="unconditional prompt")
-    return _Plan(prompt=prompt, first=tuple(t[0] for t in tokens), tokens=tokens, neutral=neutral)
+    return _Tokenized(prompt=prompt, first=tuple(t[0] for t in tokens), tokens=tokens, neutral=neutral)
 
 
 def no_side_sequence_message(sides: SideSequences, n_ctx: int) -> str:
