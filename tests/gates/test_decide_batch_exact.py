@@ -20,27 +20,7 @@ from bmoe.decide.types import DecideRequest
 from bmoe.stream.archs import batch_apart
 from bmoe.testing import HF_KQUANT_ARCHS
 
-from helpers.decide_prompts import ABC, FULL_ARCHS, MODES as MODES_ALL, P1, P2, S1, S2, S3, modes_of
-
-SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
-
-
-def requests() -> list[DecideRequest]:
-    out = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate(SUFFIXES)]
-    out.insert(3, DecideRequest(id=90, prefix=P2, suffix=S3, choices=ABC))  # another prefix, alone
-    out.insert(5, DecideRequest(id=91, prefix=P1, suffix=S1, choices=("A", "A")))  # refused: collide
-    out.append(DecideRequest(id=92, prefix=P1, suffix=S2, choices=ABC, reuse_prefix=False))  # opted out
-    return out
-
-
-def answers(results):
-    """What a decision answers. (How it got its prefix, ``reuse``/``n_reused``, may differ: a batch
-    runs its prefix groups in the order of their last request, not of their first.) Id 90 is left
-    out: its prefix P2 extends P1, so one by one it restores P1's kept state and prefills the rest
-    of P2 in a second piece, where the batch, which runs P2's group first, prefills P2 whole;
-    pieces that differ are not compared bit for bit (docs/testing.md). ``near`` checks it."""
-    return [(r.id, r.error, None if r.scores is None else (r.scores.choice_logp, r.scores.p_outside, r.scores.best),
-             r.n_tokens) for r in results if r.id != 90]
+from helpers.decide_prompts import ABC, FULL_ARCHS, MODES as MODES_ALL, P1, S1, S2, S3, SUFFIXES, answers, modes_of, requests
 
 
 def near(a, b, tol: float = 0.5) -> None:  # noqa: ANN001

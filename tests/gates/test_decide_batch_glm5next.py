@@ -18,7 +18,7 @@ import pytest
 from bmoe.stream.archs import batch_apart
 
 from helpers.decide_prompts import MODES
-from test_decide_batch_exact import answers, requests
+from helpers.decide_prompts import answers, requests
 
 TOP_K = 32
 

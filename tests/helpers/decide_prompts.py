@@ -2,6 +2,7 @@
 (G18a-g) share."""
 from bmoe.stream import lookup
 from bmoe.testing import HF_ARCHS
+from bmoe.decide.types import DecideRequest
 
 # Every listed architecture: the hand-written fixtures, then every converted tiny model of a real
 # one. Each runs the core gates (G1, G2, G18a).
@@ -52,3 +53,24 @@ S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom.
 S2 = " none. Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter."
 S3 = " Screen: Network. Options: A) Bluetooth B) Internet C) Hotspot. Answer with the letter."
 ABC = ("A", "B", "C")
+
+
+SUFFIXES = [S1, S2, S3, " Screen: Home.", S2 + " Be quick.", " Options: A) yes B) no C) maybe."]
+
+
+def requests() -> list[DecideRequest]:
+    out = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate(SUFFIXES)]
+    out.insert(3, DecideRequest(id=90, prefix=P2, suffix=S3, choices=ABC))  # another prefix, alone
+    out.insert(5, DecideRequest(id=91, prefix=P1, suffix=S1, choices=("A", "A")))  # refused: collide
+    out.append(DecideRequest(id=92, prefix=P1, suffix=S2, choices=ABC, reuse_prefix=False))  # opted out
+    return out
+
+
+def answers(results):
+    """What a decision answers. (How it got its prefix, ``reuse``/``n_reused``, may differ: a batch
+    runs its prefix groups in the order of their last request, not of their first.) Id 90 is left
+    out: its prefix P2 extends P1, so one by one it restores P1's kept state and prefills the rest
+    of P2 in a second piece, where the batch, which runs P2's group first, prefills P2 whole;
+    pieces that differ are not compared bit for bit (docs/testing.md). ``near`` checks it."""
+    return [(r.id, r.error, None if r.scores is None else (r.scores.choice_logp, r.scores.p_outside, r.scores.best),
+             r.n_tokens) for r in results if r.id != 90]
