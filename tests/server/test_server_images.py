@@ -244,6 +244,12 @@ def test_a_png_bomb_is_a_400_before_anything_decodes_it(client, vl, monkeypatch)
     streamed = client.post("/v1/chat/completions", json={"messages": [image_message("What is this?", url)],
                                                          "max_tokens": 2, "stream": True})
     assert streamed.status_code == 400 and streamed.json()["error"]["message"].startswith(words)
+    # under bmoe's absolute cap, but far more image tokens than n_ctx 1024 holds
+    wide = "data:image/png;base64," + base64.b64encode(png_bomb(2000, 2000)).decode()
+    chat = client.post("/v1/chat/completions", json={"messages": [image_message("What is this?", wide)], "max_tokens": 2})
+    err = chat.json()["error"]
+    assert chat.status_code == 400 and (err["param"], err["code"]) == ("messages", "context_length_exceeded"), err
+    assert "is a 2000x2000 PNG (4000000 pixels): this projector makes about one image token per" in err["message"]
     assert spy.calls == 0
     after = client.post("/v1/decide", json=body).json()
     assert after["choice_logp"] == before["choice_logp"] and spy.calls == 1
