@@ -159,3 +159,44 @@ def test_the_shipped_sets_table_gives_each_sets_rows_and_choices() -> None:
         rows = dataset.load(path).rows
         n = sorted({len(r.request.options or r.request.choices) for r in rows})
         assert table[name] == (str(len(rows)), str(n[0]) if len(n) == 1 else f"{n[0]}-{n[-1]}"), name
+
+
+def test_an_over_long_line_is_skipped_without_being_held(tmp_path: Path) -> None:
+    """The file is streamed: a 40 MB line (a FIFO could send 1 GiB) is refused by its line number
+    and dropped as it is read, so the memory load() takes stays near one line's limit, not the
+    line's size; the rows around it are read, and the sha256 is the whole file's."""
+    import hashlib
+    import tracemalloc
+
+    from bmoe.wire.protocol import MAX_LINE_BYTES
+
+    path = tmp_path / "d.jsonl"
+    big = b'{"prefix": "' + b"x" * (40 << 20) + b'"}'
+    data = _line().encode() + b"\n" + big + b"\r\n" + _line(gold=0).encode() + b"\n\n" + _line().encode()
+    path.write_bytes(data)
+    tracemalloc.start()
+    try:
+        ds = dataset.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r.line for r in ds.rows] == [1, 3, 5] and [r.gold for r in ds.rows] == [1, 0, 1]
+    assert ds.skipped == ((2, f"longer than the protocol's limit of {MAX_LINE_BYTES} bytes"),)
+    assert ds.sha256 == hashlib.sha256(data).hexdigest()
+    assert peak < 4 * MAX_LINE_BYTES < len(big) // 8, peak
+
+
+@pytest.mark.parametrize("size", [1, 2, 7])
+def test_lines_read_in_small_chunks_are_the_lines(tmp_path: Path, monkeypatch, size: int) -> None:
+    """Lines that cross the read chunks come out whole (a line of exactly the limit is kept)."""
+    import hashlib
+
+    from bmoe.wire.protocol import MAX_LINE_BYTES
+
+    monkeypatch.setattr(dataset, "READ_CHUNK", size)
+    monkeypatch.setattr(dataset, "MAX_LINE_BYTES", 100)
+    lines = [_line().encode(), b"", b"a" * 100, b"b" * 100 + b"\r", b"c" * 101, _line(gold=0).encode()]
+    data = b"\n".join(lines)
+    got = list(dataset._lines(__import__("io").BytesIO(data), hashlib.sha256()))
+    assert got == [(1, lines[0]), (2, b""), (3, lines[2]), (4, lines[3]), (5, None), (6, lines[5])]
+    assert MAX_LINE_BYTES > 100

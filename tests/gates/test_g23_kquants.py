@@ -152,8 +152,8 @@ def test_g23c_decisions_streamed_equal_resident_and_restore_exactly(tiny_models,
 
     One decide() at a time, not decide_many: a list batches the decisions that share a prefix, and
     a batch is cut into other ubatches streamed (suffixes padded into one) than resident (as they
-    are). A K-quant row rounds differently with the width of its ubatch (docs/decide.md, "What is
-    exact"; G19), so only decisions made one by one run the same pieces on both sides."""
+    are). A K-quant row rounds differently on either side of the tiled matmul's 8 rows
+    (docs/decide.md, "What is exact"); G19 checks batches against one by one on these files."""
     model = tiny_models(*variant)
     seq = [req(1, P1, S1), req(2, P1, S2), req(3, P2, S3), req(4, P2, S3, reuse_prefix=False)]
     twins = tmp_path / "twins"

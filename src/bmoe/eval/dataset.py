@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import ConfigError
@@ -75,29 +77,53 @@ def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
     return Row(line=line, request=request, gold=gold, data_id=data_id, split=split)
 
 
+READ_CHUNK = 1 << 20  # bytes read at a time: memory stays near one line's limit, whatever the file holds
+
+
+def _lines(f: BinaryIO, digest: "hashlib._Hash") -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, bytes)`` of each line of ``f``, ``None`` for a line over the protocol's
+    limit (dropped as it is read, never held whole); every byte also goes into ``digest``."""
+    n, buf, over = 1, bytearray(), False
+    while chunk := f.read(READ_CHUNK):
+        digest.update(chunk)
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            if not over:
+                buf += chunk[start:end]
+            yield n, None if over or len(buf.rstrip(b"\r")) > MAX_LINE_BYTES else bytes(buf)
+            n, buf, over, start = n + 1, bytearray(), False, end + 1
+        if not over:
+            buf += chunk[start:]
+            if len(buf) > MAX_LINE_BYTES + 1:  # + 1: a line may end in "\r"
+                over, buf = True, bytearray()
+    yield n, None if over or len(buf.rstrip(b"\r")) > MAX_LINE_BYTES else bytes(buf)
+
+
 def load(path: Path, defaults: dict | None = None) -> Dataset:
-    """Read and check every line; raises ConfigError only when the file itself cannot be read."""
+    """Read and check every line, streaming the file (a line over the limit is skipped without
+    being held); raises ConfigError only when the file itself cannot be read."""
+    rows: list[Row] = []
+    skipped: list[tuple[int, str]] = []
+    digest = hashlib.sha256()
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            for n, chunk in _lines(f, digest):
+                try:
+                    if chunk is None:
+                        raise BadRow(f"longer than the protocol's limit of {MAX_LINE_BYTES} bytes")
+                    text = decode_line(chunk)
+                    if not text.strip():
+                        continue
+                    rows.append(parse_row(text, n, defaults))
+                except (BadRow, ProtocolError) as e:
+                    skipped.append((n, str(e)))
     except FileNotFoundError:
         raise ConfigError(f"data: file not found: {path}") from None
     except IsADirectoryError:
         raise ConfigError(f"data: {path} is a folder, not a JSONL file") from None
     except OSError as e:
         raise ConfigError(f"data: cannot read {path}: {e.strerror or e}") from None
-    rows: list[Row] = []
-    skipped: list[tuple[int, str]] = []
-    for n, chunk in enumerate(raw.split(b"\n"), start=1):
-        try:
-            if len(chunk.rstrip(b"\r")) > MAX_LINE_BYTES:
-                raise BadRow(f"longer than the protocol's limit of {MAX_LINE_BYTES} bytes")
-            text = decode_line(chunk)
-            if not text.strip():
-                continue
-            rows.append(parse_row(text, n, defaults))
-        except (BadRow, ProtocolError) as e:
-            skipped.append((n, str(e)))
-    return Dataset(path=path, sha256=hashlib.sha256(raw).hexdigest(), rows=tuple(rows), skipped=tuple(skipped))
+    return Dataset(path=path, sha256=digest.hexdigest(), rows=tuple(rows), skipped=tuple(skipped))
 
 
 def _data_folder() -> Path:

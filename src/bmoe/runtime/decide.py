@@ -26,9 +26,10 @@ from ..decide.port import (
     SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
 )
 from ..image_refs import ImageError, ImageSource
+from ..stream.archs import batch_apart
 from ..stream.stats import StreamStats
 from .chat import Message
-from .forks import decode_forks, pack_calls, prefill_apart
+from .forks import RowLimits, batch_limits, decode_forks, pack_calls, prefill_apart
 from .images import count_markers
 from .runtime import Runtime, SideSequencesError
 
@@ -71,6 +72,7 @@ class LlamaDecideBackend:
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
         self._holding: KeptState | None = None  # the state the sequence's first tokens are
         self._open_failed: str | None = None  # why opening the side sequences failed, once it did
+        self._limits: RowLimits | None = None  # how the model's weight types bound a call (forks.py)
 
     def watch_kept(self, store: KeptView) -> None:
         self._store = store
@@ -179,7 +181,14 @@ class LlamaDecideBackend:
         return rt.side_sequences
 
     def max_batch(self) -> int:
+        if batch_apart(self._rt.model.arch):  # batched side by side it would not be exact: one by one
+            return 1
         return max(1, self._rt.side_sequences)
+
+    def _row_limits(self) -> RowLimits:
+        if self._limits is None:
+            self._limits = batch_limits(self._rt.config.model)
+        return self._limits
 
     def _need_side_sequences(self, what: str) -> None:
         if not self._rt.side_sequences:
@@ -208,7 +217,8 @@ class LlamaDecideBackend:
         pos = kv.pos_of(n_past)  # where the suffixes start: the token count, but after an image
         start = self._mark()
         rows: list[np.ndarray | None] = [None] * len(suffixes)
-        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None)
+        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None,
+                           limits=self._row_limits())
         for call in calls:
             if stop():  # between llama_decode calls: seq 0 still holds the prefix, untouched
                 raise DecideCancelled("decide: the batch was cancelled between its ubatches")
@@ -250,7 +260,7 @@ class LlamaDecideBackend:
             raise DecideBackendError("decide: a neutral prompt state this adapter did not save")
         pos = self._rt.kv.pos_of(n_past) if base is None else n_past  # a neutral prompt holds no image
         start = self._mark()
-        rows = decode_forks(self._rt.ctx, continuations, pos, data)
+        rows = decode_forks(self._rt.ctx, continuations, pos, data, limits=self._row_limits())
         return rows, self._cost_since(start, sum(len(c) for c in continuations))
 
     def prefill_apart(self, tokens: Sequence[int]) -> tuple[np.ndarray, KeptState, PrefillCost]:

@@ -33,7 +33,7 @@ STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; 
           "style.css": "text/css; charset=utf-8"}
 # Paths the request counter names; anything else counts as "other" (a fuzzer makes many).
 ROUTES = frozenset({"/", "/health", "/metrics", "/v1/models", "/v1/session", "/v1/chat/completions",
-                    "/v1/decide", "/openapi.json", "/docs", "/v1/completions", "/tokenize", "/detokenize",
+                    "/v1/decide", "/openapi.json", "/v1/completions", "/tokenize", "/detokenize",
                     "/tokenizer_info", *(f"/static/{name}" for name in STATIC)})
 
 
@@ -82,7 +82,9 @@ def _auth(settings: ServerSettings):
 def create_app(session: Session, settings: ServerSettings = ServerSettings()) -> FastAPI:
     metrics = Metrics(lambda: queue.depth(), lambda: queue.last_stats)
     queue = JobQueue(session, settings.max_queue, on_drop=metrics.cancelled.inc)  # a waiter whose client left
-    app = FastAPI(title="bmoe-server", version="0.1.0",
+    # No /docs or /redoc: their pages load their scripts from a CDN, blank on an offline machine.
+    # The schema itself is an API route below, behind the key like the others.
+    app = FastAPI(title="bmoe-server", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None,
                   description="OpenAI-compatible chat and bmoe decisions over one bmoe session.")
     app.state.queue, app.state.metrics, app.state.session = queue, metrics, session
     install_handlers(app)
@@ -115,6 +117,10 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
     @api.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     app.include_router(api)
 

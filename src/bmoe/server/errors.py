@@ -3,10 +3,14 @@
     {"error": {"message": "...", "type": "...", "param": "<field or null>", "code": "..."}}
 
 Schema violations keep FastAPI's status (422) and also carry FastAPI's ``detail`` list; their
-message is "<field>: <rule>", the rule of the most specific error (``_rule``).
+message is "<field>: <rule>", the rule of the most specific error (``_rule``). A body that is not
+JSON at all (bad syntax, bytes that are not UTF-8, nesting past the parser's depth, an integer past
+Python's digit limit) is a 400 ``invalid_json`` saying which (``not_json``).
 """
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,6 +53,29 @@ def from_request_error(e: RequestError, param: str | None) -> ApiError:
     return ApiError(400, str(e), param, code)
 
 
+def not_json(e: BaseException | None) -> str | None:
+    """What made a body unreadable as JSON, in words, from the exception the parser raised; None
+    for an exception that does not say the body is not JSON."""
+    if isinstance(e, json.JSONDecodeError):
+        return str(e)  # "Expecting value: line 1 column 8 (char 7)"
+    if isinstance(e, UnicodeDecodeError):
+        bad = e.object[e.start:e.start + 1].hex()
+        return f"not {e.encoding.upper()} text (byte 0x{bad} at offset {e.start}: {e.reason})"
+    if isinstance(e, RecursionError):
+        return "its arrays and objects nest deeper than the parser goes"
+    if isinstance(e, ValueError) and "digits" in str(e):  # int(): "Exceeds the limit (4300 digits) ..."
+        return f"an integer of more than {sys.get_int_max_str_digits()} digits, more than Python reads"
+    return None
+
+
+def invalid_json(why: str) -> JSONResponse:
+    return JSONResponse(error_body(400, f"body: not valid JSON: {why}", "body", "invalid_json"), status_code=400)
+
+
+# Codes for the errors Starlette itself raises (an unknown path or method).
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
 def _clean_loc(loc: tuple[Any, ...]) -> list[str]:
     """The field path without "body" and without the names pydantic gives union members
     ("DecideBody", "list[DecideBody]"); our field names are lower case."""
@@ -88,6 +115,9 @@ def install_handlers(app: FastAPI) -> None:
             # pages, which can send only form or text bodies without asking, from driving the model.
             return JSONResponse(error_body(415, f"the body must be JSON sent with Content-Type: application/json, "
                                            f"got {ctype[:60]!r}", "body", "unsupported_media_type"), 415)
+        why = not_json(e.__cause__)  # FastAPI raises it from the parser's JSONDecodeError
+        if why is not None:
+            return invalid_json(why)
         # "input" and "ctx" can hold values that are not JSON (or are huge); the field and
         # the rule are what a client needs.
         detail = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
@@ -99,13 +129,16 @@ def install_handlers(app: FastAPI) -> None:
         best = max(range(len(paths)), key=lambda i: (len(paths[i]), not _is_type_error(errors[i])), default=None)
         rule = _rule(errors[best]) if best is not None else "invalid request"
         param = ".".join(paths[best]) if best is not None and paths[best] else "body"
-        if best is not None and errors[best].get("type") == "json_invalid":  # its loc is a character offset
-            param = "body"
         body = error_body(422, f"{param}: {rule}", param, "validation_error")
         body["detail"] = detail
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code,
-                            headers=dict(e.headers or {}))
+        # FastAPI's own "There was an error parsing the body" 400, raised from what the parser
+        # raised: invalid UTF-8, too deep, too many digits
+        why = not_json(e.__cause__) if e.status_code == 400 else None
+        if why is not None:
+            return invalid_json(why)
+        return JSONResponse(error_body(e.status_code, str(e.detail), None, _HTTP_CODES.get(e.status_code)),
+                            status_code=e.status_code, headers=dict(e.headers or {}))

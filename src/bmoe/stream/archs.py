@@ -47,6 +47,9 @@ class ArchEntry:
     # guess of layer il+1 reads it at layer il's route, before layer il's experts have run.
     inp_node: str = "ffn_inp"
     no_prefetch: str = ""           # why --prefetch is refused (empty where it is allowed)
+    # Why a decide batch of this arch is answered one by one instead of side by side on forked
+    # side sequences (empty where batching is exact): docs/decide.md "What is exact".
+    batch_apart: str = ""
 
     @property
     def can_prefetch(self) -> bool:
@@ -71,12 +74,13 @@ ROUTER = "ffn_gate_inp.weight"
 
 
 def _entry(arch: str, resident: str, *, fused: bool = False, norm: str | None = None,
-           inp: str = "ffn_inp", no_prefetch: str = "") -> ArchEntry:
+           inp: str = "ffn_inp", no_prefetch: str = "", batch_apart: str = "") -> ArchEntry:
     if (norm is None) == (not no_prefetch):
         raise ValueError(f"{arch}: give either the router's norm or the reason --prefetch is refused")
     names = SPLIT_EXPERTS + ((FUSED_GATE_UP,) if fused else ())
     return ArchEntry(arch=arch, route_node=ROUTE_NODE, expert_tensors=names, resident=resident,
-                     router=ROUTER if norm else None, router_norm=norm, inp_node=inp, no_prefetch=no_prefetch)
+                     router=ROUTER if norm else None, router_norm=norm, inp_node=inp, no_prefetch=no_prefetch,
+                     batch_apart=batch_apart)
 
 
 # An architecture is listed only when its gates run in the suite (streamed == resident bit for
@@ -241,7 +245,9 @@ _REGISTRY: dict[str, ArchEntry] = {
         _entry("glm5-next", "router, selection bias (exp_probs_b), shared expert (ffn_*_shexp), mHC "
                "mixing weights, DSA indexer, KDA state, leading dense layers",
                no_prefetch="its routing is a sigmoid with a per-expert selection bias (exp_probs_b), and "
-               "the router reads a learned mix of four residual streams, not l_out"),
+               "the router reads a learned mix of four residual streams, not l_out",
+               batch_apart="its pooled DSA indexer picks other tokens for a suffix on a forked side sequence "
+               "than alone once the context is past its top-k"),
         # glm-dsa (src/models/glm-dsa.cpp): DeepSeek-V3.2-style MLA whose lightning indexer's top-k
         # masks the attention (shared-indexer layers reuse the previous full layer's pick); then
         # ffn_norm on ffn_inp and build_moe_ffn with exp_probs_b and the GGUF's gating function
@@ -359,6 +365,13 @@ _REGISTRY: dict[str, ArchEntry] = {
 }
 # Every other MoE architecture of the pinned llama.cpp is refused, each for a reason docs/streaming.md
 # ("Refused architectures") names: no tiny model could be made and checked here, or no generative model.
+
+
+def batch_apart(arch: str) -> str:
+    """Why decisions of ``arch`` are not batched side by side (empty: they are); an arch outside
+    the registry has nothing against it."""
+    entry = _REGISTRY.get(arch)
+    return "" if entry is None else entry.batch_apart
 
 
 def lookup(arch: str) -> ArchEntry:
