@@ -219,3 +219,54 @@ def test_the_scheme_in_any_case_is_a_data_url_never_a_path(client, vl, tmp_path,
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "bad_data_url"
     assert chat.json()["error"]["param"] == "messages.0.content.0.image_url.url"
 
+
+
+def test_a_png_bomb_is_a_400_before_anything_decodes_it(client, vl, monkeypatch) -> None:
+    """A 48 KB PNG of 20000 x 20000 pixels (65 KB as a data URL, under the body limit) was decoded
+    in full (2.6 GB, 9 s of the only worker) before the context refused it; in a 1 GiB cgroup the
+    server was OOM-killed. It is refused from its header: the decoder is never called."""
+    from helpers.image_bombs import DecoderSpy, png_bomb
+
+    body = {**DECISION, "images": [vl["screen"]]}
+    before = client.post("/v1/decide", json=body).json()
+    spy = DecoderSpy(monkeypatch)
+    url = "data:image/png;base64," + base64.b64encode(png_bomb()).decode()
+    assert len(url) < 70_000
+    words = "images[0] (48685 bytes) is a 20000x20000 PNG (400000000 pixels): more than the 33554432 pixels bmoe decodes"
+    r = client.post("/v1/decide", json={**DECISION, "images": [url]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["message"].startswith("decide: " + words) and (err["param"], err["code"]) == ("images", "decide_refused")
+    chat = client.post("/v1/chat/completions", json={"messages": [image_message("What is this?", url)], "max_tokens": 2})
+    assert chat.status_code == 400
+    err = chat.json()["error"]
+    assert err["message"].startswith(words) and (err["param"], err["code"]) == ("messages", "invalid_request"), err
+    streamed = client.post("/v1/chat/completions", json={"messages": [image_message("What is this?", url)],
+                                                         "max_tokens": 2, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["message"].startswith(words)
+    # under bmoe's absolute cap, but far more image tokens than n_ctx 1024 holds
+    wide = "data:image/png;base64," + base64.b64encode(png_bomb(2000, 2000)).decode()
+    chat = client.post("/v1/chat/completions", json={"messages": [image_message("What is this?", wide)], "max_tokens": 2})
+    err = chat.json()["error"]
+    assert chat.status_code == 400 and (err["param"], err["code"]) == ("messages", "context_length_exceeded"), err
+    assert "is a 2000x2000 PNG (4000000 pixels): this projector makes about one image token per" in err["message"]
+    assert spy.calls == 0
+    after = client.post("/v1/decide", json=body).json()
+    assert after["choice_logp"] == before["choice_logp"] and spy.calls == 1
+
+
+def test_a_content_part_of_the_wrong_shape_names_its_field_once(client, vl) -> None:
+    """``image_url`` given as a string (not ``{"url": ...}``) was reported as ``image_url.image_url``:
+    pydantic put the part's type, the union's tag, in the path."""
+    cases = [
+        ({"type": "image_url", "image_url": vl["screen"]}, "messages.0.content.0.image_url"),
+        ({"type": "text", "text": 5}, "messages.0.content.0.text"),
+        ({"type": "video", "video": "x"}, "messages.0.content.0"),
+    ]
+    for part, param in cases:
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [part]}]})
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and err["message"].startswith(param + ": "), err
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [{"type": "video"}]}]})
+    assert r.json()["error"]["message"] == "messages.0.content.0: a content part's type must be 'text' or 'image_url'"

@@ -34,6 +34,7 @@ from .lib import ensure_backend
 from .model import LlamaModel
 from bmoe.errors import ModelFileError
 from bmoe.image_refs import ImageError
+from .image_size import MAX_PIXELS, image_size, refuse_oversize
 
 # Where mtmd's helper would look for ffmpeg when the bytes are no image or audio (it then tries
 # them as a video): nowhere, so that bytes that are no image are refused, never run through ffmpeg.
@@ -148,16 +149,63 @@ class Projector:
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model.ptr))
         self.mrope = bool(mtmd.mtmd_decode_use_mrope(ptr))
         self._lock = threading.Lock()  # encode is not thread-safe
+        self._density: float | None = None  # pixels per image token, measured (pixel_cap)
+        self._caps: dict[int, int] = {}  # n_ctx -> pixel_cap
+        self._cap_holds: dict[int, bool] = {}  # n_ctx -> a blank image of pixel_cap is over n_ctx tokens
 
     # --- reading an image -------------------------------------------------------------
-    def load(self, data: bytes, name: str) -> Image:
+    def load(self, data: bytes, name: str, n_ctx: int | None = None) -> Image:
         """Read ``data`` (a file's bytes; ``name`` says where it came from in messages) into an
         ``Image``: decoded, resized as the projector wants, tokenized. ImageError if it is no
-        image llama.cpp reads."""
+        image llama.cpp reads, or (from its header, before decoding) more pixels than bmoe
+        decodes or than a context of ``n_ctx`` tokens could hold."""
         if not data:
             raise ImageError(f"{name} is empty (0 bytes), not an image")
-        if image_format(data) is None:
+        fmt = image_format(data)
+        if fmt is None:
             raise ImageError(f"{name} is not an image ({IMAGE_FORMATS} are read)")
+        w, h = image_size(data, fmt, name)
+        refuse_oversize(name, fmt, w, h)
+        if n_ctx is not None and self._over_cap(w * h, n_ctx):
+            raise ImageError(f"{name} is a {w}x{h} {fmt} ({w * h} pixels): this projector makes about one image token "
+                             f"per {self._density:.0f} pixels, so it is far more image tokens than the context holds "
+                             f"(n_ctx {n_ctx}); scale it down", "image_too_large")
+        return self._decode(data, name)
+
+    def pixel_cap(self, n_ctx: int) -> int:
+        """The pixels over which an image is taken to be too big for a context of ``n_ctx`` tokens:
+        twice the pixels the projector turns into ``n_ctx`` tokens (its pixels per token measured
+        once, on a blank 256 x 256 bitmap; the margin covers its rounding of odd sizes), at most
+        MAX_PIXELS."""
+        cap = self._caps.get(n_ctx)
+        if cap is None:
+            if self._density is None:
+                self._density = 256 * 256 / max(1, self._probe(256))
+            side = int((2 * n_ctx * self._density) ** 0.5) + 1
+            cap = side * side if side * side < MAX_PIXELS else MAX_PIXELS
+            self._caps[n_ctx] = cap
+        return cap
+
+    def _over_cap(self, pixels: int, n_ctx: int) -> bool:
+        """Whether an image of ``pixels`` cannot fit: over ``pixel_cap``, and a blank square of the
+        cap's size is indeed more than ``n_ctx`` tokens (a projector that scales big images down
+        may fit any of them). The square is measured once, when an image that big first comes."""
+        cap = self.pixel_cap(n_ctx)
+        if pixels <= cap or cap == MAX_PIXELS:
+            return False
+        if n_ctx not in self._cap_holds:
+            self._cap_holds[n_ctx] = self._probe(int(cap ** 0.5)) > n_ctx
+        return self._cap_holds[n_ctx]
+
+    def _probe(self, side: int) -> int:
+        """The image tokens the projector makes of a blank ``side`` x ``side`` image."""
+        pixels = (ctypes.c_uint8 * (side * side * 3))()
+        bitmap = mtmd.mtmd_bitmap_init(side, side, pixels)
+        if not bitmap:
+            raise ImageError(f"llama.cpp could not make a {side}x{side} bitmap to measure the projector")
+        return self._tokenize(bitmap, f"a blank {side}x{side} image").n_tokens
+
+    def _decode(self, data: bytes, name: str) -> Image:
         log = _log()
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         opt = mtmd.mtmd_helper_init_opt_default()
@@ -166,6 +214,11 @@ class Projector:
         if not bitmap:
             log.take()
             raise ImageError(f"{name} is corrupt: its {image_format(data)} data cannot be decoded")
+        return self._tokenize(bitmap, name)
+
+    def _tokenize(self, bitmap: int, name: str) -> Image:
+        """The Image of a decoded ``bitmap`` (freed here)."""
+        log = _log()
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             text = mtmd.mtmd_input_text()

@@ -59,15 +59,16 @@ class ImageRuns:
         return rules.IMAGE_MARKER
 
     # --- requests ---------------------------------------------------------------------
-    def read(self, sources: Sequence[ImageSource]) -> list[Image]:
+    def read(self, sources: Sequence[ImageSource], n_ctx: int | None = None) -> list[Image]:
         """Each of a request's images (a file path, a ``data:`` URL or its bytes), read and tokenized;
-        a RequestError naming the image (by its index) and what is wrong with it."""
+        a RequestError naming the image (by its index) and what is wrong with it. An image too big
+        for a context of ``n_ctx`` tokens is refused from its header, before it is decoded."""
         while len(self._images) > KEEP_READ:  # only between requests: this one's are read below
             self._images.popitem(last=False)
         out = []
         for i, source in enumerate(sources):
             name = f"images[{i}] ({shown(source)})"
-            out.append(self.projector.load(image_bytes(source, name, paths=True), name))
+            out.append(self.projector.load(image_bytes(source, name, paths=True), name, n_ctx))
         return out
 
     def tokens(self, image: Image) -> list[int]:
@@ -109,12 +110,13 @@ class ImageRuns:
         self.projector.close()
 
 
-def split_at_markers(parts: Sequence[tuple[str, bool]]) -> list[list[tuple[str, bool]]]:
+def split_at_markers(parts: Sequence[tuple[str, bool]], *, raw: bool = False) -> list[list[tuple[str, bool]]]:
     """A rendered prompt's ``(text, plain)`` parts cut at every image marker a message's text
-    (a plain part) holds: the pieces between the markers, one more than there are markers."""
+    (a plain part) holds: the pieces between the markers, one more than there are markers. A raw
+    prompt (``raw``: no template, all of it the client's own markup) is cut at every marker."""
     pieces: list[list[tuple[str, bool]]] = [[]]
     for text, plain in parts:
-        if not plain:
+        if not plain and not raw:
             pieces[-1].append((text, plain))
             continue
         segs = text.split(rules.IMAGE_MARKER)

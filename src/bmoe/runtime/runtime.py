@@ -251,7 +251,7 @@ class Runtime:
         if self.images is None:
             raise ImageError("images: this session has no vision projector; open it with --mmproj FILE "
                                "(SessionConfig.mmproj), the model's projector GGUF")
-        return self.images.read(sources)
+        return self.images.read(sources, self.n_ctx)
 
     def tokenize_prompt(self, text: str, images: Sequence[Image] = ()) -> list[int]:
         """Tokenize a prompt, BOS as the model asks. A rendered one (``chat.Prompt``): special
@@ -269,7 +269,8 @@ class Runtime:
         else:
             parts = ((text, False),)
         if images:
-            toks = self._tokens_with_images(parts, images)
+            raw = self.chat.mode == "none" or not isinstance(text, Prompt)  # markers anywhere are the client's
+            toks = self._tokens_with_images(parts, images, raw=raw)
         else:
             toks = self.model.tokenize_parts(parts)
         # A BOS the template wrote is the prompt's own; one written in a message's text is text.
@@ -278,11 +279,12 @@ class Runtime:
             starts = toks[:1] == [self.model.bos]
         return [self.model.bos] + toks if self.model.add_bos and not starts else toks
 
-    def _tokens_with_images(self, parts: Sequence[tuple[str, bool]], images: Sequence[Image]) -> list[int]:
+    def _tokens_with_images(self, parts: Sequence[tuple[str, bool]], images: Sequence[Image], *,
+                            raw: bool = False) -> list[int]:
         """The parts' tokens with ``images`` in place of the image markers, in order; the text
         between two markers is tokenized on its own (nothing merges across an image)."""
         assert self.images is not None
-        pieces = split_at_markers(parts)
+        pieces = split_at_markers(parts, raw=raw)
         if len(pieces) - 1 != len(images):
             raise ImageError(f"images: {len(images)} image(s) but the prompt has {len(pieces) - 1} image marker(s) "
                                f"{rules.IMAGE_MARKER}; put one marker where each image goes, or none (then the "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, create_model, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Strict, Tag, ValidationInfo,
+                      create_model, field_validator)
 from pydantic_core import PydanticCustomError
 
 from bmoe import rules
@@ -51,7 +52,19 @@ class ImagePart(BaseModel):
     image_url: ImageUrl
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+def _part_tag(part: object) -> str | None:
+    """A content part's union member, by its ``type``. The tags are the members' class names,
+    never the ``type`` values: pydantic puts the tag in an error's field path, and a lower-case
+    one read as a field (``image_url.image_url``); the error mapping drops capitalised names."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return {"text": "TextPart", "image_url": "ImagePart"}.get(kind) if isinstance(kind, str) else None
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("TextPart")] | Annotated[ImagePart, Tag("ImagePart")],
+    Discriminator(_part_tag, custom_error_type="content_part_type",
+                  custom_error_message="a content part's type must be 'text' or 'image_url'"),
+]
 
 
 class ChatMessage(BaseModel):
