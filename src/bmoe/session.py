@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 
@@ -185,7 +185,7 @@ class Session:
             if on_step is not None:
                 on_step(step)
 
-    def generate_iter(self, request: GenerateRequest, *, cancel: threading.Event | None = None) -> Iterator[Step]:
+    def generate_iter(self, request: GenerateRequest, *, cancel: threading.Event | None = None) -> Generator[Step, None, GenerateResult]:
         """Yield one Step per generated token; the generator's return value is the result.
 
         ``cancel``: an event of the caller's, one per request, that cancels this request when it

@@ -17,7 +17,7 @@ import resource
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -147,6 +147,13 @@ class Runtime:
         self.chat = ChatRenderer(config.chat, self.model.chat_template(), self._bos_text, eos_text)
         self.history: list[Message] = []
 
+    @property
+    def live_ctx(self) -> LlamaContext:
+        """The context, which exists from open to close."""
+        if self.ctx is None:
+            raise EngineFailure("the session's context is closed")
+        return self.ctx
+
     def _open_context(self, n_seq: int) -> None:
         """A context of ``n_seq`` sequences, and what is bound to it: the KV bookkeeping, the
         prompt scorer and, with streaming and a prefill device, the warm-up."""
@@ -166,7 +173,7 @@ class Runtime:
             ),
             # The same hook: what it keeps between graphs belongs to the model (the weights it
             # rebound, the order it learned), not to a context.
-            eval_callback=self.stream.hook if self.stream is not None else None,
+            eval_callback=self.stream.hook if self.stream is not None else None,  # type: ignore[arg-type]
         )
         kv = KvSequence(ctx, self.images)
         if self.stream is not None and self.prefill_device is not None:
@@ -185,7 +192,7 @@ class Runtime:
     @property
     def side_sequences(self) -> int:
         """Side sequences the context holds beside seq 0 (0 until they are opened)."""
-        return self.ctx.n_seq - 1
+        return self.live_ctx.n_seq - 1
 
     def side_room(self) -> SideRoom:
         """How many side sequences ``open_side_sequences`` may open now: the config's most
@@ -206,10 +213,10 @@ class Runtime:
         context, the old shape is re-created and ``SideSequencesError`` raised; if that fails
         too, ``ContextLostError`` (the session cannot go on)."""
         if n < 1 or self.side_sequences:
-            raise ValueError(f"open_side_sequences: {n} side sequences on a context holding {self.ctx.n_seq} sequences")
-        old_n_seq = self.ctx.n_seq
+            raise ValueError(f"open_side_sequences: {n} side sequences on a context holding {self.live_ctx.n_seq} sequences")
+        old_n_seq = self.live_ctx.n_seq
         self.kv.reset()
-        self.ctx.close()
+        self.live_ctx.close()
         try:
             self._open_context(n + 1)
         except Exception as exc:
@@ -224,7 +231,7 @@ class Runtime:
     # --- facts ------------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
-        return self.ctx.n_ctx
+        return self.live_ctx.n_ctx
 
     def dense_resident_frac(self) -> float:
         """Fraction of the dense (non-expert) weights in RAM; 0 where unmeasured (resident runs)."""
@@ -356,13 +363,13 @@ class Runtime:
         )
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning)
 
-    def run(self, turn: "Turn", cancel: threading.Event) -> Iterator[Step]:
+    def run(self, turn: "Turn", cancel: threading.Event) -> Generator[Step, None, GenerateResult]:
         """Yield a Step per generated token; return the GenerateResult. ``cancel`` is looked at
         before each token, and a cancelled turn is rolled back as if it never happened."""
         return (yield from self._run_turn(*turn, cancel))
 
     def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning,
-                  cancel) -> Iterator[Step]:
+                  cancel) -> Generator[Step, None, GenerateResult]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
             return GenerateResult(
@@ -373,10 +380,10 @@ class Runtime:
         io0, (flt0, cpu0) = self.stream_stats(), _rusage()
         plan = self.kv.align(prompt, reuse=not req.clear_kv)
         n_keep_on_cancel = plan.n_reused
-        t0, dev0 = time.perf_counter(), self.ctx.n_dev_tokens
+        t0, dev0 = time.perf_counter(), self.live_ctx.n_dev_tokens
         logits = self.kv.append(prompt[plan.n_reused :])
         prefill_s = time.perf_counter() - t0
-        prefill_dev_tokens = self.ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
+        prefill_dev_tokens = self.live_ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
         split = self.chat.think_ctl != "none" and think
         # Only the template's generation prompt can open reasoning (chat.py): a "<think>" in the
         # user's text is not the model's, and the stream only ever parses the model's output.
@@ -392,6 +399,7 @@ class Runtime:
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
             tok = sampler.sample(logits)
             if req.keep_logits:
+                assert logits is not None
                 kept.append(logits)
             if self.model.is_eog(tok):
                 stop = "eog"
@@ -453,7 +461,9 @@ class Runtime:
             raise RequestError(f"tokens: need 1..{self.n_ctx} tokens, got {len(tokens)}")
         check_token_ids(tokens, self.model.n_vocab)
         self.kv.reset()
-        return log_softmax(self.kv.append(tokens))
+        last = self.kv.append(tokens)
+        assert last is not None  # append keeps the last row by default
+        return log_softmax(last)
 
     def perplexity(self, text: str | None, tokens: list[int] | None, n_window: int | None,
                    keep_logits: bool) -> PerplexityResult:
