@@ -39,6 +39,7 @@ shipped defaults.
 "rows": {"<budget>": {"bmoe": .., "bmoe_defaults": .., "lru": .., "partition": .., "optimal":
 ..}}}}``. ``--knob name=value`` passes a knob to bmoe's policy (docs/streaming.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bmoe.stream.policy import DEFAULT_POLICY
-from bmoe.stream.policy import CachePolicy, ExpertKey, Uses
+from bmoe.stream.policy import DEFAULT_POLICY, CachePolicy, ExpertKey, Uses
 
 MIB = 1 << 20
 
@@ -118,27 +118,33 @@ def read_trace(path: Path) -> Trace:
     for turn in sorted({r[0] for r in rows}):
         pre_steps = sorted({s for (t, ph, s, _) in cells if t == turn and ph == 0})
         for il in routed:  # the prefill: one batch per layer, its tokens in order
-            toks = tuple(tuple(e for _, e in sorted(cells[(turn, 0, s, il)])) for s in pre_steps
-                         if (turn, 0, s, il) in cells)
+            toks = tuple(
+                tuple(e for _, e in sorted(cells[(turn, 0, s, il)])) for s in pre_steps if (turn, 0, s, il) in cells
+            )
             if toks:
                 batches.append(Batch(il, toks, False))
         for s in sorted({s for (t, ph, s, _) in cells if t == turn and ph == 1}):
             for il in routed:
                 if (turn, 1, s, il) in cells:
                     batches.append(Batch(il, (tuple(e for _, e in sorted(cells[(turn, 1, s, il)])),), True))
-    return Trace(header.get("model", str(path)).rsplit("/", 1)[-1], int(header["n_expert"]),
-                 int(header["n_expert_used"]), {il: expert_bytes[il] for il in routed}, tuple(batches))
+    return Trace(
+        header.get("model", str(path)).rsplit("/", 1)[-1],
+        int(header["n_expert"]),
+        int(header["n_expert_used"]),
+        {il: expert_bytes[il] for il in routed},
+        tuple(batches),
+    )
 
 
 @dataclass(slots=True)
 class Result:
     decode_hits: int = 0
     decode_lookups: int = 0
-    hits: int = 0            # every batch, the prefill too
+    hits: int = 0  # every batch, the prefill too
     lookups: int = 0
-    evictions: int = 0       # bmoe's policy only
-    peak_bytes: int = 0      # most bytes held after a batch
-    over_bytes: int = 0      # most bytes held beyond max(budget, the batch's own experts)
+    evictions: int = 0  # bmoe's policy only
+    peak_bytes: int = 0  # most bytes held after a batch
+    over_bytes: int = 0  # most bytes held beyond max(budget, the batch's own experts)
 
     @property
     def hit_pct(self) -> float:
@@ -167,8 +173,9 @@ def uses_of(b: Batch) -> Uses:
     return Uses(len(b.tokens), [counts[e] for e in experts], [last[e] for e in experts])
 
 
-def replay_policy(trace: Trace, budget: int, policy: Callable[..., CachePolicy] = DEFAULT_POLICY,
-                  **knobs: float) -> Result:
+def replay_policy(
+    trace: Trace, budget: int, policy: Callable[..., CachePolicy] = DEFAULT_POLICY, **knobs: float
+) -> Result:
     """Drive a bmoe cache policy as ExpertCache does: plan (hits, misses, victims), then admit."""
     p = policy(trace.expert_bytes, budget, **knobs)
     out = Result()
@@ -256,9 +263,10 @@ def replay_partition(trace: Trace, budget: int) -> Result:
                 last[ExpertKey(il, e)] = (i, row)
         for e in experts:
             uses[ExpertKey(il, e)] += 1
-        rank = sorted(had | set(experts), reverse=True,
-                      key=lambda e: (uses[ExpertKey(il, e)], last[ExpertKey(il, e)], e))
-        keep = set(rank[:slots[il]])
+        rank = sorted(
+            had | set(experts), reverse=True, key=lambda e: (uses[ExpertKey(il, e)], last[ExpertKey(il, e)], e)
+        )
+        keep = set(rank[: slots[il]])
         held += (len(keep) - len(had)) * size
         resident[il] = keep
         if len(keep) > slots[il] or held > budget:
@@ -314,10 +322,32 @@ def replay_optimal(trace: Trace, budget: int) -> Result:
 # figure is the same at every budget (the partition holds every layer's last token whatever the
 # budget). Keyed by the trace's GGUF name.
 REFERENCE = {
-    "Qwen3-30B-A3B-Q4_K_M.gguf": {"layerlfu": {250: 38.3, 500: 38.3, 750: 38.3, 1000: 45.1, 1500: 55.2, 2000: 63.3,
-                                               2500: 68.9, 3000: 74.2, 4000: 81.7}},
-    "gpt-oss-120b-Q4_K_M.gguf": {"layerlfu": {250: 19.1, 500: 19.1, 750: 19.1, 1000: 19.1, 1500: 27.4, 2000: 34.2,
-                                              2500: 40.2, 3000: 44.5, 4000: 50.8}},
+    "Qwen3-30B-A3B-Q4_K_M.gguf": {
+        "layerlfu": {
+            250: 38.3,
+            500: 38.3,
+            750: 38.3,
+            1000: 45.1,
+            1500: 55.2,
+            2000: 63.3,
+            2500: 68.9,
+            3000: 74.2,
+            4000: 81.7,
+        }
+    },
+    "gpt-oss-120b-Q4_K_M.gguf": {
+        "layerlfu": {
+            250: 19.1,
+            500: 19.1,
+            750: 19.1,
+            1000: 19.1,
+            1500: 27.4,
+            2000: 34.2,
+            2500: 40.2,
+            3000: 44.5,
+            4000: 50.8,
+        }
+    },
 }
 LRU_MARGIN = 3.0  # gpt-oss, 1000-4000 MiB: at least LRU + 3 points
 
@@ -342,8 +372,10 @@ def verdicts(model: str, cycle_mib: float, results: dict[str, dict[str, float]])
         if goal is None:
             continue
         ok = row["bmoe"] >= goal and row["bmoe"] > 0
-        out.append(f"{'PASS' if ok else 'FAIL'}  {key:>6} MiB: bmoe {row['bmoe']:.2f} vs {goal:.1f} ({why}); "
-                   f"{row['optimal'] - row['bmoe']:.1f} under the optimum")
+        out.append(
+            f"{'PASS' if ok else 'FAIL'}  {key:>6} MiB: bmoe {row['bmoe']:.2f} vs {goal:.1f} ({why}); "
+            f"{row['optimal'] - row['bmoe']:.1f} under the optimum"
+        )
     return out
 
 
@@ -359,15 +391,20 @@ def restated_verdicts(rows: Mapping[str, Mapping[str, float]], column: str = "bm
     for key, row in rows.items():
         goal = max(row["lru"], row["partition"])
         which = "LRU" if row["lru"] >= row["partition"] else "partition"
-        out.append(f"{'PASS' if row[column] >= goal else 'FAIL'}  {key:>6} MiB: bmoe {row[column]:.2f} vs "
-                   f"{which} {goal:.2f} ({row[column] - goal:+.2f})")
+        out.append(
+            f"{'PASS' if row[column] >= goal else 'FAIL'}  {key:>6} MiB: bmoe {row[column]:.2f} vs "
+            f"{which} {goal:.2f} ({row[column] - goal:+.2f})"
+        )
     return out
 
 
 # The knobs of NextUsePolicy the leave-one-out grid varies (the ranges of the 2026-12-01 grid in
 # docs/benchmarks.md, three values each; the shipped defaults are one of the 27 points).
-LOO_GRID: dict[str, tuple[float, ...]] = {"recency": (0.05, 0.15, 0.3), "frequency": (0.7, 1.0, 1.5),
-                                          "decay": (0.02, 0.05, 0.1)}
+LOO_GRID: dict[str, tuple[float, ...]] = {
+    "recency": (0.05, 0.15, 0.3),
+    "frequency": (0.7, 1.0, 1.5),
+    "decay": (0.02, 0.05, 0.1),
+}
 Knobs = tuple[tuple[str, float], ...]  # sorted (name, value) pairs: hashable
 
 
@@ -378,13 +415,22 @@ def grid_points(grid: Mapping[str, Sequence[float]]) -> list[Knobs]:
 
 def baselines(trace: Trace, budgets_mib: Sequence[float]) -> dict[str, dict[str, float]]:
     """LRU, the bounded partition and the optimum per budget (decode hit %, unrounded)."""
-    return {f"{mib:g}": {"lru": replay_lru(trace, int(mib * MIB)).hit_pct,
-                         "partition": replay_partition(trace, int(mib * MIB)).hit_pct,
-                         "optimal": replay_optimal(trace, int(mib * MIB)).hit_pct} for mib in budgets_mib}
+    return {
+        f"{mib:g}": {
+            "lru": replay_lru(trace, int(mib * MIB)).hit_pct,
+            "partition": replay_partition(trace, int(mib * MIB)).hit_pct,
+            "optimal": replay_optimal(trace, int(mib * MIB)).hit_pct,
+        }
+        for mib in budgets_mib
+    }
 
 
-def policy_table(trace: Trace, budgets_mib: Sequence[float], points: Sequence[Knobs],
-                 policy: Callable[..., CachePolicy] = DEFAULT_POLICY) -> dict[Knobs, dict[str, float]]:
+def policy_table(
+    trace: Trace,
+    budgets_mib: Sequence[float],
+    points: Sequence[Knobs],
+    policy: Callable[..., CachePolicy] = DEFAULT_POLICY,
+) -> dict[Knobs, dict[str, float]]:
     """bmoe's decode hit % per knob set and budget, each run checked against the budget."""
     table: dict[Knobs, dict[str, float]] = {}
     for knobs in points:
@@ -392,7 +438,9 @@ def policy_table(trace: Trace, budgets_mib: Sequence[float], points: Sequence[Kn
         for mib in budgets_mib:
             r = replay_policy(trace, int(mib * MIB), policy, **dict(knobs))
             if r.over_bytes > 0:
-                raise AssertionError(f"bmoe's policy {dict(knobs)} held {r.over_bytes} bytes over budget at {mib:g} MiB")
+                raise AssertionError(
+                    f"bmoe's policy {dict(knobs)} held {r.over_bytes} bytes over budget at {mib:g} MiB"
+                )
             row[f"{mib:g}"] = r.hit_pct
     return table
 
@@ -402,8 +450,9 @@ def margins(hits: Mapping[str, float], base: Mapping[str, Mapping[str, float]]) 
     return [hits[k] - max(base[k]["lru"], base[k]["partition"]) for k in base]
 
 
-def choose_knobs(training: Sequence[tuple[Mapping[Knobs, Mapping[str, float]], Mapping[str, Mapping[str, float]]]],
-                 default: Knobs) -> tuple[Knobs, float, float]:
+def choose_knobs(
+    training: Sequence[tuple[Mapping[Knobs, Mapping[str, float]], Mapping[str, Mapping[str, float]]]], default: Knobs
+) -> tuple[Knobs, float, float]:
     """The knob set with the largest mean margin (``margins``) over the training traces' budgets,
     every trace weighing the same; ties to the larger worst margin, then to the shipped defaults,
     then to the earlier grid point. ``training``: per training trace, (policy_table, baselines).
@@ -424,8 +473,8 @@ def choose_knobs(training: Sequence[tuple[Mapping[Knobs, Mapping[str, float]], M
 @dataclass(frozen=True, slots=True)
 class Fold:
     held_out: Trace
-    knobs: Knobs          # chosen on the other traces
-    train_mean: float     # their mean margin with those knobs
+    knobs: Knobs  # chosen on the other traces
+    train_mean: float  # their mean margin with those knobs
     train_worst: float
     rows: dict[str, dict[str, float]]  # per budget: bmoe, bmoe_defaults, lru, partition, optimal
 
@@ -436,9 +485,12 @@ def shipped_defaults(policy: Callable[..., CachePolicy], grid: Mapping[str, Sequ
     return tuple((n, float(params[n].default)) for n in sorted(grid))
 
 
-def leave_one_out(traces: Sequence[Trace], budgets_mib: Sequence[float],
-                  grid: Mapping[str, Sequence[float]] = LOO_GRID,
-                  policy: Callable[..., CachePolicy] = DEFAULT_POLICY) -> list[Fold]:
+def leave_one_out(
+    traces: Sequence[Trace],
+    budgets_mib: Sequence[float],
+    grid: Mapping[str, Sequence[float]] = LOO_GRID,
+    policy: Callable[..., CachePolicy] = DEFAULT_POLICY,
+) -> list[Fold]:
     """For each trace in turn: the knobs chosen on the others alone (``choose_knobs``), then the
     held-out trace's figures with them and with the shipped defaults. Every trace's table is
     computed once; a fold reads only its training traces' tables to choose."""
@@ -452,8 +504,9 @@ def leave_one_out(traces: Sequence[Trace], budgets_mib: Sequence[float],
     for i, held in enumerate(traces):
         training = [(tables[j], bases[j]) for j in range(len(traces)) if j != i]
         knobs, mean, worst = choose_knobs(training, default)
-        rows = {k: {"bmoe": tables[i][knobs][k], "bmoe_defaults": tables[i][default][k], **bases[i][k]}
-                for k in bases[i]}
+        rows = {
+            k: {"bmoe": tables[i][knobs][k], "bmoe_defaults": tables[i][default][k], **bases[i][k]} for k in bases[i]
+        }
         folds.append(Fold(held, knobs, mean, worst, rows))
     return folds
 
@@ -466,16 +519,22 @@ def print_loo(folds: Sequence[Fold], grid: Mapping[str, Sequence[float]], as_jso
         t = f.held_out
         knobs = ", ".join(f"{n}={v:g}" for n, v in f.knobs)
         print(f"\nheld out {t.model}: one token cycle {t.cycle_bytes / MIB:.0f} MiB")
-        print(f"knobs   {knobs} (chosen on the other traces: mean margin {f.train_mean:+.2f}, "
-              f"worst {f.train_worst:+.2f})")
+        print(
+            f"knobs   {knobs} (chosen on the other traces: mean margin {f.train_mean:+.2f}, worst {f.train_worst:+.2f})"
+        )
         print(f"{'budget MiB':>10} {'bmoe':>7} {'default':>8} {'lru':>7} {'partition':>9} {'optimal':>8}")
         for k, r in f.rows.items():
-            print(f"{k:>10} {r['bmoe']:>7.1f} {r['bmoe_defaults']:>8.1f} {r['lru']:>7.1f} {r['partition']:>9.1f} "
-                  f"{r['optimal']:>8.1f}")
+            print(
+                f"{k:>10} {r['bmoe']:>7.1f} {r['bmoe_defaults']:>8.1f} {r['lru']:>7.1f} {r['partition']:>9.1f} "
+                f"{r['optimal']:>8.1f}"
+            )
         print("targets (issue #29, held-out knobs):")
         print("\n".join(restated_verdicts(f.rows)))
-        out[t.model] = {"knobs": dict(f.knobs), "cycle_mib": round(t.cycle_bytes / MIB, 1),
-                        "rows": {k: {c: round(v, 1) for c, v in r.items()} for k, r in f.rows.items()}}
+        out[t.model] = {
+            "knobs": dict(f.knobs),
+            "cycle_mib": round(t.cycle_bytes / MIB, 1),
+            "rows": {k: {c: round(v, 1) for c, v in r.items()} for k, r in f.rows.items()},
+        }
     print("\n(decode hit %; bmoe: the held-out knobs; default: the shipped knobs)")
     if as_json:
         print(json.dumps(out))
@@ -494,14 +553,30 @@ def parse_knobs(items: list[str]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path, nargs="?")
-    ap.add_argument("--budget-mib", type=float, nargs="+", default=list(BUDGETS_MIB), metavar="N",
-                    help=f"budgets in MiB (default: {' '.join(map(str, BUDGETS_MIB))})")
+    ap.add_argument(
+        "--budget-mib",
+        type=float,
+        nargs="+",
+        default=list(BUDGETS_MIB),
+        metavar="N",
+        help=f"budgets in MiB (default: {' '.join(map(str, BUDGETS_MIB))})",
+    )
     ap.add_argument("--json", action="store_true", help="end with the results as one JSON line")
-    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                    help=f"a knob of bmoe's policy ({DEFAULT_POLICY.__name__})")
-    ap.add_argument("--loo", type=Path, nargs="+", metavar="TRACE",
-                    help="leave-one-trace-out over these traces (at least 2): each one's figures with the "
-                         "knobs chosen on the others")
+    ap.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"a knob of bmoe's policy ({DEFAULT_POLICY.__name__})",
+    )
+    ap.add_argument(
+        "--loo",
+        type=Path,
+        nargs="+",
+        metavar="TRACE",
+        help="leave-one-trace-out over these traces (at least 2): each one's figures with the "
+        "knobs chosen on the others",
+    )
     args = ap.parse_args(argv)
     if args.loo is not None:
         if args.trace is not None or args.knob or len(args.loo) < 2:
@@ -520,19 +595,25 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{'budget MiB':>10} {'bmoe':>7} {'lru':>7} {'partition':>9} {'optimal':>8}   bmoe peak MiB")
     results: dict[str, dict[str, float]] = {}  # printed, to 0.1
-    exact: dict[str, dict[str, float]] = {}    # what the verdicts compare
+    exact: dict[str, dict[str, float]] = {}  # what the verdicts compare
     for mib in args.budget_mib:
         budget = int(mib * MIB)
         ours = replay_policy(trace, budget, **knobs)
         if ours.over_bytes > 0:
             raise AssertionError(f"bmoe's policy held {ours.over_bytes} bytes over budget at {mib:g} MiB")
-        row = {"bmoe": ours.hit_pct, "lru": replay_lru(trace, budget).hit_pct,
-               "partition": replay_partition(trace, budget).hit_pct,
-               "optimal": replay_optimal(trace, budget).hit_pct}
+        row = {
+            "bmoe": ours.hit_pct,
+            "lru": replay_lru(trace, budget).hit_pct,
+            "partition": replay_partition(trace, budget).hit_pct,
+            "optimal": replay_optimal(trace, budget).hit_pct,
+        }
         exact[f"{mib:g}"] = row
         results[f"{mib:g}"] = {k: round(v, 1) for k, v in row.items()}
-        print(f"{mib:>10g} {row['bmoe']:>7.1f} {row['lru']:>7.1f} {row['partition']:>9.1f} {row['optimal']:>8.1f}"
-              f"   {ours.peak_bytes / MIB:.0f}", flush=True)
+        print(
+            f"{mib:>10g} {row['bmoe']:>7.1f} {row['lru']:>7.1f} {row['partition']:>9.1f} {row['optimal']:>8.1f}"
+            f"   {ours.peak_bytes / MIB:.0f}",
+            flush=True,
+        )
     print("\n(decode hit %; the prefill fills the cache but is not counted)")
     print("\ntargets (issue #29, these knobs; --loo judges knobs chosen on other traces):")
     print("\n".join(restated_verdicts(exact)))
@@ -547,8 +628,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def describe(trace: Trace) -> None:
     n_pre = sum(1 for b in trace.batches if not b.decode)
-    print(f"trace   {trace.model}: {len(trace.expert_bytes)} MoE layers, {trace.n_expert} experts, "
-          f"top-{trace.n_expert_used}; {n_pre} prefill + {len(trace.batches) - n_pre} decode batches")
+    print(
+        f"trace   {trace.model}: {len(trace.expert_bytes)} MoE layers, {trace.n_expert} experts, "
+        f"top-{trace.n_expert_used}; {n_pre} prefill + {len(trace.batches) - n_pre} decode batches"
+    )
     print(f"cycle   {trace.cycle_bytes / MIB:.0f} MiB (all layers x top-k): below it global LRU gets 0 hits")
 
 

@@ -5,6 +5,7 @@ works inside a container whose root cgroup is not writable; the child moves itse
 execs, so every page it touches, page cache included, is charged to the limit from the start.
 Needs root (cgroup writes, /proc/sys/vm/drop_caches).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,8 @@ def drop_caches() -> None:
 class Outcome:
     returncode: int
     wall_s: float
-    oom_kills: int          # the cgroup's oom_kill counter (0 without a limit)
-    max_usage_mib: float    # the cgroup's peak charge, page cache included
+    oom_kills: int  # the cgroup's oom_kill counter (0 without a limit)
+    max_usage_mib: float  # the cgroup's peak charge, page cache included
     stderr_tail: str
 
     @property
@@ -54,8 +55,9 @@ def _oom_kills(cg: Path) -> int:
     return 0
 
 
-def run_limited(cmd: list[str], limit_bytes: int | None, *, timeout_s: float, cold: bool = True,
-                tag: str = "run") -> Outcome:
+def run_limited(
+    cmd: list[str], limit_bytes: int | None, *, timeout_s: float, cold: bool = True, tag: str = "run"
+) -> Outcome:
     """Run ``cmd`` under ``limit_bytes`` of memory (None: no cgroup) after dropping caches (``cold``)."""
     cg: Path | None = None
     if limit_bytes is not None:

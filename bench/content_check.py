@@ -7,6 +7,7 @@ case), with the decode time per token and the checks each round made.
 
     .venv/bin/python bench/content_check.py [--model bench/out/synthetic-qwen3moe-16L-q4_0.gguf]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,13 @@ def check_alone(model: Path, repeats: int) -> dict[str, float]:
         t0 = time.perf_counter()
         sample.changed(paths)
         cold.append(time.perf_counter() - t0)
-    return {"expert_tensors": len(layout.experts), "blocks": sample.n_blocks,
-            "sampled_kib": sum(n for b in sample.blocks for _, n in b) / 1024,
-            "warm_ms": statistics.median(warm) * 1e3, "cold_ms": statistics.median(cold) * 1e3}
+    return {
+        "expert_tensors": len(layout.experts),
+        "blocks": sample.n_blocks,
+        "sampled_kib": sum(n for b in sample.blocks for _, n in b) / 1024,
+        "warm_ms": statistics.median(warm) * 1e3,
+        "cold_ms": statistics.median(cold) * 1e3,
+    }
 
 
 def decode_rounds(a: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -58,8 +63,15 @@ def decode_rounds(a: argparse.Namespace) -> dict[str, dict[str, float]]:
     from bmoe.session import Session
     from bmoe.stream import reader as reader_mod
 
-    cfg = SessionConfig(model=a.model, n_ctx=512, n_threads=a.threads, chat="none", moe_stream=True,
-                        io_threads=a.io_threads, twin_dir=a.twins)
+    cfg = SessionConfig(
+        model=a.model,
+        n_ctx=512,
+        n_threads=a.threads,
+        chat="none",
+        moe_stream=True,
+        io_threads=a.io_threads,
+        twin_dir=a.twins,
+    )
     defaults = (reader_mod.CHECK_EVERY_S, reader_mod.COST_SHARE)
     out: dict[str, list[tuple[float, int, float]]] = {"off": [], "default": [], "every ubatch": []}
     with Session(cfg) as s:
@@ -69,16 +81,22 @@ def decode_rounds(a: argparse.Namespace) -> dict[str, dict[str, float]]:
         for _ in range(a.rounds):
             for mode in out:
                 r._content = None if mode == "off" else sample
-                reader_mod.CHECK_EVERY_S, reader_mod.COST_SHARE = (0.0, math.inf) if mode == "every ubatch" else defaults
+                reader_mod.CHECK_EVERY_S, reader_mod.COST_SHARE = (
+                    (0.0, math.inf) if mode == "every ubatch" else defaults
+                )
                 n0, c0 = r.content_checks, r.content_s
                 res = s.generate(GenerateRequest(prompt="Tell me about the sea.", n_predict=a.tokens, clear_kv=True))
                 out[mode].append((res.decode_s / max(1, res.n_tokens - 1), r.content_checks - n0, r.content_s - c0))
         reader_mod.CHECK_EVERY_S, reader_mod.COST_SHARE = defaults
-    return {mode: {"ms_per_token_median": statistics.median(x[0] for x in rows) * 1e3,
-                   "ms_per_token_all": [round(x[0] * 1e3, 1) for x in rows],
-                   "checks_per_round": statistics.mean(x[1] for x in rows),
-                   "check_ms_per_round": statistics.mean(x[2] for x in rows) * 1e3}
-            for mode, rows in out.items()}
+    return {
+        mode: {
+            "ms_per_token_median": statistics.median(x[0] for x in rows) * 1e3,
+            "ms_per_token_all": [round(x[0] * 1e3, 1) for x in rows],
+            "checks_per_round": statistics.mean(x[1] for x in rows),
+            "check_ms_per_round": statistics.mean(x[2] for x in rows) * 1e3,
+        }
+        for mode, rows in out.items()
+    }
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ made inside one run, never a wall-time assertion; the machine may be shared and 
 
     .venv/bin/python bench/decide.py [--model PATH | --model tiny:qwen35moe] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from bmoe.config import SessionConfig
-from bmoe.runtime.decide import saved_bytes
-from bmoe.decide.port import KeptState
 from bmoe.decide.kept_prefix import KeptPrefix, LastPrefixStore
+from bmoe.decide.port import KeptState
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.types import DecideRequest, DecideResult
+from bmoe.runtime.decide import saved_bytes
 from bmoe.session import Session
 from bmoe.testing import default_tiny_dir, smollm2_gguf_path, write_tiny
 
@@ -51,13 +52,24 @@ HEAD = (
     "options, and you answer with the letter of the option that moves the task forward. "
     "Task: turn on Wi-Fi, then check that the phone is connected. History:"
 )
-SUFFIX = (
-    " Screen: Wi-Fi. Options: A) Turn Wi-Fi on B) Go back C) Open Bluetooth. "
-    "Answer with the letter."
-)
+SUFFIX = " Screen: Wi-Fi. Options: A) Turn Wi-Fi on B) Go back C) Open Bluetooth. Answer with the letter."
 # The agent wanders through these screens; each history step names one move.
-_SCREENS = ("Home", "Settings", "Network", "Display", "Battery", "Sound", "Apps", "Storage",
-            "Bluetooth", "Hotspot", "Accessibility", "Privacy", "Location", "Security")
+_SCREENS = (
+    "Home",
+    "Settings",
+    "Network",
+    "Display",
+    "Battery",
+    "Sound",
+    "Apps",
+    "Storage",
+    "Bluetooth",
+    "Hotspot",
+    "Accessibility",
+    "Privacy",
+    "Location",
+    "Security",
+)
 _ACTIONS = ("opened", "scrolled down on", "went back from", "searched in", "tapped the header of")
 
 
@@ -197,7 +209,7 @@ class Bench:
             self.backend.prefill(after, kept.state.n_tokens)
 
     def _restored(self, point: Point, kept: KeptPrefix, prev: SplitPrompt) -> tuple[DecideResult, float]:
-        self._keep(kept, prev.tokens[kept.state.n_tokens:])
+        self._keep(kept, prev.tokens[kept.state.n_tokens :])
         t0 = time.perf_counter()
         r = self.s.decide(_request(next(self._ids), point.grown_prefix))
         wall = time.perf_counter() - t0
@@ -226,7 +238,9 @@ class Bench:
         # newer ones: it needs a copy of its own. Clearing the sequence makes the adapter copy the
         # kept state out (attention-only models keep it in the sequence until then).
         self.backend.clear()
-        kept = KeptPrefix(stored.tokens, KeptState(data=np.array(saved_bytes(stored.state)), n_tokens=stored.state.n_tokens))
+        kept = KeptPrefix(
+            stored.tokens, KeptState(data=np.array(saved_bytes(stored.state)), n_tokens=stored.state.n_tokens)
+        )
         prompt = split_prompt(self.backend, point.grown_prefix, SUFFIX)
         prev = split_prompt(self.backend, point.prev_prefix, SUFFIX)  # what the previous step prefilled
         assert prev.n_prefix == kept.state.n_tokens
@@ -312,8 +326,13 @@ def machine() -> dict[str, object]:
     except OSError:
         pass
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem_gib, 1),
-            "load_avg_after": os.getloadavg(), "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem_gib, 1),
+        "load_avg_after": os.getloadavg(),
+        "python": platform.python_version(),
+    }
 
 
 def _row(cells: Sequence[str]) -> str:
@@ -321,32 +340,68 @@ def _row(cells: Sequence[str]) -> str:
 
 
 def print_table(results: list[SizeResult]) -> None:
-    head = ["prefix tok", "n_tokens", "n_reused", "prefilled", "whole s", "restored s",
-            "restore ms", "store ms", "suffix s", "restored-suffix ms", "(outside prefill",
-            "two pieces)", "restored/suffix", "whole/restored", "state MiB (copy / held)", "goal"]
+    head = [
+        "prefix tok",
+        "n_tokens",
+        "n_reused",
+        "prefilled",
+        "whole s",
+        "restored s",
+        "restore ms",
+        "store ms",
+        "suffix s",
+        "restored-suffix ms",
+        "(outside prefill",
+        "two pieces)",
+        "restored/suffix",
+        "whole/restored",
+        "state MiB (copy / held)",
+        "goal",
+    ]
     print(_row(head))
     print(_row(["---"] * len(head)))
     for r in results:
-        print(_row([
-            str(r.n_prefix), str(r.n_tokens), str(r.n_reused), str(r.n_prefilled),
-            f"{r.whole_wall_s:.3f}", f"{r.restored_wall_s:.3f}", f"{r.restore_s * 1e3:.1f}",
-            f"{r.store_s * 1e3:.1f}", f"{r.suffix_prefill_s:.3f}", f"{r.margin_ms:+.1f}",
-            f"{r.outside_prefill_ms:.1f}", f"{r.two_pieces_ms:+.1f}",
-            f"{r.ratio_restored_to_suffix:.2f}", f"{r.speedup_vs_whole:.1f}x",
-            f"{r.prev_state_mib:.1f} / {r.prefix_state_mib:.1f}", "PASS" if r.passed else "FAIL",
-        ]))
+        print(
+            _row(
+                [
+                    str(r.n_prefix),
+                    str(r.n_tokens),
+                    str(r.n_reused),
+                    str(r.n_prefilled),
+                    f"{r.whole_wall_s:.3f}",
+                    f"{r.restored_wall_s:.3f}",
+                    f"{r.restore_s * 1e3:.1f}",
+                    f"{r.store_s * 1e3:.1f}",
+                    f"{r.suffix_prefill_s:.3f}",
+                    f"{r.margin_ms:+.1f}",
+                    f"{r.outside_prefill_ms:.1f}",
+                    f"{r.two_pieces_ms:+.1f}",
+                    f"{r.ratio_restored_to_suffix:.2f}",
+                    f"{r.speedup_vs_whole:.1f}x",
+                    f"{r.prev_state_mib:.1f} / {r.prefix_state_mib:.1f}",
+                    "PASS" if r.passed else "FAIL",
+                ]
+            )
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="GGUF path or tiny:ARCH (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--out", type=Path, default=Path("bench/out/decide.json"))
-    ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
-                    help="approximate prefix lengths in tokens (default: 100 1000 3000)")
-    ap.add_argument("--reps", type=int, default=15,
-                    help="restored/suffix pairs per size (cheap; the goal's margin is their median)")
-    ap.add_argument("--whole-reps", type=int, default=5,
-                    help="whole-prefill decisions per size (costly at 3000 tokens)")
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_SIZES),
+        help="approximate prefix lengths in tokens (default: 100 1000 3000)",
+    )
+    ap.add_argument(
+        "--reps", type=int, default=15, help="restored/suffix pairs per size (cheap; the goal's margin is their median)"
+    )
+    ap.add_argument(
+        "--whole-reps", type=int, default=5, help="whole-prefill decisions per size (costly at 3000 tokens)"
+    )
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=0, help="0: all cores")
     args = ap.parse_args(argv)
@@ -354,8 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--reps and --whole-reps must be at least 1")
 
     path, name = resolve_model(args.model)
-    config = SessionConfig(model=path, n_ctx=args.n_ctx, n_threads=args.threads, decide=True,
-                           decide_prefix_cache="on")
+    config = SessionConfig(model=path, n_ctx=args.n_ctx, n_threads=args.threads, decide=True, decide_prefix_cache="on")
     load_before = os.getloadavg()
     started = time.time()
     with Session(config) as session:
@@ -368,19 +422,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# {name}: prefix {r.n_prefix} tokens: {r.margin_ms:+.1f} ms", file=sys.stderr)
             results.append(r)
         threads = session.config.threads
-    print(f"# {name}, n_ctx {args.n_ctx}, {threads} threads; medians of {args.reps} pairs "
-          f"and {args.whole_reps} whole prefills per size")
+    print(
+        f"# {name}, n_ctx {args.n_ctx}, {threads} threads; medians of {args.reps} pairs "
+        f"and {args.whole_reps} whole prefills per size"
+    )
     print_table(results)
     verdict = all(r.passed for r in results)
-    print(f"# goal: restored decision <= suffix prefill + {GOAL_MARGIN_MS:.0f} ms: "
-          f"{'PASS' if verdict else 'FAIL'} "
-          f"({', '.join(f'{r.n_prefix}: {r.margin_ms:+.1f} ms' for r in results)})")
+    print(
+        f"# goal: restored decision <= suffix prefill + {GOAL_MARGIN_MS:.0f} ms: "
+        f"{'PASS' if verdict else 'FAIL'} "
+        f"({', '.join(f'{r.n_prefix}: {r.margin_ms:+.1f} ms' for r in results)})"
+    )
 
     report = {
-        "model": name, "model_path": str(path), "n_ctx": args.n_ctx, "n_threads": threads,
-        "n_batch": config.n_batch, "n_ubatch": config.n_ubatch, "pair_reps": args.reps,
-        "whole_reps": args.whole_reps, "goal_margin_ms": GOAL_MARGIN_MS, "passed": verdict,
-        "machine": machine(), "load_avg_before": load_before, "started_unix": started,
+        "model": name,
+        "model_path": str(path),
+        "n_ctx": args.n_ctx,
+        "n_threads": threads,
+        "n_batch": config.n_batch,
+        "n_ubatch": config.n_ubatch,
+        "pair_reps": args.reps,
+        "whole_reps": args.whole_reps,
+        "goal_margin_ms": GOAL_MARGIN_MS,
+        "passed": verdict,
+        "machine": machine(),
+        "load_avg_before": load_before,
+        "started_unix": started,
         "wall_s": time.time() - started,
         "command": " ".join(["bench/decide.py", *(sys.argv[1:] if argv is None else argv)]),
         "sizes": [asdict(r) for r in results],

@@ -19,6 +19,7 @@ band (the widest relative spread, max - min over the median, of either mode's ro
 
     .venv/bin/python bench/decide_batch.py [--work bench/out] [--limit-gib 2.5] [--cache-mb 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,21 +33,68 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 N_DECISIONS = 16
-FLOOR_RATIO_MAX = 1.3   # streamed batch, cache off, against the same batch resident
-BYTES_CUT_MIN = 8.0     # streamed cache off: one by one reads at least this many times the batch's bytes
+FLOOR_RATIO_MAX = 1.3  # streamed batch, cache off, against the same batch resident
+BYTES_CUT_MIN = 8.0  # streamed cache off: one by one reads at least this many times the batch's bytes
 CHOICES = ("A", "B", "C", "D")
 PREFIX = (
     "You control an Android phone for the user. Each turn you see the current screen and four "
     "options, and you answer with the letter of the option that moves the task forward. "
     "Task: turn on Wi-Fi, then check that the phone is connected to the home network. History: "
-    + " ".join(f"step {i}: opened {s}." for i, s in enumerate(
-        ["Home", "Settings", "Network", "Display", "Battery", "Sound", "Apps", "Storage", "Bluetooth",
-         "Hotspot", "Accessibility", "Privacy", "Location", "Security", "Home", "Settings", "Network",
-         "Wi-Fi", "Saved networks", "Home network", "Details", "Back", "Network", "Internet", "Home",
-         "Settings", "Network", "Wi-Fi", "Details"]))
+    + " ".join(
+        f"step {i}: opened {s}."
+        for i, s in enumerate(
+            [
+                "Home",
+                "Settings",
+                "Network",
+                "Display",
+                "Battery",
+                "Sound",
+                "Apps",
+                "Storage",
+                "Bluetooth",
+                "Hotspot",
+                "Accessibility",
+                "Privacy",
+                "Location",
+                "Security",
+                "Home",
+                "Settings",
+                "Network",
+                "Wi-Fi",
+                "Saved networks",
+                "Home network",
+                "Details",
+                "Back",
+                "Network",
+                "Internet",
+                "Home",
+                "Settings",
+                "Network",
+                "Wi-Fi",
+                "Details",
+            ]
+        )
+    )
 )
-SCREENS = ("Home", "Settings", "Network", "Display", "Battery", "Sound", "Apps", "Storage",
-           "Bluetooth", "Hotspot", "Accessibility", "Privacy", "Location", "Security", "Wi-Fi", "Internet")
+SCREENS = (
+    "Home",
+    "Settings",
+    "Network",
+    "Display",
+    "Battery",
+    "Sound",
+    "Apps",
+    "Storage",
+    "Bluetooth",
+    "Hotspot",
+    "Accessibility",
+    "Privacy",
+    "Location",
+    "Security",
+    "Wi-Fi",
+    "Internet",
+)
 OPTIONS = ("Wi-Fi on", "Back", "Bluetooth", "Network", "Display", "Search", "Internet", "Forget")
 
 
@@ -71,13 +119,21 @@ def child(a: argparse.Namespace) -> int:
     from bmoe import Session, SessionConfig
     from bmoe.decide.types import DecideRequest
 
-    kw = dict(model=a.model, n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
-              decide=True, decide_batch=N_DECISIONS)
+    kw = dict(
+        model=a.model,
+        n_ctx=a.n_ctx,
+        n_batch=a.ubatch,
+        n_ubatch=a.ubatch,
+        n_threads=a.threads,
+        decide=True,
+        decide_batch=N_DECISIONS,
+    )
     if a.cache_mb is not None:
         kw.update(moe_stream=True, cache_mb=a.cache_mb, io_threads=8)
     with Session(SessionConfig(**kw)) as s:
-        warm = s.decide(DecideRequest(id=-1, prefix=PREFIX, suffix=" Screen: Lock. Answer with the letter.",
-                                      choices=CHOICES))
+        warm = s.decide(
+            DecideRequest(id=-1, prefix=PREFIX, suffix=" Screen: Lock. Answer with the letter.", choices=CHOICES)
+        )
         assert warm.error is None, warm.error
         io0 = s.stream_stats()
         t0 = time.perf_counter()
@@ -85,11 +141,17 @@ def child(a: argparse.Namespace) -> int:
         wall = time.perf_counter() - t0
         io = s.stream_stats().minus(io0)
     assert all(r.error is None for r in rs), [r.error for r in rs]
-    out = {"batched": a.batched, "cache_mb": a.cache_mb, "wall_s": wall, "read_bytes": io.read_bytes,
-           "hit_pct": io.hit_pct,
-           "batches": sorted({(r.batch.id, r.batch.size) for r in rs if r.batch is not None}),
-           "suffix_tokens": [r.n_tokens - r.n_reused for r in rs],
-           "logp": [list(r.scores.choice_logp) for r in rs], "best": [r.scores.best for r in rs]}
+    out = {
+        "batched": a.batched,
+        "cache_mb": a.cache_mb,
+        "wall_s": wall,
+        "read_bytes": io.read_bytes,
+        "hit_pct": io.hit_pct,
+        "batches": sorted({(r.batch.id, r.batch.size) for r in rs if r.batch is not None}),
+        "suffix_tokens": [r.n_tokens - r.n_reused for r in rs],
+        "logp": [list(r.scores.choice_logp) for r in rs],
+        "best": [r.scores.best for r in rs],
+    }
     a.out.write_text(json.dumps(out))
     return 0
 
@@ -110,8 +172,23 @@ def streamed(a: argparse.Namespace, model: Path) -> list[dict]:
         runs = {}
         for batched in (True, False):
             out = a.work / f"decide_batch_{cache_mb}_{int(batched)}.json"
-            cmd = [sys.executable, __file__, "child", "--model", str(model), "--out", str(out), "--cache-mb",
-                   str(cache_mb), "--threads", str(a.threads), "--n-ctx", str(a.n_ctx), "--ubatch", str(a.ubatch)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "child",
+                "--model",
+                str(model),
+                "--out",
+                str(out),
+                "--cache-mb",
+                str(cache_mb),
+                "--threads",
+                str(a.threads),
+                "--n-ctx",
+                str(a.n_ctx),
+                "--ubatch",
+                str(a.ubatch),
+            ]
             cmd += ["--batched"] if batched else []
             o = run_limited(cmd, int(a.limit_gib * 2**30), timeout_s=1800, tag=f"db{cache_mb}{int(batched)}")
             if o.returncode != 0:
@@ -123,14 +200,31 @@ def streamed(a: argparse.Namespace, model: Path) -> list[dict]:
         if len(runs) == 2:
             b, s = runs[True], runs[False]
             rows.append({"cache_mb": cache_mb, "batched": b, "one_by_one": s})
-            print(f"| streamed, cache {cache_mb or 'off'} | {b['wall_s']:.2f} s | {s['wall_s']:.2f} s | "
-                  f"{s['wall_s'] / b['wall_s']:.2f}x | {b['read_bytes'] / 2**20:.0f} MiB | {s['read_bytes'] / 2**20:.0f} MiB | "
-                  f"{s['read_bytes'] / max(1, b['read_bytes']):.1f}x | {b['read_bytes'] / N_DECISIONS / 2**20:.0f} / "
-                  f"{s['read_bytes'] / N_DECISIONS / 2**20:.0f} MiB | {b['batches']} | {compare(b, s)} |", flush=True)
+            print(
+                f"| streamed, cache {cache_mb or 'off'} | {b['wall_s']:.2f} s | {s['wall_s']:.2f} s | "
+                f"{s['wall_s'] / b['wall_s']:.2f}x | {b['read_bytes'] / 2**20:.0f} MiB | {s['read_bytes'] / 2**20:.0f} MiB | "
+                f"{s['read_bytes'] / max(1, b['read_bytes']):.1f}x | {b['read_bytes'] / N_DECISIONS / 2**20:.0f} / "
+                f"{s['read_bytes'] / N_DECISIONS / 2**20:.0f} MiB | {b['batches']} | {compare(b, s)} |",
+                flush=True,
+            )
     # The compute floor: the same batch with every weight in RAM (no limit, warm), so no read waits.
     out = a.work / "decide_batch_floor.json"
-    cmd = [sys.executable, __file__, "child", "--model", str(model), "--out", str(out), "--threads", str(a.threads),
-           "--n-ctx", str(a.n_ctx), "--ubatch", str(a.ubatch), "--batched"]
+    cmd = [
+        sys.executable,
+        __file__,
+        "child",
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--threads",
+        str(a.threads),
+        "--n-ctx",
+        str(a.n_ctx),
+        "--ubatch",
+        str(a.ubatch),
+        "--batched",
+    ]
     floors = []
     for i in range(a.floor_rounds):
         o = run_limited(cmd, None, timeout_s=1800, cold=False, tag=f"dbfloor{i}")
@@ -139,9 +233,12 @@ def streamed(a: argparse.Namespace, model: Path) -> list[dict]:
     if floors and rows:
         floor = statistics.median(floors)
         off = rows[0]
-        print(f"| compute floor (resident, warm, batched) | {floor:.2f} s | | | | | | | | streamed batched / floor "
-              f"{off['batched']['wall_s'] / floor:.2f}; best speed-up this floor allows "
-              f"{off['one_by_one']['wall_s'] / floor:.2f}x |", flush=True)
+        print(
+            f"| compute floor (resident, warm, batched) | {floor:.2f} s | | | | | | | | streamed batched / floor "
+            f"{off['batched']['wall_s'] / floor:.2f}; best speed-up this floor allows "
+            f"{off['one_by_one']['wall_s'] / floor:.2f}x |",
+            flush=True,
+        )
         rows.append({"compute_floor_s": floor, "compute_floor_rounds_s": floors})
     return rows
 
@@ -151,22 +248,32 @@ def resident(a: argparse.Namespace) -> dict:
     from bmoe.config import default_model
     from bmoe.decide.types import DecideRequest
 
-    kw = dict(model=default_model(), n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
-              decide=True, decide_batch=N_DECISIONS)
+    kw = dict(
+        model=default_model(),
+        n_ctx=a.n_ctx,
+        n_batch=a.ubatch,
+        n_ubatch=a.ubatch,
+        n_threads=a.threads,
+        decide=True,
+        decide_batch=N_DECISIONS,
+    )
     times: dict[bool, list[float]] = {True: [], False: []}
     with Session(SessionConfig(**kw)) as s:
         warm = DecideRequest(id=-1, prefix=PREFIX, suffix=" Screen: Lock.", choices=CHOICES)
         s.decide(warm)
         for rnd in range(a.rounds):
-            for batched in ((True, False) if rnd % 2 == 0 else (False, True)):
+            for batched in (True, False) if rnd % 2 == 0 else (False, True):
                 t0 = time.perf_counter()
                 rs = s.decide_many(requests()) if batched else [s.decide(r) for r in requests()]
                 times[batched].append(time.perf_counter() - t0)
                 assert all(r.error is None for r in rs)
     b, o = statistics.median(times[True]), statistics.median(times[False])
     band = max((max(t) - min(t)) / statistics.median(t) for t in times.values())
-    print(f"| resident SmolLM2 | {b:.3f} s | {o:.3f} s | {o / b:.2f}x | - | - | - | - | rounds {a.rounds}: "
-          f"batched {[round(t, 3) for t in times[True]]}, one by one {[round(t, 3) for t in times[False]]} | |", flush=True)
+    print(
+        f"| resident SmolLM2 | {b:.3f} s | {o:.3f} s | {o / b:.2f}x | - | - | - | - | rounds {a.rounds}: "
+        f"batched {[round(t, 3) for t in times[True]]}, one by one {[round(t, 3) for t in times[False]]} | |",
+        flush=True,
+    )
     return {"batched_s": times[True], "one_by_one_s": times[False], "median_ratio": o / b, "noise_band": band}
 
 
@@ -176,17 +283,26 @@ def targets(report: dict) -> list[tuple[str, float | None, str, bool | None]]:
     res = report.get("resident")
     if res:
         r, band = res["median_ratio"], res["noise_band"]
-        out.append(("resident SmolLM2: one by one / batched (medians)", r, f">= 1 - noise band {band:.3f}",
-                    r >= 1 - band))
+        out.append(
+            ("resident SmolLM2: one by one / batched (medians)", r, f">= 1 - noise band {band:.3f}", r >= 1 - band)
+        )
     rows = report.get("streamed") or []
     off = next((r for r in rows if r.get("cache_mb") == 0), None)
     floor = next((r["compute_floor_s"] for r in rows if "compute_floor_s" in r), None)
     if off is not None:
         by = off["one_by_one"]["read_bytes"] / max(1, off["batched"]["read_bytes"])
-        out.append(("streamed cache off: bytes one by one / batched", by, f">= {BYTES_CUT_MIN:g}x", by >= BYTES_CUT_MIN))
+        out.append(
+            ("streamed cache off: bytes one by one / batched", by, f">= {BYTES_CUT_MIN:g}x", by >= BYTES_CUT_MIN)
+        )
         ratio = off["batched"]["wall_s"] / floor if floor else None
-        out.append(("streamed cache off: batch / its compute floor (the batch resident)", ratio,
-                    f"<= {FLOOR_RATIO_MAX:g}x", None if ratio is None else ratio <= FLOOR_RATIO_MAX))
+        out.append(
+            (
+                "streamed cache off: batch / its compute floor (the batch resident)",
+                ratio,
+                f"<= {FLOOR_RATIO_MAX:g}x",
+                None if ratio is None else ratio <= FLOOR_RATIO_MAX,
+            )
+        )
     return out
 
 
@@ -210,10 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     if a.cache_mb is None:
         a.cache_mb = 1024
-    print(f"# {N_DECISIONS} decisions, kept prefix, suffixes {min(map(len, suffixes()))}-{max(map(len, suffixes()))} chars; "
-          f"threads {a.threads}, n_ubatch {a.ubatch}, load {open('/proc/loadavg').read().split()[:3]}")
-    print("| run | batched | one by one | speed-up | read batched | read one by one | bytes saved | "
-          "per decision | batches | answers |")
+    print(
+        f"# {N_DECISIONS} decisions, kept prefix, suffixes {min(map(len, suffixes()))}-{max(map(len, suffixes()))} chars; "
+        f"threads {a.threads}, n_ubatch {a.ubatch}, load {open('/proc/loadavg').read().split()[:3]}"
+    )
+    print(
+        "| run | batched | one by one | speed-up | read batched | read one by one | bytes saved | "
+        "per decision | batches | answers |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     report: dict[str, object] = {}
     if a.mode in ("all", "resident"):

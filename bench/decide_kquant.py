@@ -15,6 +15,7 @@ streamed with the cache off.
 
     .venv/bin/python bench/decide_kquant.py [--work bench/out] [--rounds 5] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def models(work: Path) -> list[tuple[str, Path, dict]]:
     if not smol.exists():
         quantize_gguf(smollm2_gguf_path(), smol, "Q4_K_M", allow_requantize=True)
     tiny = write_tiny("qwen3moe", "q4_k_m", Path(os.environ.get("BMOE_TINY_DIR", work / "tiny")))
-    return [("SmolLM2-135M Q4_K_M", smol, {}), ("tiny qwen3moe Q4_K_M", tiny, {}),
-            ("tiny qwen3moe Q4_K_M streamed", tiny, {"moe_stream": True, "cache_mb": 0, "twin_dir": work / "twins"})]
+    return [
+        ("SmolLM2-135M Q4_K_M", smol, {}),
+        ("tiny qwen3moe Q4_K_M", tiny, {}),
+        ("tiny qwen3moe Q4_K_M streamed", tiny, {"moe_stream": True, "cache_mb": 0, "twin_dir": work / "twins"}),
+    ]
 
 
 def run(model: Path, kw: dict, how: str, threads: int) -> tuple[float, list, float]:
@@ -81,8 +85,10 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only the models whose name contains this")
     a = ap.parse_args()
     assert runtime_decide  # the adapter whose bound the wide run lifts
-    print("| model | one by one dec/s | exact batch dec/s | wide batch dec/s | spread (max-min)/median | "
-          "expert MB read (one by one / exact / wide) | wide max abs d logp | exact == one by one |")
+    print(
+        "| model | one by one dec/s | exact batch dec/s | wide batch dec/s | spread (max-min)/median | "
+        "expert MB read (one by one / exact / wide) | wide max abs d logp | exact == one by one |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, path, kw in models(a.work):
         if a.only not in name:
@@ -100,8 +106,10 @@ def main() -> None:
         wide = max(float(np.max(np.abs(np.subtract(w, o)))) for w, o in zip(logps["wide"], logps["one by one"]))
         same = logps["exact"] == logps["one by one"]
         mb = " / ".join(f"{reads[h]:.1f}" for h in secs) if kw.get("moe_stream") else "-"
-        print(f"| {name} | {rate['one by one']:.1f} | {rate['exact']:.1f} | {rate['wide']:.1f} | {spread:.0%} | {mb} | "
-              f"{wide:.2g} | {same} |")
+        print(
+            f"| {name} | {rate['one by one']:.1f} | {rate['exact']:.1f} | {rate['wide']:.1f} | {spread:.0%} | {mb} | "
+            f"{wide:.2g} | {same} |"
+        )
 
 
 if __name__ == "__main__":

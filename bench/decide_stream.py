@@ -26,6 +26,7 @@ Needs root (cgroup, drop_caches). docs/benchmarks.md explains every column.
 
     .venv/bin/python bench/decide_stream.py [--work bench/out] [--preset uniform trace] [--decisions 6]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,9 @@ sys.path.insert(0, str(HERE))
 MIB = 2**20
 CHILD = HERE / "decide_stream_child.py"
 # Targets of issue #11, printed PASS/FAIL.
-LLAMA_SPEEDUP_MIN = 2.0   # best bmoe configuration vs llama.cpp mmap, median decision latency
-BOUND_RATIO_MAX = 1.2     # every bmoe configuration vs its bound: the slower of its I/O bound and the compute floor
-BYTES_CUT_MIN = 0.25      # uniform preset, the largest cache: decision bytes cut vs cache off
+LLAMA_SPEEDUP_MIN = 2.0  # best bmoe configuration vs llama.cpp mmap, median decision latency
+BOUND_RATIO_MAX = 1.2  # every bmoe configuration vs its bound: the slower of its I/O bound and the compute floor
+BYTES_CUT_MIN = 0.25  # uniform preset, the largest cache: decision bytes cut vs cache off
 DEFAULT_CACHE_PCT = (15, 30)
 # Where the cache is also run under plain LRU: the realistic preset, whose reuse a policy can
 # exploit (uniform routing has none to tell the policies apart; it stays the worst case).
@@ -58,13 +59,13 @@ LRU_PRESETS = ("trace",)
 class Config:
     """One column of the comparison: which engine, which cache share, read-ahead or not."""
 
-    key: str                 # what --only names: llama, off, off+ra, cache15, cache15+ra, ...
-    engine: str              # "llama" or "bmoe"
-    cache_pct: int = 0       # share of the expert bytes the cache may hold (0: cache off)
+    key: str  # what --only names: llama, off, off+ra, cache15, cache15+ra, ...
+    engine: str  # "llama" or "bmoe"
+    cache_pct: int = 0  # share of the expert bytes the cache may hold (0: cache off)
     prefetch: bool = False
-    dense: str = "anon"      # --dense-weights of the bmoe session
+    dense: str = "anon"  # --dense-weights of the bmoe session
     policy: str = "next-use"  # --cache-policy: lru is the baseline the cache is compared with
-    memory: str = "slots"    # where the cache keeps experts: slots, or page moves (the layout before slots)
+    memory: str = "slots"  # where the cache keeps experts: slots, or page moves (the layout before slots)
 
     @property
     def name(self) -> str:
@@ -75,8 +76,13 @@ class Config:
         if self.engine == "planned":
             return "bmoe planned (no streaming flags)"
         base = f"bmoe cache {self.cache_pct}%" if self.cache_pct else "bmoe cache off"
-        return (base + (", read-ahead" if self.prefetch else "") + (", dense mmap" if self.dense == "mmap" else "")
-                + (", plain LRU" if self.policy == "lru" else "") + (", page moves" if self.memory == "pages" else ""))
+        return (
+            base
+            + (", read-ahead" if self.prefetch else "")
+            + (", dense mmap" if self.dense == "mmap" else "")
+            + (", plain LRU" if self.policy == "lru" else "")
+            + (", page moves" if self.memory == "pages" else "")
+        )
 
 
 def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Config]:
@@ -90,10 +96,16 @@ def plan(cache_pcts: tuple[int, ...], only: set[str] | None = None) -> list[Conf
         for ra in (False, True):
             key = ("off" if pct == 0 else f"cache{pct}") + ("+ra" if ra else "")
             out.append(Config(key, "bmoe", pct, ra))
-    out += [Config(f"cache{pct}{'+ra' if ra else ''}-lru", "bmoe", pct, ra, policy="lru")
-            for pct in cache_pcts for ra in (False, True)]
-    out += [Config(f"cache{pct}{'+ra' if ra else ''}-pages", "bmoe", pct, ra, memory="pages")
-            for pct in cache_pcts for ra in (False, True)]
+    out += [
+        Config(f"cache{pct}{'+ra' if ra else ''}-lru", "bmoe", pct, ra, policy="lru")
+        for pct in cache_pcts
+        for ra in (False, True)
+    ]
+    out += [
+        Config(f"cache{pct}{'+ra' if ra else ''}-pages", "bmoe", pct, ra, memory="pages")
+        for pct in cache_pcts
+        for ra in (False, True)
+    ]
     out.append(Config("off+mmap", "bmoe", 0, False, "mmap"))
     out.append(Config("resident", "resident"))
     return [c for c in out if only is None or c.key in only]
@@ -121,9 +133,17 @@ def decision_row(d: dict[str, object], bw_bytes_s: float, floor_s: float = 0.0) 
     io_bound = needed / bw_bytes_s if bw_bytes_s > 0 else None
     bound = max(io_bound or 0.0, floor_s) or None
     io_s = float(d.get("io_s") or 0.0)  # type: ignore[arg-type]
-    return {"latency_s": lat, "read_mib": read / MIB, "needed_mib": needed / MIB, "wasted_mib": wasted / MIB,
-            "hit_pct": hit, "io_bound_s": io_bound, "bound_s": bound, "bound_ratio": lat / bound if bound else None,
-            "read_gbs": read / io_s / 1e9 if io_s > 0 and "budget_bytes" in d else None}
+    return {
+        "latency_s": lat,
+        "read_mib": read / MIB,
+        "needed_mib": needed / MIB,
+        "wasted_mib": wasted / MIB,
+        "hit_pct": hit,
+        "io_bound_s": io_bound,
+        "bound_s": bound,
+        "bound_ratio": lat / bound if bound else None,
+        "read_gbs": read / io_s / 1e9 if io_s > 0 and "budget_bytes" in d else None,
+    }
 
 
 def best_bandwidth(probe_bw: float, results: dict[str, list[dict[str, object]]]) -> float:
@@ -155,16 +175,30 @@ def floors(results: list[dict[str, object]]) -> dict[int, float]:
     return {j: statistics.median(v) for j, v in by_index.items()}
 
 
-def summarize(results: list[dict[str, object]], bw_bytes_s: float, *, floor_s: Mapping[int, float] | None = None,
-              skip_first: int = 1) -> dict[str, object]:
+def summarize(
+    results: list[dict[str, object]],
+    bw_bytes_s: float,
+    *,
+    floor_s: Mapping[int, float] | None = None,
+    skip_first: int = 1,
+) -> dict[str, object]:
     """Medians over decisions ``skip_first``.. of every round that produced decisions. ``floor_s``:
     each decision's compute floor by its place in the sequence (``floors``); none: no floor."""
     indexed = [(j, d) for r in results for j, d in enumerate(r.get("decisions", [])) if j >= skip_first]  # type: ignore[arg-type]
     rows = [decision_row(d, bw_bytes_s, (floor_s or {}).get(j, 0.0)) for j, d in indexed]
     decisions = [d for _, d in indexed]
     out: dict[str, object] = {"n_decisions": len(rows)}
-    for k in ("latency_s", "read_mib", "needed_mib", "wasted_mib", "hit_pct", "io_bound_s", "bound_s", "bound_ratio",
-              "read_gbs"):
+    for k in (
+        "latency_s",
+        "read_mib",
+        "needed_mib",
+        "wasted_mib",
+        "hit_pct",
+        "io_bound_s",
+        "bound_s",
+        "bound_ratio",
+        "read_gbs",
+    ):
         out[k] = _median([r[k] for r in rows])  # type: ignore[misc]
     fracs = [d.get("dense_resident_frac") for d in decisions]
     out["dense_resident_frac"] = min((f for f in fracs if f is not None), default=None)  # the lowest seen
@@ -179,8 +213,12 @@ def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 
-def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tuple[int, ...],
-            failed: Mapping[str, str] | None = None) -> list[dict[str, object]]:
+def targets(
+    preset: str,
+    summary: dict[str, dict[str, object]],
+    cache_pcts: tuple[int, ...],
+    failed: Mapping[str, str] | None = None,
+) -> list[dict[str, object]]:
     """The issue's decision targets for one preset, from each configuration's medians (keys as in
     ``plan``). ``failed``: configurations that ran but produced no decision in any round, with
     their status: a target about such a configuration FAILs (it did not do the job), one that only
@@ -188,8 +226,14 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
     out: list[dict[str, object]] = []
     failed = dict(failed or {})
 
-    def add(name: str, value: float | None, goal: str, ok: bool | None, subject: str | None = None,
-            base: tuple[str, ...] = ()) -> None:
+    def add(
+        name: str,
+        value: float | None,
+        goal: str,
+        ok: bool | None,
+        subject: str | None = None,
+        base: tuple[str, ...] = (),
+    ) -> None:
         why = None
         gone = next((b for b in base if b in failed), None)
         if subject is not None and subject in failed:
@@ -208,17 +252,26 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
     best = min(bmoe, key=lambda k: bmoe[k]["latency_s"], default=None)  # type: ignore[arg-type,return-value]
     speed = lat("llama") / lat(best) if best and lat("llama") else None  # type: ignore[operator]
     all_failed = best is None and any(k not in ("llama", "resident") for k in failed)
-    add(f"best bmoe ({best}) vs llama.cpp mmap, decision latency", speed, f">= {LLAMA_SPEEDUP_MIN:g}x",
-        False if all_failed else (None if speed is None else speed >= LLAMA_SPEEDUP_MIN), base=("llama",))
+    add(
+        f"best bmoe ({best}) vs llama.cpp mmap, decision latency",
+        speed,
+        f">= {LLAMA_SPEEDUP_MIN:g}x",
+        False if all_failed else (None if speed is None else speed >= LLAMA_SPEEDUP_MIN),
+        base=("llama",),
+    )
     for key in [*summary, *(k for k in failed if k not in summary)]:
         # Restated in #29: the bound holds for read-ahead configurations only. Without read-ahead
         # a layer's reads start at its route, after the layer before it computed, so compute and
         # reads add up by construction; their ratio is still in the table.
         if key.endswith("+ra"):
             r = (summary.get(key) or {}).get("bound_ratio")
-            add(f"{key} vs its bound (the slower of its I/O bound and the compute floor)", r,  # type: ignore[arg-type]
+            add(
+                f"{key} vs its bound (the slower of its I/O bound and the compute floor)",
+                r,  # type: ignore[arg-type]
                 f"<= {BOUND_RATIO_MAX:g}x",
-                None if r is None else r <= BOUND_RATIO_MAX, key)  # type: ignore[operator]
+                None if r is None else r <= BOUND_RATIO_MAX,
+                key,
+            )  # type: ignore[operator]
     for ra in ("", "+ra"):
         off = summary.get("off" + ra) or {}
         if preset == "uniform" and cache_pcts:
@@ -226,29 +279,64 @@ def targets(preset: str, summary: dict[str, dict[str, object]], cache_pcts: tupl
             c = summary.get(key) or {}
             r_c, r_off = c.get("read_mib"), off.get("read_mib")
             cut = 1 - r_c / r_off if r_c is not None and r_off else None  # type: ignore[operator]
-            add(f"{key}: decision bytes cut vs off{ra}", cut, f">= {BYTES_CUT_MIN:.0%}",
-                None if cut is None else cut >= BYTES_CUT_MIN, key, ("off" + ra,))
-            add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
-                _faster(lat(key), lat("off" + ra)), key, ("off" + ra,))
+            add(
+                f"{key}: decision bytes cut vs off{ra}",
+                cut,
+                f">= {BYTES_CUT_MIN:.0%}",
+                None if cut is None else cut >= BYTES_CUT_MIN,
+                key,
+                ("off" + ra,),
+            )
+            add(
+                f"{key}: latency vs off{ra}",
+                _ratio(lat(key), lat("off" + ra)),
+                "< 1 (faster)",
+                _faster(lat(key), lat("off" + ra)),
+                key,
+                ("off" + ra,),
+            )
         if preset == "trace":
             for pct in cache_pcts:
                 key = f"cache{pct}{ra}"
-                add(f"{key}: latency vs off{ra}", _ratio(lat(key), lat("off" + ra)), "< 1 (faster)",
-                    _faster(lat(key), lat("off" + ra)), key, ("off" + ra,))
+                add(
+                    f"{key}: latency vs off{ra}",
+                    _ratio(lat(key), lat("off" + ra)),
+                    "< 1 (faster)",
+                    _faster(lat(key), lat("off" + ra)),
+                    key,
+                    ("off" + ra,),
+                )
         for pct in cache_pcts:  # decode with the cache: never slower (uniform), faster (the realistic preset)
             key = f"cache{pct}{ra}"
             d_c, d_off = (summary.get(key) or {}).get("decode_tok_s"), off.get("decode_tok_s")
             strict = preset in LRU_PRESETS
-            add(f"{key}: decode tok/s vs off{ra}", _ratio(d_c, d_off), "> 1 (faster)" if strict else ">= 1",
+            add(
+                f"{key}: decode tok/s vs off{ra}",
+                _ratio(d_c, d_off),
+                "> 1 (faster)" if strict else ">= 1",
                 None if d_c is None or d_off is None else (d_c > d_off if strict else d_c >= d_off),  # type: ignore[operator]
-                key, ("off" + ra,))
+                key,
+                ("off" + ra,),
+            )
             if preset in LRU_PRESETS:  # the policy's hit-rate gain shows up as speed: faster than plain LRU
                 lru = summary.get(key + "-lru") or {}
-                add(f"{key}: latency vs {key}-lru", _ratio(lat(key), lat(key + "-lru")), "< 1 (faster)",
-                    _faster(lat(key), lat(key + "-lru")), key, (key + "-lru",))
+                add(
+                    f"{key}: latency vs {key}-lru",
+                    _ratio(lat(key), lat(key + "-lru")),
+                    "< 1 (faster)",
+                    _faster(lat(key), lat(key + "-lru")),
+                    key,
+                    (key + "-lru",),
+                )
                 d_l = lru.get("decode_tok_s")
-                add(f"{key}: decode tok/s vs {key}-lru", _ratio(d_c, d_l), "> 1 (faster)",  # type: ignore[arg-type]
-                    None if d_c is None or d_l is None else d_c > d_l, key, (key + "-lru",))  # type: ignore[operator]
+                add(
+                    f"{key}: decode tok/s vs {key}-lru",
+                    _ratio(d_c, d_l),
+                    "> 1 (faster)",  # type: ignore[arg-type]
+                    None if d_c is None or d_l is None else d_c > d_l,
+                    key,
+                    (key + "-lru",),
+                )  # type: ignore[operator]
     return out
 
 
@@ -267,20 +355,25 @@ def _f(v: object, fmt: str = "{:.2f}") -> str:
 
 def table(preset: dict[str, object]) -> str:
     """The markdown table of one preset's configurations."""
-    lines = [f"### preset {preset['name']}: bounds at {_f(preset.get('bound_gbs'))} GB/s (probe "
-             f"{_f(preset['probe_gbs'])} GB/s), limit {preset['limit_mib']:.0f} MiB",
-             "", "| config | cache MiB | latency s | MiB read | hit % | wasted MiB | I/O bound s | bound s | x bound | "
-             "decode tok/s | dense in RAM | RSS MiB (anon) | cgroup peak MiB | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### preset {preset['name']}: bounds at {_f(preset.get('bound_gbs'))} GB/s (probe "
+        f"{_f(preset['probe_gbs'])} GB/s), limit {preset['limit_mib']:.0f} MiB",
+        "",
+        "| config | cache MiB | latency s | MiB read | hit % | wasted MiB | I/O bound s | bound s | x bound | "
+        "decode tok/s | dense in RAM | RSS MiB (anon) | cgroup peak MiB | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for key, c in preset["configs"].items():  # type: ignore[union-attr]
         s = c.get("summary") or {}
-        lines.append(f"| {c['name']} | {c.get('cache_mib') or '-'} | {_f(s.get('latency_s'))} | "
-                     f"{_f(s.get('read_mib'), '{:.0f}')} | {_f(s.get('hit_pct'), '{:.1f}')} | "
-                     f"{_f(s.get('wasted_mib'), '{:.0f}')} | {_f(s.get('io_bound_s'))} | {_f(s.get('bound_s'))} | "
-                     f"{_f(s.get('bound_ratio'))} | "
-                     f"{_f(s.get('decode_tok_s'))} | {_f(s.get('dense_resident_frac'), '{:.3f}')} | "
-                     f"{_f(c.get('rss_mib'), '{:.0f}')} ({_f(c.get('anon_mib'), '{:.0f}')}) | "
-                     f"{_f(c.get('cgroup_peak_mib'), '{:.0f}')} | {c['status']} |")
+        lines.append(
+            f"| {c['name']} | {c.get('cache_mib') or '-'} | {_f(s.get('latency_s'))} | "
+            f"{_f(s.get('read_mib'), '{:.0f}')} | {_f(s.get('hit_pct'), '{:.1f}')} | "
+            f"{_f(s.get('wasted_mib'), '{:.0f}')} | {_f(s.get('io_bound_s'))} | {_f(s.get('bound_s'))} | "
+            f"{_f(s.get('bound_ratio'))} | "
+            f"{_f(s.get('decode_tok_s'))} | {_f(s.get('dense_resident_frac'), '{:.3f}')} | "
+            f"{_f(c.get('rss_mib'), '{:.0f}')} ({_f(c.get('anon_mib'), '{:.0f}')}) | "
+            f"{_f(c.get('cgroup_peak_mib'), '{:.0f}')} | {c['status']} |"
+        )
     return "\n".join(lines)
 
 
@@ -291,16 +384,20 @@ def memory_line(preset: dict[str, object]) -> str:
     def top(key: str) -> float | None:
         return max((c[key] for c in cfgs if c.get(key) is not None), default=None)
 
-    return (f"largest process RSS after a decision {_f(top('rss_mib'), '{:.0f}')} MiB (anonymous "
-            f"{_f(top('anon_mib'), '{:.0f}')} MiB), largest RSS peak over the run, load included "
-            f"{_f(top('rss_peak_mib'), '{:.0f}')} MiB, largest cgroup peak (page cache included) "
-            f"{_f(top('cgroup_peak_mib'), '{:.0f}')} MiB, limit {preset['limit_mib']:.0f} MiB")
+    return (
+        f"largest process RSS after a decision {_f(top('rss_mib'), '{:.0f}')} MiB (anonymous "
+        f"{_f(top('anon_mib'), '{:.0f}')} MiB), largest RSS peak over the run, load included "
+        f"{_f(top('rss_peak_mib'), '{:.0f}')} MiB, largest cgroup peak (page cache included) "
+        f"{_f(top('cgroup_peak_mib'), '{:.0f}')} MiB, limit {preset['limit_mib']:.0f} MiB"
+    )
 
 
 def print_targets(rows: list[dict[str, object]]) -> None:
     for t in rows:
         why = f"; {t['why']}" if t.get("why") else ""
-        print(f"# target [{t['preset']}] {t['target']}: {t['verdict']} ({_f(t['value'], '{:.3g}')}, goal {t['goal']}{why})")
+        print(
+            f"# target [{t['preset']}] {t['target']}: {t['verdict']} ({_f(t['value'], '{:.3g}')}, goal {t['goal']}{why})"
+        )
 
 
 def render_chart(report: dict[str, object], path: Path) -> None:
@@ -316,13 +413,23 @@ def render_chart(report: dict[str, object], path: Path) -> None:
         cfgs = [c for c in p["configs"].values() if (c.get("summary") or {}).get("latency_s") is not None]
         names = [c["name"] for c in cfgs]
         y = range(len(cfgs))
-        ax.barh(list(y), [c["summary"]["latency_s"] for c in cfgs], color=["#999" if c["engine"] == "llama" else "#3a7"
-                                                                          for c in cfgs])
+        ax.barh(
+            list(y),
+            [c["summary"]["latency_s"] for c in cfgs],
+            color=["#999" if c["engine"] == "llama" else "#3a7" for c in cfgs],
+        )
         bounds = [(i, c["summary"]["bound_s"]) for i, c in zip(y, cfgs) if c["summary"].get("bound_s")]
         if bounds:
-            ax.plot([b for _, b in bounds], [i for i, _ in bounds], "k|", markersize=18,
-                    label="bound (the slower of I/O and compute)")
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="small", frameon=False)  # below: no bar under it
+            ax.plot(
+                [b for _, b in bounds],
+                [i for i, _ in bounds],
+                "k|",
+                markersize=18,
+                label="bound (the slower of I/O and compute)",
+            )
+            ax.legend(
+                loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="small", frameon=False
+            )  # below: no bar under it
         ax.set_yticks(list(y), names)
         ax.invert_yaxis()
         ax.set_xlabel("median decision latency, s (decisions 2..N)")
@@ -355,9 +462,26 @@ def model_for(work: Path, preset: str, layers: int | None) -> Path:
 
 
 def child_cmd(mode: str, model: Path, out: Path, a: argparse.Namespace, *extra: str) -> list[str]:
-    return [sys.executable, str(CHILD), mode, "--model", str(model), "--out", str(out), "--threads", str(a.threads),
-            "--io-threads", str(a.io_threads), "--decisions", str(a.decisions), "--twins", str(a.work / "twins"),
-            "--flash-attn", a.flash_attn, *extra]
+    return [
+        sys.executable,
+        str(CHILD),
+        mode,
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--threads",
+        str(a.threads),
+        "--io-threads",
+        str(a.io_threads),
+        "--decisions",
+        str(a.decisions),
+        "--twins",
+        str(a.work / "twins"),
+        "--flash-attn",
+        a.flash_attn,
+        *extra,
+    ]
 
 
 def config_args(c: Config, a: argparse.Namespace, expert_bytes: int) -> list[str]:
@@ -366,9 +490,17 @@ def config_args(c: Config, a: argparse.Namespace, expert_bytes: int) -> list[str
         return ["--resident"]
     if c.engine == "planned":
         return ["--planned"]
-    return ["--cache-mb", str(cache_mib(expert_bytes, c.cache_pct)), "--dense-weights", c.dense,
-            "--cache-policy", c.policy, "--cache-memory", c.memory,
-            *(["--prefetch", "--wide-tokens", str(a.wide_tokens)] if c.prefetch else [])]
+    return [
+        "--cache-mb",
+        str(cache_mib(expert_bytes, c.cache_pct)),
+        "--dense-weights",
+        c.dense,
+        "--cache-policy",
+        c.policy,
+        "--cache-memory",
+        c.memory,
+        *(["--prefetch", "--wide-tokens", str(a.wide_tokens)] if c.prefetch else []),
+    ]
 
 
 _RUNS = 0  # children started so far
@@ -381,9 +513,16 @@ def run_child(name: str, cmd: list[str], out: Path, a: argparse.Namespace, *, li
 
     global _RUNS
     _RUNS += 1  # in the cgroup's name: two children never share one, whatever their names cut to
-    return run_one(name, cmd, out, int(a.limit_gib * 2**30) if limit and a.limit_gib else None, a, cold=True,
-                   timeout_s=a.timeout,
-                   tag=f"ds{_RUNS}-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40])
+    return run_one(
+        name,
+        cmd,
+        out,
+        int(a.limit_gib * 2**30) if limit and a.limit_gib else None,
+        a,
+        cold=True,
+        timeout_s=a.timeout,
+        tag=f"ds{_RUNS}-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40],
+    )
 
 
 def status_of(recs: list[dict[str, object]]) -> str:
@@ -393,12 +532,14 @@ def status_of(recs: list[dict[str, object]]) -> str:
     bad = [r for r in recs if "result" not in r]
     if not bad:
         return "ok"
-    return f"{len(bad)}/{len(recs)} " + ("OOM-killed" if any(r["oom_killed"] for r in bad) else
-                                        f"failed rc {bad[0]['returncode']}")
+    return f"{len(bad)}/{len(recs)} " + (
+        "OOM-killed" if any(r["oom_killed"] for r in bad) else f"failed rc {bad[0]['returncode']}"
+    )
 
 
-def run_preset(preset: str, a: argparse.Namespace, configs: list[Config],
-               floor_results: list[dict[str, object]] | None = None) -> dict[str, object]:
+def run_preset(
+    preset: str, a: argparse.Namespace, configs: list[Config], floor_results: list[dict[str, object]] | None = None
+) -> dict[str, object]:
     """Every configuration of ``configs`` on ``preset``'s model, ``a.rounds`` rounds in turn, with
     their medians and the targets. The compute floor is the ``resident`` configuration's rounds, or
     ``floor_results`` (children's results from an earlier resident run) where given."""
@@ -411,25 +552,37 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config],
     expert_bytes = int(info["expert_mib"] * MIB)
     res = a.work / "decide-stream-child.json"
     probes = [run_child("probe", child_cmd("probe", model, res, a, "--probe-mib", str(a.probe_mib)), res, a)]
-    rec: dict[str, object] = {"name": preset, "model": info, "probe": probes, "limit_mib": a.limit_gib * 1024,
-                              "configs": {}}
+    rec: dict[str, object] = {
+        "name": preset,
+        "model": info,
+        "probe": probes,
+        "limit_mib": a.limit_gib * 1024,
+        "configs": {},
+    }
     runs: dict[str, list[dict[str, object]]] = {c.key: [] for c in configs}
     for rnd in range(a.rounds):
         for c in configs:  # in turn, so a burst of load from other jobs hits every configuration alike
             if c.engine == "llama":
                 cmd = child_cmd("llama", model, res, a)
             else:
-                cmd = child_cmd("bmoe", model, res, a, *config_args(c, a, expert_bytes),
-                                "--decode-tokens", str(a.decode_tokens))
-            runs[c.key].append(run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a,
-                                         limit=c.engine != "resident"))
+                cmd = child_cmd(
+                    "bmoe", model, res, a, *config_args(c, a, expert_bytes), "--decode-tokens", str(a.decode_tokens)
+                )
+            runs[c.key].append(
+                run_child(f"{preset} {c.name} round {rnd + 1}", cmd, res, a, limit=c.engine != "resident")
+            )
     # Probed before and after the configurations; the faster of the two is the device's rate (a
     # probe that met a busy moment would loosen every bound).
     probes.append(run_child("probe", child_cmd("probe", model, res, a, "--probe-mib", str(a.probe_mib)), res, a))
     probe_bw = max((float(p["result"]["bw_bytes_s"]) for p in probes if "result" in p), default=0.0)  # type: ignore[index]
     rec["probe_gbs_each"] = [float(p["result"]["bw_bytes_s"]) / 1e9 if "result" in p else None for p in probes]  # type: ignore[index]
-    bw = best_bandwidth(probe_bw, {k: [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
-                                   for k, recs in runs.items()})
+    bw = best_bandwidth(
+        probe_bw,
+        {
+            k: [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
+            for k, recs in runs.items()
+        },
+    )
     rec["probe_gbs"] = probe_bw / 1e9 if probe_bw else None
     rec["bound_gbs"] = bw / 1e9 if bw else None
     floor_runs = [r["result"] for r in runs.get("resident", []) if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
@@ -441,15 +594,24 @@ def run_preset(preset: str, a: argparse.Namespace, configs: list[Config],
         recs = runs[c.key]
         ok = [r["result"] for r in recs if "decisions" in (r.get("result") or {})]  # type: ignore[operator]
         rec["configs"][c.key] = {  # type: ignore[index]
-            "name": c.name, "engine": c.engine, "prefetch": c.prefetch, "cache_pct": c.cache_pct,
-            "cache_mib": cache_mib(expert_bytes, c.cache_pct) if c.cache_pct else None, "status": status_of(recs),
-            "rounds": recs, "summary": summarize(ok, bw, floor_s=floor) if ok else None,  # type: ignore[arg-type]
+            "name": c.name,
+            "engine": c.engine,
+            "prefetch": c.prefetch,
+            "cache_pct": c.cache_pct,
+            "cache_mib": cache_mib(expert_bytes, c.cache_pct) if c.cache_pct else None,
+            "status": status_of(recs),
+            "rounds": recs,
+            "summary": summarize(ok, bw, floor_s=floor) if ok else None,  # type: ignore[arg-type]
             "rss_peak_mib": max((float(r["peak_rss_mib"]) for r in ok), default=None),  # type: ignore[arg-type]
             # after each decision (steady state: the load's populate of the twin is over by then)
             "rss_mib": max((float(d["rss_mib"]) for r in ok for d in r["decisions"] if "rss_mib" in d), default=None),  # type: ignore[index]
-            "anon_mib": max((float(d["anon_mib"]) for r in ok for d in r["decisions"] if "anon_mib" in d), default=None),  # type: ignore[index]
-            "cgroup_peak_mib": max((float(r["cgroup_peak_mib"]) for r in recs if "result" in r),  # type: ignore[arg-type]
-                                   default=None),
+            "anon_mib": max(
+                (float(d["anon_mib"]) for r in ok for d in r["decisions"] if "anon_mib" in d), default=None
+            ),  # type: ignore[index]
+            "cgroup_peak_mib": max(
+                (float(r["cgroup_peak_mib"]) for r in recs if "result" in r),  # type: ignore[arg-type]
+                default=None,
+            ),
             "best": [[d["best"] for d in r["decisions"]] for r in ok],  # type: ignore[index]
             # what the cache ran on in each round: slots, or page moves (asked for, or the arch refused slots)
             "cache_memory": sorted({str(r["cache_memory"]) for r in ok if "cache_memory" in r}) or None,
@@ -502,15 +664,22 @@ def compare_defaults(summary: dict[str, dict[str, object] | None], grid: list[tu
                 continue
             a_wins = (x < y) if lower_better else (x > y)
             r = (y / x if lower_better else x / y) if a_wins else (x / y if lower_better else y / x)
-            lines.append(f"{label}, {what}: {a_name if a_wins else b_name} faster by {r:.2f}x "
-                         f"({_f(x, '{:.3g}')} vs {_f(y, '{:.3g}')})")
+            lines.append(
+                f"{label}, {what}: {a_name if a_wins else b_name} faster by {r:.2f}x "
+                f"({_f(x, '{:.3g}')} vs {_f(y, '{:.3g}')})"
+            )
 
     for th in ths:
         line(f"{th} threads", f"flash on, {th} threads", f"flash off, {th} threads", "flash on", "flash off")
     if len(ths) == 2:
         for fa in ("on", "off"):
-            line(f"flash {fa}", f"flash {fa}, {ths[0]} threads", f"flash {fa}, {ths[1]} threads",
-                 f"{ths[0]} threads", f"{ths[1]} threads")
+            line(
+                f"flash {fa}",
+                f"flash {fa}, {ths[0]} threads",
+                f"flash {fa}, {ths[1]} threads",
+                f"{ths[0]} threads",
+                f"{ths[1]} threads",
+            )
     return lines
 
 
@@ -523,17 +692,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--io-threads", type=int, default=8, help="bmoe read lanes (and the probe's)")
     ap.add_argument("--preset", nargs="+", default=["uniform", "trace"], help="routing presets of the model")
     ap.add_argument("--only", nargs="*", default=None, help="configurations: llama off off+ra cache15 cache15+ra ...")
-    ap.add_argument("--cache-pct", nargs="+", type=int, default=list(DEFAULT_CACHE_PCT),
-                    help="cache budgets as a share of the expert bytes, percent")
+    ap.add_argument(
+        "--cache-pct",
+        nargs="+",
+        type=int,
+        default=list(DEFAULT_CACHE_PCT),
+        help="cache budgets as a share of the expert bytes, percent",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, in turn")
-    ap.add_argument("--wide-tokens", type=int, default=0,
-                    help="read-ahead configurations: --prefetch-wide-tokens (0: the rule; 2: every ubatch reads all)")
+    ap.add_argument(
+        "--wide-tokens",
+        type=int,
+        default=0,
+        help="read-ahead configurations: --prefetch-wide-tokens (0: the rule; 2: every ubatch reads all)",
+    )
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto", help="both engines")
     ap.add_argument("--probe-mib", type=int, default=1024, help="expert bytes the bandwidth probe reads")
     ap.add_argument("--spec-layers", type=int, default=None, help="smoke runs: the preset's model with N layers")
     ap.add_argument("--defaults", action="store_true", help="measure flash attention and thread defaults instead")
-    ap.add_argument("--decode-tokens", type=int, default=16,
-                    help="greedy decode tokens timed per bmoe child after its decisions (0: none)")
+    ap.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=16,
+        help="greedy decode tokens timed per bmoe child after its decisions (0: none)",
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child")
     a = ap.parse_args(argv)
     if a.decisions < 2:
@@ -546,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, object] = {
         "command": " ".join(["python", "bench/decide_stream.py", *(argv if argv is not None else sys.argv[1:])]),
-        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": machine(),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
     }
     if a.defaults:
@@ -562,8 +745,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     unknown = set(a.only or ()) - {c.key for c in plan(tuple(a.cache_pct))}
     if unknown:
-        ap.error(f"--only: no configuration {', '.join(sorted(unknown))} (have: "
-                 f"{' '.join(c.key for c in plan(tuple(a.cache_pct)))})")
+        ap.error(
+            f"--only: no configuration {', '.join(sorted(unknown))} (have: "
+            f"{' '.join(c.key for c in plan(tuple(a.cache_pct)))})"
+        )
     configs = plan(tuple(a.cache_pct), set(a.only) if a.only else None)
     report["presets"] = presets = {}
     for preset in a.preset:

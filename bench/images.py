@@ -18,6 +18,7 @@ limit. ``--spec-layers`` and ``--vision-depth`` cut the two models for smoke run
     .venv/bin/python bench/images.py [--rounds 5] [--sizes 128x96 256x192 448x336]
     .venv/bin/python bench/images.py --bench-model [--work bench/out] [--rounds 3] [--threads 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,14 @@ def bench_modes(expert_bytes: int, cache_pct: int, io_threads: int, twins: Path)
     from decide_stream import cache_mib
 
     common = {"n_batch": BENCH_UBATCH, "n_ubatch": BENCH_UBATCH}
-    stream = {**common, "moe_stream": True, "io_threads": io_threads, "prefetch": True, "prefetch_wide_tokens": 0,
-              "twin_dir": twins}
+    stream = {
+        **common,
+        "moe_stream": True,
+        "io_threads": io_threads,
+        "prefetch": True,
+        "prefetch_wide_tokens": 0,
+        "twin_dir": twins,
+    }
     return {
         "resident": common,
         "streamed, cache off, read-ahead": {**stream, "cache_mb": 0},
@@ -56,15 +63,19 @@ def bench_modes(expert_bytes: int, cache_pct: int, io_threads: int, twins: Path)
     }
 
 
-def measure(model: Path, mmproj: Path, images: list[tuple[str, Path]], mode: dict, threads: int,
-            n_ctx: int = 2048) -> dict[str, dict]:
+def measure(
+    model: Path, mmproj: Path, images: list[tuple[str, Path]], mode: dict, threads: int, n_ctx: int = 2048
+) -> dict[str, dict]:
     from bmoe.config import SessionConfig
     from bmoe.decide.types import DecideRequest
     from bmoe.session import Session
 
     out: dict[str, dict] = {}
-    with Session(SessionConfig(model=model, mmproj=mmproj, chat="chatml", decide=True, n_ctx=n_ctx, n_threads=threads,
-                               plan="off", **mode)) as s:
+    with Session(
+        SessionConfig(
+            model=model, mmproj=mmproj, chat="chatml", decide=True, n_ctx=n_ctx, n_threads=threads, plan="off", **mode
+        )
+    ) as s:
         projector = s.runtime.images.projector
         enc, pre = projector.encode, projector.prefill
         times: dict[str, float] = {}
@@ -87,8 +98,16 @@ def measure(model: Path, mmproj: Path, images: list[tuple[str, Path]], mode: dic
         projector.encode, projector.prefill = encode, prefill
         for i, (size, path) in enumerate(images):
             times.clear()
-            r = s.decide(DecideRequest(id=i, prefix="Look at the screen.", suffix=" Which button? A, B or C.",
-                                       choices=("A", "B", "C"), images=(str(path),), reuse_prefix=False))
+            r = s.decide(
+                DecideRequest(
+                    id=i,
+                    prefix="Look at the screen.",
+                    suffix=" Which button? A, B or C.",
+                    choices=("A", "B", "C"),
+                    images=(str(path),),
+                    reuse_prefix=False,
+                )
+            )
             if r.error is not None:
                 raise RuntimeError(r.error)
             out[size] = dict(times)
@@ -108,26 +127,44 @@ def bench_models(work: Path, spec_layers: int | None, vision_depth: int | None) 
     if vision_depth:
         vspec = dataclasses.replace(vspec, depth=vision_depth)
     mmproj = smp.write_mmproj(work, vspec)
-    label = (f"synthetic qwen3moe ({spec_layers or lm_spec.n_layer} layers, Q4_0) + synthetic qwen3vl projector "
-             f"({vspec.depth} blocks of {vspec.n_embd}, F16, no DeepStack)")
+    label = (
+        f"synthetic qwen3moe ({spec_layers or lm_spec.n_layer} layers, Q4_0) + synthetic qwen3vl projector "
+        f"({vspec.depth} blocks of {vspec.n_embd}, F16, no DeepStack)"
+    )
     return model, mmproj, label
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--sizes", nargs="+", default=None,
-                    help=f"image sizes WxH (default 128x96 256x192 448x336; --bench-model: {' '.join(BENCH_SIZES)})")
+    ap.add_argument(
+        "--sizes",
+        nargs="+",
+        default=None,
+        help=f"image sizes WxH (default 128x96 256x192 448x336; --bench-model: {' '.join(BENCH_SIZES)})",
+    )
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--work", type=Path, default=None,
-                    help="models and images (default: a temporary folder; --bench-model: bench/out)")
-    ap.add_argument("--bench-model", action="store_true",
-                    help="the synthetic Qwen3-30B-A3B-shaped model with a synthetic Qwen3-VL-30B-A3B projector")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="models and images (default: a temporary folder; --bench-model: bench/out)",
+    )
+    ap.add_argument(
+        "--bench-model",
+        action="store_true",
+        help="the synthetic Qwen3-30B-A3B-shaped model with a synthetic Qwen3-VL-30B-A3B projector",
+    )
     ap.add_argument("--spec-layers", type=int, default=None, help="--bench-model smoke runs: the LM with N layers")
-    ap.add_argument("--vision-depth", type=int, default=None,
-                    help="--bench-model smoke runs: the projector with N blocks (27)")
-    ap.add_argument("--cache-pct", type=int, default=30,
-                    help="--bench-model: the streamed cache's share of the expert bytes, percent")
+    ap.add_argument(
+        "--vision-depth", type=int, default=None, help="--bench-model smoke runs: the projector with N blocks (27)"
+    )
+    ap.add_argument(
+        "--cache-pct",
+        type=int,
+        default=30,
+        help="--bench-model: the streamed cache's share of the expert bytes, percent",
+    )
     ap.add_argument("--io-threads", type=int, default=8, help="--bench-model: read lanes of the streamed modes")
     a = ap.parse_args(argv)
     sizes = a.sizes or (BENCH_SIZES if a.bench_model else ["128x96", "256x192", "448x336"])
@@ -148,12 +185,16 @@ def main(argv: list[str] | None = None) -> int:
         model, mmproj = write_hf_arch("qwen3vlmoe", "q8_0", work), write_hf_mmproj("qwen3vlmoe", work)
         label, modes = "tiny qwen3vlmoe (Q8_0) + its F32 projector", MODES
     dims = [tuple(int(x) for x in size.split("x")) for size in sizes]
-    n_ctx = max(2048, max(w * h for w, h in dims) // 1024 + 512)  # the largest image's tokens (32 x 32 pixels each), text
+    n_ctx = max(
+        2048, max(w * h for w, h in dims) // 1024 + 512
+    )  # the largest image's tokens (32 x 32 pixels each), text
     rows: dict[tuple[str, str], list[dict]] = {}
     for rnd in range(a.rounds):
         for name, mode in modes.items():  # in turn, so a burst of load hits every mode alike
-            images = [(size, write_png(work / f"image-{size}-{rnd}.png", w, h, seed=100 + rnd))
-                      for size, (w, h) in zip(sizes, dims)]
+            images = [
+                (size, write_png(work / f"image-{size}-{rnd}.png", w, h, seed=100 + rnd))
+                for size, (w, h) in zip(sizes, dims)
+            ]
             t0 = time.perf_counter()
             for size, t in measure(model, mmproj, images, mode, a.threads, n_ctx).items():
                 rows.setdefault((name, size), []).append(t)
@@ -164,16 +205,27 @@ def main(argv: list[str] | None = None) -> int:
     for (name, size), ts in rows.items():
         enc = [t["encode_s"] * 1e3 for t in ts]
         pre = [t["prefill_s"] * 1e3 for t in ts]
-        print(f"| {name} | {size} | {ts[0]['n_tokens']} | {statistics.median(enc):.1f} ({min(enc):.1f}..{max(enc):.1f}) "
-              f"| {statistics.median(pre):.1f} ({min(pre):.1f}..{max(pre):.1f}) "
-              f"| {statistics.median(enc) / statistics.median(pre):.2f} |")
+        print(
+            f"| {name} | {size} | {ts[0]['n_tokens']} | {statistics.median(enc):.1f} ({min(enc):.1f}..{max(enc):.1f}) "
+            f"| {statistics.median(pre):.1f} ({min(pre):.1f}..{max(pre):.1f}) "
+            f"| {statistics.median(enc) / statistics.median(pre):.2f} |"
+        )
     if a.bench_model:
         out = work / "images-bench.json"
-        out.write_text(json.dumps({"command": " ".join(["python", "bench/images.py", *(argv or sys.argv[1:])]),
-                                   "model": str(model), "mmproj": str(mmproj), "label": label, "threads": a.threads,
-                                   "modes": {k: {f: str(v) for f, v in m.items()} for k, m in modes.items()},
-                                   "rows": [{"mode": n, "image": s, "rounds": ts} for (n, s), ts in rows.items()]},
-                                  indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "command": " ".join(["python", "bench/images.py", *(argv or sys.argv[1:])]),
+                    "model": str(model),
+                    "mmproj": str(mmproj),
+                    "label": label,
+                    "threads": a.threads,
+                    "modes": {k: {f: str(v) for f, v in m.items()} for k, m in modes.items()},
+                    "rows": [{"mode": n, "image": s, "rounds": ts} for (n, s), ts in rows.items()],
+                },
+                indent=1,
+            )
+        )
         print(f"\nresults: {out}")
     return 0
 

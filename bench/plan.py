@@ -23,6 +23,7 @@ docs/benchmarks.md "The plan" holds a recorded run.
 
     .venv/bin/python bench/plan.py [--limits 0.75 1 1.25 1.5 2 2.5 4 8 0] [--preset uniform trace] [--decisions 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,12 +69,20 @@ def compare(rec: dict[str, object], limit_gib: float) -> dict[str, object]:
     }
     if not limit_gib:
         verdicts["resident with no limit"] = plan.get("mode") == "resident"
-    return {"limit_gib": limit_gib or None, "planned_latency_s": planned.get("latency_s"),
-            "planned_decode_tok_s": planned.get("decode_tok_s"), "best_latency": best_lat, "best_decode": best_dec,
-            "latency_ratio": r_lat, "decode_ratio": r_dec, "plan_mode": plan.get("mode"),
-            "plan_settings": {k: v.get("value") for k, v in (plan.get("settings") or {}).items()},
-            "cgroup_peak_mib": {k: v.get("cgroup_peak_mib") for k, v in cfgs.items()}, "oom_killed": ooms,
-            "verdicts": {k: ("n/a" if v is None else "PASS" if v else "FAIL") for k, v in verdicts.items()}}
+    return {
+        "limit_gib": limit_gib or None,
+        "planned_latency_s": planned.get("latency_s"),
+        "planned_decode_tok_s": planned.get("decode_tok_s"),
+        "best_latency": best_lat,
+        "best_decode": best_dec,
+        "latency_ratio": r_lat,
+        "decode_ratio": r_dec,
+        "plan_mode": plan.get("mode"),
+        "plan_settings": {k: v.get("value") for k, v in (plan.get("settings") or {}).items()},
+        "cgroup_peak_mib": {k: v.get("cgroup_peak_mib") for k, v in cfgs.items()},
+        "oom_killed": ooms,
+        "verdicts": {k: ("n/a" if v is None else "PASS" if v else "FAIL") for k, v in verdicts.items()},
+    }
 
 
 def bound_rows(rec: dict[str, object]) -> dict[str, dict[str, object]]:
@@ -93,10 +102,17 @@ def long_row(recs: dict[str, dict[str, object]]) -> dict[str, object]:
     for key, r in recs.items():
         res = r.get("result") or {}
         lg = res.get("long") if isinstance(res, dict) else None
-        out[key] = ({"latency_s": lg["latency_s"], "n_tokens": lg["n_tokens"] - lg["n_reused"],
-                     "read_mib": lg["read_bytes"] / ds.MIB if lg.get("read_bytes") else lg["proc_read_bytes"] / ds.MIB,
-                     "n_ubatch": lg["n_ubatch"], "cgroup_peak_mib": r.get("cgroup_peak_mib")}
-                    if lg else {"status": "OOM-killed" if r.get("oom_killed") else f"failed rc {r.get('returncode')}"})
+        out[key] = (
+            {
+                "latency_s": lg["latency_s"],
+                "n_tokens": lg["n_tokens"] - lg["n_reused"],
+                "read_mib": lg["read_bytes"] / ds.MIB if lg.get("read_bytes") else lg["proc_read_bytes"] / ds.MIB,
+                "n_ubatch": lg["n_ubatch"],
+                "cgroup_peak_mib": r.get("cgroup_peak_mib"),
+            }
+            if lg
+            else {"status": "OOM-killed" if r.get("oom_killed") else f"failed rc {r.get('returncode')}"}
+        )
     return out
 
 
@@ -106,48 +122,71 @@ def _f(v: object, fmt: str = "{:.2f}") -> str:
 
 def print_rows(rows: list[dict[str, object]], preset: str) -> None:
     print(f"\n## {preset}\n")
-    print("| limit | plan | planned decision s | best grid decision s | ratio | planned decode tok/s | "
-          "best grid decode tok/s | ratio | planned cgroup peak MiB | verdicts |")
+    print(
+        "| limit | plan | planned decision s | best grid decision s | ratio | planned decode tok/s | "
+        "best grid decode tok/s | ratio | planned cgroup peak MiB | verdicts |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["plan_settings"]
-        plan = (f"{r['plan_mode']}" + (f", cache {s.get('cache_mb')} MiB, read-ahead {s.get('prefetch')}, "
-                                       f"ub {s.get('n_ubatch')}" if r["plan_mode"] == "streamed" else ""))
+        plan = f"{r['plan_mode']}" + (
+            f", cache {s.get('cache_mb')} MiB, read-ahead {s.get('prefetch')}, ub {s.get('n_ubatch')}"
+            if r["plan_mode"] == "streamed"
+            else ""
+        )
         bl, bd = r["best_latency"], r["best_decode"]
-        print(f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {plan} | "
-              f"{_f(r['planned_latency_s'])} | {_f(bl[1])} ({bl[0]}) | {_f(r['latency_ratio'])} | "
-              f"{_f(r['planned_decode_tok_s'])} | {_f(bd[1])} ({bd[0]}) | {_f(r['decode_ratio'])} | "
-              f"{_f(r['cgroup_peak_mib'].get('planned'), '{:.0f}')} | "
-              + ", ".join(f"{k} {v}" for k, v in r["verdicts"].items()) + " |")
-    print("\nRead-ahead configurations against their bound (decision latency / the slower of the I/O bound "
-          "and the compute floor; target <= 1.2x):\n")
+        print(
+            f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {plan} | "
+            f"{_f(r['planned_latency_s'])} | {_f(bl[1])} ({bl[0]}) | {_f(r['latency_ratio'])} | "
+            f"{_f(r['planned_decode_tok_s'])} | {_f(bd[1])} ({bd[0]}) | {_f(r['decode_ratio'])} | "
+            f"{_f(r['cgroup_peak_mib'].get('planned'), '{:.0f}')} | "
+            + ", ".join(f"{k} {v}" for k, v in r["verdicts"].items())
+            + " |"
+        )
+    print(
+        "\nRead-ahead configurations against their bound (decision latency / the slower of the I/O bound "
+        "and the compute floor; target <= 1.2x):\n"
+    )
     print("| limit | " + " | ".join(GRID_RA) + " |")
     print("|---|" + "---|" * len(GRID_RA))
     for r in rows:
         b = r.get("bounds") or {}
-        print(f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | "
-              + " | ".join(f"{_f((b.get(k) or {}).get('ratio'))} {(b.get(k) or {}).get('verdict', '')}".strip()
-                           for k in GRID_RA) + " |")
+        print(
+            f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | "
+            + " | ".join(
+                f"{_f((b.get(k) or {}).get('ratio'))} {(b.get(k) or {}).get('verdict', '')}".strip() for k in GRID_RA
+            )
+            + " |"
+        )
     if any(r.get("long") for r in rows):
         print("\nThe long-prompt decision (one decision, its suffix's tokens prefilled on the kept prefix):\n")
         print("| limit | configuration | suffix tokens | ubatch | latency s | MiB read |")
         print("|---|---|---|---|---|---|")
         for r in rows:
             for key, lg in (r.get("long") or {}).items():
-                print(f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {key} | "
-                      f"{lg.get('n_tokens', '-')} | {lg.get('n_ubatch', '-')} | {_f(lg.get('latency_s'))} | "
-                      f"{_f(lg.get('read_mib'), '{:.0f}')} |" if "latency_s" in lg else
-                      f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {key} | {lg['status']} | | | |")
+                print(
+                    f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {key} | "
+                    f"{lg.get('n_tokens', '-')} | {lg.get('n_ubatch', '-')} | {_f(lg.get('latency_s'))} | "
+                    f"{_f(lg.get('read_mib'), '{:.0f}')} |"
+                    if "latency_s" in lg
+                    else f"| {_f(r['limit_gib'], '{:g} GiB') if r['limit_gib'] else 'none'} | {key} | {lg['status']} | | | |"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=HERE / "out")
-    ap.add_argument("--limits", nargs="+", type=float, default=[0.75, 1, 1.25, 1.5, 2, 2.5, 4, 8, 0], help="GiB; 0: no limit")
+    ap.add_argument(
+        "--limits", nargs="+", type=float, default=[0.75, 1, 1.25, 1.5, 2, 2.5, 4, 8, 0], help="GiB; 0: no limit"
+    )
     ap.add_argument("--preset", nargs="+", default=["uniform", "trace"])
     ap.add_argument("--floor-rounds", type=int, default=4, help="resident runs (no limit) the compute floor takes")
-    ap.add_argument("--long-lines", type=int, default=55,
-                    help="screen elements of the long-prompt decision (55: ~1300 tokens); 0: none")
+    ap.add_argument(
+        "--long-lines",
+        type=int,
+        default=55,
+        help="screen elements of the long-prompt decision (55: ~1300 tokens); 0: none",
+    )
     ap.add_argument("--grid", nargs="+", default=list(GRID), help="decide_stream configurations to beat")
     ap.add_argument("--decisions", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
@@ -168,16 +207,25 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, object] = {
         "command": " ".join(["python", "bench/plan.py", *(argv if argv is not None else sys.argv[1:])]),
-        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": machine(), "presets": {}}
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "machine": machine(),
+        "presets": {},
+    }
     for preset in a.preset:
         rows = []
         model = ds.model_for(a.work, preset, a.spec_layers)
         res = a.work / "decide-stream-child.json"
         a.limit_gib = 0
-        floor = [ds.run_child(f"{preset} resident floor round {i + 1}",
-                              ds.child_cmd("bmoe", model, res, a, "--resident", "--decode-tokens", str(a.decode_tokens)),
-                              res, a, limit=False)
-                 for i in range(a.floor_rounds)]
+        floor = [
+            ds.run_child(
+                f"{preset} resident floor round {i + 1}",
+                ds.child_cmd("bmoe", model, res, a, "--resident", "--decode-tokens", str(a.decode_tokens)),
+                res,
+                a,
+                limit=False,
+            )
+            for i in range(a.floor_rounds)
+        ]
         floor_results = [f["result"] for f in floor if "result" in f]
         for limit in a.limits:
             a.limit_gib = limit
@@ -192,8 +240,13 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     c = next(c for c in configs if c.key == key)
                     extra = ds.config_args(c, a, int(rec["model"]["expert_mib"] * ds.MIB)) + list(long_cmd)
-                    runs[key] = ds.run_child(f"{preset} {c.name} long prompt", ds.child_cmd("bmoe", model, res, a, *extra),
-                                             res, a, limit=True)
+                    runs[key] = ds.run_child(
+                        f"{preset} {c.name} long prompt",
+                        ds.child_cmd("bmoe", model, res, a, *extra),
+                        res,
+                        a,
+                        limit=True,
+                    )
                 row["long"] = long_row(runs)
                 row["long_runs"] = runs
             rows.append(row)

@@ -5,6 +5,7 @@ cgroup's peak charge and decode tok/s (indicative only on a shared machine).
 
     .venv/bin/python bench/plan_floor.py [--limits 0.75 1 1.25 1.5] [--model PATH] [-- extra bmoe-cli flags]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,14 +34,30 @@ def main() -> None:
         limit = int(gib * 1024) << 20
         shown = run_limited([*base, "--plan-only"], limit, timeout_s=300, tag="plan")
         head = next((ln for ln in shown.stderr_tail.splitlines() if ln.startswith(("plan:", "bmoe-cli:"))), "")
-        rows = {m.group(1): m.group(2) for m in re.finditer(r"^\s+(\w+)\s+(\S+)\s+(?:plan|you)", shown.stderr_tail, re.M)}
-        plan = (f"{head.split()[1]} cache {rows.get('cache_mb', '-')} prefetch {rows.get('prefetch', '-')} "
-                f"dense {rows.get('dense_weights', '-')} ub {rows.get('n_ubatch', '-')}") if head.startswith("plan:") else head
+        rows = {
+            m.group(1): m.group(2) for m in re.finditer(r"^\s+(\w+)\s+(\S+)\s+(?:plan|you)", shown.stderr_tail, re.M)
+        }
+        plan = (
+            (
+                f"{head.split()[1]} cache {rows.get('cache_mb', '-')} prefetch {rows.get('prefetch', '-')} "
+                f"dense {rows.get('dense_weights', '-')} ub {rows.get('n_ubatch', '-')}"
+            )
+            if head.startswith("plan:")
+            else head
+        )
         out = run_limited([*base, "-p", PROMPT, "-n", str(a.n)], limit, timeout_s=600, tag="run")
         tps = re.findall(r"\(([0-9.]+) tok/s\)", out.stderr_tail)
-        outcome = ("OOM-killed" if out.oom_killed else "ran" if out.returncode == 0 else
-                   f"rc {out.returncode}: {out.stderr_tail.strip().splitlines()[-1] if out.stderr_tail.strip() else ''}")
-        print(f"| {gib * 1024:.0f} | {plan} | {outcome} | {out.max_usage_mib:.0f} | {tps[-1] if tps else '-'} |", flush=True)
+        outcome = (
+            "OOM-killed"
+            if out.oom_killed
+            else "ran"
+            if out.returncode == 0
+            else f"rc {out.returncode}: {out.stderr_tail.strip().splitlines()[-1] if out.stderr_tail.strip() else ''}"
+        )
+        print(
+            f"| {gib * 1024:.0f} | {plan} | {outcome} | {out.max_usage_mib:.0f} | {tps[-1] if tps else '-'} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

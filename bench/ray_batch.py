@@ -11,6 +11,7 @@ the median. The machine's cores cap what 2 actors can gain: name them in the wri
 
     .venv/bin/python bench/ray_batch.py [--per-task 24] [--decide-batch 8] [--reps 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,18 @@ TASKS = [
 
 
 def rows(per_task: int) -> list[str]:
-    out = [json.dumps({"id": t * 1000 + k, "prefix": task,
-                       "suffix": f" step {k}. Screen {k}. Options: A) back B) next C) stop. Answer with the letter.",
-                       "choices": ["A", "B", "C"]})
-           for t, task in enumerate(TASKS) for k in range(per_task)]
+    out = [
+        json.dumps(
+            {
+                "id": t * 1000 + k,
+                "prefix": task,
+                "suffix": f" step {k}. Screen {k}. Options: A) back B) next C) stop. Answer with the letter.",
+                "choices": ["A", "B", "C"],
+            }
+        )
+        for t, task in enumerate(TASKS)
+        for k in range(per_task)
+    ]
     random.Random(0).shuffle(out)
     return out
 
@@ -50,18 +59,22 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
 
-    import ray
     import ray.data
 
+    import ray
     from bmoe.config import SessionConfig
     from bmoe.ray.data import RayOptions, RayRun, answer_local
     from bmoe.testing import smollm2_gguf_path
 
-    cfg = SessionConfig(model=smollm2_gguf_path(), chat="chatml", decide=True, decide_batch=args.decide_batch,
-                        n_ctx=1024, n_threads=1)
+    cfg = SessionConfig(
+        model=smollm2_gguf_path(), chat="chatml", decide=True, decide_batch=args.decide_batch, n_ctx=1024, n_threads=1
+    )
     data = rows(args.per_task)
-    print(f"{len(data)} decisions, decide_batch {args.decide_batch}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{len(data)} decisions, decide_batch {args.decide_batch}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     timings: dict[str, list[float]] = {}
     reference = None
     same: dict[str, bool] = {}

@@ -25,6 +25,7 @@ each model's run as a ``route_trace v1`` CSV (top n_expert_used) that bench/cach
 
 ``--json`` adds a last line ``{"<source>": {"summary": {..}, "per_layer": {..}}}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,13 +102,14 @@ def read_decode_routes(path: Path, tokens: int | None = None) -> tuple[np.ndarra
 @dataclass
 class ModelRun:
     """Router probabilities of one greedy run: prompt rows and decode rows."""
+
     model: Path
     layers: list[int]
     n_expert_used: int
     prefill_probs: np.ndarray  # [prompt tokens, layers, E]
-    decode_probs: np.ndarray   # [decode tokens, layers, E]
-    tokens: list[int]          # decoded token ids
-    topk_agrees: float         # share of (token, layer) whose top-n_expert_used set is llama.cpp's
+    decode_probs: np.ndarray  # [decode tokens, layers, E]
+    tokens: list[int]  # decoded token ids
+    topk_agrees: float  # share of (token, layer) whose top-n_expert_used set is llama.cpp's
 
 
 def write_route_trace(run: ModelRun, path: Path) -> None:
@@ -130,8 +132,9 @@ def write_route_trace(run: ModelRun, path: Path) -> None:
     k = run.n_expert_used
     with open(path, "w") as f:
         f.write("# route_trace v1\n")
-        f.write(f"# model={run.model.name} arch=qwen3moe n_layer={len(run.layers)} "
-                f"n_expert={n_expert} n_expert_used={k}\n")
+        f.write(
+            f"# model={run.model.name} arch=qwen3moe n_layer={len(run.layers)} n_expert={n_expert} n_expert_used={k}\n"
+        )
         for il in run.layers:
             f.write(f"# layer={il} expert_bytes={exp_bytes[il]} dense_bytes={dense_bytes[il]}\n")
         f.write("turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n")
@@ -146,8 +149,9 @@ def write_route_trace(run: ModelRun, path: Path) -> None:
                     w = probs[step, i, picked[step, i]]
                     w = w / w.sum()
                     for slot in range(k):
-                        f.write(f"0,{phase},{step},{il},{slot},{picked[step, i, slot]},{w[slot]:.6f},0,"
-                                f"{exp_bytes[il]}\n")
+                        f.write(
+                            f"0,{phase},{step},{il},{slot},{picked[step, i, slot]},{w[slot]:.6f},0,{exp_bytes[il]}\n"
+                        )
 
 
 # --- a synthetic model's run ---------------------------------------------------------------------
@@ -247,15 +251,23 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         run = run_model(model, a.n_predict, a.threads)
         label = model.name.removeprefix("synthetic-qwen3moe-").removesuffix("-q4_0.gguf")
-        print(f"{label}: {len(set(run.tokens))} distinct of {len(run.tokens)} decoded tokens; "
-              f"top-{run.n_expert_used} set equal to llama.cpp's ffn_moe_topk in {100 * run.topk_agrees:.1f}% "
-              f"of (token, layer)", file=sys.stderr)
+        print(
+            f"{label}: {len(set(run.tokens))} distinct of {len(run.tokens)} decoded tokens; "
+            f"top-{run.n_expert_used} set equal to llama.cpp's ffn_moe_topk in {100 * run.topk_agrees:.1f}% "
+            f"of (token, layer)",
+            file=sys.stderr,
+        )
         for k in a.k:
             per = layer_stats(top_k(run.decode_probs, k), run.decode_probs.shape[-1])
             name = f"{label} top{k}"
             summaries[name] = summarize(per)
-            report[name] = {"summary": summaries[name], "per_layer": per, "decode_tokens": len(run.tokens),
-                            "distinct_tokens": len(set(run.tokens)), "topk_agrees": run.topk_agrees}
+            report[name] = {
+                "summary": summaries[name],
+                "per_layer": per,
+                "decode_tokens": len(run.tokens),
+                "distinct_tokens": len(set(run.tokens)),
+                "topk_agrees": run.topk_agrees,
+            }
         if a.write_trace:
             a.write_trace.mkdir(parents=True, exist_ok=True)
             out = a.write_trace / f"{model.stem}.route.csv"

@@ -18,6 +18,7 @@ drop_caches. docs/benchmarks.md explains every number.
 
     .venv/bin/python bench/stream.py [--work bench/out] [--cache-mb 1024] [--threads 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,22 @@ from synthetic_moe import write_synthetic
 
 
 def machine() -> dict[str, object]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
     mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
-    return {"cpu": cpu, "n_cpu": os.cpu_count(), "mem_gib": round(mem / 2**20, 1), "kernel": platform.release(),
-            "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "n_cpu": os.cpu_count(),
+        "mem_gib": round(mem / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
 
 
 def load_avg() -> list[float]:
@@ -73,32 +85,69 @@ def make_twin(model: Path, twins: Path) -> dict[str, float]:
     layout = read_layout(model)
     t0 = time.perf_counter()
     dense_twin(layout, twins)
-    return {"twin_s": time.perf_counter() - t0, "dense_mib": layout.dense_nbytes / 2**20,
-            "expert_mib": layout.expert_nbytes / 2**20, "floor_mib": layout.floor_bytes() / 2**20,
-            "file_mib": layout.files[0].size / 2**20}
+    return {
+        "twin_s": time.perf_counter() - t0,
+        "dense_mib": layout.dense_nbytes / 2**20,
+        "expert_mib": layout.expert_nbytes / 2**20,
+        "floor_mib": layout.floor_bytes() / 2**20,
+        "file_mib": layout.files[0].size / 2**20,
+    }
 
 
 def child(mode: str, model: Path, out: Path, a: argparse.Namespace, *extra: str) -> list[str]:
-    return [sys.executable, str(HERE / "stream_child.py"), mode, "--model", str(model), "--out", str(out),
-            "--threads", str(a.threads), "--io-threads", str(a.io_threads), "--twins", str(a.work / "twins"), *extra]
+    return [
+        sys.executable,
+        str(HERE / "stream_child.py"),
+        mode,
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--threads",
+        str(a.threads),
+        "--io-threads",
+        str(a.io_threads),
+        "--twins",
+        str(a.work / "twins"),
+        *extra,
+    ]
 
 
-def run_one(name: str, cmd: list[str], out: Path, limit: int | None, a: argparse.Namespace, *,
-            cold: bool, timeout_s: float, tag: str | None = None) -> dict[str, object]:
+def run_one(
+    name: str,
+    cmd: list[str],
+    out: Path,
+    limit: int | None,
+    a: argparse.Namespace,
+    *,
+    cold: bool,
+    timeout_s: float,
+    tag: str | None = None,
+) -> dict[str, object]:
     """Run one child (under ``limit`` bytes, None: no cgroup; ``cold``: caches dropped first) and
     return its outcome with its JSON (``result``) or the tail of its stderr."""
     out.unlink(missing_ok=True)
     before = load_avg()
     print(f"[{time.strftime('%H:%M:%S')}] {name} (load {before[0]:.1f}) ...", flush=True)
     o = run_limited(cmd, limit, timeout_s=timeout_s, cold=cold, tag=tag or name.split()[0])
-    rec: dict[str, object] = {"name": name, "returncode": o.returncode, "wall_s": o.wall_s, "oom_killed": o.oom_killed,
-                              "cgroup_peak_mib": o.max_usage_mib, "loadavg_before": before, "loadavg_after": load_avg()}
+    rec: dict[str, object] = {
+        "name": name,
+        "returncode": o.returncode,
+        "wall_s": o.wall_s,
+        "oom_killed": o.oom_killed,
+        "cgroup_peak_mib": o.max_usage_mib,
+        "loadavg_before": before,
+        "loadavg_after": load_avg(),
+    }
     if o.returncode == 0 and out.is_file():
         rec["result"] = json.loads(out.read_text())
     else:
         rec["stderr_tail"] = o.stderr_tail
-        print(f"    {'OOM-killed' if o.oom_killed else 'failed'} (rc {o.returncode}) after {o.wall_s:.1f} s: "
-              f"{o.stderr_tail[-300:]}", flush=True)
+        print(
+            f"    {'OOM-killed' if o.oom_killed else 'failed'} (rc {o.returncode}) after {o.wall_s:.1f} s: "
+            f"{o.stderr_tail[-300:]}",
+            flush=True,
+        )
     return rec
 
 
@@ -120,11 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resident-tokens", type=int, default=64, help="tokens per round, warm comparison")
     ap.add_argument("--repeats", type=int, default=5, help="rounds of the warm comparison")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the limited runs (median reported)")
-    ap.add_argument("--all-cached-mb", type=int, default=5400,
-                    help="warm comparison: also a streamed session with this cache (0: leave it out)")
+    ap.add_argument(
+        "--all-cached-mb",
+        type=int,
+        default=5400,
+        help="warm comparison: also a streamed session with this cache (0: leave it out)",
+    )
     ap.add_argument("--skip-oom-demo", action="store_true", help="do not run llama.cpp's default (repacking) load")
-    ap.add_argument("--only", nargs="*", default=None,
-                    help="subset: oom llama off prefetch cache paired (default: all)")
+    ap.add_argument(
+        "--only", nargs="*", default=None, help="subset: oom llama off prefetch cache paired (default: all)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default WORK/stream-bench.json)")
     ap.add_argument("--chart", type=Path, default=None, help="PNG chart (default WORK/stream-bench.png)")
     a = ap.parse_args(argv)
@@ -138,25 +192,46 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     model = write_synthetic(a.work)
     report: dict[str, object] = {
-        "command": " ".join([Path(sys.executable).name, "bench/stream.py", *(argv if argv is not None else sys.argv[1:])]),
-        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": machine(),
-        "model": {"path": str(model), "write_or_reuse_s": time.perf_counter() - t0, **make_twin(model, a.work / "twins")},
+        "command": " ".join(
+            [Path(sys.executable).name, "bench/stream.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "machine": machine(),
+        "model": {
+            "path": str(model),
+            "write_or_reuse_s": time.perf_counter() - t0,
+            **make_twin(model, a.work / "twins"),
+        },
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-        "layout": time_layout(model), "runs": {},
+        "layout": time_layout(model),
+        "runs": {},
     }
     runs: dict[str, object] = report["runs"]  # type: ignore[assignment]
     limit = a.limit_mib * 2**20
     res = a.work / "child.json"
     if "oom" in only:
-        runs["oom"] = run_one("llama.cpp default load (extra bufts)", child("llama", model, res, a, "--extra-bufts",
-                              "--n-predict", "3"), res, limit, a, cold=True, timeout_s=300)
+        runs["oom"] = run_one(
+            "llama.cpp default load (extra bufts)",
+            child("llama", model, res, a, "--extra-bufts", "--n-predict", "3"),
+            res,
+            limit,
+            a,
+            cold=True,
+            timeout_s=300,
+        )
     limited = {
         "llama": ("llama.cpp mmap", child("llama", model, res, a, "--n-predict", str(a.llama_tokens)), 900),
         "off": ("bmoe cache off", child("bmoe", model, res, a, "--cache-mb", "0", "--n-predict", str(a.tokens)), 600),
-        "prefetch": ("bmoe cache off, prefetch", child("bmoe", model, res, a, "--cache-mb", "0", "--prefetch",
-                                                       "--n-predict", str(a.tokens)), 600),
-        "cache": (f"bmoe cache {a.cache_mb}", child("bmoe", model, res, a, "--cache-mb", str(a.cache_mb),
-                                                    "--n-predict", str(a.tokens)), 600),
+        "prefetch": (
+            "bmoe cache off, prefetch",
+            child("bmoe", model, res, a, "--cache-mb", "0", "--prefetch", "--n-predict", str(a.tokens)),
+            600,
+        ),
+        "cache": (
+            f"bmoe cache {a.cache_mb}",
+            child("bmoe", model, res, a, "--cache-mb", str(a.cache_mb), "--n-predict", str(a.tokens)),
+            600,
+        ),
     }
     # Rounds run the three in turn, so a burst of load from other jobs hits all of them alike;
     # each row then reports its median round.
@@ -170,9 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         runs[key] = recs[median_round(rates)] | {"round_tok_s": rates}
     if "paired" in only:
         cached = ["--cache-mb", str(a.all_cached_mb)] if a.all_cached_mb else []
-        runs["paired"] = run_one("warm resident pair", child("paired", model, res, a, "--n-predict",
-                                 str(a.resident_tokens), "--repeats", str(a.repeats), *cached), res, None, a,
-                                 cold=False, timeout_s=1500)
+        runs["paired"] = run_one(
+            "warm resident pair",
+            child("paired", model, res, a, "--n-predict", str(a.resident_tokens), "--repeats", str(a.repeats), *cached),
+            res,
+            None,
+            a,
+            cold=False,
+            timeout_s=1500,
+        )
     report["derived"] = derive(runs)
     report["targets"] = targets(report["derived"])
     report["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())

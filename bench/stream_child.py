@@ -12,6 +12,7 @@ Modes:
 Decode figures leave out the first decode after the prefill (the first one-token graph) and
 cover the next n_predict - 2 decodes; both engines are measured over the same steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,7 @@ class Run:
     n_prompt: int = 0
     prefill_s: float = 0.0
     prefill_read_mib: float = 0.0
-    n_decode: int = 0             # decodes measured (n_predict - 2)
+    n_decode: int = 0  # decodes measured (n_predict - 2)
     decode_s: float = 0.0
     decode_read_mib: float = 0.0  # /proc/self/io over the measured decodes
     tokens: list[int] = field(default_factory=list)
@@ -114,8 +115,17 @@ class PlainLlama:
 
     _log_cb = None
 
-    def __init__(self, model: Path, *, extra_bufts: bool, n_threads: int, n_ctx: int, n_batch: int = 512,
-                 flash_attn: bool | None = None, cb_eval: object = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        *,
+        extra_bufts: bool,
+        n_threads: int,
+        n_ctx: int,
+        n_batch: int = 512,
+        flash_attn: bool | None = None,
+        cb_eval: object = None,
+    ) -> None:
         """``flash_attn`` None: llama.cpp's auto; ``cb_eval``: a graph callback (an observer)."""
         import llama_cpp as lc
 
@@ -202,8 +212,16 @@ def open_session(a: argparse.Namespace, stream: bool):  # -> bmoe.session.Sessio
     from bmoe.session import Session
 
     cfg = SessionConfig(
-        model=a.model, n_ctx=a.n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads, chat="none",
-        moe_stream=stream, cache_mb=(a.cache_mb or 0) if stream else 0, io_threads=a.io_threads, twin_dir=a.twins,
+        model=a.model,
+        n_ctx=a.n_ctx,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=a.threads,
+        chat="none",
+        moe_stream=stream,
+        cache_mb=(a.cache_mb or 0) if stream else 0,
+        io_threads=a.io_threads,
+        twin_dir=a.twins,
         prefetch=bool(stream and a.prefetch),
     )
     return Session(cfg)
@@ -214,13 +232,28 @@ def _stream_counters(session) -> dict[str, float]:
         return {}
     st, hook = session.stream_stats(), session.streaming.hook
     return {
-        "read_bytes": st.read_bytes, "device_bytes": st.device_bytes, "io_s": st.io_s, "stall_s": st.stall_s,
-        "mgmt_s": st.mgmt_s, "n_stop_waits": hook.n_stop_waits, "n_late_waits": hook.n_late_waits,
-        "hits": st.hits, "misses": st.misses, "routed": st.routed, "evictions": st.evictions,
-        "n_routes": st.n_routes, "resident_bytes": st.resident_bytes, "budget_bytes": st.budget_bytes,
-        "n_calls": hook.n_calls, "callback_s": hook.callback_s, "python_s": hook.python_s,
-        "guessed": st.guessed, "guess_hits": st.guess_hits, "wasted_bytes": st.wasted_bytes,
-        "n_prefetches": hook.n_prefetches, "guess_s": hook.guess_s,
+        "read_bytes": st.read_bytes,
+        "device_bytes": st.device_bytes,
+        "io_s": st.io_s,
+        "stall_s": st.stall_s,
+        "mgmt_s": st.mgmt_s,
+        "n_stop_waits": hook.n_stop_waits,
+        "n_late_waits": hook.n_late_waits,
+        "hits": st.hits,
+        "misses": st.misses,
+        "routed": st.routed,
+        "evictions": st.evictions,
+        "n_routes": st.n_routes,
+        "resident_bytes": st.resident_bytes,
+        "budget_bytes": st.budget_bytes,
+        "n_calls": hook.n_calls,
+        "callback_s": hook.callback_s,
+        "python_s": hook.python_s,
+        "guessed": st.guessed,
+        "guess_hits": st.guess_hits,
+        "wasted_bytes": st.wasted_bytes,
+        "n_prefetches": hook.n_prefetches,
+        "guess_s": hook.guess_s,
     }
 
 
@@ -265,18 +298,23 @@ def spy_routes(session) -> list[tuple[int, frozenset[int]]]:
 
 def routing_summary(routes: list[tuple[int, frozenset[int]]], n_layers: int) -> dict[str, float]:
     """Distinct (layer, expert) pairs over the decode, and how much a token's set overlaps the previous one's."""
-    tokens = [routes[i:i + n_layers] for i in range(0, len(routes) - n_layers + 1, n_layers)]
+    tokens = [routes[i : i + n_layers] for i in range(0, len(routes) - n_layers + 1, n_layers)]
     sets = [frozenset((il, e) for il, es in tok for e in es) for tok in tokens]
     overlaps = [len(a & b) / len(b) for a, b in itertools.pairwise(sets) if b]
-    return {"n_tokens": len(sets), "pairs_per_token": float(np.mean([len(s) for s in sets])) if sets else 0.0,
-            "distinct_pairs": len(frozenset().union(*sets)) if sets else 0,
-            "overlap_with_previous": float(np.mean(overlaps)) if overlaps else 0.0}
+    return {
+        "n_tokens": len(sets),
+        "pairs_per_token": float(np.mean([len(s) for s in sets])) if sets else 0.0,
+        "distinct_pairs": len(frozenset().union(*sets)) if sets else 0,
+        "overlap_with_previous": float(np.mean(overlaps)) if overlaps else 0.0,
+    }
 
 
 def run_bmoe(a: argparse.Namespace) -> Run:
     stream = a.cache_mb is not None
-    run = Run(engine="bmoe " + (f"streamed, cache {a.cache_mb} MiB" + (", prefetch" if a.prefetch else "")
-                                if stream else "resident"))
+    run = Run(
+        engine="bmoe "
+        + (f"streamed, cache {a.cache_mb} MiB" + (", prefetch" if a.prefetch else "") if stream else "resident")
+    )
     r0, t0 = proc_read_bytes(), time.perf_counter()
     session = open_session(a, stream)
     run.load_s, run.load_read_mib = time.perf_counter() - t0, (proc_read_bytes() - r0) / 2**20

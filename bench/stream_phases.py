@@ -12,6 +12,7 @@ span) is at most the time the down reads take.
 
 It loads the whole file (mmap) and drops it from the page cache at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ class Timer:
         if not name.startswith((ROUTE, STOP)):
             return False
         if not ask:
-            self.marks.append((name[:len(ROUTE)] if name.startswith(ROUTE) else STOP, time.perf_counter()))
+            self.marks.append((name[: len(ROUTE)] if name.startswith(ROUTE) else STOP, time.perf_counter()))
         return True
 
 
@@ -85,12 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     os.close(fd)
 
     report = {
-        "model": str(a.model), "threads": a.threads, "decoded_tokens": len(walls),
+        "model": str(a.model),
+        "threads": a.threads,
+        "decoded_tokens": len(walls),
         "loadavg": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
         "token_ms_median": statistics.median(walls) * 1e3,
         "hideable_ms_median": statistics.median(hidden) * 1e3,
         "hideable_share_median": statistics.median(h / w for h, w in zip(hidden, walls)),
-        "token_ms": [round(w * 1e3, 2) for w in walls], "hideable_ms": [round(h * 1e3, 2) for h in hidden],
+        "token_ms": [round(w * 1e3, 2) for w in walls],
+        "hideable_ms": [round(h * 1e3, 2) for h in hidden],
     }
     out = a.out or a.model.with_suffix(".phases.json")
     out.write_text(json.dumps(report, indent=1))

@@ -14,6 +14,7 @@ model) are among the guess's top k, 1.5k, 2k and 3k. As a check of the arithmeti
 
 It loads the whole file (mmap, read once at load) and drops it from the page cache at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
     n_pred = n * (len(layers) - 1)
     report = {
-        "model": str(a.model), "decoded_tokens": n, "layers_predicted": len(layers) - 1, "n_expert_used": n_used,
+        "model": str(a.model),
+        "decoded_tokens": n,
+        "layers_predicted": len(layers) - 1,
+        "n_expert_used": n_used,
         "oracle_reproduces_router": oracle_same / n_pred,
         "recall": {str(w): float(hits[w].sum() / (n_pred * n_used)) for w in widths},
         "recall_by_layer": {str(w): (hits[w][1:] / (n * n_used)).round(3).tolist() for w in widths},

@@ -25,6 +25,7 @@ tower's graph, and only these differ from the real model:
 
 The file is reused when its sidecar ``<name>.recipe.json`` records the same recipe hash and size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,7 +38,6 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-
 from synthetic_moe import is_recorded, write_recorded
 
 # Bump when the bytes a spec produces change.
@@ -56,17 +56,17 @@ class VisionSpec:
     n_head: int = 16
     n_ff: int = 4304
     patch_size: int = 16
-    temporal_patch: int = 2       # two frames per patch (an image is given twice)
-    merge: int = 2                # spatial merge: 2 x 2 patches per image token
-    n_pos_embd: int = 2304        # learned position grid, 48 x 48
-    out_dim: int = 2048           # the merger's output: the language model's n_embd
+    temporal_patch: int = 2  # two frames per patch (an image is given twice)
+    merge: int = 2  # spatial merge: 2 x 2 patches per image token
+    n_pos_embd: int = 2304  # learned position grid, 48 x 48
+    out_dim: int = 2048  # the merger's output: the language model's n_embd
     eps: float = 1e-6
     seed: int = 30
 
     @property
     def image_size(self) -> int:
         """The side of the image the position grid was learned at (larger ones interpolate it)."""
-        return int(round(self.n_pos_embd ** 0.5)) * self.patch_size
+        return int(round(self.n_pos_embd**0.5)) * self.patch_size
 
     def n_tokens(self, width: int, height: int) -> int:
         """Image tokens of a ``width`` x ``height`` image whose sides are multiples of
@@ -86,7 +86,7 @@ def _rng(spec: VisionSpec, name: str) -> np.random.Generator:
 class _Tensor:
     name: str
     shape: tuple[int, ...]  # numpy order (ggml reversed)
-    f16: bool               # F16 (matrices, the patch kernels), else F32 (norms, biases, positions)
+    f16: bool  # F16 (matrices, the patch kernels), else F32 (norms, biases, positions)
     std: float
     mean: float = 0.0
 
@@ -96,8 +96,8 @@ def tensor_plan(spec: VisionSpec) -> list[_Tensor]:
     merged = d * spec.merge * spec.merge
     patch_fan_in = spec.temporal_patch * 3 * p * p
     ts = [
-        _Tensor("v.patch_embd.weight", (d, 3, p, p), True, patch_fan_in ** -0.5),
-        _Tensor("v.patch_embd.weight.1", (d, 3, p, p), True, patch_fan_in ** -0.5),
+        _Tensor("v.patch_embd.weight", (d, 3, p, p), True, patch_fan_in**-0.5),
+        _Tensor("v.patch_embd.weight.1", (d, 3, p, p), True, patch_fan_in**-0.5),
         _Tensor("v.patch_embd.bias", (d,), False, 0.02),
         _Tensor("v.position_embd.weight", (spec.n_pos_embd, d), False, 0.02),
     ]
@@ -106,23 +106,23 @@ def tensor_plan(spec: VisionSpec) -> list[_Tensor]:
         ts += [
             _Tensor(f"{b}.ln1.weight", (d,), False, 0.1, 1.0),
             _Tensor(f"{b}.ln1.bias", (d,), False, 0.02),
-            _Tensor(f"{b}.attn_qkv.weight", (3 * d, d), True, d ** -0.5),
+            _Tensor(f"{b}.attn_qkv.weight", (3 * d, d), True, d**-0.5),
             _Tensor(f"{b}.attn_qkv.bias", (3 * d,), False, 0.02),
-            _Tensor(f"{b}.attn_out.weight", (d, d), True, d ** -0.5),
+            _Tensor(f"{b}.attn_out.weight", (d, d), True, d**-0.5),
             _Tensor(f"{b}.attn_out.bias", (d,), False, 0.02),
             _Tensor(f"{b}.ln2.weight", (d,), False, 0.1, 1.0),
             _Tensor(f"{b}.ln2.bias", (d,), False, 0.02),
-            _Tensor(f"{b}.ffn_up.weight", (f, d), True, d ** -0.5),
+            _Tensor(f"{b}.ffn_up.weight", (f, d), True, d**-0.5),
             _Tensor(f"{b}.ffn_up.bias", (f,), False, 0.02),
-            _Tensor(f"{b}.ffn_down.weight", (d, f), True, f ** -0.5),
+            _Tensor(f"{b}.ffn_down.weight", (d, f), True, f**-0.5),
             _Tensor(f"{b}.ffn_down.bias", (d,), False, 0.02),
         ]
     ts += [
         _Tensor("v.post_ln.weight", (d,), False, 0.1, 1.0),  # the merger's norm
         _Tensor("v.post_ln.bias", (d,), False, 0.02),
-        _Tensor("mm.0.weight", (merged, merged), True, merged ** -0.5),
+        _Tensor("mm.0.weight", (merged, merged), True, merged**-0.5),
         _Tensor("mm.0.bias", (merged,), False, 0.02),
-        _Tensor("mm.2.weight", (spec.out_dim, merged), True, merged ** -0.5),
+        _Tensor("mm.2.weight", (spec.out_dim, merged), True, merged**-0.5),
         _Tensor("mm.2.bias", (spec.out_dim,), False, 0.02),
     ]
     return ts
@@ -134,8 +134,12 @@ def tensor_data(spec: VisionSpec, t: _Tensor) -> np.ndarray:
 
 
 def recipe(spec: VisionSpec) -> str:
-    parts = {"recipe_version": RECIPE_VERSION, "spec": dataclasses.asdict(spec), "numpy": np.__version__,
-             "gguf": version("gguf")}
+    parts = {
+        "recipe_version": RECIPE_VERSION,
+        "spec": dataclasses.asdict(spec),
+        "numpy": np.__version__,
+        "gguf": version("gguf"),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

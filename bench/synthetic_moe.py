@@ -45,6 +45,7 @@ case for an expert cache). Real MoE routers prefer some experts and route nearby
 The file is reused when its sidecar ``<name>.recipe.json`` records the same recipe hash and size.
 The recipe hashes only the knobs that are set, so the uniform model keeps its hash and bytes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,9 +54,9 @@ import json
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Callable
 from importlib.metadata import version
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -68,8 +69,8 @@ Q4_0 = gguf.GGMLQuantizationType.Q4_0
 _BLOCK, _BLOCK_BYTES = gguf.GGML_QUANT_SIZES[Q4_0]  # 32 values in 18 bytes
 # std of (nibble - 8) with nibble 0 remapped to 8: sqrt(2 * (1+4+...+49) / 16)
 _NIBBLE_STD = float(np.sqrt(2 * sum(k * k for k in range(1, 8)) / 16))
-SKEW_DIMS = 64       # embedding dimensions that carry the shared popularity vector u
-_SKEW_VALUE = 4.0    # |u_j|: rms of the embedding becomes sqrt((2048 - 64 + 64 * 16) / 2048) = 1.21
+SKEW_DIMS = 64  # embedding dimensions that carry the shared popularity vector u
+_SKEW_VALUE = 4.0  # |u_j|: rms of the embedding becomes sqrt((2048 - 64 + 64 * 16) / 2048) = 1.21
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +94,10 @@ class SyntheticSpec:
     out_scale: float = 0.25  # attn_output and ffn_down_exps std, times 1/sqrt(fan_in)
     seed: int = 30
     # Routing knobs (module docstring); the defaults are the uniform model and stay out of the hash.
-    skew: tuple[float, ...] = ()          # popularity strength, first..last layer (interpolated)
-    reuse: tuple[float, ...] = ()         # previous-token copy strength, first..last layer
-    attn_out_scale: float | None = None   # attn_output scale; None: out_scale
-    label: str = ""                       # file name tag ("" for the uniform model)
+    skew: tuple[float, ...] = ()  # popularity strength, first..last layer (interpolated)
+    reuse: tuple[float, ...] = ()  # previous-token copy strength, first..last layer
+    attn_out_scale: float | None = None  # attn_output scale; None: out_scale
+    label: str = ""  # file name tag ("" for the uniform model)
 
     def skew_of(self, il: int) -> float:
         """Layer ``il``'s popularity strength (0 when ``skew`` is empty)."""
@@ -151,8 +152,8 @@ def q4_0_blocks(rng: np.random.Generator, n_values: int, std: float) -> np.ndarr
 class _Tensor:
     name: str
     shape: tuple[int, ...]  # numpy order (ggml reversed): [.., rows, cols]
-    quant: bool             # Q4_0, else F32
-    std: float              # Q4_0: value std; F32: spread around ``mean``
+    quant: bool  # Q4_0, else F32
+    std: float  # Q4_0: value std; F32: spread around ``mean``
     mean: float = 0.0
 
     @property
@@ -173,22 +174,22 @@ def tensor_plan(spec: SyntheticSpec) -> list[_Tensor]:
         p = f"blk.{il}"
         ts += [
             _Tensor(f"{p}.attn_norm.weight", (d,), False, 0.1, 1.0),
-            _Tensor(f"{p}.attn_q.weight", (q, d), True, d ** -0.5),
-            _Tensor(f"{p}.attn_k.weight", (kv, d), True, d ** -0.5),
-            _Tensor(f"{p}.attn_v.weight", (kv, d), True, d ** -0.5),
-            _Tensor(f"{p}.attn_output.weight", (d, q), True, attn_scale * q ** -0.5),
+            _Tensor(f"{p}.attn_q.weight", (q, d), True, d**-0.5),
+            _Tensor(f"{p}.attn_k.weight", (kv, d), True, d**-0.5),
+            _Tensor(f"{p}.attn_v.weight", (kv, d), True, d**-0.5),
+            _Tensor(f"{p}.attn_output.weight", (d, q), True, attn_scale * q**-0.5),
             _Tensor(f"{p}.attn_q_norm.weight", (hd,), False, 0.1, 1.0),
             _Tensor(f"{p}.attn_k_norm.weight", (hd,), False, 0.1, 1.0),
             _Tensor(f"{p}.ffn_norm.weight", (d,), False, 0.1, 1.0),
             # F32 router, as converters keep it: routing is what the benchmark must see vary.
-            _Tensor(f"{p}.ffn_gate_inp.weight", (e, d), False, d ** -0.5),
-            _Tensor(f"{p}.ffn_gate_exps.weight", (e, f, d), True, d ** -0.5),
-            _Tensor(f"{p}.ffn_up_exps.weight", (e, f, d), True, d ** -0.5),
-            _Tensor(f"{p}.ffn_down_exps.weight", (e, d, f), True, spec.out_scale * f ** -0.5),
+            _Tensor(f"{p}.ffn_gate_inp.weight", (e, d), False, d**-0.5),
+            _Tensor(f"{p}.ffn_gate_exps.weight", (e, f, d), True, d**-0.5),
+            _Tensor(f"{p}.ffn_up_exps.weight", (e, f, d), True, d**-0.5),
+            _Tensor(f"{p}.ffn_down_exps.weight", (e, d, f), True, spec.out_scale * f**-0.5),
         ]
     ts += [
         _Tensor("output_norm.weight", (d,), False, 0.1, 1.0),
-        _Tensor("output.weight", (spec.n_vocab, d), True, d ** -0.5),
+        _Tensor("output.weight", (spec.n_vocab, d), True, d**-0.5),
     ]
     return ts
 
@@ -205,8 +206,11 @@ def _hashed_fields(spec: SyntheticSpec) -> dict:
 def recipe(spec: SyntheticSpec) -> str:
     tok = smollm2_gguf_path()
     parts = {
-        "recipe_version": RECIPE_VERSION, "spec": _hashed_fields(spec), "numpy": np.__version__,
-        "gguf": version("gguf"), "tokenizer_source": [tok.name, tok.stat().st_size],
+        "recipe_version": RECIPE_VERSION,
+        "spec": _hashed_fields(spec),
+        "numpy": np.__version__,
+        "gguf": version("gguf"),
+        "tokenizer_source": [tok.name, tok.stat().st_size],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -315,8 +319,8 @@ def _sign_blocks(signs: np.ndarray, mag: float) -> np.ndarray:
 
 
 # The previous-token head (``reuse``): q heads 0 .. n_head/n_head_kv - 1 and KV head 0.
-REUSE_PAIRS = 16     # highest-frequency RoPE pairs whose phases make the score peak at distance 1
-_REUSE_NORM = 3.0    # q_norm / k_norm weight on those pairs: the peak beats distance 0 and 2 by ~8.6
+REUSE_PAIRS = 16  # highest-frequency RoPE pairs whose phases make the score peak at distance 1
+_REUSE_NORM = 3.0  # q_norm / k_norm weight on those pairs: the peak beats distance 0 and 2 by ~8.6
 
 
 def reuse_dims(spec: SyntheticSpec) -> tuple[int, int]:
@@ -364,7 +368,7 @@ def _apply_reuse(spec: SyntheticSpec, t: _Tensor, data: np.ndarray) -> np.ndarra
         heads = spec.n_head // spec.n_head_kv if is_q else 1
         vec = np.zeros(hd)
         vec[:REUSE_PAIRS] = np.cos(theta) if is_q else 1.0
-        vec[half:half + REUSE_PAIRS] = -np.sin(theta) if is_q else 0.0
+        vec[half : half + REUSE_PAIRS] = -np.sin(theta) if is_q else 0.0
         r = rows(n_rows)
         r[: heads * hd] = 0
         for h in range(heads):
@@ -372,7 +376,7 @@ def _apply_reuse(spec: SyntheticSpec, t: _Tensor, data: np.ndarray) -> np.ndarra
                 r[h * hd + i, :sb] = _sign_blocks(u_sign * np.sign(vec[i]), abs(float(vec[i])))
     elif name.endswith(".attn_q_norm.weight") or name.endswith(".attn_k_norm.weight"):
         data[:REUSE_PAIRS] = _REUSE_NORM
-        data[half:half + REUSE_PAIRS] = _REUSE_NORM
+        data[half : half + REUSE_PAIRS] = _REUSE_NORM
     elif name.endswith(".attn_v.weight"):
         r = rows(spec.n_head_kv * hd)
         for i in range(hi - lo):
@@ -406,7 +410,7 @@ def _apply_skew(spec: SyntheticSpec, t: _Tensor, data: np.ndarray) -> np.ndarray
         # Column col_e * u: expert e's logit gains col_e * (u . x_hat) = col_e * gain, set to
         # skew * p_e times the token part's logit std (rows of std 1/sqrt(n_embd), unit values).
         il = int(t.name.split(".")[1])
-        x_rms = np.sqrt((spec.n_embd - SKEW_DIMS + SKEW_DIMS * _SKEW_VALUE ** 2) / spec.n_embd)
+        x_rms = np.sqrt((spec.n_embd - SKEW_DIMS + SKEW_DIMS * _SKEW_VALUE**2) / spec.n_embd)
         gain = float(u @ u) / x_rms  # u . x_hat for x = (u, token part)
         token_std = np.sqrt((spec.n_embd - SKEW_DIMS) / spec.n_embd) / x_rms
         col = spec.skew_of(il) * token_std / gain * popularity(spec, il)
@@ -444,21 +448,37 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path(__file__).parent / "out")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="uniform",
-                    help="routing preset; the flags below override its fields")
+    ap.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="uniform",
+        help="routing preset; the flags below override its fields",
+    )
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--embed-std", type=float, default=None)
     ap.add_argument("--out-scale", type=float, default=None)
-    ap.add_argument("--skew", type=float, nargs="+", default=None,
-                    help="popularity strength, first..last layer (interpolated)")
-    ap.add_argument("--reuse", type=float, nargs="+", default=None,
-                    help="previous-token copy strength, first..last layer (interpolated)")
+    ap.add_argument(
+        "--skew", type=float, nargs="+", default=None, help="popularity strength, first..last layer (interpolated)"
+    )
+    ap.add_argument(
+        "--reuse",
+        type=float,
+        nargs="+",
+        default=None,
+        help="previous-token copy strength, first..last layer (interpolated)",
+    )
     ap.add_argument("--attn-out-scale", type=float, default=None)
     ap.add_argument("--label", default=None, help="file name tag (set it when changing the knobs)")
     a = ap.parse_args()
-    over = {"n_layer": a.layers, "embed_std": a.embed_std, "out_scale": a.out_scale,
-            "skew": tuple(a.skew) if a.skew else None,
-            "reuse": tuple(a.reuse) if a.reuse else None, "attn_out_scale": a.attn_out_scale, "label": a.label}
+    over = {
+        "n_layer": a.layers,
+        "embed_std": a.embed_std,
+        "out_scale": a.out_scale,
+        "skew": tuple(a.skew) if a.skew else None,
+        "reuse": tuple(a.reuse) if a.reuse else None,
+        "attn_out_scale": a.attn_out_scale,
+        "label": a.label,
+    }
     spec = dataclasses.replace(PRESETS[a.preset], **{k: v for k, v in over.items() if v is not None})
     t0 = time.perf_counter()
     p = write_synthetic(a.work, spec)

@@ -1,6 +1,7 @@
 """bench/cache_replay.py's restated targets (issue #29): the per-layer LFU partition keeps to the
 budget and hits exactly what its rule says, and leave-one-trace-out chooses bmoe's knobs without
 looking at the trace it then judges (docs/benchmarks.md, "Trace replay, restated targets")."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,15 @@ import cache_replay as cr  # noqa: E402
 MIB = cr.MIB
 
 
-def random_trace(seed: int, n_layer: int = 4, n_expert: int = 16, k: int = 2, n_prompt: int = 5, n_decode: int = 40,
-                 sizes: tuple[int, ...] = (MIB,)) -> cr.Trace:
+def random_trace(
+    seed: int,
+    n_layer: int = 4,
+    n_expert: int = 16,
+    k: int = 2,
+    n_prompt: int = 5,
+    n_decode: int = 40,
+    sizes: tuple[int, ...] = (MIB,),
+) -> cr.Trace:
     """A prefill of ``n_prompt`` tokens, then ``n_decode`` decode steps, each layer's picks drawn
     from a skewed popularity (so policies differ)."""
     rng = np.random.default_rng(seed)
@@ -48,8 +56,11 @@ def test_the_shares_add_up_to_at_most_the_budget_and_leave_less_than_an_expert(s
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), budget_experts=st.integers(1, 40),
-       sizes=st.sampled_from([(MIB,), (MIB, 3 * MIB // 2), (2 * MIB, MIB, MIB)]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    budget_experts=st.integers(1, 40),
+    sizes=st.sampled_from([(MIB,), (MIB, 3 * MIB // 2), (2 * MIB, MIB, MIB)]),
+)
 def test_the_partition_never_holds_more_than_the_budget(seed: int, budget_experts: int, sizes: tuple[int, ...]) -> None:
     """Prefill batches of 5 tokens x top-2 route up to 10 experts of a layer, more than most shares
     here: the partition still ends every batch within the budget (the C++ partition kept them)."""
@@ -74,11 +85,21 @@ def test_the_partition_on_a_hand_trace() -> None:
     b5 1:[5,6] hits 5; keeps 5.
     b6 0:[2,4] hits nothing; 1[3] 2[3] 3[2] 4[1], 2 used later than 1: keeps {2, 1}.
     Decode: 3 hits of 10 lookups; the whole run 3 of 15; never more than 7 bytes."""
-    trace = cr.Trace("hand", 8, 2, {0: 2, 1: 3}, (
-        cr.Batch(0, ((1, 2), (3, 1)), False), cr.Batch(1, ((5, 6),), False),
-        cr.Batch(0, ((1, 2),), True), cr.Batch(1, ((5, 7),), True),
-        cr.Batch(0, ((3, 1),), True), cr.Batch(1, ((5, 6),), True),
-        cr.Batch(0, ((2, 4),), True)))
+    trace = cr.Trace(
+        "hand",
+        8,
+        2,
+        {0: 2, 1: 3},
+        (
+            cr.Batch(0, ((1, 2), (3, 1)), False),
+            cr.Batch(1, ((5, 6),), False),
+            cr.Batch(0, ((1, 2),), True),
+            cr.Batch(1, ((5, 7),), True),
+            cr.Batch(0, ((3, 1),), True),
+            cr.Batch(1, ((5, 6),), True),
+            cr.Batch(0, ((2, 4),), True),
+        ),
+    )
     assert cr.partition_slots(trace.expert_bytes, 7) == {0: 2, 1: 1}
     r = cr.replay_partition(trace, 7)
     assert (r.decode_hits, r.decode_lookups, r.hits, r.lookups, r.peak_bytes) == (3, 10, 3, 15, 7)
@@ -91,9 +112,11 @@ def test_the_partition_on_a_hand_trace() -> None:
 
 
 def test_restated_verdicts_judge_the_unrounded_figures_against_the_better_baseline() -> None:
-    rows = {"1000": {"bmoe": 24.05, "lru": 17.7, "partition": 24.1, "optimal": 43.5},
-            "2500": {"bmoe": 41.7, "lru": 41.7, "partition": 41.2, "optimal": 64.5},
-            "250": {"bmoe": 9.0, "lru": 0.0, "partition": 5.4, "optimal": 17.9}}
+    rows = {
+        "1000": {"bmoe": 24.05, "lru": 17.7, "partition": 24.1, "optimal": 43.5},
+        "2500": {"bmoe": 41.7, "lru": 41.7, "partition": 41.2, "optimal": 64.5},
+        "250": {"bmoe": 9.0, "lru": 0.0, "partition": 5.4, "optimal": 17.9},
+    }
     lines = cr.restated_verdicts(rows)
     assert [ln.split()[0] for ln in lines] == ["FAIL", "PASS", "PASS"]
     assert "vs partition 24.10 (-0.05)" in lines[0] and "vs LRU 41.70 (+0.00)" in lines[1]
@@ -127,8 +150,11 @@ def test_leave_one_out_never_reads_the_held_out_trace_to_choose() -> None:
     a, b, c, d = (random_trace(s) for s in (1, 2, 3, 4))
     first = cr.leave_one_out([a, b, c], BUDGETS, GRID)
     second = cr.leave_one_out([a, b, d], BUDGETS, GRID)
-    assert (first[2].knobs, first[2].train_mean, first[2].train_worst) == \
-        (second[2].knobs, second[2].train_mean, second[2].train_worst)
+    assert (first[2].knobs, first[2].train_mean, first[2].train_worst) == (
+        second[2].knobs,
+        second[2].train_mean,
+        second[2].train_worst,
+    )
     assert first[2].rows != second[2].rows
     default = cr.shipped_defaults(cr.DEFAULT_POLICY, GRID)
     points = cr.grid_points(GRID) + [default]
@@ -139,15 +165,18 @@ def test_leave_one_out_never_reads_the_held_out_trace_to_choose() -> None:
         held = tables[fold.held_out.model]
         for k, row in fold.rows.items():
             assert row["bmoe"] == held[0][fold.knobs][k] and row["bmoe_defaults"] == held[0][default][k]
-            assert (row["lru"], row["partition"], row["optimal"]) == tuple(held[1][k][c] for c in
-                                                                          ("lru", "partition", "optimal"))
+            assert (row["lru"], row["partition"], row["optimal"]) == tuple(
+                held[1][k][c] for c in ("lru", "partition", "optimal")
+            )
 
 
 def write_trace_csv(trace: cr.Trace, path: Path) -> None:
     with open(path, "w") as f:
         f.write("# route_trace v1\n")
-        f.write(f"# model=/x/{trace.model}.gguf arch=test n_layer={len(trace.expert_bytes)} "
-                f"n_expert={trace.n_expert} n_expert_used={trace.n_expert_used}\n")
+        f.write(
+            f"# model=/x/{trace.model}.gguf arch=test n_layer={len(trace.expert_bytes)} "
+            f"n_expert={trace.n_expert} n_expert_used={trace.n_expert_used}\n"
+        )
         for il, b in trace.expert_bytes.items():
             f.write(f"# layer={il} expert_bytes={b} dense_bytes=0\n")
         f.write("turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n")
@@ -161,8 +190,9 @@ def write_trace_csv(trace: cr.Trace, path: Path) -> None:
                 steps[True] += 1
 
 
-def test_the_loo_flag_prints_the_folds_and_their_verdicts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_loo_flag_prints_the_folds_and_their_verdicts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(cr, "LOO_GRID", GRID)
     paths = []
     for seed in (1, 2, 3):

@@ -2,6 +2,7 @@
 shapes: the file is the same bytes every time it is written, has the qwen3vl tower's tensors (no
 DeepStack), and a session over a small synthetic qwen3moe of the same width encodes an image into
 the tokens its size makes and prefills them, resident and streamed."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,17 @@ import images as bench_images  # noqa: E402
 import synthetic_mmproj as smp  # noqa: E402
 import synthetic_moe as sm  # noqa: E402
 
-LM = sm.SyntheticSpec(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, head_dim=64, n_expert=16, n_expert_used=4,
-                      n_ff_exp=64, label="imgtest")
+LM = sm.SyntheticSpec(
+    n_layer=2,
+    n_embd=128,
+    n_head=2,
+    n_head_kv=1,
+    head_dim=64,
+    n_expert=16,
+    n_expert_used=4,
+    n_ff_exp=64,
+    label="imgtest",
+)
 VISION = smp.VisionSpec(depth=2, n_embd=64, n_head=2, n_ff=128, n_pos_embd=64, out_dim=LM.n_embd)
 
 
@@ -31,7 +41,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_real_defaults_are_qwen3_vl_30b_a3b_vision_tower_into_the_bench_model() -> None:
     s = smp.VisionSpec()
-    assert (s.depth, s.n_embd, s.n_head, s.n_ff, s.patch_size, s.merge, s.n_pos_embd) == (27, 1152, 16, 4304, 16, 2, 2304)
+    assert (s.depth, s.n_embd, s.n_head, s.n_ff, s.patch_size, s.merge, s.n_pos_embd) == (
+        27,
+        1152,
+        16,
+        4304,
+        16,
+        2,
+        2304,
+    )
     assert s.out_dim == sm.SyntheticSpec().n_embd == 2048
     assert s.image_size == 768
     assert [s.n_tokens(w, w) for w in (256, 512, 1024)] == [64, 256, 1024]
@@ -73,8 +91,9 @@ def test_a_session_encodes_an_image_into_the_tokens_its_size_makes(models: tuple
     from bmoe.testing import png_bytes
 
     model, mmproj = models
-    with Session(SessionConfig(model=model, mmproj=mmproj, chat="chatml", decide=True, n_ctx=512, n_threads=2,
-                               plan="off")) as s:
+    with Session(
+        SessionConfig(model=model, mmproj=mmproj, chat="chatml", decide=True, n_ctx=512, n_threads=2, plan="off")
+    ) as s:
         projector = s.runtime.images.projector
         assert not projector.mrope  # a qwen3moe: one position per image token
         for w, h in ((128, 96), (256, 192)):
@@ -95,13 +114,16 @@ def test_a_projector_of_another_width_is_refused(tmp_path: Path, models: tuple[P
 
 
 def test_the_bench_measures_encode_and_prefill_of_every_image_resident_and_streamed(
-        tmp_path: Path, models: tuple[Path, Path]) -> None:
+    tmp_path: Path, models: tuple[Path, Path]
+) -> None:
     from bmoe.stream import read_layout
     from bmoe.testing import write_png
 
     model, mmproj = models
-    images = [("128x96", write_png(tmp_path / "a.png", 128, 96, seed=5)),
-              ("64x256", write_png(tmp_path / "b.png", 64, 256, seed=6))]
+    images = [
+        ("128x96", write_png(tmp_path / "a.png", 128, 96, seed=5)),
+        ("64x256", write_png(tmp_path / "b.png", 64, 256, seed=6)),
+    ]
     # (these experts are under 1 MiB, so the 30% cache rounds to --cache-mb 0 here: the mode's path, not its cache)
     modes = bench_images.bench_modes(read_layout(model).expert_nbytes, 30, 2, tmp_path / "twins")
     assert list(modes) == ["resident", "streamed, cache off, read-ahead", "streamed, cache 30%, read-ahead"]

@@ -4,6 +4,7 @@ The presets must keep the uniform model's bytes (its recipe hash leaves unset kn
 the popularity knob exactly where the module docstring says; the statistics must count what
 docs/benchmarks.md says they count, and a written route trace must replay in bench/cache_replay.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,10 +21,35 @@ import synthetic_moe as sm  # noqa: E402
 from cache_replay import read_trace  # noqa: E402
 from routing_stats import ModelRun, layer_stats, read_decode_routes, summarize, top_k, write_route_trace  # noqa: E402
 
-ORIGINAL_FIELDS = {"n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
-                   "n_ff_exp", "n_vocab", "n_ctx_train", "rope_theta", "rms_eps", "embed_std", "out_scale", "seed"}
-TINY = sm.SyntheticSpec(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, head_dim=64, n_expert=16,
-                        n_expert_used=4, n_ff_exp=64, skew=(0.5, 2.0), label="tinytrace")
+ORIGINAL_FIELDS = {
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_head_kv",
+    "head_dim",
+    "n_expert",
+    "n_expert_used",
+    "n_ff_exp",
+    "n_vocab",
+    "n_ctx_train",
+    "rope_theta",
+    "rms_eps",
+    "embed_std",
+    "out_scale",
+    "seed",
+}
+TINY = sm.SyntheticSpec(
+    n_layer=2,
+    n_embd=128,
+    n_head=2,
+    n_head_kv=1,
+    head_dim=64,
+    n_expert=16,
+    n_expert_used=4,
+    n_ff_exp=64,
+    skew=(0.5, 2.0),
+    label="tinytrace",
+)
 
 
 def test_uniform_preset_keeps_the_original_recipe_and_name(tmp_path: Path) -> None:
@@ -61,9 +87,9 @@ def test_tiny_preset_puts_popularity_where_the_docstring_says(tiny_trace_model: 
     emb = gguf.quants.dequantize(t["token_embd.weight"].data, gguf.GGMLQuantizationType.Q4_0)
     assert emb.shape == (TINY.n_vocab, TINY.n_embd)
     assert np.array_equal(emb[:, : sm.SKEW_DIMS], np.broadcast_to(u, (TINY.n_vocab, sm.SKEW_DIMS)))
-    assert np.count_nonzero(emb[:, sm.SKEW_DIMS:].std(axis=0) == 0) == 0  # the token part still varies
+    assert np.count_nonzero(emb[:, sm.SKEW_DIMS :].std(axis=0) == 0) == 0  # the token part still varies
     norm = np.asarray(t["output_norm.weight"].data)
-    assert np.count_nonzero(norm[: sm.SKEW_DIMS]) == 0 and np.count_nonzero(norm[sm.SKEW_DIMS:]) == TINY.n_embd - 64
+    assert np.count_nonzero(norm[: sm.SKEW_DIMS]) == 0 and np.count_nonzero(norm[sm.SKEW_DIMS :]) == TINY.n_embd - 64
     for il in range(TINY.n_layer):
         router = np.asarray(t[f"blk.{il}.ffn_gate_inp.weight"].data)
         col = router[:, 0] / u[0]
@@ -80,8 +106,12 @@ def test_uniform_and_skewed_tiny_models_differ_only_in_the_knob_tensors(tmp_path
     a = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(plain).tensors}
     b = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(tiny_trace_model).tensors}
     differ = sorted(n for n in a if not np.array_equal(a[n], b[n]))
-    assert differ == ["blk.0.ffn_gate_inp.weight", "blk.1.ffn_gate_inp.weight", "output_norm.weight",
-                      "token_embd.weight"]
+    assert differ == [
+        "blk.0.ffn_gate_inp.weight",
+        "blk.1.ffn_gate_inp.weight",
+        "output_norm.weight",
+        "token_embd.weight",
+    ]
 
 
 def test_layer_stats_count_exactly() -> None:
@@ -123,19 +153,20 @@ def test_previous_token_head_attends_to_distance_one() -> None:
     spec, il = sm.PRESETS["trace"], 3
     hd, eps = spec.head_dim, spec.rms_eps
     emb = np.concatenate([sm.skew_vector(spec), np.random.default_rng(5).standard_normal(spec.n_embd - 64)])
-    x = emb / np.sqrt(np.mean(emb ** 2))  # attn_norm without its weight: only u reaches q and k
+    x = emb / np.sqrt(np.mean(emb**2))  # attn_norm without its weight: only u reaches q and k
     wq, wk = _dequant(spec, f"blk.{il}.attn_q.weight"), _dequant(spec, f"blk.{il}.attn_k.weight")
     qn, kn = _dequant(spec, f"blk.{il}.attn_q_norm.weight"), _dequant(spec, f"blk.{il}.attn_k_norm.weight")
     heads = spec.n_head // spec.n_head_kv
     assert np.count_nonzero(wq[: heads * hd, 64:]) == 0 and np.count_nonzero(wk[:hd, 64:]) == 0
     for h in range(heads):
-        q = wq[h * hd:(h + 1) * hd] @ x
+        q = wq[h * hd : (h + 1) * hd] @ x
         k = wk[:hd] @ x
-        q = q / np.sqrt(np.mean(q ** 2) + eps) * qn
-        k = k / np.sqrt(np.mean(k ** 2) + eps) * kn
+        q = q / np.sqrt(np.mean(q**2) + eps) * qn
+        k = k / np.sqrt(np.mean(k**2) + eps) * kn
         t = 300
-        scores = np.array([_rope_neox(q, t, spec.rope_theta) @ _rope_neox(k, t - d, spec.rope_theta)
-                           for d in range(t + 1)]) / np.sqrt(hd)
+        scores = np.array(
+            [_rope_neox(q, t, spec.rope_theta) @ _rope_neox(k, t - d, spec.rope_theta) for d in range(t + 1)]
+        ) / np.sqrt(hd)
         assert int(np.argmax(scores)) == 1
         assert scores[1] - np.delete(scores, 1).max() > 8.0  # the previous token takes > 99.9% of 300
     # v copies the router's dims 1:1, attn_output adds reuse_l times head 0's copy back onto them.
@@ -161,7 +192,7 @@ def test_written_route_trace_replays(tmp_path: Path, tiny_trace_model: Path) -> 
     trace = read_trace(out)
     one_expert = 3 * TINY.n_ff_exp * TINY.n_embd // 32 * 18
     assert trace.expert_bytes == {0: one_expert, 1: one_expert}
-    assert [b.decode for b in trace.batches].count(False) == 2   # the prefill: one batch per layer
+    assert [b.decode for b in trace.batches].count(False) == 2  # the prefill: one batch per layer
     assert len(trace.batches) == 2 + 7 * 2
     # the last layer routes only the prompt's last token, as llama.cpp (and the recorded traces) do
     assert [len(b.tokens) for b in trace.batches[:2]] == [5, 1]

@@ -1,5 +1,6 @@
 """bench/stream_report.py's decode targets as #29 restated them: cache off against the slower of its
 I/O bound and the resident compute floor."""
+
 from __future__ import annotations
 
 import sys

@@ -4,6 +4,7 @@ The public face: ``Session`` over a ``SessionConfig``, its requests (``GenerateR
 ``DecideRequest``) and the root of every error it raises (``BmoeError``). They are loaded on first
 use, so that importing a light part of the package (the decide policy, the config) loads no engine.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

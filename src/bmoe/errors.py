@@ -5,6 +5,7 @@ field. The edges turn them into what their users read: bmoe-cli prints the line 
 (``--session`` first prints a fatal ``BMOE_ERROR`` line), bmoe-server refuses to start with it or
 maps a request's error to an HTTP status (docs/server.md).
 """
+
 from __future__ import annotations
 
 

@@ -6,6 +6,7 @@ path; any ``scheme://`` URL is refused (bmoe fetches nothing). A caller that mus
 (the server) turns its references into bytes here with ``paths=False`` and hands the session only
 bytes.
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,7 +37,7 @@ def kind(source: str) -> str:
     if m is not None:
         if m.group(1).lower() == "data":
             return "data"
-        if source[m.end():m.end() + 2] == "//":
+        if source[m.end() : m.end() + 2] == "//":
             return "url"
     return "path"
 
@@ -67,11 +68,17 @@ def image_bytes(source: ImageSource, name: str, *, paths: bool) -> bytes:
     if k == "data":
         return decode_data_url(source, name)
     if k == "url":
-        raise ImageError(f"{name} is a remote URL; bmoe does no network fetches, so it cannot read it: send "
-                            f"the image inline as a data: URL ({DATA_URL_HINT})", "remote_image_url")
+        raise ImageError(
+            f"{name} is a remote URL; bmoe does no network fetches, so it cannot read it: send "
+            f"the image inline as a data: URL ({DATA_URL_HINT})",
+            "remote_image_url",
+        )
     if not paths:
-        raise ImageError(f"{name} is not a data: URL; the server reads no files or other URLs a request "
-                            f"names: send the image inline as a data: URL ({DATA_URL_HINT})", "image_not_inline")
+        raise ImageError(
+            f"{name} is not a data: URL; the server reads no files or other URLs a request "
+            f"names: send the image inline as a data: URL ({DATA_URL_HINT})",
+            "image_not_inline",
+        )
     path = Path(source)
     try:
         if path.is_dir():

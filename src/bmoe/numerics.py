@@ -4,6 +4,7 @@ Only bookkeeping lives here; every matmul runs in llama.cpp. There is exactly on
 log-softmax in the project so that perplexity and decide can be compared bit for bit, and one
 token-prefix comparison, which the KV reuse and the decide prefix cache both rely on.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

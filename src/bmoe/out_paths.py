@@ -5,6 +5,7 @@ and replaces the files in its ``--out`` folder. Either would turn a device, a FI
 into a regular file (run as root, ``--out /dev/null`` would replace the system's), or block on a
 FIFO, so such a path is refused before any work.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,9 +23,13 @@ def not_regular(path: Path) -> str | None:
         return None  # cannot be looked at: writing it says why
     if stat.S_ISREG(mode):
         return None
-    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, what in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return what
     return "not a regular file"

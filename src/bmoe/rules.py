@@ -9,6 +9,7 @@ so that a temperature the CLI accepts is one the protocol and the server accept 
 ``check_fields`` applies a table of rules to one object: every field known, the required ones
 present, each keeping its rule, every string valid Unicode.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ TOP_P: Rule = ("a number in (0, 1]", lambda v: _num(v) and 0.0 < v <= 1.0)
 SEED: Rule = ("a non-negative integer", lambda v: _int(v) and v >= 0)
 STR_LIST: Rule = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
 OBJECT: Rule = ("an object", lambda v: isinstance(v, dict))
-IMAGES: Rule = ("a list of strings (image file paths or data: URLs)",
-                lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, (str, bytes)) and s for s in v))
+IMAGES: Rule = (
+    "a list of strings (image file paths or data: URLs)",
+    lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, (str, bytes)) and s for s in v),
+)
 
 # Where an image goes in a request's text (generate's prompt, decide's prefix and suffix): each
 # marker takes the next image, in order. Text without a marker gets every image at its start.

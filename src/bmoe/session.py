@@ -10,6 +10,7 @@ requests, results and ``Message`` from here (``__all__``), never from ``bmoe.run
 streamable architectures, the devices, the dense twins' garbage collection) from ``bmoe.tools``.
 An import-linter contract and tests/unit/test_public_door.py hold them to it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,30 +21,48 @@ from typing import Callable, Generator, Iterator
 
 import numpy as np
 
-from .config import SessionConfig
-from .decide.kept_prefix import resolve_keep_prefix
-from .decide.service import DecideService
-from .decide.types import DecideRequest, DecideResult
-from .image_refs import ImageSource
-from .errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
-from .llama.model import LlamaModel
-from .runtime.chat import ChatRenderer, Message
-from .runtime.decide import LlamaDecideBackend
-from .runtime.plan import Plan, make_plan
-from .runtime.results import (
-    GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, check_generate,
+from bmoe.config import SessionConfig
+from bmoe.decide.kept_prefix import resolve_keep_prefix
+from bmoe.decide.service import DecideService
+from bmoe.decide.types import DecideRequest, DecideResult
+from bmoe.errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
+from bmoe.image_refs import ImageSource
+from bmoe.llama.model import LlamaModel
+from bmoe.runtime.chat import ChatRenderer, Message
+from bmoe.runtime.decide import LlamaDecideBackend
+from bmoe.runtime.expert_streaming import ExpertStreaming
+from bmoe.runtime.kv import KvSequence
+from bmoe.runtime.plan import Plan, make_plan
+from bmoe.runtime.results import (
+    GenerateRequest,
+    GenerateResult,
+    PerplexityResult,
+    ScoreRequest,
+    ScoreResult,
+    Step,
+    check_generate,
 )
-from .runtime.scoring import TOP_CAP
-from .runtime.kv import KvSequence
-from .runtime.runtime import Runtime
-from .runtime.expert_streaming import ExpertStreaming
-from .stream.stats import StreamStats
+from bmoe.runtime.runtime import Runtime
+from bmoe.runtime.scoring import TOP_CAP
+from bmoe.stream.stats import StreamStats
 
 # What other packages may use (a test holds them to it): the session, its requests and results
 # and what they carry. The edges' utilities that need no session are bmoe.tools'.
 __all__ = [
-    "DECIDE_OFF", "TOP_CAP", "DecideOffError", "DecideRequest", "DecideResult", "GenerateRequest", "GenerateResult",
-    "Message", "PerplexityResult", "ScoreRequest", "ScoreResult", "Session", "Step", "StreamStats",
+    "DECIDE_OFF",
+    "TOP_CAP",
+    "DecideOffError",
+    "DecideRequest",
+    "DecideResult",
+    "GenerateRequest",
+    "GenerateResult",
+    "Message",
+    "PerplexityResult",
+    "ScoreRequest",
+    "ScoreResult",
+    "Session",
+    "Step",
+    "StreamStats",
 ]
 
 DECIDE_OFF = "decide is off in this session: open it with --decide (SessionConfig.decide=True)"
@@ -92,8 +111,12 @@ class Session:
     def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
         """Decide's adapter over the runtime, and the policy over the adapter, given its settings."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
-        return DecideService(LlamaDecideBackend(runtime), keep_prefix=keep, pride_sample=config.decide_pride_sample,
-                             max_work=config.decide_max_work)
+        return DecideService(
+            LlamaDecideBackend(runtime),
+            keep_prefix=keep,
+            pride_sample=config.decide_pride_sample,
+            max_work=config.decide_max_work,
+        )
 
     # --- facts ------------------------------------------------------------------------
     @property
@@ -185,7 +208,9 @@ class Session:
             if on_step is not None:
                 on_step(step)
 
-    def generate_iter(self, request: GenerateRequest, *, cancel: threading.Event | None = None) -> Generator[Step, None, GenerateResult]:
+    def generate_iter(
+        self, request: GenerateRequest, *, cancel: threading.Event | None = None
+    ) -> Generator[Step, None, GenerateResult]:
         """Yield one Step per generated token; the generator's return value is the result.
 
         ``cancel``: an event of the caller's, one per request, that cancels this request when it
@@ -197,7 +222,9 @@ class Session:
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
-            self._cancel = cancel if cancel is not None else threading.Event()  # a cancel() of an earlier run cannot reach it
+            self._cancel = (
+                cancel if cancel is not None else threading.Event()
+            )  # a cancel() of an earlier run cannot reach it
             self._running = True
             try:
                 return (yield from self.runtime.run(turn, self._cancel))
@@ -211,8 +238,14 @@ class Session:
         with self._lock, self._engine():
             return self.runtime.next_token_logprobs(tokens)
 
-    def perplexity(self, text: str | None = None, *, tokens: list[int] | None = None, n_window: int | None = None,
-                   keep_logits: bool = False) -> PerplexityResult:
+    def perplexity(
+        self,
+        text: str | None = None,
+        *,
+        tokens: list[int] | None = None,
+        n_window: int | None = None,
+        keep_logits: bool = False,
+    ) -> PerplexityResult:
         """Perplexity of ``text`` (tokenized as a prompt) or of already tokenized ``tokens``."""
         self._check_open()
         with self._lock, self._engine():
@@ -239,8 +272,9 @@ class Session:
         [result] = self.decide_many([request], cancel=cancel)
         return result
 
-    def decide_many(self, requests: Sequence[DecideRequest], *,
-                    cancel: threading.Event | None = None) -> list[DecideResult]:
+    def decide_many(
+        self, requests: Sequence[DecideRequest], *, cancel: threading.Event | None = None
+    ) -> list[DecideResult]:
         """One answer per request, in order. ``cancel`` (an event of the caller's, as for
         ``generate_iter``) or ``cancel()`` stops the list between decisions and between the
         llama_decode calls of a batch: what has not run is answered as cancelled."""
@@ -260,10 +294,17 @@ class Session:
     def stats(self) -> dict[str, object]:
         io = self.stream_stats()
         return {
-            "n_past": self.kv.n_past, "n_ctx": self.n_ctx, "streaming": self.runtime.stream is not None,
-            "read_mib": io.read_bytes / 2**20, "cache_hit_pct": io.hit_pct, "hits": io.hits,
-            "misses": io.misses, "routed": io.routed, "evictions": io.evictions,
-            "cache_resident_mib": io.resident_bytes / 2**20, "cache_budget_mib": io.budget_bytes / 2**20,
+            "n_past": self.kv.n_past,
+            "n_ctx": self.n_ctx,
+            "streaming": self.runtime.stream is not None,
+            "read_mib": io.read_bytes / 2**20,
+            "cache_hit_pct": io.hit_pct,
+            "hits": io.hits,
+            "misses": io.misses,
+            "routed": io.routed,
+            "evictions": io.evictions,
+            "cache_resident_mib": io.resident_bytes / 2**20,
+            "cache_budget_mib": io.budget_bytes / 2**20,
             "side_sequences": self.runtime.side_sequences,
         }
 
@@ -280,7 +321,9 @@ class Session:
         try:
             yield
         except EngineFailure as e:
-            self._broken = StreamFailedError(f"expert streaming failed: {e}; this session cannot continue, open a new one")
+            self._broken = StreamFailedError(
+                f"expert streaming failed: {e}; this session cannot continue, open a new one"
+            )
             raise self._broken from e
 
     def _check_decide(self, result: DecideResult) -> DecideResult:
@@ -297,8 +340,11 @@ class Session:
         self.cancel()
         if not self._lock.acquire(timeout=CLOSE_WAIT_S):  # a prefill or decision cannot be cancelled
             self._closed = True
-            print(f"bmoe: a request still ran {CLOSE_WAIT_S:.0f} s after close(); the model is left to the "
-                  "process's exit rather than freed under it", file=sys.stderr)
+            print(
+                f"bmoe: a request still ran {CLOSE_WAIT_S:.0f} s after close(); the model is left to the "
+                "process's exit rather than freed under it",
+                file=sys.stderr,
+            )
             return
         try:
             if not self._closed:

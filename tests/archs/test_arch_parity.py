@@ -6,6 +6,7 @@ transformers on that folder. Compared: the next-token log-softmax after every pr
 a recipe says why not). Where llama.cpp rounds differently by design, the recipe reproduces the
 rounding on the reference side (HfArch.reference_config) rather than widening the bound.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,13 +25,15 @@ PROMPT = "Mixture-of-experts models route every token to a few experts, so phone
 
 @pytest.mark.parametrize("arch", sorted(HF_ARCHS))
 def test_llama_cpp_matches_transformers(arch, tiny_models, tiny_dir) -> None:
-    cfg = SessionConfig(model=tiny_models(arch, "f32"), n_ctx=128, n_batch=128, n_ubatch=128,
-                        kv_f32=True, flash_attn=False, chat="none")
+    cfg = SessionConfig(
+        model=tiny_models(arch, "f32"), n_ctx=128, n_batch=128, n_ubatch=128, kv_f32=True, flash_attn=False, chat="none"
+    )
     with Session(cfg) as s:
         tokens = s.tokenize_prompt(PROMPT)
         with torch.no_grad():
-            ref = log_softmax(load_reference(arch, tiny_dir)(torch.tensor([tokens]), use_cache=False)
-                              .logits[0].float().numpy())
+            ref = log_softmax(
+                load_reference(arch, tiny_dir)(torch.tensor([tokens]), use_cache=False).logits[0].float().numpy()
+            )
         worst = 0.0
         for n in range(1, len(tokens) + 1):
             ours = s.next_token_logprobs(tokens[:n])

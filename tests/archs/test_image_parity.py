@@ -24,6 +24,7 @@ an activation or norm computed another way in llama.cpp's clip graph is the like
 yet. A wrong image (another one, or the pixels in another order) moves the logits by orders of
 magnitude more (a second seeded image moves them by 3.1 and 1.9).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,10 @@ IMAGE_TOL = 5e-3
 EMBD_RTOL = 1e-3
 # The config keys of the token before an image, the one after it, and the one each of its embeddings
 # stands in for in transformers' input.
-IMAGE_TOKEN_KEYS = {"qwen3vlmoe": ("vision_start_token_id", "vision_end_token_id", "image_token_id"),
-                    "glm4vmoe": ("image_start_token_id", "image_end_token_id", "image_token_id")}
+IMAGE_TOKEN_KEYS = {
+    "qwen3vlmoe": ("vision_start_token_id", "vision_end_token_id", "image_token_id"),
+    "glm4vmoe": ("image_start_token_id", "image_end_token_id", "image_token_id"),
+}
 
 
 @pytest.mark.parametrize("arch", VL_ARCHS)
@@ -53,8 +56,16 @@ def test_logits_after_an_image_match_transformers(tiny_models, tiny_dir, tmp_pat
     from transformers import AutoImageProcessor
 
     png = write_png(tmp_path / "screen.png", 128, 96, seed=1)
-    cfg = SessionConfig(model=tiny_models(arch, "f32"), mmproj=write_hf_mmproj(arch, tiny_dir), n_ctx=128,
-                        n_batch=128, n_ubatch=128, kv_f32=True, flash_attn=False, chat="none")
+    cfg = SessionConfig(
+        model=tiny_models(arch, "f32"),
+        mmproj=write_hf_mmproj(arch, tiny_dir),
+        n_ctx=128,
+        n_batch=128,
+        n_ubatch=128,
+        kv_f32=True,
+        flash_attn=False,
+        chat="none",
+    )
     model = load_reference(arch, tiny_dir)
     start, end_token, image_pad = (getattr(model.config, k) for k in IMAGE_TOKEN_KEYS[arch])
     with Session(cfg) as s:
@@ -72,10 +83,18 @@ def test_logits_after_an_image_match_transformers(tiny_models, tiny_dir, tmp_pat
         with torch.no_grad():
             vis = model.model.visual(pix["pixel_values"], grid_thw=pix["image_grid_thw"])
             want = torch.cat([vis.pooler_output, *(getattr(vis, "deepstack_features", None) or ())], -1).numpy()
-            ref = log_softmax(model(
-                input_ids=torch.tensor([ids]), pixel_values=pix["pixel_values"],
-                mm_token_type_ids=torch.tensor([[int(t == image_pad) for t in ids]]),  # 1: an image's token
-                image_grid_thw=pix["image_grid_thw"], use_cache=False).logits[0].float().numpy())
+            ref = log_softmax(
+                model(
+                    input_ids=torch.tensor([ids]),
+                    pixel_values=pix["pixel_values"],
+                    mm_token_type_ids=torch.tensor([[int(t == image_pad) for t in ids]]),  # 1: an image's token
+                    image_grid_thw=pix["image_grid_thw"],
+                    use_cache=False,
+                )
+                .logits[0]
+                .float()
+                .numpy()
+            )
 
         gap = float(np.max(np.abs(embd - want)))
         assert embd.shape == want.shape and gap <= EMBD_RTOL * float(np.max(np.abs(want))), gap
@@ -89,8 +108,10 @@ def test_logits_after_an_image_match_transformers(tiny_models, tiny_dir, tmp_pat
                 worst_before = max(worst_before, d)
             else:
                 worst_after = max(worst_after, d)
-    print(f"\n{arch} with a 128x96 image: image embeddings max |d| {gap:.3g} (of {float(np.max(np.abs(want))):.3g}); "
-          f"max |d log-softmax| before it {worst_before:.3g}, after it {worst_after:.3g} "
-          f"({len(tokens) - end + 1} positions)")
+    print(
+        f"\n{arch} with a 128x96 image: image embeddings max |d| {gap:.3g} (of {float(np.max(np.abs(want))):.3g}); "
+        f"max |d log-softmax| before it {worst_before:.3g}, after it {worst_after:.3g} "
+        f"({len(tokens) - end + 1} positions)"
+    )
     assert worst_before <= 1e-3
     assert worst_after <= IMAGE_TOL, f"after the image: max |d log-softmax| = {worst_after:.3g}"

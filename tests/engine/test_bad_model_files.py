@@ -4,6 +4,7 @@ Each bad file goes to bmoe-cli one-shot, bmoe-cli --session and bmoe-server, res
 --moe-stream, as real subprocesses: what a user sees is the process's exit code, its stderr's last
 line and (--session) its stdout, so nothing here calls main() in-process.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,7 @@ def bad_files(tiny_models, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     files["bad_magic"].write_bytes(bytes([data[0] ^ 0x01]) + data[1:])
 
     cuts = {
-        "cut_in_header": data_start // 2,                      # inside the metadata (the vocabulary)
+        "cut_in_header": data_start // 2,  # inside the metadata (the vocabulary)
         "cut_in_tensor_data": (data_start + len(data)) // 2,
         "cut_in_last_expert": last.offset + last.nbytes // 2,
     }
@@ -75,10 +76,10 @@ def bad_files(tiny_models, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 @dataclass(frozen=True)
 class Run:
-    prog: str           # "bmoe-cli" or "bmoe-server"
+    prog: str  # "bmoe-cli" or "bmoe-server"
     session: bool
     stream: bool
-    cache: Path         # this run's --twin-dir (and $BMOE_CACHE_DIR)
+    cache: Path  # this run's --twin-dir (and $BMOE_CACHE_DIR)
     rc: int
     stdout: str
     stderr: str
@@ -105,8 +106,9 @@ def _run(model: Path, prog: str, session: bool, stream: bool, cache: Path) -> Ru
         argv += ["--moe-stream", "--twin-dir", str(cache)]
     env = {**os.environ, "BMOE_CACHE_DIR": str(cache)}
     env.pop("BMOE_LLAMA_LOG", None)
-    p = subprocess.run(argv, input='{"cmd":"close"}\n' if session else "", capture_output=True, text=True,
-                       timeout=TIMEOUT_S, env=env)
+    p = subprocess.run(
+        argv, input='{"cmd":"close"}\n' if session else "", capture_output=True, text=True, timeout=TIMEOUT_S, env=env
+    )
     return Run(prog, session, stream, cache, p.returncode, p.stdout, p.stderr)
 
 
@@ -157,7 +159,8 @@ def test_a_bad_model_file_ends_in_one_line_naming_it(case: str, bad_files: dict[
 
 @pytest.mark.parametrize("case", ["empty", "bad_magic", "cut_in_last_expert", "refused_by_llama_cpp"])
 def test_a_stand_in_file_that_llama_cpp_cannot_load_is_reported_as_the_users(
-        case: str, bad_files: dict[str, Path], tmp_path: Path) -> None:
+    case: str, bad_files: dict[str, Path], tmp_path: Path
+) -> None:
     # What a dense twin is to LlamaModel: the file it opens stands in for the one the user named.
     from bmoe.llama.model import LlamaModel, ModelLoadError, ModelLoadParams
 

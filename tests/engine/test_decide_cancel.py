@@ -1,6 +1,7 @@
 """A decision list stops when it is cancelled: between decisions, and between the llama_decode calls
 of a batch; what has not run is answered as cancelled, and the session answers the next list as a
 session that never saw the cancelled one would."""
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """The per-token split of a request (BMOE_DONE's *_s_tok, the one-shot summary) covers its decode
 steps only: the prefill's reads and waits are the request's, not any token's."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,9 @@ def test_the_decode_split_is_the_sum_of_the_steps_and_leaves_the_prefill_out(tin
     cfg = SessionConfig(model=model, moe_stream=True, twin_dir=tmp_path / "twins", n_ctx=256, n_threads=1)
     with Session(cfg) as s:
         steps = []
-        r = s.generate(GenerateRequest(prompt="Tell me about the sea and the sky. " * 6, n_predict=6), on_step=steps.append)
+        r = s.generate(
+            GenerateRequest(prompt="Tell me about the sea and the sky. " * 6, n_predict=6), on_step=steps.append
+        )
     dec, io = r.decode_io, r.io
     assert r.n_tokens == len(steps) > 0
     # every expert byte read in a decode step is in the decode part, and only those

@@ -1,5 +1,6 @@
 """--dense-weights anon|mmap on the tiny qwen3moe: where the dense pages live, what the session
 reports about them, and what is refused. (Exactness of both modes: tests/gates/test_dense_weights_exact.py.)"""
+
 from __future__ import annotations
 
 import io
@@ -117,18 +118,28 @@ def test_regions_widen_to_pages_clip_to_what_is_mapped_and_merge() -> None:
     # the file is mapped from offset 2P at 0x10000000 for 10 pages (llama.cpp unmapped the header)
     seg = Segment(0x10000000, 0x10000000 + 10 * P, 2 * P, (0, 1), 7, "/m.gguf")
     got = regions([seg], [(0, 3 * P + 5), (3 * P + 100, 4 * P), (6 * P + 1, 7 * P - 1), (11 * P, 20 * P)])
-    assert got == [(0x10000000, 0x10000000 + 2 * P),          # [2P, 4P): header part cut, the two ranges merged
-                   (0x10000000 + 4 * P, 0x10000000 + 5 * P),  # [6P, 7P): widened to the page
-                   (0x10000000 + 9 * P, 0x10000000 + 10 * P)]  # [11P, 12P): what is mapped of [11P, 20P)
+    assert got == [
+        (0x10000000, 0x10000000 + 2 * P),  # [2P, 4P): header part cut, the two ranges merged
+        (0x10000000 + 4 * P, 0x10000000 + 5 * P),  # [6P, 7P): widened to the page
+        (0x10000000 + 9 * P, 0x10000000 + 10 * P),
+    ]  # [11P, 12P): what is mapped of [11P, 20P)
 
 
 def test_maps_lines_are_parsed_and_anonymous_ones_skipped() -> None:
-    text = ("7f26b70a9000-7f26b73d8000 r--s 00ea9000 fe:01 2146837                    /tmp/t/m.gguf\n"
-            "7f26b73d8000-7f26b7411000 r--p 00000000 00:00 0 \n"
-            "7ffd1000-7ffd2000 rw-p 00000000 00:00 0                          [stack]\n")
+    text = (
+        "7f26b70a9000-7f26b73d8000 r--s 00ea9000 fe:01 2146837                    /tmp/t/m.gguf\n"
+        "7f26b73d8000-7f26b7411000 r--p 00000000 00:00 0 \n"
+        "7ffd1000-7ffd2000 rw-p 00000000 00:00 0                          [stack]\n"
+    )
     (seg,) = file_segments(text)
     assert (seg.start, seg.end, seg.offset, seg.dev, seg.inode, seg.path) == (
-        0x7F26B70A9000, 0x7F26B73D8000, 0xEA9000, (0xFE, 1), 2146837, "/tmp/t/m.gguf")
+        0x7F26B70A9000,
+        0x7F26B73D8000,
+        0xEA9000,
+        (0xFE, 1),
+        2146837,
+        "/tmp/t/m.gguf",
+    )
 
 
 def test_a_file_with_no_new_mapping_is_refused(tmp_path) -> None:

@@ -3,6 +3,7 @@ tokens are reduced to their target log-probs as each call returns (it held ~1.5 
 10,000 choices took 16 GB), and a request that may take more prefills than the session's
 ``decide_max_work`` is refused alone, on every surface (Python, the line protocol; bmoe-eval and
 bmoe-batch answer through the same Session)."""
+
 from __future__ import annotations
 
 import io
@@ -39,14 +40,29 @@ def test_a_request_over_the_work_limit_is_refused_alone(open_tiny) -> None:
     assert refused.refused and refused.error == (
         "decide: this request may take 11 prefills (each debias permutation, pride sample and choice scored in "
         "full counts one), over this session's limit of 10 a request (--decide-max-work); give fewer choices, or "
-        "raise the limit")
+        "raise the limit"
+    )
     assert answered.error is None
-    assert s.decide(DecideRequest(id=3, prefix="Pick one. ", suffix="Which?", choices=CHOICES[:9],
-                                  scoring="full")).error is None  # 10 prefills: at the limit
+    assert (
+        s.decide(DecideRequest(id=3, prefix="Pick one. ", suffix="Which?", choices=CHOICES[:9], scoring="full")).error
+        is None
+    )  # 10 prefills: at the limit
     # the line protocol says the same, and the session goes on
-    lines = json.dumps({"cmd": "decide", "id": 7, "prefix": "Pick one. ", "suffix": "Which?",
-                        "choices": list(CHOICES[:10]), "scoring": "full"}) + "\n" + \
-        json.dumps({"cmd": "decide", "id": 8, "prefix": "Pick one. ", "suffix": "Which?", "choices": ["A", "B"]}) + "\n"
+    lines = (
+        json.dumps(
+            {
+                "cmd": "decide",
+                "id": 7,
+                "prefix": "Pick one. ",
+                "suffix": "Which?",
+                "choices": list(CHOICES[:10]),
+                "scoring": "full",
+            }
+        )
+        + "\n"
+        + json.dumps({"cmd": "decide", "id": 8, "prefix": "Pick one. ", "suffix": "Which?", "choices": ["A", "B"]})
+        + "\n"
+    )
     out = io.StringIO()
     run_session(s, io.StringIO(lines), out)
     decided = [json.loads(ln.split(" ", 1)[1]) for ln in out.getvalue().splitlines() if ln.startswith("BMOE_DECIDE")]

@@ -1,6 +1,7 @@
 """LlamaModel once llama.cpp has loaded the file: a step after the load that fails frees the
 model (its weights, anonymous ones included, are the size of the model's dense part) and ends in
 one line that names the user's file, never the stand-in (a dense twin) llama.cpp loaded."""
+
 from __future__ import annotations
 
 import llama_cpp
@@ -33,12 +34,20 @@ def loads_and_frees(monkeypatch) -> tuple[list[int], list[int]]:
     return loaded, freed
 
 
-@pytest.mark.parametrize("step, error, kind", [
-    ("drop_unused", FileNotFoundError(2, "No such file or directory"), ModelLoadError),
-    ("AnonDense.move", DenseAnonError("dense_weights: anon: moving 4096 bytes ... failed; use mmap"), DenseAnonError),
-])
+@pytest.mark.parametrize(
+    "step, error, kind",
+    [
+        ("drop_unused", FileNotFoundError(2, "No such file or directory"), ModelLoadError),
+        (
+            "AnonDense.move",
+            DenseAnonError("dense_weights: anon: moving 4096 bytes ... failed; use mmap"),
+            DenseAnonError,
+        ),
+    ],
+)
 def test_a_failure_after_the_load_frees_the_model_and_names_the_users_file(
-        step, error, kind, loads_and_frees, tiny_models, tmp_path, monkeypatch) -> None:
+    step, error, kind, loads_and_frees, tiny_models, tmp_path, monkeypatch
+) -> None:
     loaded, freed = loads_and_frees
     path = tiny_models("lfm2moe", "q4_k_m")
     if isinstance(error, OSError):
@@ -58,8 +67,9 @@ def test_a_failure_after_the_load_frees_the_model_and_names_the_users_file(
     assert isinstance(e.value, BmoeError)
     assert len(loaded) == 1 and loaded[0] and freed == loaded
     if kind is ModelLoadError:
-        assert str(e.value) == (f"model: setting up {user} failed after llama.cpp loaded it "
-                                "(No such file or directory)")
+        assert str(e.value) == (
+            f"model: setting up {user} failed after llama.cpp loaded it (No such file or directory)"
+        )
         assert str(path) not in str(e.value)
 
 
@@ -78,8 +88,11 @@ def test_a_twin_removed_before_the_load_is_named_as_such(tmp_path) -> None:  # n
     user = tmp_path / "model.gguf"
     user.write_bytes(b"GGUF")
     twin = tmp_path / "twins" / "model.gguf"
-    with pytest.raises(ModelLoadError, match=rf"^model: the dense twin of {user} was removed while the session "
-                                             r"opened \(--gc-twins in another process\?\); open it again$"):
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"^model: the dense twin of {user} was removed while the session "
+        r"opened \(--gc-twins in another process\?\); open it again$",
+    ):
         model_mod.refuse_early(twin, user)
     user.unlink()  # both gone: the user's file is what is missing
     with pytest.raises(ModelLoadError, match=rf"^model: file not found: {user}$"):

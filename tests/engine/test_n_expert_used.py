@@ -2,6 +2,7 @@
 fall with K exactly as the layout says, what the model does not allow is refused when the session
 opens (before anything loads), and BMOE_READY names K. Resident and streamed with the same K agree
 bit for bit: gate G22, tests/gates/test_n_expert_used_exact.py."""
+
 from __future__ import annotations
 
 import io
@@ -56,8 +57,9 @@ def test_bytes_read_per_decoded_token_fall_in_proportion_to_k(open_tiny, tmp_pat
     assert per_one * k_own == per_own
 
 
-def test_more_experts_than_the_model_has_is_refused_before_anything_loads(tiny_models, tmp_path: Path,
-                                                                          monkeypatch) -> None:
+def test_more_experts_than_the_model_has_is_refused_before_anything_loads(
+    tiny_models, tmp_path: Path, monkeypatch
+) -> None:
     """llama.cpp would stop the whole process on an assertion: the header says 16 experts first."""
     import bmoe.runtime.runtime as runtime_mod
 
@@ -73,8 +75,9 @@ def test_more_experts_than_the_model_has_is_refused_before_anything_loads(tiny_m
         with pytest.raises(ConfigError) as e:
             Session(cfg)
         assert str(e.value) == "n_expert_used: 17 is more than the model's 16 experts (qwen3moe.expert_count)"
-        assert opening_failure(e.value) == ("--n-expert-used (n_expert_used): 17 is more than the model's 16 "
-                                            "experts (qwen3moe.expert_count)")
+        assert opening_failure(e.value) == (
+            "--n-expert-used (n_expert_used): 17 is more than the model's 16 experts (qwen3moe.expert_count)"
+        )
     assert not (tmp_path / "twins").exists()  # no dense twin written either
 
 
@@ -84,9 +87,8 @@ def test_all_of_the_model_s_experts_is_allowed(open_tiny) -> None:
 
 
 def test_a_dense_model_is_refused_naming_that_it_has_no_experts(monkeypatch) -> None:
-    from bmoe.testing.smollm2 import smollm2_gguf_path
-
     import bmoe.runtime.runtime as runtime_mod
+    from bmoe.testing.smollm2 import smollm2_gguf_path
 
     def never(*a: object, **kw: object) -> None:
         raise AssertionError("the model was loaded")
@@ -94,8 +96,10 @@ def test_a_dense_model_is_refused_naming_that_it_has_no_experts(monkeypatch) -> 
     monkeypatch.setattr(runtime_mod, "LlamaModel", never)
     with pytest.raises(ConfigError) as e:
         Session(SessionConfig(model=smollm2_gguf_path(), n_expert_used=1))
-    assert str(e.value) == ("n_expert_used: the model has no experts (llama.expert_count is not set): it is a dense "
-                            "model, with no experts per token to change")
+    assert str(e.value) == (
+        "n_expert_used: the model has no experts (llama.expert_count is not set): it is a dense "
+        "model, with no experts per token to change"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])

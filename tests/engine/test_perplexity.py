@@ -1,5 +1,6 @@
 """Session.perplexity on the tiny Q8_0 model: scored in n_batch pieces with the numbers of one
 whole-window prefill, the logits held at once bounded by a piece, and n_window's refusals."""
+
 from __future__ import annotations
 
 import random

@@ -1,6 +1,7 @@
 """The plan (docs/plan.md) on the tiny qwen3moe: what it chooses for a machine with plenty of memory
 and for one where the model does not fit, what it leaves to the user, the remembered disk probe,
 --plan-only, BMOE_READY's plan, and a planned streamed session answering as the resident one."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,16 @@ import bmoe.runtime.plan as plan_mod
 from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig, default_model
 from bmoe.runtime.plan import (
-    HEAP, LANE_BYTES, MIB, RESERVE_FRAC, RESERVE_MIN, WIDE_UBATCH, Machine, compute_bytes, make_plan, model_facts,
+    HEAP,
+    LANE_BYTES,
+    MIB,
+    RESERVE_FRAC,
+    RESERVE_MIN,
+    WIDE_UBATCH,
+    Machine,
+    compute_bytes,
+    make_plan,
+    model_facts,
 )
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session, plan_for
@@ -205,7 +215,9 @@ def test_the_cache_off_counts_its_expert_buffers_and_read_ahead_a_second_layer_o
     # with room for a token's experts (whole MiB) the cache is on; read-ahead's staging (a layer) does not fit
     on = make_plan(cfg, machine_with_room(base + 2 * MIB), _disk)
     assert (on.config.cache_mb, on.config.prefetch) == (2, False)
-    assert settings(on)["prefetch"] == (False, "plan") and "does not fit beside one token's experts" in on.choices[3].why
+    assert (
+        settings(on)["prefetch"] == (False, "plan") and "does not fit beside one token's experts" in on.choices[3].why
+    )
     on = make_plan(cfg, machine_with_room(base + m.layer_bytes + 2 * MIB), _disk)
     assert (on.config.cache_mb, on.config.prefetch) == (2, True)
     # a model whose layer is small against a token: cache off, two sets of buffers and read-ahead
@@ -217,8 +229,9 @@ def test_the_cache_off_counts_its_expert_buffers_and_read_ahead_a_second_layer_o
     assert (p.config.prefetch, p.config.dense_weights) == (False, "anon")
 
 
-def test_below_the_smallest_configuration_the_open_refuses_naming_the_memory_it_needs(model, monkeypatch,
-                                                                                      capsys) -> None:
+def test_below_the_smallest_configuration_the_open_refuses_naming_the_memory_it_needs(
+    model, monkeypatch, capsys
+) -> None:
     import bmoe.runtime.runtime as runtime_mod
     from bmoe.cli.main import main
 
@@ -228,11 +241,13 @@ def test_below_the_smallest_configuration_the_open_refuses_naming_the_memory_it_
     make_plan(cfg, machine_with_room(need), _disk)  # the smallest configuration is planned
     tight = Machine(available=machine_with_room(need - 64).available, limit=300 * MIB, cores=2)
     free = -(-int((need + RESERVE_MIN) / (1 - RESERVE_FRAC)) // MIB)
-    line = (f"memory: {model.name} needs {free} MiB free to open, and this process may use "
-            f"{tight.available // MIB} MiB, limit 300 MiB: streamed with the cache off and the dense weights mapped, "
-            f"it holds one layer of expert buffers (3 MiB), the KV ({m.kv_bytes / MIB:.0f} MiB), compute buffers "
-            f"({compute_bytes(m, 512, 512) / MIB:.0f} MiB) and bmoe's own (52 MiB), plus a reserve of {RESERVE_MIN // MIB} MiB and "
-            "5%; give it more memory or a smaller --ctx-size")
+    line = (
+        f"memory: {model.name} needs {free} MiB free to open, and this process may use "
+        f"{tight.available // MIB} MiB, limit 300 MiB: streamed with the cache off and the dense weights mapped, "
+        f"it holds one layer of expert buffers (3 MiB), the KV ({m.kv_bytes / MIB:.0f} MiB), compute buffers "
+        f"({compute_bytes(m, 512, 512) / MIB:.0f} MiB) and bmoe's own (52 MiB), plus a reserve of {RESERVE_MIN // MIB} MiB and "
+        "5%; give it more memory or a smaller --ctx-size"
+    )
     with pytest.raises(plan_mod.PlanMemoryError) as e:
         make_plan(cfg, tight, _disk)
     assert str(e.value) == line

@@ -3,6 +3,7 @@ machines and configs on the tiny qwen3moe (and on its facts reshaped as the benc
 layer of experts weighs one token's). A rewrite of make_plan (#40.5) must keep each byte of it.
 
 Regenerate only for an intended change: ``BMOE_PLAN_GOLDEN=write pytest tests/engine/test_plan_golden.py``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,16 +16,29 @@ import pytest
 import bmoe.runtime.plan as plan_mod
 from bmoe.config import SessionConfig
 from bmoe.runtime.plan import (
-    HEAP, LANE_BYTES, MIB, RESERVE_FRAC, RESERVE_MIN, Machine, PlanMemoryError, compute_bytes, make_plan, model_facts,
+    HEAP,
+    LANE_BYTES,
+    MIB,
+    RESERVE_FRAC,
+    RESERVE_MIN,
+    Machine,
+    PlanMemoryError,
+    compute_bytes,
+    make_plan,
+    model_facts,
 )
 from bmoe.stream.disk_rate import DiskRate
 
 GOLDEN = Path(__file__).parent / "data" / "plan_golden.json"
 DISK = DiskRate(mib_s=500.0, source="probed", file_system="test", probe_mib=64.0, odirect=True)
 CONFIGS = {
-    "default": {}, "flash_off": {"flash_attn": False}, "prefill_device": {"prefill_device": "CUDA0"},
-    "ubatch_given": {"fixed": frozenset({"n_ubatch"})}, "stream_given": {"moe_stream": True},
-    "threads_given": {"n_threads": 1}, "ctx_4096": {"n_ctx": 4096},
+    "default": {},
+    "flash_off": {"flash_attn": False},
+    "prefill_device": {"prefill_device": "CUDA0"},
+    "ubatch_given": {"fixed": frozenset({"n_ubatch"})},
+    "stream_given": {"moe_stream": True},
+    "threads_given": {"n_threads": 1},
+    "ctx_4096": {"n_ctx": 4096},
 }
 
 
@@ -42,15 +56,34 @@ def _outputs(model: Path, monkeypatch, shape: str) -> dict[str, object]:
         monkeypatch.setattr(plan_mod, "model_facts", lambda config, m=m: m)
         base = m.dense_bytes + m.kv_bytes + compute_bytes(m, 512, cfg.n_ctx) + HEAP + 4 * LANE_BYTES
         smallest = base - m.dense_bytes + m.layer_bytes
-        rooms = {"below": smallest - 64, "smallest": smallest, "under_token": base + m.token_bytes - MIB // 2,
-                 "two_mib": base + 2 * MIB, "layer_two_mib": base + m.layer_bytes + 2 * MIB,
-                 "most": base + m.expert_bytes - 64, "plenty": 64 << 30}
+        rooms = {
+            "below": smallest - 64,
+            "smallest": smallest,
+            "under_token": base + m.token_bytes - MIB // 2,
+            "two_mib": base + 2 * MIB,
+            "layer_two_mib": base + m.layer_bytes + 2 * MIB,
+            "most": base + m.expert_bytes - 64,
+            "plenty": 64 << 30,
+        }
         for room_name, room in rooms.items():
             try:
                 p = make_plan(cfg, _machine(room), lambda layout: DISK)
-                got: object = {"json": p.as_json(), "table": p.table(), "config": {
-                    f: getattr(p.config, f) for f in ("moe_stream", "cache_mb", "prefetch", "dense_weights", "n_batch",
-                                                      "n_ubatch", "n_threads")}}
+                got: object = {
+                    "json": p.as_json(),
+                    "table": p.table(),
+                    "config": {
+                        f: getattr(p.config, f)
+                        for f in (
+                            "moe_stream",
+                            "cache_mb",
+                            "prefetch",
+                            "dense_weights",
+                            "n_batch",
+                            "n_ubatch",
+                            "n_threads",
+                        )
+                    },
+                }
             except PlanMemoryError as e:
                 got = {"refused": str(e)}
             out[f"{shape}/{name}/{room_name}"] = json.loads(json.dumps(got, default=str))
@@ -68,5 +101,6 @@ def test_the_plan_s_output_is_unchanged(shape: str, tiny_models, monkeypatch) ->
         GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
     model_dir = str(model.parent)
     want = {k: v for k, v in golden.items() if k.startswith(f"{shape}/")}
-    assert json.loads(json.dumps(got).replace(model_dir, "<tiny>")) == \
-        json.loads(json.dumps(want).replace(model_dir, "<tiny>"))
+    assert json.loads(json.dumps(got).replace(model_dir, "<tiny>")) == json.loads(
+        json.dumps(want).replace(model_dir, "<tiny>")
+    )

@@ -1,5 +1,6 @@
 """Session.score: per-position log-probs of a prompt, the reused prefix (KV and kept scores), what
 is exact, the hybrid fallback, refusals. On the tiny Q8_0 models (a few seconds)."""
+
 from __future__ import annotations
 
 import random
@@ -115,8 +116,10 @@ def test_the_picked_token(open_tiny) -> None:
     assert r.generated == (int(np.argmax(last)),) and r.tokens == tuple(toks) + r.generated
     assert r.token_logprobs[-1] == r.top_logprobs[-1, 0] and r.top_ids[-1, 0] == r.generated[0]
     np.testing.assert_allclose(r.token_logprobs[-1], last.max(), atol=REUSE_TOL)
-    sampled = {s.score(ScoreRequest(tokens=tuple(toks), echo=False, n_predict=1, temperature=1.5, seed=k)).generated
-               for k in range(6)}
+    sampled = {
+        s.score(ScoreRequest(tokens=tuple(toks), echo=False, n_predict=1, temperature=1.5, seed=k)).generated
+        for k in range(6)
+    }
     assert len(sampled) > 1  # temperature and seed reach the pick
 
 
@@ -138,13 +141,16 @@ def test_hybrid_model_cannot_trim_and_prefills_whole(open_tiny) -> None:
     assert np.array_equal(longer.token_logprobs, w2.token_logprobs, equal_nan=True)
 
 
-@pytest.mark.parametrize("req, match", [
-    (ScoreRequest(tokens=()), "tokens: is empty"),
-    (ScoreRequest(tokens=(1, -1)), r"tokens.1: -1 is not a token id"),
-    (ScoreRequest(tokens=(1, 10**9)), r"tokens.1: 1000000000 is not a token id"),
-    (ScoreRequest(tokens=(1, 2), n_predict=2), "n_predict: prompt scoring picks 0 or 1 token, got 2"),
-    (ScoreRequest(tokens=(1, 2), top_n=TOP_CAP + 1), f"top_n: at most {TOP_CAP} alternatives"),
-])
+@pytest.mark.parametrize(
+    "req, match",
+    [
+        (ScoreRequest(tokens=()), "tokens: is empty"),
+        (ScoreRequest(tokens=(1, -1)), r"tokens.1: -1 is not a token id"),
+        (ScoreRequest(tokens=(1, 10**9)), r"tokens.1: 1000000000 is not a token id"),
+        (ScoreRequest(tokens=(1, 2), n_predict=2), "n_predict: prompt scoring picks 0 or 1 token, got 2"),
+        (ScoreRequest(tokens=(1, 2), top_n=TOP_CAP + 1), f"top_n: at most {TOP_CAP} alternatives"),
+    ],
+)
 def test_refusals_change_nothing(open_tiny, req, match) -> None:
     s = open_tiny()
     toks = tuple(random_tokens(s, 10, 7))
@@ -160,7 +166,9 @@ def test_refusals_change_nothing(open_tiny, req, match) -> None:
 def test_too_long_is_a_context_overflow(open_tiny) -> None:
     s = open_tiny(n_ctx=64)
     n = s.n_ctx  # llama.cpp may round the context up
-    with pytest.raises(ContextOverflowError, match=rf"tokens: {n} tokens, plus 1 to pick, do not fit the context \(n_ctx {n}\)"):
+    with pytest.raises(
+        ContextOverflowError, match=rf"tokens: {n} tokens, plus 1 to pick, do not fit the context \(n_ctx {n}\)"
+    ):
         s.score(ScoreRequest(tokens=tuple(random_tokens(s, n, 8)), n_predict=1))
     assert s.score(ScoreRequest(tokens=tuple(random_tokens(s, n, 8)))).n_prefilled == n
 
@@ -172,8 +180,10 @@ def test_decide_state_is_dropped_as_for_a_generation(open_tiny) -> None:
 
     d = DecideRequest(id=1, prefix="Some prefix text here. ", suffix="A or B?", choices=("A", "B"))
     after = []
-    for between in (lambda s: s.generate(GenerateRequest(prompt="hi", n_predict=2)),
-                    lambda s: s.score(ScoreRequest(tokens=tuple(random_tokens(s, 8, 9))))):
+    for between in (
+        lambda s: s.generate(GenerateRequest(prompt="hi", n_predict=2)),
+        lambda s: s.score(ScoreRequest(tokens=tuple(random_tokens(s, 8, 9)))),
+    ):
         s = open_tiny(decide=True)
         assert s.decide(d).reuse == "stored"
         between(s)

@@ -1,5 +1,6 @@
 """Opening and closing a session: a half-opened one frees what it holds; close() never frees the
 model under a request another thread still runs; refused token ids leave the session as it was."""
+
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,9 @@ def _slow_generation(s: Session) -> tuple[threading.Thread, threading.Event, lis
         started.set()
         go.wait(30)
 
-    t = threading.Thread(target=lambda: out.append(s.generate(GenerateRequest(prompt="Hello", n_predict=8),
-                                                              on_step=on_step)))
+    t = threading.Thread(
+        target=lambda: out.append(s.generate(GenerateRequest(prompt="Hello", n_predict=8), on_step=on_step))
+    )
     t.start()
     assert started.wait(30)
     return t, go, out
@@ -105,8 +107,11 @@ def test_an_empty_prompt_is_refused_and_the_session_goes_on(tiny_models, clear_k
         kv = list(s.kv.tokens)
         assert len(kv) == first.n_past > 0
         s.set_history([])
-        with pytest.raises(RequestError, match=r"^prompt: renders to no tokens \(no chat template, and the model "
-                                               r"adds no BOS\); give a non-empty prompt$"):
+        with pytest.raises(
+            RequestError,
+            match=r"^prompt: renders to no tokens \(no chat template, and the model "
+            r"adds no BOS\); give a non-empty prompt$",
+        ):
             s.generate(GenerateRequest(prompt="", n_predict=2, clear_kv=clear_kv))
         assert list(s.kv.tokens) == kv
         # usable, and its KV kept: the same prompt reuses all of it but the last token

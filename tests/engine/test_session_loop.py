@@ -2,6 +2,7 @@
 reader that fails, cancels sent before their generation starts, and the ids on errors.
 
 Every run goes through ``run_bounded``: a loop that hangs fails the test instead of the suite."""
+
 from __future__ import annotations
 
 import io
@@ -67,12 +68,17 @@ def dones(lines: list[tuple[str, dict]]) -> dict[int, dict]:
 
 # --- 1. bytes that are not UTF-8 -----------------------------------------------------------
 
+
 def test_invalid_utf8_is_refused_and_the_session_goes_on(tiny) -> None:
     data = b"\xff\n" + b'{"cmd":"stats","id":1,"x":"\xc3("}\n' + req(cmd="generate", id=2, prompt="Hi", n_predict=2)
     rc, lines = run_bounded(tiny, strict_stdin(data + req(cmd="close")))
     assert rc == 0
     e1, e2 = errors(lines)
-    assert e1 == {"id": None, "fatal": False, "msg": "request line is not valid UTF-8: byte 0xff at offset 0 (invalid start byte)"}
+    assert e1 == {
+        "id": None,
+        "fatal": False,
+        "msg": "request line is not valid UTF-8: byte 0xff at offset 0 (invalid start byte)",
+    }
     assert e2["msg"] == "request line is not valid UTF-8: byte 0xc3 at offset 27 (invalid continuation byte)"
     assert dones(lines)[2]["tokens"] == 2
 
@@ -87,11 +93,14 @@ def test_invalid_utf8_does_not_hang_bmoe_cli(tiny_models) -> None:
         assert p.returncode == 0, p.stderr.decode(errors="replace")[-2000:]
         out = p.stdout.decode().splitlines()
         assert out[0].startswith("BMOE_READY ") and len(out) == 2
-        assert out[1].startswith('BMOE_ERROR {"id":null,"fatal":false,"msg":"request line is not valid UTF-8: byte 0xff')
+        assert out[1].startswith(
+            'BMOE_ERROR {"id":null,"fatal":false,"msg":"request line is not valid UTF-8: byte 0xff'
+        )
         assert b"Traceback" not in p.stderr
 
 
 # --- 2. the line-size cap ----------------------------------------------------------------
+
 
 class LongLine(io.RawIOBase):
     """A stdin that serves ``head``, then ``n`` bytes of one line without holding them, then ``tail``."""
@@ -127,8 +136,13 @@ class LongLine(io.RawIOBase):
 
 def test_an_over_long_line_is_refused_without_buffering_it(tiny) -> None:
     n = 50 * 2**20  # the issue's 50 MB line
-    stdin = io.BufferedReader(LongLine(req(cmd="stats", id=1) + b'{"cmd":"generate","id":2,"prompt":"', n,
-                                       b'"}\n' + req(cmd="generate", id=3, prompt="Hi", n_predict=2)))
+    stdin = io.BufferedReader(
+        LongLine(
+            req(cmd="stats", id=1) + b'{"cmd":"generate","id":2,"prompt":"',
+            n,
+            b'"}\n' + req(cmd="generate", id=3, prompt="Hi", n_predict=2),
+        )
+    )
     tracemalloc.start()
     try:
         rc, lines = run_bounded(tiny, stdin)
@@ -137,17 +151,24 @@ def test_an_over_long_line_is_refused_without_buffering_it(tiny) -> None:
         tracemalloc.stop()
     assert rc == 0
     assert [tag for tag, _ in lines][:2] == ["BMOE_STATS", "BMOE_ERROR"]
-    assert errors(lines) == [{"id": None, "fatal": False, "msg": f"request line is longer than the limit of {MAX_LINE_BYTES} bytes "
-                              "(1 MiB); it was skipped"}]
+    assert errors(lines) == [
+        {
+            "id": None,
+            "fatal": False,
+            "msg": f"request line is longer than the limit of {MAX_LINE_BYTES} bytes (1 MiB); it was skipped",
+        }
+    ]
     assert dones(lines)[3]["tokens"] == 2
     assert peak < 4 * MAX_LINE_BYTES, f"the loop held {peak / 2**20:.1f} MiB for a line capped at 1 MiB"
 
 
 def test_the_cap_is_exact(tiny) -> None:
     """A line of exactly MAX_LINE_BYTES (newline, and a \\r before it, not counted) is read; one byte more is not."""
+
     def generate_of(size: int, rid: int) -> bytes:
         head = b'{"cmd":"generate","id":%d,"n_predict":1,"prompt":"' % rid
         return head + b" " * (size - len(head) - 2) + b'"}'
+
     at, over = generate_of(MAX_LINE_BYTES, 1), generate_of(MAX_LINE_BYTES + 1, 2)
     at_crlf = generate_of(MAX_LINE_BYTES, 3) + b"\r\n"
     assert len(at) == MAX_LINE_BYTES
@@ -160,6 +181,7 @@ def test_the_cap_is_exact(tiny) -> None:
 
 
 # --- the reader never dies silently --------------------------------------------------------
+
 
 class FailingStdin(io.RawIOBase):
     def __init__(self, first: bytes) -> None:
@@ -180,14 +202,18 @@ def test_a_failing_stdin_is_an_error_line_and_ends_the_loop(tiny) -> None:
     rc, lines = run_bounded(tiny, io.BufferedReader(FailingStdin(req(cmd="stats", id=4))))
     assert rc == 1
     assert lines[0][0] == "BMOE_STATS"
-    assert errors(lines) == [{"id": None, "fatal": True, "msg": "reading stdin failed: OSError: [Errno 5] Input/output error"}]
+    assert errors(lines) == [
+        {"id": None, "fatal": True, "msg": "reading stdin failed: OSError: [Errno 5] Input/output error"}
+    ]
 
 
 # --- 5. cancel is never lost ---------------------------------------------------------------
 
+
 def test_a_cancel_right_behind_its_generate_cancels_it(tiny) -> None:
-    rc, lines = run_bounded(tiny, strict_stdin(req(cmd="generate", id=1, prompt="Tell a story", n_predict=400)
-                                               + req(cmd="cancel")))
+    rc, lines = run_bounded(
+        tiny, strict_stdin(req(cmd="generate", id=1, prompt="Tell a story", n_predict=400) + req(cmd="cancel"))
+    )
     assert rc == 0
     # 0 tokens when the cancel is read before the generation starts (almost always: both lines
     # are there at once); a cancel that comes once it runs stops it at its next token.
@@ -229,17 +255,29 @@ def test_a_cancel_with_an_id_takes_that_generate(tiny) -> None:
 
 def test_a_stale_cancel_does_not_kill_a_later_request(tiny) -> None:
     """A cancel with no unfinished generate read before it (or none of its id) does nothing."""
-    rc, lines = run_bounded(tiny, strict_stdin(req(cmd="cancel") + req(cmd="generate", id=5, prompt="Hi", n_predict=3)
-                                               + req(cmd="cancel", id=99) + req(cmd="generate", id=6, prompt="Hi", n_predict=3)))
+    rc, lines = run_bounded(
+        tiny,
+        strict_stdin(
+            req(cmd="cancel")
+            + req(cmd="generate", id=5, prompt="Hi", n_predict=3)
+            + req(cmd="cancel", id=99)
+            + req(cmd="generate", id=6, prompt="Hi", n_predict=3)
+        ),
+    )
     assert rc == 0 and not errors(lines)
     assert [(d["cancelled"], d["tokens"]) for d in dones(lines).values()] == [(False, 3), (False, 3)]
 
 
 # --- 6. one unknown-field rule; ids on errors ------------------------------------------------
 
+
 def test_close_and_cancel_with_unknown_fields_are_refused(tiny) -> None:
-    rc, lines = run_bounded(tiny, strict_stdin(req(cmd="close", id=8, x=1) + req(cmd="cancel", x=1)
-                                               + req(cmd="generate", id=9, prompt="Hi", n_predict=2)))
+    rc, lines = run_bounded(
+        tiny,
+        strict_stdin(
+            req(cmd="close", id=8, x=1) + req(cmd="cancel", x=1) + req(cmd="generate", id=9, prompt="Hi", n_predict=2)
+        ),
+    )
     assert rc == 0
     assert errors(lines) == [
         {"id": 8, "fatal": False, "msg": "close: unknown field(s) 'x'"},
@@ -251,8 +289,13 @@ def test_close_and_cancel_with_unknown_fields_are_refused(tiny) -> None:
 def test_a_lone_surrogate_is_refused_with_its_id(tiny) -> None:
     rc, lines = run_bounded(tiny, strict_stdin(b'{"cmd":"generate","id":3,"prompt":"a\\ud800"}\n'))
     assert rc == 0
-    assert errors(lines) == [{"id": 3, "fatal": False,
-                              "msg": "generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 1"}]
+    assert errors(lines) == [
+        {
+            "id": 3,
+            "fatal": False,
+            "msg": "generate: field 'prompt' is not valid Unicode: a lone surrogate \\ud800 at index 1",
+        }
+    ]
 
 
 def test_the_fatal_streaming_error_carries_the_request_id(tiny_models, tmp_path: Path) -> None:
@@ -262,7 +305,9 @@ def test_the_fatal_streaming_error_carries_the_request_id(tiny_models, tmp_path:
     try:
         st = model.stat()
         os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "replaced" under the session
-        rc, lines = run_bounded(s, strict_stdin(req(cmd="generate", id=3, prompt="Hi", n_predict=2) + req(cmd="stats", id=4)))
+        rc, lines = run_bounded(
+            s, strict_stdin(req(cmd="generate", id=3, prompt="Hi", n_predict=2) + req(cmd="stats", id=4))
+        )
     finally:
         s.close()
     assert rc == 1

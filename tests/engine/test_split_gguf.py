@@ -1,4 +1,5 @@
 """A split GGUF streams from its shards, byte-identical to the single-file model."""
+
 from pathlib import Path
 
 import numpy as np

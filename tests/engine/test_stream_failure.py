@@ -1,4 +1,5 @@
 """A file that changes under a streamed session stops it for good, with a clear error."""
+
 import io
 import json
 import os
@@ -8,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig
 from bmoe.errors import StreamFailedError
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
-from bmoe.cli.loop import run_session
 from bmoe.stream.reader import StreamIOError
 
 
@@ -30,7 +31,9 @@ def test_changed_file_is_a_sticky_error(streamed) -> None:
     assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
     st = model.stat()
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "replaced" under the session
-    with pytest.raises(StreamFailedError, match=r"^expert streaming failed: .*this session cannot continue, open a new one$"):
+    with pytest.raises(
+        StreamFailedError, match=r"^expert streaming failed: .*this session cannot continue, open a new one$"
+    ):
         s.generate(GenerateRequest(prompt="Hi", n_predict=4))
     with pytest.raises(StreamFailedError):  # sticky: nothing runs on a broken session
         s.perplexity("some text here")
@@ -44,7 +47,7 @@ def test_session_loop_reports_it_as_fatal(streamed) -> None:
     lines = [json.dumps({"cmd": "generate", "id": 3, "prompt": "Hi", "n_predict": 2}), json.dumps({"cmd": "stats"})]
     assert run_session(s, io.StringIO("\n".join(lines) + "\n"), out) == 1
     last = out.getvalue().splitlines()[-1]
-    assert last.startswith("BMOE_ERROR ") and json.loads(last[len("BMOE_ERROR "):])["fatal"] is True
+    assert last.startswith("BMOE_ERROR ") and json.loads(last[len("BMOE_ERROR ") :])["fatal"] is True
 
 
 def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models, tmp_path: Path) -> None:
@@ -52,8 +55,16 @@ def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models
     at the wait before the down matmul and must end the session exactly like any other."""
     from bmoe.stream.reader import StreamIOError
 
-    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, io_threads=1,
-                              twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    s = Session(
+        SessionConfig(
+            model=tiny_models("qwen3moe", "q8_0"),
+            moe_stream=True,
+            io_threads=1,
+            twin_dir=tmp_path / "twins",
+            n_ctx=128,
+            n_threads=1,
+        )
+    )
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4  # learns the graph
         hook, streamer = s.streaming.hook, s.streaming.streamer
@@ -67,8 +78,11 @@ def test_a_read_failing_behind_a_wait_point_is_the_same_sticky_error(tiny_models
 
         streamer.reader._read_one = failing
         routes, waits = hook.n_routes, hook.n_stop_waits
-        with pytest.raises(StreamFailedError, match=r"^expert streaming failed: injected: down read failed; "
-                                                    r"this session cannot continue, open a new one$"):
+        with pytest.raises(
+            StreamFailedError,
+            match=r"^expert streaming failed: injected: down read failed; "
+            r"this session cannot continue, open a new one$",
+        ):
             s.generate(GenerateRequest(prompt="Hi", n_predict=4))
         # One lane: gate and up were read before the failure, so the route returned and the
         # error came out at the down projection's wait point, before its matmul.
@@ -86,8 +100,17 @@ def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: 
     session like any other and nothing is left in flight."""
     from bmoe.stream.reader import ReadOp
 
-    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), moe_stream=True, prefetch=True, io_threads=1,
-                              twin_dir=tmp_path / "twins", n_ctx=128, n_threads=1))
+    s = Session(
+        SessionConfig(
+            model=tiny_models("qwen3moe", "q8_0"),
+            moe_stream=True,
+            prefetch=True,
+            io_threads=1,
+            twin_dir=tmp_path / "twins",
+            n_ctx=128,
+            n_threads=1,
+        )
+    )
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
         hook, streamer = s.streaming.hook, s.streaming.streamer
@@ -109,8 +132,11 @@ def test_a_failed_prefetch_read_is_the_same_sticky_error(tiny_models, tmp_path: 
                 guessing.clear()
 
         reader.submit, streamer.prefetch = bad_submit, failing_prefetch
-        with pytest.raises(StreamFailedError, match=r"^expert streaming failed: .* ended at offset .*"
-                                                    r"this session cannot continue, open a new one$"):
+        with pytest.raises(
+            StreamFailedError,
+            match=r"^expert streaming failed: .* ended at offset .*"
+            r"this session cannot continue, open a new one$",
+        ):
             s.generate(GenerateRequest(prompt="Hi", n_predict=4))
         assert streamer.pending == () and streamer.prefetching is None and isinstance(hook.error, StreamIOError)
         with pytest.raises(StreamFailedError, match="ended at offset"):  # sticky
@@ -139,8 +165,10 @@ def test_an_interrupt_inside_the_hook_ends_the_session_with_a_clear_error(stream
         return on_route(il, ids)
 
     streamer.on_route = interrupted
-    msg = (r"^expert streaming failed: the streaming hook was interrupted inside llama_decode \(KeyboardInterrupt\); "
-           r"the expert cache may be half-updated; this session cannot continue, open a new one$")
+    msg = (
+        r"^expert streaming failed: the streaming hook was interrupted inside llama_decode \(KeyboardInterrupt\); "
+        r"the expert cache may be half-updated; this session cannot continue, open a new one$"
+    )
 
     def raised(call) -> BaseException:  # noqa: ANN001
         try:  # a raw KeyboardInterrupt must fail this test, not stop the whole pytest run

@@ -5,6 +5,7 @@ the same greedy tokens and the same logits as the plain mmap run with the same l
 (mmap, no repacked buffers), so both run the same kernels. Counts are exact: bytes read with the
 cache off equal the routed experts' slice bytes; with the cache, hits + misses = routed.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,22 +14,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+import llama_cpp  # noqa: E402
 import numpy as np
 import pytest
 
-import llama_cpp  # noqa: E402
-
 from bmoe.llama.expert_hook import ExpertHook, HookError  # noqa: E402
-from bmoe.stream import StreamSettings, Streamer, lookup, read_layout  # noqa: E402
-from bmoe.stream.cache import SlotCache  # noqa: E402
-from bmoe.stream.policy import DEFAULT_POLICY  # noqa: E402
+from bmoe.stream import Streamer, StreamSettings, lookup, read_layout  # noqa: E402
 from bmoe.stream.budget import Budget  # noqa: E402
-from bmoe.stream.policy import Uses  # noqa: E402
+from bmoe.stream.cache import SlotCache  # noqa: E402
+from bmoe.stream.policy import (
+    DEFAULT_POLICY,  # noqa: E402
+    Uses,  # noqa: E402
+)
 from bmoe.stream.twin import allocated_bytes, dense_twin  # noqa: E402
 from helpers.stream_e2e import N_GEN, PROMPT, Recorder, plain, run  # noqa: E402
 
 MODELS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "q4_k_m")]
-
 
 
 def reference_counts(layout, budget: int, rec: Recorder) -> tuple[int, int, int, int]:
@@ -47,11 +48,9 @@ def reference_counts(layout, budget: int, rec: Recorder) -> tuple[int, int, int,
     return policy.hits, policy.misses, policy.evictions, read
 
 
-
-
-
-def _streamed(path: Path, budget: Budget, slots: bool = False,
-              **opts: object) -> tuple[list[int], np.ndarray, Streamer, Recorder, ExpertHook]:
+def _streamed(
+    path: Path, budget: Budget, slots: bool = False, **opts: object
+) -> tuple[list[int], np.ndarray, Streamer, Recorder, ExpertHook]:
     layout = read_layout(path)
     streamer = Streamer(layout, StreamSettings(**opts), budget=budget, warn=lambda m: None, slots=slots)
     rec = Recorder(streamer)
@@ -62,7 +61,8 @@ def _streamed(path: Path, budget: Budget, slots: bool = False,
 
 @pytest.mark.parametrize("arch,quant", MODELS)
 def test_cache_off_is_bit_identical_and_reads_exactly_the_routed_slices(
-        tiny_models: Callable[[str, str], Path], arch: str, quant: str) -> None:
+    tiny_models: Callable[[str, str], Path], arch: str, quant: str
+) -> None:
     path = tiny_models(arch, quant)
     layout = read_layout(path)
     tokens, logits, streamer, rec, hook = _streamed(path, Budget(0, layout.floor_bytes(), "off"))
@@ -84,14 +84,16 @@ def test_cache_off_is_bit_identical_and_reads_exactly_the_routed_slices(
 
 @pytest.mark.parametrize("slots", [True, False], ids=["slots", "pages"])
 @pytest.mark.parametrize("arch,quant", MODELS)
-def test_evicting_cache_is_bit_identical(tiny_models: Callable[[str, str], Path], arch: str, quant: str,
-                                         slots: bool) -> None:
+def test_evicting_cache_is_bit_identical(
+    tiny_models: Callable[[str, str], Path], arch: str, quant: str, slots: bool
+) -> None:
     path = tiny_models(arch, quant)
     layout = read_layout(path)
     one = layout.expert_nbytes_in_layer(layout.layers[0])
     budget = layout.floor_bytes() + one  # floor + one expert: evicts on every token
-    tokens, logits, streamer, rec, hook = _streamed(path, Budget(budget, layout.floor_bytes(), "fixed"),
-                                                    io_threads=3, slots=slots)
+    tokens, logits, streamer, rec, hook = _streamed(
+        path, Budget(budget, layout.floor_bytes(), "fixed"), io_threads=3, slots=slots
+    )
     try:
         assert isinstance(streamer.cache, SlotCache) == slots == hook.slots
         ref_tokens, ref_logits = plain(path)
@@ -111,8 +113,11 @@ def _streamer(path: Path, *, slots: bool = False) -> Iterator[Streamer]:
     """A streamer of ``path``, closed afterwards: the cache off, or with ``slots`` a slot cache of
     one layer's experts over the floor (so it evicts)."""
     layout = read_layout(path)
-    budget = (Budget(layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0]), 0, "fixed")
-              if slots else Budget(0, 0, "off"))
+    budget = (
+        Budget(layout.floor_bytes() + layout.expert_nbytes_in_layer(layout.layers[0]), 0, "fixed")
+        if slots
+        else Budget(0, 0, "off")
+    )
     streamer = Streamer(layout, StreamSettings(), budget=budget, warn=lambda m: None, slots=slots)
     try:
         yield streamer
@@ -217,7 +222,8 @@ def _bytes_read_by_load(path: Path, lazy: int) -> int:
 
 
 def test_mmap_load_reads_the_whole_file_and_the_dense_twin_only_dense(
-        tiny_models: Callable[[str, str], Path], tmp_path: Path) -> None:
+    tiny_models: Callable[[str, str], Path], tmp_path: Path
+) -> None:
     """The load-time finding of docs/streaming.md, measured with /proc/self/io read_bytes."""
     # a copy of its own, so no other reader of the shared tiny file (a parallel worker) warms its pages
     path = Path(shutil.copy(tiny_models("qwen3moe", "f32"), tmp_path / "model.gguf"))
@@ -234,7 +240,8 @@ def test_mmap_load_reads_the_whole_file_and_the_dense_twin_only_dense(
 
 @pytest.mark.parametrize("arch,quant", [("qwen3moe", "q8_0"), ("qwen35moe", "q4_k_m")])
 def test_streaming_over_the_dense_twin_is_bit_identical(
-        tiny_models: Callable[[str, str], Path], tmp_path: Path, arch: str, quant: str) -> None:
+    tiny_models: Callable[[str, str], Path], tmp_path: Path, arch: str, quant: str
+) -> None:
     path = tiny_models(arch, quant)
     layout = read_layout(path)  # experts are read from the original...
     twin = dense_twin(layout, tmp_path / "twins")  # ...llama.cpp loads the twin (zeros for experts)

@@ -1,6 +1,7 @@
 """The hook's split phase on the tiny fixtures: reads overlap the matmuls before their consumer,
 no expert matmul is ever asked about while its projection is still being read, the first graph
 stays synchronous, and output stays bit-identical to the plain run."""
+
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,7 @@ import pytest
 
 from bmoe.llama.expert_hook import ExpertHook
 from bmoe.llama.ggml_tensor import SRC_OFFSET
-from bmoe.stream import StreamSettings, Streamer, lookup, read_layout
+from bmoe.stream import Streamer, StreamSettings, lookup, read_layout
 from bmoe.stream.budget import Budget
 from helpers.stream_e2e import plain, run
 
@@ -62,10 +63,12 @@ def _run(path: Path, budget: Budget, **hook_kw) -> tuple[list[int], np.ndarray, 
     return tokens, logits, hook, streamer
 
 
-@pytest.mark.parametrize("arch,quant,cache", [("qwen3moe", "q8_0", False), ("qwen35moe", "q4_k_m", False),
-                                              ("qwen3moe", "q4_k_m", True)])
+@pytest.mark.parametrize(
+    "arch,quant,cache", [("qwen3moe", "q8_0", False), ("qwen35moe", "q4_k_m", False), ("qwen3moe", "q4_k_m", True)]
+)
 def test_down_reads_overlap_and_every_matmul_waits_for_its_bytes(
-        tiny_models: Callable[[str, str], Path], arch: str, quant: str, cache: bool) -> None:
+    tiny_models: Callable[[str, str], Path], arch: str, quant: str, cache: bool
+) -> None:
     path = tiny_models(arch, quant)
     layout = read_layout(path)
     budget = Budget(layout.floor_bytes(), 0, "fixed") if cache else Budget(0, 0, "off")
@@ -87,7 +90,8 @@ def test_down_reads_overlap_and_every_matmul_waits_for_its_bytes(
 
 
 def test_a_stop_node_that_never_comes_falls_back_to_waiting_at_the_matmul(
-        tiny_models: Callable[[str, str], Path]) -> None:
+    tiny_models: Callable[[str, str], Path],
+) -> None:
     path = tiny_models("qwen3moe", "f32")
     tokens, logits, hook, _ = _run(path, Budget(0, 0, "off"), bad_stops=True)
     assert tokens == plain(path)[0] and np.array_equal(logits, plain(path)[1])

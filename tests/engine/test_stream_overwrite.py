@@ -1,6 +1,7 @@
 """Expert bytes overwritten in place, keeping size, mtime and inode (issue #12 item 7): the sampled
 content check makes it the same sticky error as any other file that changed under a session,
 and a session opened afterwards streams the new bytes over a twin of the new file."""
+
 import os
 import re
 import shutil
@@ -49,12 +50,16 @@ def test_expert_bytes_overwritten_in_place_are_a_sticky_error_naming_the_file(mo
     try:
         assert s.generate(GenerateRequest(prompt="Hi", n_predict=4)).n_tokens == 4
         # Layer 0's down projections now hold layer 1's: a real model's bytes, just not these.
-        overwrite_in_place(model, expert_range(model, "blk.0.ffn_down_exps.weight"),
-                           expert_range(model, "blk.1.ffn_down_exps.weight"))
+        overwrite_in_place(
+            model, expert_range(model, "blk.0.ffn_down_exps.weight"), expert_range(model, "blk.1.ffn_down_exps.weight")
+        )
         time.sleep(CHECK_EVERY_S + 0.1)  # the next check is due: a user's next request comes later than this
-        with pytest.raises(StreamFailedError, match=rf"^expert streaming failed: model file {re.escape(str(model))} "
-                                                    r"changed while streaming: .*overwritten in place.*"
-                                                    r"this session cannot continue, open a new one$") as e:
+        with pytest.raises(
+            StreamFailedError,
+            match=rf"^expert streaming failed: model file {re.escape(str(model))} "
+            r"changed while streaming: .*overwritten in place.*"
+            r"this session cannot continue, open a new one$",
+        ) as e:
             s.generate(GenerateRequest(prompt="Hi", n_predict=4))
         assert isinstance(e.value.__cause__, FileChangedError)
         with pytest.raises(StreamFailedError, match="overwritten in place"):  # sticky
@@ -73,8 +78,9 @@ def test_a_session_opened_after_an_in_place_overwrite_uses_the_new_bytes(model: 
         before = s.generate(GenerateRequest(prompt="Hi", n_predict=8)).tokens
     (a1, b1), (a2, b2) = dense_ranges(read_layout(model), 0)[1:3]  # layer 1's dense tensors get layer 2's
     overwrite_in_place(model, (a1, b1), (a2, b2))
-    overwrite_in_place(model, expert_range(model, "blk.0.ffn_down_exps.weight"),
-                       expert_range(model, "blk.1.ffn_down_exps.weight"))
+    overwrite_in_place(
+        model, expert_range(model, "blk.0.ffn_down_exps.weight"), expert_range(model, "blk.1.ffn_down_exps.weight")
+    )
     with Session(SessionConfig(**cfg)) as s:
         resident = s.generate(GenerateRequest(prompt="Hi", n_predict=8)).tokens
     with Session(SessionConfig(moe_stream=True, **cfg)) as s:

@@ -1,4 +1,5 @@
 """Opening a streamed session reads the dense weights from flash, not the whole file."""
+
 import os
 import shutil
 from pathlib import Path
@@ -62,8 +63,9 @@ def test_streamed_session_reports_dense_residency(tiny_models, tmp_path: Path) -
         assert s.dense_resident_frac() == 0.0  # resident sessions: unmeasured
 
 
-def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(tiny_models, tmp_path: Path,
-                                                                             monkeypatch) -> None:
+def test_a_file_changed_before_the_reader_opens_it_is_a_setup_error_naming_it(
+    tiny_models, tmp_path: Path, monkeypatch
+) -> None:
     # The reader checks the shards against the layout when it opens them: a file replaced between
     # the layout's read and that check is refused like any other model-file fault at open.
     import pytest

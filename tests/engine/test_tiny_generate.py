@@ -1,9 +1,10 @@
 """Generate on the tiny MoE models: determinism, KV reuse, the hybrid fallback, cancel."""
+
 import numpy as np
 import pytest
 
-from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
+from bmoe.runtime.chat import Message
 from bmoe.runtime.results import GenerateRequest
 from helpers.exactness import assert_same_up_to_near_tie
 
@@ -38,10 +39,10 @@ def test_continued_turn_trims_and_reuses_on_attention_model(open_tiny) -> None:
 
     same = open_tiny("qwen3moe")
     same.kv.append(kv1[: t1.n_prompt])
-    for tok in kv1[t1.n_prompt:]:
+    for tok in kv1[t1.n_prompt :]:
         same.kv.append([tok])
     same.kv.rollback(t2.n_reused)
-    assert np.array_equal(same.kv.append(prompt2[t2.n_reused:]), t2.logits[0])  # the same pieces: bit for bit
+    assert np.array_equal(same.kv.append(prompt2[t2.n_reused :]), t2.logits[0])  # the same pieces: bit for bit
 
     fresh = open_tiny("qwen3moe")
     fresh.set_history([Message("user", "Hello"), Message("assistant", t1.text)])

@@ -1,4 +1,5 @@
 """The tiny fixture GGUFs (bmoe.testing): deterministic, cached, loadable, and what they claim."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,9 +16,22 @@ import numpy as np
 import pytest
 
 from bmoe.llama.lib import ensure_backend
-from bmoe.testing import (ARCHS, HF_ARCHS, HF_KQUANT_ARCHS, HF_VL_ARCHS, QUANTS, VL_ARCHS, SmolLM2NotInstalled,
-                          expert_slice_bytes, hf_arch, hf_weights_for, smollm2_gguf_path, spec_for,
-                          tiny_file_name, write_tiny)
+from bmoe.testing import (
+    ARCHS,
+    HF_ARCHS,
+    HF_KQUANT_ARCHS,
+    HF_VL_ARCHS,
+    QUANTS,
+    VL_ARCHS,
+    SmolLM2NotInstalled,
+    expert_slice_bytes,
+    hf_arch,
+    hf_weights_for,
+    smollm2_gguf_path,
+    spec_for,
+    tiny_file_name,
+    write_tiny,
+)
 from bmoe.testing.__main__ import main as cli_main
 
 Q = gguf.GGMLQuantizationType
@@ -208,7 +222,9 @@ def test_quantize_refusals_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match=r"unknown llama.cpp file type 'Q9_Z' \(expected e.g. 'Q4_K_M'\)"):
         quantize_gguf(tmp_path / "in.gguf", tmp_path / "out.gguf", "Q9_Z")
     missing = tmp_path / "missing.gguf"
-    with pytest.raises(QuantizeError, match=rf"llama_model_quantize\({missing} -> .*out.gguf, Q4_K_M\) failed with code 1"):
+    with pytest.raises(
+        QuantizeError, match=rf"llama_model_quantize\({missing} -> .*out.gguf, Q4_K_M\) failed with code 1"
+    ):
         quantize_gguf(missing, tmp_path / "out.gguf")
     assert not (tmp_path / "out.gguf").exists()
 

@@ -1,5 +1,6 @@
 """bmoe-eval's flags are documented: its own in docs/eval.md, the session flags it shares with
 bmoe-cli in docs/cli.md; and the flags it leaves out are the ones docs/eval.md says it leaves out."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,13 +13,22 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _first_cells(*names: str) -> list[str]:
-    return [line.split("|")[1] for n in names for line in (DOCS / n).read_text().splitlines()
-            if line.startswith("|") and line.count("|") > 2]
+    return [
+        line.split("|")[1]
+        for n in names
+        for line in (DOCS / n).read_text().splitlines()
+        if line.startswith("|") and line.count("|") > 2
+    ]
 
 
 def _long_flags(parser: argparse.ArgumentParser) -> set[str]:
-    return {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings
-            if s.startswith("--") and s != "--help"}
+    return {
+        s
+        for a in parser._actions
+        if a.help != argparse.SUPPRESS
+        for s in a.option_strings
+        if s.startswith("--") and s != "--help"
+    }
 
 
 def test_every_bmoe_eval_flag_has_a_row() -> None:
@@ -35,5 +45,7 @@ def test_the_left_out_session_flags_are_named_in_eval_md() -> None:
 
 def test_the_batch_row_gives_both_defaults() -> None:
     row = next(c for c in (DOCS / "eval.md").read_text().splitlines() if c.startswith("| `--batch N` |"))
-    assert row.split("|")[2].strip() == \
-        f"the batch width (`--decide-batch N`, {DECIDE_BATCH_AUTO} with `auto`); with `--ray`, max(that, {RAY_BATCH_ROWS})"
+    assert (
+        row.split("|")[2].strip()
+        == f"the batch width (`--decide-batch N`, {DECIDE_BATCH_AUTO} with `auto`); with `--ray`, max(that, {RAY_BATCH_ROWS})"
+    )

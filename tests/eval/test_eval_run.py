@@ -1,6 +1,7 @@
 """bmoe-eval end to end on SmolLM2-135M-Instruct (the default model) over a few rows: the output
 files, batches through Session.decide_many, resuming after an interruption without recomputing a
 row, and the refusals."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,9 @@ def test_a_run_writes_every_output_from_batches(data: Path, tmp_path: Path, call
     assert "| T = 1 | 4 |" in printed.out and "dec/s" in printed.err and "kept_hits" in printed.err
 
 
-def test_an_interrupted_run_resumes_without_recomputing_a_row(data: Path, tmp_path: Path, monkeypatch, calls,
-                                                               capsys) -> None:
+def test_an_interrupted_run_resumes_without_recomputing_a_row(
+    data: Path, tmp_path: Path, monkeypatch, calls, capsys
+) -> None:
     out = tmp_path / "out"
     real = Session.decide_many  # the spy of `calls`
 
@@ -104,8 +106,9 @@ def test_an_interrupted_run_resumes_without_recomputing_a_row(data: Path, tmp_pa
     assert calls == [] and _results(out) == rows
 
 
-def test_another_data_set_or_setting_is_refused_before_the_model_opens(data: Path, tmp_path: Path, calls,
-                                                                        capsys) -> None:
+def test_another_data_set_or_setting_is_refused_before_the_model_opens(
+    data: Path, tmp_path: Path, calls, capsys
+) -> None:
     out = tmp_path / "out"
     two = tmp_path / "two.jsonl"
     two.write_text("\n".join(data.read_text().splitlines()[:2]) + "\n")
@@ -114,8 +117,10 @@ def test_another_data_set_or_setting_is_refused_before_the_model_opens(data: Pat
     capsys.readouterr()
     assert main([str(data), "--out", str(out), *FAST]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"bmoe-eval: --out: {out / 'results.jsonl'} holds the results of another run: "
-                              "the data (sha256 of the file) differs (data_sha256 was ")
+    assert err[-1].startswith(
+        f"bmoe-eval: --out: {out / 'results.jsonl'} holds the results of another run: "
+        "the data (sha256 of the file) differs (data_sha256 was "
+    )
     assert err[-1].endswith(f"give another --out, or delete {out / 'results.jsonl'} to start over")
     assert main([str(two), "--out", str(out), "--abstain-below", "0.5", *FAST]) == 1
     assert "--abstain-below differs (abstain_below was null, now 0.5)" in capsys.readouterr().err
@@ -126,13 +131,20 @@ def test_another_data_set_or_setting_is_refused_before_the_model_opens(data: Pat
 
 def test_bad_lines_and_refused_rows_are_reported_not_fatal(tmp_path: Path, calls, capsys) -> None:
     path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 0}),
-        json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 2}),
-        "not json",
-        json.dumps({"suffix": "Is the sky green? " * 200, "choices": ["yes", "no"], "gold": 0}),
-        '{"prefix": "Say yes.", "choices": ["yes", "no"], "gold": ' + "1" * 5000 + "}",  # over Python's digit limit
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 0}),
+                json.dumps({"prefix": "Say yes.", "suffix": " Answer:", "choices": ["yes", "no"], "gold": 2}),
+                "not json",
+                json.dumps({"suffix": "Is the sky green? " * 200, "choices": ["yes", "no"], "gold": 0}),
+                '{"prefix": "Say yes.", "choices": ["yes", "no"], "gold": '
+                + "1" * 5000
+                + "}",  # over Python's digit limit
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "out"
     assert main([str(path), "--out", str(out), *FAST]) == 0
     err = capsys.readouterr().err
@@ -154,12 +166,15 @@ def test_bad_lines_and_refused_rows_are_reported_not_fatal(tmp_path: Path, calls
     assert "resuming: 1 of 2 rows are already in" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--fit-temperature"], '--fit-temperature: 0 of the 8 rows have "split":"train"'),
-    (["-c", "8"], "--ctx-size (n_ctx): must be an integer >= 16, got 8"),
-    (["--set", "nope"], None),
-    (["-m", "BAD"], "model: cannot read GGUF "),  # refused from its header, before llama.cpp (#38.8)
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--fit-temperature"], '--fit-temperature: 0 of the 8 rows have "split":"train"'),
+        (["-c", "8"], "--ctx-size (n_ctx): must be an integer >= 16, got 8"),
+        (["--set", "nope"], None),
+        (["-m", "BAD"], "model: cannot read GGUF "),  # refused from its header, before llama.cpp (#38.8)
+    ],
+)
 def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args, msg, capsys) -> None:
     argv = [str(data), "--out", str(tmp_path / "out"), *FAST, *args]
     if args[0] == "--fit-temperature":
@@ -181,16 +196,20 @@ def test_refusals_before_any_work_are_one_line(data: Path, tmp_path: Path, args,
     assert not (tmp_path / "out" / "results.jsonl").exists()
 
 
-def test_an_out_that_cannot_be_written_is_refused_before_any_work(data: Path, tmp_path: Path, unwritable_dir: Path,
-                                                                   calls, capsys) -> None:
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(
+    data: Path, tmp_path: Path, unwritable_dir: Path, calls, capsys
+) -> None:
     blocked = tmp_path / "blocked"
     (blocked / "metrics.json").mkdir(parents=True)
     for out, msg in [
         (unwritable_dir / "out", f"--out: cannot make the folder {unwritable_dir / 'out'}: "),
         (unwritable_dir, f"--out: cannot write in the folder {unwritable_dir}: Permission denied"),
         (data / "out", f"--out: cannot make the folder {data / 'out'}: Not a directory"),
-        (blocked, f"--out: {blocked / 'metrics.json'} is a folder; the run writes a regular file of that name "
-                  "(remove it, or give another --out)"),
+        (
+            blocked,
+            f"--out: {blocked / 'metrics.json'} is a folder; the run writes a regular file of that name "
+            "(remove it, or give another --out)",
+        ),
     ]:
         assert main([str(data), "--out", str(out), *FAST]) == 1
         err = capsys.readouterr().err.strip().splitlines()
@@ -206,8 +225,9 @@ def units5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_resumed_pride_run_gives_the_figures_of_a_fresh_one(units5: Path, tmp_path: Path, monkeypatch,
-                                                                calls, capsys) -> None:
+def test_a_resumed_pride_run_gives_the_figures_of_a_fresh_one(
+    units5: Path, tmp_path: Path, monkeypatch, calls, capsys
+) -> None:
     pride = ["--debias", "pride", "--decide-pride-sample", "2", "--batch", "1", *FAST]  # a call a row
     assert main([str(units5), "--out", str(tmp_path / "fresh"), *pride]) == 0
     fresh = _results(tmp_path / "fresh")
@@ -231,22 +251,29 @@ def test_a_resumed_pride_run_gives_the_figures_of_a_fresh_one(units5: Path, tmp_
     keys = ("pride_stage", "prior", "debiased_p", "best")
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in fresh]
     # another K would answer the pride rows otherwise: refused, as another --debias is
-    assert main([str(units5), "--out", str(tmp_path / "resumed"), "--debias", "pride", "--decide-pride-sample", "3",
-                 *FAST]) == 1
+    assert (
+        main(
+            [str(units5), "--out", str(tmp_path / "resumed"), "--debias", "pride", "--decide-pride-sample", "3", *FAST]
+        )
+        == 1
+    )
     assert "--decide-pride-sample differs (decide_pride_sample was 2, now 3)" in capsys.readouterr().err
 
 
 def test_pride_rows_are_refused_on_ray_before_anything_starts(units5: Path, tmp_path: Path, capsys) -> None:
     assert main([str(units5), "--out", str(tmp_path / "out"), "--ray", "local", "--debias", "pride", *FAST]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ['bmoe-eval: --ray: 5 rows use "debias": "pride", whose prior a session estimates from the first '
-                   'rows it answers; each Ray actor has its own session and gets the rows in another order, so the '
-                   'figures would not be those of one process; run them without --ray']
+    assert err == [
+        'bmoe-eval: --ray: 5 rows use "debias": "pride", whose prior a session estimates from the first '
+        'rows it answers; each Ray actor has its own session and gets the rows in another order, so the '
+        'figures would not be those of one process; run them without --ray'
+    ]
     assert not (tmp_path / "out").exists()
 
 
-def test_the_actor_flags_reach_ray_and_get_around_cache_mb_auto(data: Path, tmp_path: Path, tiny_models,
-                                                                 monkeypatch, capsys) -> None:
+def test_the_actor_flags_reach_ray_and_get_around_cache_mb_auto(
+    data: Path, tmp_path: Path, tiny_models, monkeypatch, capsys
+) -> None:
     import bmoe.ray.data
     from bmoe.errors import ConfigError
 
@@ -264,7 +291,8 @@ def test_the_actor_flags_reach_ray_and_get_around_cache_mb_auto(data: Path, tmp_
     assert main(argv) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "bmoe-eval: cache_mb: auto sizes the cache from the RAM of whichever node the actor lands on; for Ray give "
-        "--cache-mb N, or a ceiling with --cache-ceil-mb, or --actor-memory-mb")
+        "--cache-mb N, or a ceiling with --cache-ceil-mb, or --actor-memory-mb"
+    )
     assert main([*argv, "--actor-memory-mb", "8000", "--actor-cpus", "2"]) == 1
     assert "bmoe-eval: stop here" in capsys.readouterr().err
     assert (seen[-1].memory_mb, seen[-1].num_cpus) == (8000, 2.0)
@@ -277,11 +305,17 @@ def test_on_ray_a_failed_row_is_retried_not_counted_as_refused(tmp_path: Path, m
     import bmoe.ray.data
 
     path = tmp_path / "three.jsonl"
-    path.write_text("".join(json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n"
-                            for i in range(3)))
+    path.write_text(
+        "".join(
+            json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n" for i in range(3)
+        )
+    )
     answered = {"best": 0, "choice_logp": [-0.5, -2.0], "p_outside": 0.2, "abstained": False, "n_reused": 0}
-    back = [{"id": 1, "error": "internal error: RuntimeError: bug", "failed": True},
-            {"id": 2, "error": "decide: refused"}, {"id": 3, **answered}]
+    back = [
+        {"id": 1, "error": "internal error: RuntimeError: bug", "failed": True},
+        {"id": 2, "error": "decide: refused"},
+        {"id": 3, **answered},
+    ]
     monkeypatch.setattr(bmoe.ray.data, "RayRun", lambda lines, config, options: enumerate(back))
     out = tmp_path / "out"
     assert main([str(path), "--out", str(out), "--ray", "local", *FAST]) == 0
@@ -294,19 +328,29 @@ def test_on_ray_a_failed_row_is_retried_not_counted_as_refused(tmp_path: Path, m
     assert (doc["answered"], doc["unanswered"], doc["refused"]) == (1, 1, [{"line": 2, "error": "decide: refused"}])
 
 
-@pytest.mark.parametrize("failure, line", [
-    (ModuleNotFoundError("No module named 'ray'", name="ray"),
-     "bmoe-eval: --ray needs the ray extra (ray is missing): pip install 'bmoe[ray]'"),
-    (RuntimeError("Failed to run map_batches: 3 retries spent\n  Traceback (most recent call last):\n    ..."),
-     "bmoe-eval: the run failed: RuntimeError: Failed to run map_batches: 3 retries spent; rerun the same command "
-     "to resume (answered rows are in {results})"),
-])
+@pytest.mark.parametrize(
+    "failure, line",
+    [
+        (
+            ModuleNotFoundError("No module named 'ray'", name="ray"),
+            "bmoe-eval: --ray needs the ray extra (ray is missing): pip install 'bmoe[ray]'",
+        ),
+        (
+            RuntimeError("Failed to run map_batches: 3 retries spent\n  Traceback (most recent call last):\n    ..."),
+            "bmoe-eval: the run failed: RuntimeError: Failed to run map_batches: 3 retries spent; rerun the same command "
+            "to resume (answered rows are in {results})",
+        ),
+    ],
+)
 def test_ray_failures_are_one_line(tmp_path: Path, monkeypatch, capsys, failure, line) -> None:
     import bmoe.ray.data
 
     path = tmp_path / "two.jsonl"
-    path.write_text("".join(json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n"
-                            for i in range(2)))
+    path.write_text(
+        "".join(
+            json.dumps({"prefix": "p", "suffix": f" {i}?", "choices": ["A", "B"], "gold": 0}) + "\n" for i in range(2)
+        )
+    )
     answered = {"id": 1, "best": 0, "choice_logp": [-0.5, -2.0], "p_outside": 0.2, "abstained": False, "n_reused": 0}
 
     def run(lines, config, options):  # type: ignore[no-untyped-def]
@@ -330,23 +374,27 @@ def test_a_special_file_in_out_is_refused_before_any_work(data: Path, tmp_path: 
     import os
     import stat
 
-    for name, make, what in [("results.jsonl", os.mkfifo, "a FIFO (named pipe)"),
-                             ("run.json", lambda p: p.symlink_to("/dev/null"), "a character device")]:
+    for name, make, what in [
+        ("results.jsonl", os.mkfifo, "a FIFO (named pipe)"),
+        ("run.json", lambda p: p.symlink_to("/dev/null"), "a character device"),
+    ]:
         out = tmp_path / name.split(".")[0]
         out.mkdir()
         make(out / name)
         assert main([str(data), "--out", str(out), *FAST]) == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1] == (f"bmoe-eval: --out: {out / name} is {what}; the run writes a regular file of that "
-                           "name (remove it, or give another --out)"), err
+        assert err[-1] == (
+            f"bmoe-eval: --out: {out / name} is {what}; the run writes a regular file of that "
+            "name (remove it, or give another --out)"
+        ), err
         assert sorted(p.name for p in out.iterdir()) == [name]
     assert stat.S_ISFIFO(os.lstat(tmp_path / "results" / "results.jsonl").st_mode)
     assert calls == [] and stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
-
-def test_a_full_disk_is_one_line_naming_the_file_and_the_run_resumes(data: Path, tmp_path: Path, monkeypatch,
-                                                                     calls, capsys) -> None:
+def test_a_full_disk_is_one_line_naming_the_file_and_the_run_resumes(
+    data: Path, tmp_path: Path, monkeypatch, calls, capsys
+) -> None:
     """ENOSPC while results are appended is one refusal line naming the file (it was "internal error:
     OSError" inside the progress bar's line), exit 1; the rows written before it are kept and a
     rerun answers only the rest."""
@@ -375,9 +423,11 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_run_resumes(data: Path,
     monkeypatch.setattr(ResultStore, "append", full_after_three)
     assert main([str(data), "--out", str(out), "--batch", "4", *FAST]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err[-1] == (f"bmoe-eval: cannot write {out / 'results.jsonl'}: No space left on device; the rows "
-                       f"answered so far are kept in {out / 'results.jsonl'}: make room and rerun the same command "
-                       "to resume")
+    assert err[-1] == (
+        f"bmoe-eval: cannot write {out / 'results.jsonl'}: No space left on device; the rows "
+        f"answered so far are kept in {out / 'results.jsonl'}: make room and rerun the same command "
+        "to resume"
+    )
     assert "internal error" not in "\n".join(err) and not (out / "metrics.json").exists()
     assert not err[-2].endswith("bmoe-eval: cannot write")  # not on the progress bar's line
     assert [r["line"] for r in _results(out)] == written == [1, 3, 5]
@@ -388,8 +438,9 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_run_resumes(data: Path,
     assert [r["line"] for r in _results(out)] == list(range(1, 9))
 
 
-def test_a_second_run_on_the_same_out_is_refused_while_the_first_runs(data: Path, tmp_path: Path, calls,
-                                                                     capsys) -> None:
+def test_a_second_run_on_the_same_out_is_refused_while_the_first_runs(
+    data: Path, tmp_path: Path, calls, capsys
+) -> None:
     """Two runs answering into one folder would both answer the same rows: the folder's lock file is
     held for a run, and a second run is refused before any work; once the first ends, it runs."""
     import fcntl
@@ -403,7 +454,8 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_runs(data: Path
         assert main([str(data), "--out", str(out), *FAST]) == 1
         assert capsys.readouterr().err.splitlines()[-1] == (
             f"bmoe-eval: --out: {out} is in use by another bmoe-eval run (it holds {out / '.bmoe-eval.lock'}); "
-            "wait for it to end, or give another --out")
+            "wait for it to end, or give another --out"
+        )
         assert calls == [] and not (out / "results.jsonl").exists()
     finally:
         os.close(fd)

@@ -1,4 +1,5 @@
 """bmoe.eval.metrics and the temperature fit against values worked out by hand."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,9 @@ from bmoe.eval.temperature import fit_temperature
 
 def _row(probs: list[float], gold: int, p_out: float, abstained: bool = False) -> m.Scored:
     """A decision whose choices hold ``1 - p_out`` of the mass, split as ``probs`` (which sum to 1)."""
-    return m.Scored(logp=tuple(math.log(p * (1 - p_out)) for p in probs), gold=gold, p_outside=p_out,
-                    abstained=abstained)
+    return m.Scored(
+        logp=tuple(math.log(p * (1 - p_out)) for p in probs), gold=gold, p_outside=p_out, abstained=abstained
+    )
 
 
 # renormalised top probability, right or wrong:
@@ -39,16 +41,23 @@ def test_the_figures_of_four_rows() -> None:
     assert s["aurc"] == pytest.approx((1 + 1 / 2 + 1 / 3 + 2 / 4) / 4)
     assert s["selective_accuracy_80"] == 0.5  # ceil(0.8 * 4) = 4 rows: all of them
     assert s["mean_confidence"] == pytest.approx((0.62 + 0.55 + 0.85 + 0.75) / 4)
-    assert s["p_outside"] == pytest.approx({"q0": 0.1, "q10": 0.13, "q25": 0.175, "q50": 0.25, "q75": 0.325,
-                                            "q90": 0.37, "q100": 0.4, "mean": 0.25})
+    assert s["p_outside"] == pytest.approx(
+        {"q0": 0.1, "q10": 0.13, "q25": 0.175, "q50": 0.25, "q75": 0.325, "q90": 0.37, "q100": 0.4, "mean": 0.25}
+    )
 
 
 def test_reliability_bins_are_right_closed_tenths() -> None:
-    bins = m.reliability_bins(np.array([0.62, 0.55, 0.85, 0.75, 0.5, 0.05]),
-                              np.array([True, False, False, True, True, False]))
+    bins = m.reliability_bins(
+        np.array([0.62, 0.55, 0.85, 0.75, 0.5, 0.05]), np.array([True, False, False, True, True, False])
+    )
     assert [b["n"] for b in bins] == [1, 0, 0, 0, 1, 1, 1, 1, 1, 0]  # 0.5 falls in (0.4, 0.5]
-    assert bins[6] == {"lo": pytest.approx(0.6), "hi": pytest.approx(0.7), "n": 1, "accuracy": 1.0,
-                       "confidence": pytest.approx(0.62)}
+    assert bins[6] == {
+        "lo": pytest.approx(0.6),
+        "hi": pytest.approx(0.7),
+        "n": 1,
+        "accuracy": 1.0,
+        "confidence": pytest.approx(0.62),
+    }
     assert bins[1]["accuracy"] is None and bins[1]["confidence"] is None
     # two rows in one bin: |mean accuracy - mean confidence|, weighted by the bin's share
     conf, correct = np.array([0.81, 0.89, 0.3]), np.array([True, False, False])
@@ -74,8 +83,12 @@ def test_the_tradeoff_uses_decides_rule_and_abstention_reads_the_session() -> No
     assert (t[0.46]["coverage"], t[0.46]["accuracy"]) == (0.5, 0.5)
     assert (t[0.58]["coverage"], t[0.58]["accuracy"]) == (0.25, 0.0)
     assert (t[0.6]["coverage"], t[0.6]["accuracy"]) == (0.0, None)
-    rows = [_row([0.62, 0.2, 0.18], 0, 0.1), _row([0.45, 0.55], 0, 0.2, abstained=True),
-            _row([0.85, 0.15], 1, 0.3, abstained=True), _row([0.75, 0.05, 0.2], 0, 0.4)]
+    rows = [
+        _row([0.62, 0.2, 0.18], 0, 0.1),
+        _row([0.45, 0.55], 0, 0.2, abstained=True),
+        _row([0.85, 0.15], 1, 0.3, abstained=True),
+        _row([0.75, 0.05, 0.2], 0, 0.4),
+    ]
     assert m.abstention(rows) == {"n_answered": 2, "n_abstained": 2, "coverage": 0.5, "accuracy_answered": 1.0}
 
 
@@ -83,7 +96,8 @@ def test_temperature_divides_the_scores_before_renormalising() -> None:
     lp = m.choice_logprobs([math.log(0.5), math.log(0.25)])
     assert np.exp(lp) == pytest.approx([2 / 3, 1 / 3])
     assert np.exp(m.choice_logprobs([math.log(0.5), math.log(0.25)], 2.0)) == pytest.approx(
-        [math.sqrt(2) / (1 + math.sqrt(2)), 1 / (1 + math.sqrt(2))])
+        [math.sqrt(2) / (1 + math.sqrt(2)), 1 / (1 + math.sqrt(2))]
+    )
     assert m.summary(ROWS, 3.0)["accuracy"] == m.summary(ROWS)["accuracy"]
 
 

@@ -3,6 +3,7 @@
 Every session in a gate loads the model with the same parameters (mmap, no repacked
 buffers), whether it streams or not, so both sides run the same kernels.
 """
+
 from collections.abc import Callable, Iterator
 from pathlib import Path
 

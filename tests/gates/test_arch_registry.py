@@ -1,7 +1,9 @@
 """The streaming registry lists exactly the architectures whose gates run in this suite."""
+
 from bmoe.stream.archs import list_archs
 from bmoe.testing import FAMILIES, RECIPES, names
-from helpers.decide_prompts import ARCHS as DECIDE_ARCHS, FULL_ARCHS, FULL_GATES, family_of
+from helpers.decide_prompts import ARCHS as DECIDE_ARCHS
+from helpers.decide_prompts import FULL_ARCHS, FULL_GATES, family_of
 from helpers.gates import VARIANTS
 
 

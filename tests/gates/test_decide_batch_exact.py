@@ -11,6 +11,7 @@ however many rows a ubatch holds, and K-quants (Q4_K_M), whose tiled kernel take
 rows on: there the calls are bounded so that no product crosses that bound (bmoe.runtime.forks,
 RowLimits; docs/decide.md "What is exact").
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,8 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.stream.archs import batch_apart
 from bmoe.testing import HF_KQUANT_ARCHS
-
-from helpers.decide_prompts import ABC, FULL_ARCHS, MODES as MODES_ALL, P1, S1, S2, S3, SUFFIXES, answers, modes_of, requests
+from helpers.decide_prompts import ABC, FULL_ARCHS, P1, S1, S2, S3, SUFFIXES, answers, modes_of, requests
+from helpers.decide_prompts import MODES as MODES_ALL
 
 
 def near(a, b, tol: float = 0.5) -> None:  # noqa: ANN001
@@ -70,7 +71,9 @@ def test_g19_rest_pieces_across_the_tiled_bound(tiny_models, open_session, mode:
     model = tiny_models("qwen3moe", "q8_0")
     kw = dict(decide=True, decide_batch=4, flash_attn=flash_attn, **MODES_ALL[mode])
     batched, alone = open_session(model, **kw), open_session(model, **kw)
-    reqs = [DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate((S1, S1 + S2 + S3 + S2, S2, S3))]
+    reqs = [
+        DecideRequest(id=i, prefix=P1, suffix=s, choices=ABC) for i, s in enumerate((S1, S1 + S2 + S3 + S2, S2, S3))
+    ]
     got = batched.decide_many(reqs)
     want = [alone.decide(r) for r in reqs]
     rest = [r.n_tokens - r.n_reused for r in got[1:]]
@@ -83,8 +86,19 @@ def test_g19_rest_pieces_across_the_tiled_bound(tiny_models, open_session, mode:
 KQUANT_ARCHS = ["qwen3moe", "qwen35moe", *sorted(HF_KQUANT_ARCHS)]
 # Sixteen suffixes of 10 to 71 tokens after P1: most experts get under 8 of a suffix's rows alone and
 # 8 or more beside the others, where llama.cpp's tiled K-quant matmul takes over (bmoe.runtime.forks).
-KQ_SUFFIXES = [*SUFFIXES, " Screen: Lock. Pick.", S1 + " Now.", " Screen: Wi-Fi.", S3 + " Go.", " A B C?",
-               S2 + " Hurry up please.", " Screen: Display.", " Screen: Battery low.", S1 + S2, " Last one."]
+KQ_SUFFIXES = [
+    *SUFFIXES,
+    " Screen: Lock. Pick.",
+    S1 + " Now.",
+    " Screen: Wi-Fi.",
+    S3 + " Go.",
+    " A B C?",
+    S2 + " Hurry up please.",
+    " Screen: Display.",
+    " Screen: Battery low.",
+    S1 + S2,
+    " Last one.",
+]
 
 
 @pytest.mark.parametrize(("arch", "n"), [(a, 8) for a in KQUANT_ARCHS] + [("qwen3moe", 16), ("qwen35moe", 16)])
@@ -128,9 +142,11 @@ def test_g19_decide_batch_refusals(tiny_models) -> None:
 # scored it differently: before that was fixed, 0.26 nats (the long one) and 0.13 (line 54) with flash
 # attention off, 0.06 (the long one) with it on (issue 31).
 ARITH_LINES = (53, 54, 55, 56)
-LONG_SUFFIX = (" Before you answer, work out both sides in your head: add or subtract the tens first, then"
-               " the units, and for a product multiply the two numbers digit by digit. Which expression"
-               " is larger? Options: A) 47 + 38 B) 9 x 9. Answer with the letter.")
+LONG_SUFFIX = (
+    " Before you answer, work out both sides in your head: add or subtract the tens first, then"
+    " the units, and for a product multiply the two numbers digit by digit. Which expression"
+    " is larger? Options: A) 47 + 38 B) 9 x 9. Answer with the letter."
+)
 
 
 def arithmetic_requests() -> list[DecideRequest]:

@@ -8,6 +8,7 @@ adapter answers its batches one by one. The suite's tiny glm5-next has a top-k o
 context the suite opens; here a copy of it has its ``indexer.top_k`` set to 32, under the longest
 prompts' 71 tokens. With the batch side by side, decision 0 scored 0.26 nats off one by one.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -16,9 +17,7 @@ import gguf
 import pytest
 
 from bmoe.stream.archs import batch_apart
-
-from helpers.decide_prompts import MODES
-from helpers.decide_prompts import answers, requests
+from helpers.decide_prompts import MODES, answers, requests
 
 TOP_K = 32
 

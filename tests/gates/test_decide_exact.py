@@ -4,6 +4,7 @@ Each gate runs on the tiny qwen3moe and the hybrid qwen35moe, resident and strea
 (cache off, and a cache small enough to evict). "Equal" means bit for bit: the same
 float64 log-probs and the same float32 logit rows.
 """
+
 import numpy as np
 import pytest
 
@@ -13,7 +14,6 @@ from bmoe.runtime.results import GenerateRequest
 from helpers.decide_prompts import ABC, ARCHS, FULL_ARCHS, P1, P2, S1, S2, S3, modes_of
 from helpers.exactness import assert_same_up_to_near_tie
 from helpers.gates import expert_bytes, record_routes
-
 
 # The log-prob of a chosen token, computed in different pieces, agrees within this many nats on the
 # tiny Q8_0 models (docs/testing.md "What a bit-exact test may compare"; 0 measured on both builds).
@@ -166,8 +166,10 @@ def test_g18e_chat_continued_after_decisions_equals_one_that_never_saw_them(deci
     of the KV: other pieces), so there the promise is the same tokens up to a near-tie, chosen
     log-probs within CHUNKING_TOL (docs/testing.md "What a bit-exact test may compare"). On these
     Q8_0 models the rows came out identical on the AVX2 and the AVX-512 builds."""
-    turns = [GenerateRequest(prompt="Hello there", n_predict=8, keep_logits=True),
-             GenerateRequest(prompt="Tell me more", n_predict=8, keep_logits=True, clear_kv=False)]
+    turns = [
+        GenerateRequest(prompt="Hello there", n_predict=8, keep_logits=True),
+        GenerateRequest(prompt="Tell me more", n_predict=8, keep_logits=True, clear_kv=False),
+    ]
     a = decider()
     a.generate(turns[0])
     chat = list(a.history)

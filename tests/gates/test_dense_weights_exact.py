@@ -6,6 +6,7 @@ default when streaming, which G1-G4 therefore run too) and once mapped from the 
 (``mmap``). Each run also checks what it holds: anon holds every dense page llama.cpp maps in
 anonymous memory, all of it in RAM; mmap holds none.
 """
+
 import mmap
 
 import pytest

@@ -19,6 +19,7 @@ d. the sequence and the kept prefix state are left as a first-token decision lea
    session without side sequences (``decide_batch`` 1) refuses full scoring and stays usable.
    (With the default ``decide_batch`` auto, full scoring opens them: G21b.)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,6 @@ import pytest
 
 from bmoe.decide.prompt_split import split_prompt
 from bmoe.decide.types import DecideRequest
-
 from helpers.decide_prompts import ABC, P1, S1, S2
 
 # The two hand-written fixtures, a plain MoE and a recurrent hybrid (the shared list of every
@@ -56,8 +56,9 @@ def test_g20ab_a_choice_among_others_equals_it_alone(tiny_models, open_session, 
         r = s.decide(full(unconditional="Answer:"))
         sc = scores(r)
         assert sc.choice_tokens[1] == 1 and max(sc.choice_tokens) > 3  # one-token and long choices
-        assert r.score_tokens == sum(n - 1 for n in sc.choice_tokens) + sum(n - 1 for n in sc.choice_tokens) + \
-            len(alone.decider.backend.tokenize_prompts([alone.decider.backend.render_user("Answer:")])[0])
+        assert r.score_tokens == sum(n - 1 for n in sc.choice_tokens) + sum(n - 1 for n in sc.choice_tokens) + len(
+            alone.decider.backend.tokenize_prompts([alone.decider.backend.render_user("Answer:")])[0]
+        )
         assert r.uncond_reuse == "stored"
         for i, c in enumerate(CHOICES):
             a = scores(alone.decide(full((c,), unconditional="Answer:")))
@@ -80,7 +81,7 @@ def worst_against_whole(s, prompt: list[int], choices, sc) -> float:
     for i, c in enumerate(choices):
         toks = s.decider.backend.tokenize_choice(c)
         whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
-        worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks):] - sc.choice_token_logp[i]))))
+        worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks) :] - sc.choice_token_logp[i]))))
     return worst
 
 
@@ -126,8 +127,11 @@ SMOL_SHORT = ("Answer the question.", " What is the capital of France?")
 SMOL_LONG = ("You answer questions about the geography of Europe. " * 30, " Which French city is the second largest?")
 
 
-@pytest.mark.parametrize(("flash_attn", "threads", "prompt"), [(False, 1, SMOL_SHORT), (True, 2, SMOL_LONG)],
-                         ids=["fa-off", "fa-on-2-threads-long"])
+@pytest.mark.parametrize(
+    ("flash_attn", "threads", "prompt"),
+    [(False, 1, SMOL_SHORT), (True, 2, SMOL_LONG)],
+    ids=["fa-off", "fa-on-2-threads-long"],
+)
 def test_g20a_smollm2_mixed_choice_lengths(open_session, flash_attn: bool, threads: int, prompt) -> None:  # noqa: ANN001
     from bmoe.testing import smollm2_gguf_path
 
@@ -154,7 +158,17 @@ def test_g20c_smollm2_two_token_choices_equal_one_whole_prefill(open_session) ->
     backend = s.decider.backend
     prompt = list(split_prompt(backend, *SMOL_SHORT).tokens)
     for reuse in (True, False):  # the prompt as prefix + rest, or whole
-        sc = scores(s.decide(DecideRequest(id=1, prefix=SMOL_SHORT[0], suffix=SMOL_SHORT[1], choices=SMOL_CHOICES,
-                                           scoring="full", reuse_prefix=reuse)))
+        sc = scores(
+            s.decide(
+                DecideRequest(
+                    id=1,
+                    prefix=SMOL_SHORT[0],
+                    suffix=SMOL_SHORT[1],
+                    choices=SMOL_CHOICES,
+                    scoring="full",
+                    reuse_prefix=reuse,
+                )
+            )
+        )
         worst = worst_against_whole(s, prompt, SMOL_CHOICES, sc)
         assert worst < 1e-4, (reuse, worst)

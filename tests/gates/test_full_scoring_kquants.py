@@ -6,18 +6,27 @@ call's products have as many rows as its choices' tokens. A choice of under 8 to
 under the tiled K-quant matmul's 8 rows, and beside others can cross them (bmoe.runtime.forks,
 RowLimits; docs/decide.md "What is exact"): the calls are bounded so that none does.
 """
+
 from __future__ import annotations
 
 import pytest
 
 from bmoe.decide.types import DecideRequest
-
 from helpers.decide_prompts import MODES, P1, S1
 
 # 2 to 12 tokens: under and over 8, eight of them with more than one token (decide_batch 8)
-CHOICES = ("Open Settings", "A", "Open the camera app now please", "Call Mom", " Settings", "Back",
-           "Turn on Wi-Fi and then go back to the home screen", "Search", "Open the network settings page",
-           "Battery saver")
+CHOICES = (
+    "Open Settings",
+    "A",
+    "Open the camera app now please",
+    "Call Mom",
+    " Settings",
+    "Back",
+    "Turn on Wi-Fi and then go back to the home screen",
+    "Search",
+    "Open the network settings page",
+    "Battery saver",
+)
 
 
 def full(choices: tuple[str, ...]) -> DecideRequest:

@@ -5,6 +5,7 @@ A 48 KB PNG can be a 20000 x 20000 image: decoded in full it took 2.6 GB and 9 s
 context refused it. The refusals here are checked to happen before mtmd's decoder is called (a
 spy counts its calls), and the session answers afterwards what it answered before.
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,7 +17,6 @@ from bmoe import DecideRequest, GenerateRequest
 from bmoe.errors import RequestError
 from bmoe.llama.image_size import MAX_PIXELS
 from bmoe.testing import VL_ARCHS, write_hf_arch, write_hf_mmproj, write_png
-
 from helpers.decide_prompts import ABC, P1, S2
 from helpers.image_bombs import DecoderSpy, bmp_header, gif_header, jpeg_header, png_bomb
 
@@ -26,9 +26,12 @@ MARK = "<__media__>"
 @pytest.fixture(scope="module", params=VL_ARCHS)
 def vl(request: pytest.FixtureRequest, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = tmp_path_factory.mktemp(f"limits-{request.param}")
-    return {"model": write_hf_arch(request.param, "q8_0", tiny_dir), "mmproj": write_hf_mmproj(request.param, tiny_dir),
-            "screen": str(write_png(d / "screen.png", 128, 96, seed=1)),
-            "big": str(write_png(d / "big.png", 1024, 768, seed=3))}
+    return {
+        "model": write_hf_arch(request.param, "q8_0", tiny_dir),
+        "mmproj": write_hf_mmproj(request.param, tiny_dir),
+        "screen": str(write_png(d / "screen.png", 128, 96, seed=1)),
+        "big": str(write_png(d / "big.png", 1024, 768, seed=3)),
+    }
 
 
 def _open(open_session, vl: dict, **kw):
@@ -49,8 +52,10 @@ def test_a_png_bomb_is_refused_from_its_header_before_decoding(open_session, vl:
     before = s.decide(good)
     spy = DecoderSpy(monkeypatch)
     url = "data:image/png;base64," + base64.b64encode(bomb).decode()
-    want = (f"is a 20000x20000 PNG (400000000 pixels): more than the {MAX_PIXELS} pixels bmoe decodes; "
-            "scale it down before sending it")
+    want = (
+        f"is a 20000x20000 PNG (400000000 pixels): more than the {MAX_PIXELS} pixels bmoe decodes; "
+        "scale it down before sending it"
+    )
     for source in (bomb, url):
         r = s.decide(DecideRequest(id=2, prefix=P1, suffix=S2, choices=ABC, images=(source,)))
         assert r.refused and want in r.error and r.error.startswith("decide: images[0] ("), r.error
@@ -97,7 +102,9 @@ def test_an_image_too_big_for_the_context_is_refused_from_its_header(open_sessio
     assert 128 * 96 * 512 / 12 < cap < MAX_PIXELS  # about twice the pixels of 512 tokens
     spy = DecoderSpy(monkeypatch)
     r = s.decide(DecideRequest(id=1, prefix=P1, suffix=S2, choices=ABC, images=(png_bomb(2000, 2000),)))
-    assert r.refused and "is a 2000x2000 PNG (4000000 pixels): this projector makes about one image token per" in r.error
+    assert (
+        r.refused and "is a 2000x2000 PNG (4000000 pixels): this projector makes about one image token per" in r.error
+    )
     assert "far more image tokens than the context holds (n_ctx 512); scale it down" in r.error
     assert spy.calls == 0
     big = s.decide(DecideRequest(id=2, prefix=P1, suffix=S2, choices=ABC, images=(vl["big"],)))
@@ -118,9 +125,12 @@ def test_a_raw_prompt_takes_its_images_in_front_or_at_its_markers(open_session, 
     assert inside.error is None and _scores(inside) != _scores(front)
     g_front = s.generate(GenerateRequest(prompt="What is this?", images=img, n_predict=4, temperature=0.0))
     g_marked = s.generate(GenerateRequest(prompt=MARK + "What is this?", images=img, n_predict=4, temperature=0.0))
-    assert g_front.tokens == g_marked.tokens and g_front.n_prompt + g_front.n_reused == g_marked.n_prompt + g_marked.n_reused
+    assert (
+        g_front.tokens == g_marked.tokens
+        and g_front.n_prompt + g_front.n_reused == g_marked.n_prompt + g_marked.n_reused
+    )
     toks = s.runtime.kv.tokens
     start = next(i for i, t in enumerate(toks) if t < -1)
-    assert start <= 1 and toks[start:start + 12] == [toks[start]] * 12  # in front (after a BOS, if any)
+    assert start <= 1 and toks[start : start + 12] == [toks[start]] * 12  # in front (after a BOS, if any)
     two = s.decide(DecideRequest(id=5, prefix=MARK + P1, suffix=S2, choices=ABC, images=img * 2))
     assert two.refused and "2 image(s) but the prompt has 1 image marker(s)" in two.error

@@ -18,6 +18,7 @@ evicting 1 MiB cache (MODES). What must hold:
 * bad input is a refusal naming what was wrong, and the session answers afterwards exactly what
   it answered before.
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,10 +28,9 @@ import numpy as np
 import pytest
 
 from bmoe import DecideRequest, GenerateRequest
-from bmoe.session import Message
 from bmoe.errors import ConfigError, ModelFileError, RequestError
+from bmoe.session import Message
 from bmoe.testing import VL_ARCHS, write_hf_arch, write_hf_mmproj, write_png, write_tiny
-
 from helpers.decide_prompts import ABC, MODES, P1, P2, S2, S3
 from helpers.gates import record_routes
 
@@ -44,7 +44,9 @@ def vl(request: pytest.FixtureRequest, tiny_dir: Path, tmp_path_factory: pytest.
     mmproj = write_hf_mmproj(arch, tiny_dir)
     d = tmp_path_factory.mktemp(f"images-{arch}")
     return {
-        "arch": arch, "model": model, "mmproj": mmproj,
+        "arch": arch,
+        "model": model,
+        "mmproj": mmproj,
         # 128 x 96 is 4 x 3 merged patches: 12 image tokens over 4 positions (M-RoPE)
         "screen": str(write_png(d / "screen.png", 128, 96, seed=1)),
         "other": str(write_png(d / "other.png", 96, 128, seed=2)),
@@ -102,8 +104,9 @@ def _fields(req: GenerateRequest) -> dict:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_g18a_restored_prefix_with_an_image_equals_computed_in_the_same_pieces(open_session, vl: dict,
-                                                                              mode: str) -> None:
+def test_g18a_restored_prefix_with_an_image_equals_computed_in_the_same_pieces(
+    open_session, vl: dict, mode: str
+) -> None:
     img = (vl["screen"],)
     first = DecideRequest(id=1, prefix=MARK + P1, suffix=S2, choices=ABC, images=img)
     grown = DecideRequest(id=2, prefix=MARK + P2, suffix=S3, choices=ABC, images=img)
@@ -155,8 +158,10 @@ def test_g4_warm_with_an_image_equals_cold_and_reads_nothing(open_session, vl: d
 
 @pytest.mark.parametrize("mode", ["resident", "stream-evicting"])
 def test_an_image_in_the_suffix_and_a_batch_over_an_image_prefix(open_session, vl: dict, mode: str) -> None:
-    in_suffix = [DecideRequest(id=0, prefix=P1, suffix=f" Screen: {MARK}" + s, choices=ABC, images=(im,))
-                 for s, im in ((S2, vl["screen"]), (S3, vl["other"]))]
+    in_suffix = [
+        DecideRequest(id=0, prefix=P1, suffix=f" Screen: {MARK}" + s, choices=ABC, images=(im,))
+        for s, im in ((S2, vl["screen"]), (S3, vl["other"]))
+    ]
     shared = [DecideRequest(id=0, prefix=MARK + P1, suffix=s, choices=ABC, images=(vl["screen"],)) for s in (S2, S3)]
     one = _open(open_session, vl, mode, decide_batch=4)
     alone = [one.decide(r) for r in in_suffix + shared]
@@ -226,15 +231,17 @@ def test_a_continued_conversation_keeps_its_images(open_session, vl: dict) -> No
     s = _open(open_session, vl, "stream-evicting")
     first = s.generate(GenerateRequest(prompt="What is on the screen?", images=(vl["screen"],), n_predict=3))
     encoded = s.runtime.images.n_encoded
-    second = s.generate(GenerateRequest(prompt="And here?", images=(vl["other"],), n_predict=3, clear_kv=False,
-                                        keep_logits=True))
+    second = s.generate(
+        GenerateRequest(prompt="And here?", images=(vl["other"],), n_predict=3, clear_kv=False, keep_logits=True)
+    )
     assert second.n_reused >= first.n_prompt  # the first turn, its image included, was not prefilled again
     assert s.runtime.images.n_encoded == encoded + 1  # only the new image was encoded
     assert [m.images for m in s.history] == [(vl["screen"],), (), (vl["other"],), ()]
     whole = _open(open_session, vl, "resident")
     whole.set_history(s.history[:2])
-    again = whole.generate(GenerateRequest(prompt="And here?", images=(vl["other"],), n_predict=3, clear_kv=False,
-                                           keep_logits=True))
+    again = whole.generate(
+        GenerateRequest(prompt="And here?", images=(vl["other"],), n_predict=3, clear_kv=False, keep_logits=True)
+    )
     assert again.tokens == second.tokens
     # a history message whose markers are not its images is refused, the session unchanged
     s.set_history([Message("user", "a " + MARK), Message("assistant", "ok")])

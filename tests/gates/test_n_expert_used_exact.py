@@ -7,6 +7,7 @@ rows. Every route the streamer sees is K experts wide, and with the cache off th
 routed experts' slices exactly (G1's count). On the tiny qwen3moe (2 of 16 experts per token) below
 and above its own K, and the hybrid qwen35moe (4 of 16) below it, in Q8_0, over a short generate.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,8 +56,9 @@ def test_g22_resident_equals_streamed_with_the_same_k(tiny_models, open_session,
     assert st.read_bytes == sum(per_expert[il] * len(ex) for il, _, ex in routes) and st.hits == 0
 
     # an evicting cache: 1 MiB holds five of a layer's experts, under one token's floor above K=1
-    evicting = open_session(model, n_ctx=256, n_expert_used=k, moe_stream=True, twin_dir=twins,
-                            cache_mb=1, cache_force=True)
+    evicting = open_session(
+        model, n_ctx=256, n_expert_used=k, moe_stream=True, twin_dir=twins, cache_mb=1, cache_force=True
+    )
     routes = record_routes(evicting)
     assert_same(reference, evicting.generate(GEN))
     assert all(width == k for _, width, _ in routes)

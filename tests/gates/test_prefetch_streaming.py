@@ -7,6 +7,7 @@ ubatches read ahead too: the prompt (narrower than the wide cut) guesses the uni
 guesses, the perplexity window (32 tokens, wider than the cut) every expert, each layer both
 early (at the previous layer's route: two layers deep) and at the previous layer's output.
 """
+
 import numpy as np
 import pytest
 
@@ -110,11 +111,11 @@ def test_prefetch_with_an_evicting_cache_equals_resident_and_fills_the_cache(var
 
 
 @pytest.mark.parametrize("arch", REFUSED)
-def test_prefetch_is_refused_for_an_arch_whose_routing_the_guess_does_not_model(arch, tiny_models,
-                                                                                open_session, tmp_path) -> None:
+def test_prefetch_is_refused_for_an_arch_whose_routing_the_guess_does_not_model(
+    arch, tiny_models, open_session, tmp_path
+) -> None:
     with pytest.raises(StreamSetupError, match=f"cannot guess the routing of architecture '{arch}': .+") as e:
-        open_session(tiny_models(arch, "q8_0"), moe_stream=True, cache_mb=0, prefetch=True,
-                      twin_dir=tmp_path / "twins")
+        open_session(tiny_models(arch, "q8_0"), moe_stream=True, cache_mb=0, prefetch=True, twin_dir=tmp_path / "twins")
     assert isinstance(e.value, ConfigError)  # a setting's fault (--prefetch), as architecture.md's error root says
 
 

@@ -10,6 +10,7 @@ What each ubatch ran on is observed, not inferred: a cb_eval observer records, f
 node, its width and whether its buffer is on the host, which is how "prefill_dev_tokens counts
 exactly the wide pieces" and "a narrow tail is not offloaded" are checked.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -17,18 +18,17 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import llama_cpp  # noqa: E402
 import numpy as np
 import pytest
 
-import llama_cpp  # noqa: E402
-
-from bmoe.wire.records import decide_fields
 import bmoe.runtime.runtime as session_mod
 from bmoe.cli import main as cli_main
 from bmoe.config import SessionConfig
 from bmoe.decide.decider import DecidePolicy
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import ConfigError
+from bmoe.llama import rpc_device
 from bmoe.llama.devices import (
     PrefillDeviceError,
     ggml,
@@ -38,8 +38,7 @@ from bmoe.llama.devices import (
 from bmoe.llama.ggml_tensor import GgmlTensor
 from bmoe.runtime.results import GenerateRequest
 from bmoe.session import Session
-from bmoe.wire.records import done_fields
-from bmoe.llama import rpc_device
+from bmoe.wire.records import decide_fields, done_fields
 from helpers.decide_prompts import ABC, FULL_ARCHS, MODES, P1, P2, S1, S2, S3
 
 MIN = 16  # --prefill-min-tokens, and the rule installed on the RPC device
@@ -53,8 +52,10 @@ LAYER0 = (b"attn_norm-0", b"model.layers.{}.operator_norm-0")
 @pytest.fixture(scope="module")
 def rpc() -> rpc_device.RpcPrefillDevice:
     if not rpc_device.rpc_supported():
-        pytest.fail("G18g needs llama-cpp-python built with RPC: reinstall it with "
-                    "CMAKE_ARGS=-DGGML_RPC=ON (scripts/setup.sh does this when llama_supports_rpc() is false)")
+        pytest.fail(
+            "G18g needs llama-cpp-python built with RPC: reinstall it with "
+            "CMAKE_ARGS=-DGGML_RPC=ON (scripts/setup.sh does this when llama_supports_rpc() is false)"
+        )
     return rpc_device.rpc_prefill_device(MIN)
 
 
@@ -94,8 +95,14 @@ class Observer:
     def __init__(self) -> None:
         ggml()  # libggml mapped and checked by soname
         base = ctypes.CDLL("libggml.so.0", mode=os.RTLD_NOLOAD)
-        base.ggml_backend_buffer_is_host.restype, base.ggml_backend_buffer_is_host.argtypes = ctypes.c_bool, [ctypes.c_void_p]
-        base.ggml_backend_buffer_get_usage.restype, base.ggml_backend_buffer_get_usage.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        base.ggml_backend_buffer_is_host.restype, base.ggml_backend_buffer_is_host.argtypes = (
+            ctypes.c_bool,
+            [ctypes.c_void_p],
+        )
+        base.ggml_backend_buffer_get_usage.restype, base.ggml_backend_buffer_get_usage.argtypes = (
+            ctypes.c_int,
+            [ctypes.c_void_p],
+        )
         base.ggml_op_name.restype, base.ggml_op_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
         self._lib = base
         self.ubatches: list[Ubatch] = []
@@ -125,8 +132,11 @@ class Observer:
                 continue
             w = GgmlTensor.from_address(src)
             # usage 1: GGML_BACKEND_BUFFER_USAGE_WEIGHTS, the model's own weight buffers
-            if w.buffer and self._lib.ggml_backend_buffer_get_usage(w.buffer) == 1 \
-                    and not self._lib.ggml_backend_buffer_is_host(w.buffer):
+            if (
+                w.buffer
+                and self._lib.ggml_backend_buffer_get_usage(w.buffer) == 1
+                and not self._lib.ggml_backend_buffer_is_host(w.buffer)
+            ):
                 ub.weights_off_host.append(w.name.decode())
 
     def take(self) -> list[Ubatch]:
@@ -175,8 +185,16 @@ def open_pair(tiny_models, rpc) -> Iterator[Callable[..., tuple[Session, Session
     opened: list[Session] = []
 
     def _open(arch: str, mode: str, **kw: object) -> tuple[Session, Session]:
-        base = dict(model=tiny_models(arch, "q8_0"), n_ctx=512, n_batch=512, n_ubatch=UBATCH, n_predict=12,
-                    n_threads=2, decide=True, **MODES[mode])
+        base = dict(
+            model=tiny_models(arch, "q8_0"),
+            n_ctx=512,
+            n_batch=512,
+            n_ubatch=UBATCH,
+            n_predict=12,
+            n_threads=2,
+            decide=True,
+            **MODES[mode],
+        )
         base.update(kw)
         dev = Session(SessionConfig(**base, prefill_device=rpc.name, prefill_min_tokens=MIN))
         opened.append(dev)
@@ -252,7 +270,7 @@ def test_g18g_device_equals_cpu(arch: str, mode: str, open_pair, observed: Obser
     assert all(np.array_equal(x, y) for x, y in zip(ga.logits, gb.logits))
     prompt_widths = ubatch_widths(ga.n_prompt, 512, UBATCH)
     assert [u.width for u in ran[: len(prompt_widths)]] == prompt_widths
-    decode = ran[len(prompt_widths):]
+    decode = ran[len(prompt_widths) :]
     assert decode and all(u.width == 1 and not u.on_device for u in decode), "decode stays on the CPU"
     assert ga.prefill_dev_tokens == expected_dev_tokens(ga.n_prompt) == sum(u.width for u in ran if u.on_device)
     assert done_fields(ga)["prefill_dev_tokens"] == ga.prefill_dev_tokens
@@ -300,7 +318,9 @@ def test_g18g_hook_is_guarded_and_stock_rpc_is_refused(tiny_models, rpc) -> None
     rpc_device.remove_offload_rule(rpc.name)  # stock RPC: no offload rule
     try:
         assert offload_threshold(rpc.handle) is None
-        with pytest.raises(PrefillDeviceError, match=f"{rpc.name} \\(RPC\\) never takes ops whose weights stay on the host"):
+        with pytest.raises(
+            PrefillDeviceError, match=f"{rpc.name} \\(RPC\\) never takes ops whose weights stay on the host"
+        ):
             Session(SessionConfig(model=model, prefill_device=rpc.name, prefill_min_tokens=MIN))
     finally:
         again = rpc_device.install_offload_rule(rpc.name, MIN)
@@ -314,6 +334,7 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
     KV never leaves the host, and a restored prefix scores bit for bit what the same prefix
     computed scores, with the device and against the CPU. The policy is switched on directly so
     the CPU session keeps states the same way."""
+
     def keeping(s: Session) -> Session:
         s.decider.policy = DecidePolicy(keep_prefix=True)
         return s
@@ -325,14 +346,18 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
     r = DecideRequest(id=2, prefix=P1, suffix=S2, choices=ABC)
     restored, restored_cpu, fresh = dev.decide(r), cpu.decide(r), fresh_dev.decide(r)
     assert (restored.reuse, restored_cpu.reuse, fresh.reuse) == ("restored", "restored", "stored")
-    assert restored.n_reused > 0 and restored.prefill_dev_tokens == expected_dev_tokens(restored.n_tokens - restored.n_reused)
+    assert restored.n_reused > 0 and restored.prefill_dev_tokens == expected_dev_tokens(
+        restored.n_tokens - restored.n_reused
+    )
     assert restored.scores.choice_logp == fresh.scores.choice_logp == restored_cpu.scores.choice_logp
     rows = [s.decider.backend.last_logits() for s in (dev, fresh_dev, cpu)]
     assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])
 
 
 @pytest.mark.parametrize("mode", ["resident", "stream-nocache"])
-def test_g18g_side_sequences_opened_later_keep_the_device_equal_to_cpu(mode: str, open_pair, observed: Observer) -> None:
+def test_g18g_side_sequences_opened_later_keep_the_device_equal_to_cpu(
+    mode: str, open_pair, observed: Observer
+) -> None:
     """decide_batch auto: the first full-scored decision re-creates the context with side
     sequences. A streamed device session warms the new context up as it warmed the first (one
     CPU-wide token before the device's first graph), and goes on equal to the CPU session."""
@@ -352,7 +377,7 @@ def test_g18g_side_sequences_opened_later_keep_the_device_equal_to_cpu(mode: str
     widths = [u.width for u in ran]
     warm = [1] if mode != "resident" else []
     assert widths[: len(warm) + 1] == warm + ubatch_widths(a.n_tokens, 512, UBATCH)[:1]
-    check_placement(ran[len(warm):])
+    check_placement(ran[len(warm) :])
     for i, prefix, suffix in REQUESTS:
         q = DecideRequest(id=i, prefix=prefix, suffix=suffix, choices=ABC)
         assert dev.decide(q).scores == cpu.decide(q).scores
@@ -361,8 +386,9 @@ def test_g18g_side_sequences_opened_later_keep_the_device_equal_to_cpu(mode: str
     assert ga.tokens == gb.tokens and all(np.array_equal(x, y) for x, y in zip(ga.logits, gb.logits))
 
 
-def test_g18g_cli_session_reports_device_tokens(tiny_models, rpc, monkeypatch: pytest.MonkeyPatch,
-                                                capfd: pytest.CaptureFixture[str]) -> None:
+def test_g18g_cli_session_reports_device_tokens(
+    tiny_models, rpc, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The flags end to end: bmoe-cli --session with the device, BMOE_DECIDE and BMOE_DONE lines."""
     import io
     import json
@@ -370,11 +396,28 @@ def test_g18g_cli_session_reports_device_tokens(tiny_models, rpc, monkeypatch: p
     decide = {"cmd": "decide", "id": 1, "prefix": P1, "suffix": S1, "choices": list(ABC)}
     lines = [json.dumps(decide), json.dumps({"cmd": "generate", "id": 2, "prompt": P2 + S3, "n_predict": 4})]
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
-    argv = ["-m", str(tiny_models("qwen3moe", "q8_0")), "--session", "--decide", "-c", "512", "-ub", str(UBATCH),
-            "-t", "2", "--prefill-device", rpc.name, "--prefill-min-tokens", str(MIN)]
+    argv = [
+        "-m",
+        str(tiny_models("qwen3moe", "q8_0")),
+        "--session",
+        "--decide",
+        "-c",
+        "512",
+        "-ub",
+        str(UBATCH),
+        "-t",
+        "2",
+        "--prefill-device",
+        rpc.name,
+        "--prefill-min-tokens",
+        str(MIN),
+    ]
     assert cli_main(argv) == 0
-    out = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1]) for ln in capfd.readouterr().out.splitlines()
-           if ln.startswith(("BMOE_DECIDE ", "BMOE_DONE "))}
+    out = {
+        ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1])
+        for ln in capfd.readouterr().out.splitlines()
+        if ln.startswith(("BMOE_DECIDE ", "BMOE_DONE "))
+    }
     d, g = out["BMOE_DECIDE"], out["BMOE_DONE"]
     assert d["reuse"] == "off" and d["prefill_dev_tokens"] == expected_dev_tokens(d["n_tokens"]) > 0
     assert g["prefill_dev_tokens"] == expected_dev_tokens(g["n_prompt"]) > 0

@@ -4,10 +4,10 @@ A session without --prefill-device hands llama.cpp an empty device list (never N
 mean every GPU found), so it runs all on the CPU even on a GPU build; a missing device is refused
 by name before anything loads; the ubatch split the count relies on is llama.cpp's.
 """
+
 from __future__ import annotations
 
 import pytest
-
 
 from bmoe.config import SessionConfig
 from bmoe.errors import ConfigError
@@ -40,7 +40,9 @@ def test_cpu_session_uses_no_device(tiny_models) -> None:
 
 def test_missing_device_refused_by_name(tiny_models) -> None:
     names = ", ".join(d.name for d in list_devices())
-    with pytest.raises(PrefillDeviceError, match=rf"no device named 'NoSuchGPU0' in this llama-cpp-python \(it has: {names}\)"):
+    with pytest.raises(
+        PrefillDeviceError, match=rf"no device named 'NoSuchGPU0' in this llama-cpp-python \(it has: {names}\)"
+    ):
         Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), prefill_device="NoSuchGPU0"))
 
 

@@ -18,6 +18,7 @@ whose expert rows are 256 wide: the hand-written qwen3moe and qwen35moe (already
   answers bit for bit the same resident and streamed (cache off, evicting, and with read-ahead where
   the architecture allows it), with the bytes read accounted for.
 """
+
 from __future__ import annotations
 
 import gguf
@@ -35,7 +36,8 @@ from helpers.gates import TEXT, assert_same, check_warm_equals_cold, expert_byte
 T = gguf.GGMLQuantizationType
 # The hand-written models in the quantizer's variants, then every 256-wide converted recipe in its own.
 KQ_VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("q4_k_m", "q6_k", "iq4_xs")] + [
-    (name, q) for name in sorted(HF_KQUANT_ARCHS) for q in HF_KQUANT_ARCHS[name].quants]
+    (name, q) for name in sorted(HF_KQUANT_ARCHS) for q in HF_KQUANT_ARCHS[name].quants
+]
 # What each variant's expert tensors must be: per projection kind (gate, up or fused gate_up; down).
 EXPERT_TYPES = {
     "q4_k_m": ({T.Q4_K}, {T.Q4_K, T.Q6_K}),  # llama.cpp gives some layers' down projection more bits

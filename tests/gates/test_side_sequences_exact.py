@@ -14,6 +14,7 @@ the same request on a session opened with its side sequences (G20's rule, Q8_0).
 tiny qwen3moe and hybrid qwen35moe in Q8_0, resident and streamed (the same ExpertHook serves the
 new context).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -21,7 +22,6 @@ import pytest
 from bmoe.decide.types import DecideRequest
 from bmoe.runtime.footprint import kv_bytes_per_sequence
 from bmoe.runtime.results import GenerateRequest
-
 from helpers.decide_prompts import ABC, P1, P2, S1, S2, S3, modes_of
 
 ARCHS = ["qwen3moe", "qwen35moe"]
@@ -47,7 +47,8 @@ def plain(i: int, suffix: str, prefix: str = P1) -> DecideRequest:
 
 @pytest.mark.parametrize(("arch", "mode"), [(a, m) for a in ARCHS for m in modes_of(a)])
 def test_g21a_a_decision_answers_the_same_before_and_after_the_side_sequences_open(
-        tiny_models, open_session, arch: str, mode: str) -> None:
+    tiny_models, open_session, arch: str, mode: str
+) -> None:
     """Streamed too, with an evicting cache and read-ahead where the arch allows it: the session's
     one ExpertHook serves the new context as it served the old."""
     model = tiny_models(arch, "q8_0")
@@ -67,13 +68,15 @@ def test_g21a_a_decision_answers_the_same_before_and_after_the_side_sequences_op
     assert after.reuse == "restored" and answer(after) == answer(before[0])
     # against a session that never re-created its context (its side sequences opened with it)
     fixed = open_session(model, decide=True, decide_batch=3, **modes_of(arch)[mode])
-    assert [answer(fixed.decide(r)) for r in (plain(1, S1), plain(2, S2), plain(4, " Screen: Home."))] == \
-        [answer(r) for r in got]
+    assert [answer(fixed.decide(r)) for r in (plain(1, S1), plain(2, S2), plain(4, " Screen: Home."))] == [
+        answer(r) for r in got
+    ]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_g21b_full_scoring_opens_them_and_scores_as_a_session_opened_with_them(
-        tiny_models, open_session, arch: str) -> None:
+    tiny_models, open_session, arch: str
+) -> None:
     model = tiny_models(arch, "q8_0")
     want = {}
     for mode, kw in MODES.items():
@@ -108,7 +111,8 @@ def test_g21c_no_room_answers_one_by_one_and_refuses_full_scoring(tiny_models, o
     assert full.refused and full.error == (
         'decide: "scoring": "full" scores each choice on a side sequence and none fits in memory: one takes '
         f"{kv_mib:.1f} MiB (the KV of a {N_CTX}-token sequence) and half of what this process may still allocate "
-        f"is {fits(model, 0) // 2 / 2**20:.1f} MiB; free memory, or open the session with a smaller --ctx-size")
+        f"is {fits(model, 0) // 2 / 2**20:.1f} MiB; free memory, or open the session with a smaller --ctx-size"
+    )
     after = s.decide(plain(5, S2, P2))  # the session goes on, the kept state (P2's) untouched by the refusal
     assert after.reuse == "restored" and s.runtime.ctx.n_seq == 1
     # memory came back: the next batch opens them
@@ -124,7 +128,8 @@ def test_g21d_decide_batch_1_never_opens_them(tiny_models, open_session) -> None
     r = s.decide(DecideRequest(id=3, prefix=P1, suffix=S1, choices=FULL, scoring="full"))
     assert r.refused and r.error.endswith(
         "this session has none (--decide-batch 1): open it with --decide-batch auto (the default) or 2 or more "
-        "(SessionConfig.decide_batch)")
+        "(SessionConfig.decide_batch)"
+    )
     assert s.stats()["side_sequences"] == 0
 
 
@@ -134,8 +139,10 @@ def test_g21e_the_chat_goes_on_after_the_context_was_re_created(tiny_models, ope
     prefix: the template's opening at most) and prefills the rest of the conversation, as in a
     session that had its side sequences from the start and saw the same requests."""
     model = tiny_models("qwen3moe", "q8_0")
-    sessions = [open_session(model, decide=True, **MODES[mode]),
-                open_session(model, decide=True, decide_batch=8, **MODES[mode])]
+    sessions = [
+        open_session(model, decide=True, **MODES[mode]),
+        open_session(model, decide=True, decide_batch=8, **MODES[mode]),
+    ]
     turns = []
     for s in sessions:
         first = s.generate(GenerateRequest(prompt="Hello there.", keep_logits=True))
@@ -153,8 +160,15 @@ def test_g21f_a_debiased_request_opens_them_for_its_permutations(tiny_models, op
     """The n permutations of a "permute" request share the prompt's prefix: one request is enough
     to open the side sequences, and its debiased answer is the one answered one by one."""
     model = tiny_models("qwen3moe", "q8_0")
-    r = DecideRequest(id=1, prefix=P1, suffix=" ", choices=(), question="Which is the smallest?",
-                      options=("22", "95", "86"), debias="permute")
+    r = DecideRequest(
+        id=1,
+        prefix=P1,
+        suffix=" ",
+        choices=(),
+        question="Which is the smallest?",
+        options=("22", "95", "86"),
+        debias="permute",
+    )
     s, alone = open_session(model, decide=True), open_session(model, decide=True, decide_batch=1)
     a, b = s.decide(r), alone.decide(r)
     assert a.error is None and s.stats()["side_sequences"] == 8 and alone.stats()["side_sequences"] == 0
@@ -186,6 +200,7 @@ def test_g21g_a_refused_context_leaves_the_session_as_it_was(tiny_models, open_s
     assert r.refused and r.error == (
         'decide: "scoring": "full" scores each choice on a side sequence and opening them failed: llama.cpp '
         f"could not create a context of 9 sequences of {N_CTX} tokens: llama.cpp could not create a context "
-        f"of {N_CTX} tokens")
+        f"of {N_CTX} tokens"
+    )
     s.decide_many(reqs)
     assert tried == [9] and s.stats()["side_sequences"] == 0

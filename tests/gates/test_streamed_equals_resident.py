@@ -7,6 +7,7 @@ F32, Q8_0 and Q4_K_M, and on every converted tiny model of a real architecture
 one per family (decide_prompts.FULL_GATES). The resident reference loads with the same model
 parameters as the streamed runs (mmap, no repacked buffers), so both run the same kernels.
 """
+
 from collections.abc import Callable
 
 import pytest
@@ -15,9 +16,6 @@ from bmoe.stream.cache import ExpertCache, SlotCache, slots_refusal
 from bmoe.testing import HF_ARCHS
 from helpers.decide_prompts import FULL_ARCHS
 from helpers.gates import VARIANTS, assert_same, check_warm_equals_cold, expert_bytes, opener, record_routes, run
-
-
-
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}")
@@ -30,7 +28,8 @@ def variant(request, tiny_models, open_session, tmp_path) -> tuple[Callable, tup
 # models that run the whole gate set (one per family) run them on their first quantization; G1 and
 # G2, the core gates, run on every variant.
 G34_VARIANTS = [v for v in VARIANTS if v[1] == "q4_k_m"] + [
-    (a, HF_ARCHS[a].quants[0]) for a in sorted(HF_ARCHS) if a in FULL_ARCHS]
+    (a, HF_ARCHS[a].quants[0]) for a in sorted(HF_ARCHS) if a in FULL_ARCHS
+]
 
 
 @pytest.fixture(params=G34_VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}")

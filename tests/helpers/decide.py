@@ -4,6 +4,7 @@
 function of that list: like llama.cpp, it answers differently for the same tokens prefilled in
 different pieces. ``ForkingBackend`` adds side sequences (full scoring's forks).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,14 @@ class ScriptedBackend:
     """Implements DecideBackend; records every call that touches the sequence."""
 
     def __init__(
-        self, *, n_ctx: int = 512, template: bool = True, bos: bool = True, streaming: bool = False,
-        batch: int = 1, expert_cache: bool = True,
+        self,
+        *,
+        n_ctx: int = 512,
+        template: bool = True,
+        bos: bool = True,
+        streaming: bool = False,
+        batch: int = 1,
+        expert_cache: bool = True,
     ) -> None:
         self._n_ctx = n_ctx
         self.batch = batch
@@ -136,8 +143,9 @@ class ScriptedBackend:
     def max_batch(self) -> int:
         return self.batch
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
-                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(
+        self, suffixes: Sequence[Sequence[int]], n_past: int, stop: Callable[[], bool] = lambda: False
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         self.calls.append(("prefill_batch", tuple(len(s) for s in suffixes), n_past))
         self._maybe_fail("prefill_batch")
         assert n_past == self.n_past and 0 < len(suffixes) <= self.batch
@@ -196,8 +204,9 @@ class ForkingBackend(ScriptedBackend):
     def side_sequences(self) -> SideSequences:
         return self.sides or SideSequences(self.forks, self.forks, "" if self.forks else SIDE_OFF)
 
-    def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
-                      base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_forks(
+        self, continuations: Sequence[Sequence[int]], n_past: int, base: KeptState | None = None
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         self.calls.append(("prefill_forks", tuple(len(c) for c in continuations), n_past))
         self._maybe_fail("prefill_forks")
         assert 0 < len(continuations) <= self.forks and all(continuations)

@@ -1,8 +1,9 @@
 """Which architectures each gate runs on, and the agent prompts and session modes the decide gates
 (G18a-g) share."""
+
+from bmoe.decide.types import DecideRequest
 from bmoe.stream import lookup
 from bmoe.testing import HF_ARCHS
-from bmoe.decide.types import DecideRequest
 
 # Every listed architecture: the hand-written fixtures, then every converted tiny model of a real
 # one. Each runs the core gates (G1, G2, G18a).
@@ -40,13 +41,17 @@ MODES = {
 }
 # Streamed with read-ahead (--prefetch, prefill ubatches included), with the cache off and with an
 # evicting cache that the read-ahead fills: where the architecture allows it.
-PREFETCH_MODE = {"stream-prefetch": {"moe_stream": True, "cache_mb": 0, "prefetch": True},
-                 "stream-evicting-prefetch": {"moe_stream": True, "cache_mb": 1, "cache_force": True, "prefetch": True}}
+PREFETCH_MODE = {
+    "stream-prefetch": {"moe_stream": True, "cache_mb": 0, "prefetch": True},
+    "stream-evicting-prefetch": {"moe_stream": True, "cache_mb": 1, "cache_force": True, "prefetch": True},
+}
 
 
 def modes_of(arch: str) -> dict[str, dict]:
     """MODES, plus read-ahead where ``arch``'s routing can be guessed (docs/streaming.md)."""
     return MODES | PREFETCH_MODE if lookup(arch).can_prefetch else MODES
+
+
 P1 = "You control a phone. Task: turn on Wi-Fi. History:"
 P2 = P1 + " opened Settings, opened Network."
 S1 = " none. Screen: Home. Options: A) Open Settings B) Open Camera C) Call Mom. Answer with the letter."
@@ -72,5 +77,13 @@ def answers(results):
     out: its prefix P2 extends P1, so one by one it restores P1's kept state and prefills the rest
     of P2 in a second piece, where the batch, which runs P2's group first, prefills P2 whole;
     pieces that differ are not compared bit for bit (docs/testing.md). ``near`` checks it."""
-    return [(r.id, r.error, None if r.scores is None else (r.scores.choice_logp, r.scores.p_outside, r.scores.best),
-             r.n_tokens) for r in results if r.id != 90]
+    return [
+        (
+            r.id,
+            r.error,
+            None if r.scores is None else (r.scores.choice_logp, r.scores.p_outside, r.scores.best),
+            r.n_tokens,
+        )
+        for r in results
+        if r.id != 90
+    ]

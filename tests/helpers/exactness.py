@@ -11,6 +11,7 @@ greedy choices up to the first near-tie, and log-probs within a stated tolerance
 Importable from every test folder: pytest puts tests/ on sys.path when it loads tests/conftest.py
 (the default prepend import mode).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,8 +21,14 @@ import numpy as np
 from bmoe.numerics import log_softmax
 
 
-def assert_same_up_to_near_tie(a_tokens: Sequence[int], a_logits: Sequence[np.ndarray],
-                               b_tokens: Sequence[int], b_logits: Sequence[np.ndarray], *, tol: float) -> int:
+def assert_same_up_to_near_tie(
+    a_tokens: Sequence[int],
+    a_logits: Sequence[np.ndarray],
+    b_tokens: Sequence[int],
+    b_logits: Sequence[np.ndarray],
+    *,
+    tol: float,
+) -> int:
     """Two greedy generations of the same request, computed in different pieces, agree as promised.
 
     ``*_logits`` are the kept rows (``keep_logits=True``): row i is the one token i was chosen from;
@@ -49,11 +56,13 @@ def assert_same_up_to_near_tie(a_tokens: Sequence[int], a_logits: Sequence[np.nd
         if ta != tb:
             assert la[ta] - la[tb] <= 2 * tol and lb[tb] - lb[ta] <= 2 * tol, (
                 f"step {i}: the choices differ ({ta} vs {tb}) without a near-tie: margins "
-                f"{la[ta] - la[tb]:.4f} and {lb[tb] - lb[ta]:.4f} nats (near-tie: <= {2 * tol})")
+                f"{la[ta] - la[tb]:.4f} and {lb[tb] - lb[ta]:.4f} nats (near-tie: <= {2 * tol})"
+            )
         for t in {ta, tb}:
             assert abs(la[t] - lb[t]) <= tol, (
                 f"step {i}: log-prob of token {t} is {la[t]:.4f} on one side and {lb[t]:.4f} on the other "
-                f"(tolerance {tol} nats)")
+                f"(tolerance {tol} nats)"
+            )
         if ta != tb:
             return i + 1
     return n

@@ -1,9 +1,12 @@
 """The streaming gates' shared pieces: the variants, a reference run, bit-for-bit comparison, routes
 and bytes read (tests/gates/test_streamed_equals_resident.py and the gates built on it)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import numpy as np
+
 from bmoe.runtime.results import GenerateRequest
 from bmoe.testing import HF_ARCHS
 
@@ -19,8 +22,10 @@ VARIANTS = [(a, q) for a in ("qwen3moe", "qwen35moe") for q in ("f32", "q8_0", "
 GEN = GenerateRequest(prompt="Tell me about the sea and the ships on it.", n_predict=64, keep_logits=True)
 
 
-TEXT = ("The harbour was quiet at dawn. Fishing boats rocked against the pier while gulls circled "
-        "overhead, waiting for the first catch of the day to be unloaded onto the stones.")
+TEXT = (
+    "The harbour was quiet at dawn. Fishing boats rocked against the pier while gulls circled "
+    "overhead, waiting for the first catch of the day to be unloaded onto the stones."
+)
 
 
 def run(s):

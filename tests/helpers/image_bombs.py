@@ -1,5 +1,6 @@
 """Small files that are huge images (decompression bombs), written by hand, and a spy on the
 decoder: what the header check must refuse before anything decodes them (issue #38 item 3)."""
+
 from __future__ import annotations
 
 import functools
@@ -34,8 +35,13 @@ def jpeg_header(width: int, height: int) -> bytes:
 def gif_header(width: int, height: int, frame: tuple[int, int] | None = None) -> bytes:
     """A GIF89a with a ``width x height`` screen and one ``frame`` (default: the screen's size)."""
     fw, fh = frame or (width, height)
-    return (b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0) + b"\x2c" + struct.pack("<HHHHB", 0, 0, fw, fh, 0)
-            + b"\x02\x02\x44\x01\x00\x3b")
+    return (
+        b"GIF89a"
+        + struct.pack("<HHBBB", width, height, 0, 0, 0)
+        + b"\x2c"
+        + struct.pack("<HHHHB", 0, 0, fw, fh, 0)
+        + b"\x02\x02\x44\x01\x00\x3b"
+    )
 
 
 def bmp_header(width: int, height: int) -> bytes:

@@ -1,4 +1,5 @@
 """The data set the Ray tests run: decisions over several prefixes, shuffled, plus bad rows."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,10 @@ def decide_rows(n_per_task: int, *, seed: int = 0) -> list[str]:
     rows = []
     for t, task in enumerate(TASKS):
         for k in range(n_per_task):
-            suffix = (f" step {k}. Screen: {SCREENS[k % len(SCREENS)]} #{k}. Options: A) back B) next C) stop."
-                      " Answer with the letter.")
+            suffix = (
+                f" step {k}. Screen: {SCREENS[k % len(SCREENS)]} #{k}. Options: A) back B) next C) stop."
+                " Answer with the letter."
+            )
             rows.append(json.dumps({"id": t * 1000 + k, "prefix": task, "suffix": suffix, "choices": ["A", "B", "C"]}))
     random.Random(seed).shuffle(rows)
     return rows
@@ -47,8 +50,20 @@ def with_bad_rows(rows: list[str]) -> list[str]:
 # What a decision answers, as opposed to how it got there (n_reused, reuse, prefix_state_mib, batch_*)
 # and what it cost (prefill_s, prefill_tps, store_s, restore_s).
 ANSWER_KEYS = ("id", "error", "best", "choice_logp", "p_outside", "abstained", "scoring", "best_by", "n_tokens")
-HOW_KEYS = {"n_reused", "reuse", "prefix_state_mib", "prefill_s", "prefill_tps", "store_s", "restore_s",
-            "batch_id", "batch_size", "batch_tokens", "batch_prefill_s", "batch_read_mb"}
+HOW_KEYS = {
+    "n_reused",
+    "reuse",
+    "prefix_state_mib",
+    "prefill_s",
+    "prefill_tps",
+    "store_s",
+    "restore_s",
+    "batch_id",
+    "batch_size",
+    "batch_tokens",
+    "batch_prefill_s",
+    "batch_read_mb",
+}
 
 
 def answers(results: list[dict]) -> list[tuple]:

@@ -1,4 +1,5 @@
 """Helpers for the server tests (a module of its own so test files can import it)."""
+
 from __future__ import annotations
 
 import asyncio

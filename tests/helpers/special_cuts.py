@@ -40,4 +40,4 @@ def partition(data: bytes, order: list[tuple[bytes, bool, bool]]) -> list[tuple[
                 else:
                     break
         frags = out
-    return [("raw", data[f[1]:f[1] + f[2]]) if f[0] == "raw" else f for f in frags]
+    return [("raw", data[f[1] : f[1] + f[2]]) if f[0] == "raw" else f for f in frags]

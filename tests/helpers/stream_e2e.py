@@ -1,7 +1,10 @@
 from __future__ import annotations
+
 from pathlib import Path
-import numpy as np
+
 import llama_cpp  # noqa: E402
+import numpy as np
+
 from bmoe.llama.expert_hook import ExpertHook  # noqa: E402
 from bmoe.stream import Streamer  # noqa: E402
 
@@ -29,8 +32,9 @@ class Recorder:
             self.inner.on_route(il, ids)
 
 
-def run(path: Path, hook: ExpertHook | None, n_ubatch: int = 512,
-        rcs: list[int] | None = None) -> tuple[list[int], np.ndarray]:
+def run(
+    path: Path, hook: ExpertHook | None, n_ubatch: int = 512, rcs: list[int] | None = None
+) -> tuple[list[int], np.ndarray]:
     """Greedy-generate N_GEN tokens after PROMPT; returns tokens and every step's logits
     (``rcs`` collects each llama_decode's return code)."""
     llama_cpp.llama_backend_init()

@@ -1,13 +1,19 @@
 from __future__ import annotations
+
 import threading
+
 from bmoe.stream import Streamer
 from bmoe.stream.reader import StreamIOError
 from helpers.stream import expert_bytes_in_buffer
 
 
 def present(s: Streamer, data: bytes, il: int, experts, projs) -> bool:  # noqa: ANN001
-    return all(expert_bytes_in_buffer(s, t, e) == data[t.slice_offset(e):][:t.slice_nbytes]
-               for t in s.layout.layer_tensors(il) if t.proj in projs for e in experts)
+    return all(
+        expert_bytes_in_buffer(s, t, e) == data[t.slice_offset(e) :][: t.slice_nbytes]
+        for t in s.layout.layer_tensors(il)
+        if t.proj in projs
+        for e in experts
+    )
 
 
 class HeldReads:

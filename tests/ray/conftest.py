@@ -4,6 +4,7 @@ each started by ``ray start`` as its own raylet with 1 CPU and one unit of the c
 session in its own temp folder, stopped at the end: every process whose command line names that
 folder, and their descendants, are ended, so a Ray of anyone else on the machine is left alone (no
 ``ray stop``)."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,18 @@ def _free_port() -> int:
 
 def _ray_start(args: list[str], env: dict[str, str], log: Path) -> None:
     ray = str(Path(sys.executable).with_name("ray"))
-    cmd = [ray, "start", "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--resources", f'{{"{FLASH}": 1}}',
-           "--disable-usage-stats", *args]
+    cmd = [
+        ray,
+        "start",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--num-cpus",
+        "1",
+        "--resources",
+        f'{{"{FLASH}": 1}}',
+        "--disable-usage-stats",
+        *args,
+    ]
     with open(log, "ab") as out:
         done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=START_TIMEOUT_S)
     if done.returncode != 0:
@@ -72,8 +83,11 @@ def _stop(cluster: LocalCluster) -> None:
     gcs = re.compile(rf"address=\S+:{cluster.address.rsplit(':', 1)[1]}\b")
     for _ in range(2):
         procs = _processes()
-        mine = {pid for pid, (_, cmd) in procs.items()
-                if (str(cluster.temp_dir) in cmd or gcs.search(cmd)) and pid != os.getpid()}
+        mine = {
+            pid
+            for pid, (_, cmd) in procs.items()
+            if (str(cluster.temp_dir) in cmd or gcs.search(cmd)) and pid != os.getpid()
+        }
         grew = True
         while grew:
             more = {pid for pid, (ppid, _) in procs.items() if ppid in mine and pid not in mine}
@@ -102,8 +116,21 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
     cluster = LocalCluster(f"127.0.0.1:{_free_port()}", temp)
     address = cluster.address
     try:
-        _ray_start(["--head", "--port", address.split(":")[1], "--temp-dir", str(temp), "--include-dashboard",
-                    "false", "--ray-client-server-port", str(_free_port())], env, temp / "start.log")
+        _ray_start(
+            [
+                "--head",
+                "--port",
+                address.split(":")[1],
+                "--temp-dir",
+                str(temp),
+                "--include-dashboard",
+                "false",
+                "--ray-client-server-port",
+                str(_free_port()),
+            ],
+            env,
+            temp / "start.log",
+        )
         _ray_start(["--address", address], env, temp / "start.log")
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
         yield cluster

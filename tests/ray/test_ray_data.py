@@ -8,6 +8,7 @@ pieces on both sides, on the tiny qwen3moe in Q8_0 whose kernels round a row the
 rows share its ubatch (gate G19). How a row got its prefix (``n_reused``, ``reuse``, the batch keys)
 and what it cost (the seconds) differ with the grouping and are not compared.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,6 @@ from bmoe.ray.data.rows import answer_lines, as_command_line
 from bmoe.session import Session
 from bmoe.wire.protocol import Decide, ProtocolError, parse_line
 from bmoe.wire.records import decide_fields
-
 from helpers.rows import FLASH, answers, decide_rows, keys, with_bad_rows
 
 pytestmark = pytest.mark.ray
@@ -103,17 +103,34 @@ def test_a_killed_actor_loses_and_duplicates_no_row(ray_cluster, cfg, rows, one_
     assert actors(actor_id=killed["ActorID"])["NumRestarts"] >= 1, "the killed actor was not restarted"
 
 
-def test_bmoe_batch_on_the_cluster_writes_what_it_writes_without_ray(ray_cluster, cfg, rows, one_by_one,
-                                                                     tmp_path: Path, capsys) -> None:
+def test_bmoe_batch_on_the_cluster_writes_what_it_writes_without_ray(
+    ray_cluster, cfg, rows, one_by_one, tmp_path: Path, capsys
+) -> None:
     data = tmp_path / "data.jsonl"
     data.write_bytes(("\n".join(rows[:60]) + "\n\n").encode() + b'{"prefix":"\xff"}\n')
     flags = ["-m", str(cfg.model), "-c", "512", "-t", "1", "--decide-batch", "4"]
     assert batch_main([str(data), "--out", str(tmp_path / "here.jsonl"), *flags]) == 0
     # a process of its own, so that --ray ADDRESS connects to the cluster as a user's would
-    done = subprocess.run([str(Path(sys.executable).with_name("bmoe-batch")), str(data), "--out",
-                           str(tmp_path / "ray.jsonl"), "--ray", ray_cluster.address, "--actors", "2",
-                           "--batch-rows", "8", "--flash-resource", FLASH, *flags],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("bmoe-batch")),
+            str(data),
+            "--out",
+            str(tmp_path / "ray.jsonl"),
+            "--ray",
+            ray_cluster.address,
+            "--actors",
+            "2",
+            "--batch-rows",
+            "8",
+            "--flash-resource",
+            FLASH,
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     here = [json.loads(x) for x in (tmp_path / "here.jsonl").read_text().splitlines()]
     on_ray = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
@@ -127,8 +144,7 @@ def test_bmoe_batch_on_the_cluster_writes_what_it_writes_without_ray(ray_cluster
     assert f"on Ray ({ray_cluster.address}, 2 actor(s))" in summary
 
 
-def test_bmoe_eval_on_the_cluster_answers_what_it_answers_in_process(ray_cluster, cfg, tmp_path: Path,
-                                                                      capsys) -> None:
+def test_bmoe_eval_on_the_cluster_answers_what_it_answers_in_process(ray_cluster, cfg, tmp_path: Path, capsys) -> None:
     from bmoe.eval.dataset import shipped_set
     from bmoe.eval.main import main as eval_main
 
@@ -138,8 +154,10 @@ def test_bmoe_eval_on_the_cluster_answers_what_it_answers_in_process(ray_cluster
     # layout), so its debiased_p are compared too; pride is refused on Ray (tests/eval/test_eval_run.py)
     flags = ["-m", str(cfg.model), "-c", "512", "-t", "1", "--decide-batch", "4", "--debias", "contextual"]
     assert eval_main([str(data), "--out", str(tmp_path / "here"), *flags]) == 0
-    assert eval_main([str(data), "--out", str(tmp_path / "ray"), "--ray", ray_cluster.address, "--actors", "2",
-                      *flags]) == 0
+    assert (
+        eval_main([str(data), "--out", str(tmp_path / "ray"), "--ray", ray_cluster.address, "--actors", "2", *flags])
+        == 0
+    )
     rows = {}
     for side in ("here", "ray"):
         rows[side] = [json.loads(x) for x in (tmp_path / side / "results.jsonl").read_text().splitlines()]

@@ -4,6 +4,7 @@ served by uvicorn in this process (what bmoe-server runs): the openai client get
 What is compared: the chat answer's text and token counts, bit for bit (both are one session's
 first request on the same settings, so the same pieces: the whole prompt, then one token at a
 time), the decision's answer keys, and the refusals' status and body (auth, a bad decide)."""
+
 from __future__ import annotations
 
 import socket
@@ -18,7 +19,6 @@ from bmoe.config import SessionConfig
 from bmoe.ray.serve import deployment
 from bmoe.server import ServerSettings, close_app, create_app
 from bmoe.session import Session
-
 from helpers.rows import ANSWER_KEYS
 
 pytestmark = pytest.mark.ray
@@ -92,7 +92,8 @@ def _client(url: str, key: str = KEY) -> openai.OpenAI:
 def test_the_openai_client_gets_what_bmoe_server_answers(serve_url: str, local_url: str) -> None:
     def chat(url: str) -> tuple:
         r = _client(url).chat.completions.create(
-            model="any", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0)
+            model="any", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0
+        )
         return r.choices[0].message.content, r.usage.prompt_tokens, r.usage.completion_tokens, r.model
 
     on_serve, here = chat(serve_url), chat(local_url)
@@ -106,29 +107,44 @@ def test_same_auth_and_refusals(serve_url: str, local_url: str) -> None:
         _client(serve_url, "wrong").models.list()
     bad = {"prefix": "p", "suffix": "s", "choices": []}
     for path, body in (("/v1/decide", bad), ("/v1/models", None)):
-        a = httpx.request("POST" if body else "GET", serve_url + path, json=body, timeout=60,
-                          headers={"Authorization": f"Bearer {KEY}"} if body else {})
-        b = httpx.request("POST" if body else "GET", local_url + path, json=body, timeout=60,
-                          headers={"Authorization": f"Bearer {KEY}"} if body else {})
+        a = httpx.request(
+            "POST" if body else "GET",
+            serve_url + path,
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {KEY}"} if body else {},
+        )
+        b = httpx.request(
+            "POST" if body else "GET",
+            local_url + path,
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {KEY}"} if body else {},
+        )
         assert (a.status_code, a.json()) == (b.status_code, b.json()) and a.status_code in (400, 401)
 
 
 def test_a_decision_through_serve(serve_url: str, local_url: str) -> None:
     body = {"id": 4, "prefix": "You pick a letter. ", "suffix": "A or B?", "choices": ["A", "B"]}
-    got = [httpx.post(u + "/v1/decide", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
-           for u in (serve_url, local_url)]
+    got = [
+        httpx.post(u + "/v1/decide", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
+        for u in (serve_url, local_url)
+    ]
     assert tuple(got[0].get(k) for k in ANSWER_KEYS) == tuple(got[1].get(k) for k in ANSWER_KEYS)
     assert "error" not in got[0] and got[0]["best"] in (0, 1) and got[0]["id"] == 4
 
 
-@pytest.mark.parametrize("flags, message", [
-    ("-p hi", "-p/--prompt is a bmoe-cli mode"),
-    ("--session", "--session is a bmoe-cli mode"),
-    ("--max-queue -1", "--max-queue must be >= 0, got -1"),
-    ("--max-body-kb 0", "--max-body-kb must be >= 1, got 0"),
-    ("--allowed-hosts a,,b", "--allowed-hosts: "),
-    ("--no-such-flag", "unrecognized arguments: --no-such-flag"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ("-p hi", "-p/--prompt is a bmoe-cli mode"),
+        ("--session", "--session is a bmoe-cli mode"),
+        ("--max-queue -1", "--max-queue must be >= 0, got -1"),
+        ("--max-body-kb 0", "--max-body-kb must be >= 1, got 0"),
+        ("--allowed-hosts a,,b", "--allowed-hosts: "),
+        ("--no-such-flag", "unrecognized arguments: --no-such-flag"),
+    ],
+)
 def test_build_checks_the_flags_as_bmoe_server_does(flags: str, message: str) -> None:
     from bmoe.errors import ConfigError
     from bmoe.ray.serve import build

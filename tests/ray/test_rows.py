@@ -1,19 +1,20 @@
 """bmoe.ray.data without Ray: rows answered by one session, result order and its check, sizing."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import pytest
 
 from bmoe.config import SessionConfig
 from bmoe.decide.types import DecideRequest, RenderRule
 from bmoe.errors import ConfigError
-from bmoe.ray.data.rows import as_command_line
 from bmoe.ray.data import RayOptions, RowsLost, actor_sizing, answer_lines, answer_local, decide_line, in_order
+from bmoe.ray.data.rows import as_command_line
 from bmoe.session import Session
 from bmoe.wire.protocol import parse_line
 from bmoe.wire.records import decide_fields
-
 from helpers.rows import BAD, answers, decide_rows, keys, with_bad_rows
 
 
@@ -61,12 +62,20 @@ def test_bad_rows_get_one_line_errors_in_place(tiny_cfg: SessionConfig) -> None:
 def test_decide_line_round_trips() -> None:
     req = DecideRequest(id=3, prefix="p", suffix="s", choices=("A", "B"), reuse_prefix=False, abstain_below=0.25)
     assert parse_line(decide_line(req)).request == req
-    full = DecideRequest(id=4, prefix="", suffix="s", choices=("yes", "no"), scoring="full", best_by="uncond",
-                         unconditional="Answer:")
+    full = DecideRequest(
+        id=4, prefix="", suffix="s", choices=("yes", "no"), scoring="full", best_by="uncond", unconditional="Answer:"
+    )
     assert parse_line(decide_line(full)).request == full
-    structured = DecideRequest(id=5, prefix="p", suffix="s", choices=(), question="Which is larger?",
-                               options=("7", "12", "9"), debias="permute",
-                               render=RenderRule(cue="Answer:", labels=("1", "2", "3")))
+    structured = DecideRequest(
+        id=5,
+        prefix="p",
+        suffix="s",
+        choices=(),
+        question="Which is larger?",
+        options=("7", "12", "9"),
+        debias="permute",
+        render=RenderRule(cue="Answer:", labels=("1", "2", "3")),
+    )
     assert parse_line(decide_line(structured)).request == structured
     plain_structured = DecideRequest(id=6, prefix="", suffix="", choices=(), question="q", options=("a", "b"))
     assert parse_line(decide_line(plain_structured)).request == plain_structured
@@ -112,8 +121,9 @@ def test_sizing_of_a_streamed_model(tiny_models) -> None:
     assert huge.weights == layout.dense_nbytes + layout.expert_nbytes
     with pytest.raises(ConfigError, match="cache_mb: auto sizes the cache"):
         actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"))
-    assert actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto", cache_ceil_mb=5)).weights == \
-        layout.dense_nbytes + min(5 * 2**20, layout.expert_nbytes)
+    assert actor_sizing(
+        SessionConfig(model=path, moe_stream=True, cache_mb="auto", cache_ceil_mb=5)
+    ).weights == layout.dense_nbytes + min(5 * 2**20, layout.expert_nbytes)
     # the memory given: nothing is computed, so cache_mb auto needs no ceiling
     given = actor_sizing(SessionConfig(model=path, moe_stream=True, cache_mb="auto"), memory_mb=8000)
     assert (given.memory, given.weights, given.kv, given.overhead) == (8000 * 2**20, None, None, None)
@@ -170,28 +180,46 @@ def test_a_failure_is_told_apart_from_a_refusal() -> None:
         def decide_many(self, requests):  # type: ignore[no-untyped-def]
             if requests[0].prefix == "raise":
                 raise RuntimeError("bug")
-            return [DecideResult.failed(requests[0].id, "decide: the backend lost the sequence", RuntimeError()),
-                    DecideResult.failed(requests[1].id, "decide: refused", DecideRefusal("refused"))]
+            return [
+                DecideResult.failed(requests[0].id, "decide: the backend lost the sequence", RuntimeError()),
+                DecideResult.failed(requests[1].id, "decide: refused", DecideRefusal("refused")),
+            ]
 
-    rows = ['{"id":1,"prefix":"p","suffix":"s","choices":["A","B"]}',
-            '{"id":2,"prefix":"p","suffix":"s","choices":["A","B"]}',
-            '{"id":3,"prefix":"raise","suffix":"s","choices":["A","B"]}']
+    rows = [
+        '{"id":1,"prefix":"p","suffix":"s","choices":["A","B"]}',
+        '{"id":2,"prefix":"p","suffix":"s","choices":["A","B"]}',
+        '{"id":3,"prefix":"raise","suffix":"s","choices":["A","B"]}',
+    ]
     assert answer_lines(Broken(), rows) == [  # type: ignore[arg-type]
         {"id": 1, "error": "decide: the backend lost the sequence", "failed": True},
         {"id": 2, "error": "decide: refused"},
-        {"id": 3, "error": "internal error: RuntimeError: bug", "failed": True}]
+        {"id": 3, "error": "internal error: RuntimeError: bug", "failed": True},
+    ]
 
 
 def _pride_row(rid: int, prefix: str) -> str:
-    return json.dumps({"id": rid, "prefix": prefix, "question": f"Which is bigger, {rid} or {rid + 1}?",
-                       "options": [str(rid), str(rid + 1)], "debias": "pride"})
+    return json.dumps(
+        {
+            "id": rid,
+            "prefix": prefix,
+            "question": f"Which is bigger, {rid} or {rid + 1}?",
+            "options": [str(rid), str(rid + 1)],
+            "debias": "pride",
+        }
+    )
 
 
 def test_pride_rows_are_answered_in_input_order(tiny_models) -> None:
     """The prior comes from the first pride rows a session answers: those of the file, not of the
     prefixes' sorted order (here the second row's prefix sorts first)."""
-    cfg = SessionConfig(model=tiny_models("qwen3moe", "q8_0"), decide=True, decide_batch=4, n_ctx=512, n_threads=1,
-                        decide_pride_sample=1)
+    cfg = SessionConfig(
+        model=tiny_models("qwen3moe", "q8_0"),
+        decide=True,
+        decide_batch=4,
+        n_ctx=512,
+        n_threads=1,
+        decide_pride_sample=1,
+    )
     plain = '{"id": 9, "prefix": "Apple task.", "suffix": " Pick:", "choices": ["A", "B"]}'
     rows = [_pride_row(1, "Zebra task."), plain, _pride_row(2, "Apple task."), _pride_row(3, "Zebra task.")]
     got = answer_local(rows, cfg)
@@ -207,18 +235,29 @@ def test_bmoe_batch_refuses_pride_rows_on_ray_before_ray_starts(tiny_models, tmp
 
     monkeypatch.setitem(sys.modules, "ray", None)  # an import of Ray would fail the test
     data = tmp_path / "d.jsonl"
-    data.write_text("\n".join([_pride_row(1, "P."), '{"prefix":"p","suffix":"s","choices":["A","B"]}',
-                               _pride_row(2, "P."), _pride_row(3, "Q.")]) + "\n")
+    data.write_text(
+        "\n".join(
+            [
+                _pride_row(1, "P."),
+                '{"prefix":"p","suffix":"s","choices":["A","B"]}',
+                _pride_row(2, "P."),
+                _pride_row(3, "Q."),
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "out.jsonl"
     assert main([str(data), "--out", str(out), "--ray", "local", "-m", str(tiny_models("qwen3moe", "q8_0"))]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         'bmoe-batch: --ray: 3 rows use "debias": "pride", whose prior a session estimates from the first rows it '
         'answers; each Ray actor has its own session and gets the rows in another order, so the answers would not '
-        'be those of one process; run them without --ray']
+        'be those of one process; run them without --ray'
+    ]
     assert not out.exists()
     with pytest.raises(ConfigError, match='--ray: 3 rows use "debias": "pride"'):  # the library refuses them too
-        bmoe.ray.data.answer(data.read_text().splitlines(), SessionConfig(model=tiny_models("qwen3moe", "q8_0")),
-                             RayOptions())
+        bmoe.ray.data.answer(
+            data.read_text().splitlines(), SessionConfig(model=tiny_models("qwen3moe", "q8_0")), RayOptions()
+        )
 
 
 def test_bmoe_batch_checks_out_before_any_work(tiny_models, tmp_path, unwritable_dir, capsys, monkeypatch) -> None:
@@ -241,24 +280,37 @@ def test_bmoe_batch_checks_out_before_any_work(tiny_models, tmp_path, unwritable
     os.link(data, tmp_path / "hard.jsonl")
     model = str(tiny_models("qwen3moe", "q8_0"))
     for out, msg in [
-        (data, "is the input file"), (tmp_path / "sub" / ".." / "d.jsonl", "is the input file"),
-        (tmp_path / "link.jsonl", "is the input file"), (tmp_path / "hard.jsonl", "is the input file"),
+        (data, "is the input file"),
+        (tmp_path / "sub" / ".." / "d.jsonl", "is the input file"),
+        (tmp_path / "link.jsonl", "is the input file"),
+        (tmp_path / "hard.jsonl", "is the input file"),
     ]:
         assert main([str(data), "--out", str(out), "-m", model]) == 1
         assert capsys.readouterr().err.splitlines() == [
-            f"bmoe-batch: --out: {out} is the input file {data}; give another path (the results would replace "
-            "the data)"]
+            f"bmoe-batch: --out: {out} is the input file {data}; give another path (the results would replace the data)"
+        ]
     for out, msg in [
-        (tmp_path, f"{tmp_path} is a folder; give the path of a regular file, or of one that does not exist "
-                   "yet (the results are written beside it and renamed over it)"),
+        (
+            tmp_path,
+            f"{tmp_path} is a folder; give the path of a regular file, or of one that does not exist "
+            "yet (the results are written beside it and renamed over it)",
+        ),
         (data / "r.jsonl", f"cannot write {data / 'r.jsonl'}: Not a directory"),
-        (tmp_path / "missing" / "r.jsonl", f"cannot write {tmp_path / 'missing' / 'r.jsonl'}: No such file or directory"),
+        (
+            tmp_path / "missing" / "r.jsonl",
+            f"cannot write {tmp_path / 'missing' / 'r.jsonl'}: No such file or directory",
+        ),
         (unwritable_dir / "r.jsonl", f"cannot write {unwritable_dir / 'r.jsonl'}: Permission denied"),
     ]:
         assert main([str(data), "--out", str(out), "-m", model]) == 1
         assert capsys.readouterr().err.splitlines() == [f"bmoe-batch: --out: {msg}"]
     assert data.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [
-        "d.jsonl", "hard.jsonl", "link.jsonl", "read-only", "sub"]
+        "d.jsonl",
+        "hard.jsonl",
+        "link.jsonl",
+        "read-only",
+        "sub",
+    ]
 
 
 def test_bmoe_batch_refuses_a_special_file_as_out(tiny_models, tmp_path, capsys, monkeypatch) -> None:
@@ -282,13 +334,16 @@ def test_bmoe_batch_refuses_a_special_file_as_out(tiny_models, tmp_path, capsys,
     null_link = tmp_path / "null"
     null_link.symlink_to("/dev/null")
     model = str(tiny_models("qwen3moe", "q8_0"))
-    for out, what in [(fifo, "a FIFO (named pipe)"), (Path("/dev/null"), "a character device"),
-                      (null_link, "a character device")]:
+    for out, what in [
+        (fifo, "a FIFO (named pipe)"),
+        (Path("/dev/null"), "a character device"),
+        (null_link, "a character device"),
+    ]:
         assert main([str(data), "--out", str(out), "-m", model]) == 1
         assert capsys.readouterr().err.splitlines() == [
             f"bmoe-batch: --out: {out} is {what}; give the path of a regular file, or of one that does not exist "
-            "yet (the results are written beside it and renamed over it)"]
+            "yet (the results are written beside it and renamed over it)"
+        ]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and null_link.is_symlink()
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "f", "null"]  # no part file left
-

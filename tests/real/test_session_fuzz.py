@@ -2,6 +2,7 @@
 a valid request afterwards exactly as a fresh session does. Random bytes (not UTF-8, over the
 line cap, blank, lone surrogates) get one answer or one refusal per line, in order, and the
 loop ends on close and on end of input."""
+
 import io
 import json
 import threading
@@ -18,9 +19,27 @@ from bmoe.wire.protocol import MAX_LINE_BYTES
 VALID = {"cmd": "generate", "id": 7, "prompt": "Name a color.", "n_predict": 3}
 
 scalars = st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=12)
-values = st.recursive(scalars, lambda k: st.lists(k, max_size=3) | st.dictionaries(st.text(max_size=6), k, max_size=3), max_leaves=6)
-fields = st.sampled_from(["cmd", "id", "prompt", "n_predict", "think", "clear_kv", "temperature", "seed",
-                          "choices", "prefix", "suffix", "requests", "reuse_prefix", "abstain_below"])
+values = st.recursive(
+    scalars, lambda k: st.lists(k, max_size=3) | st.dictionaries(st.text(max_size=6), k, max_size=3), max_leaves=6
+)
+fields = st.sampled_from(
+    [
+        "cmd",
+        "id",
+        "prompt",
+        "n_predict",
+        "think",
+        "clear_kv",
+        "temperature",
+        "seed",
+        "choices",
+        "prefix",
+        "suffix",
+        "requests",
+        "reuse_prefix",
+        "abstain_below",
+    ]
+)
 cmd_names = st.sampled_from(["generate", "decide", "decide_batch", "stats", "cancel", "fly", "", "GENERATE"])
 
 
@@ -43,14 +62,15 @@ def mutated(draw: st.DrawFn) -> str:
     return text[: int(len(text) * cut)] if cut else text
 
 
-lines = st.one_of(mutated(), st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s
-                                                         and "close" not in s))
+lines = st.one_of(
+    mutated(), st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s and "close" not in s)
+)
 
 
 def answer_text(out: str, rid: int) -> str:
     for ln in out.splitlines():
         if ln.startswith("BMOE_DONE "):
-            d = json.loads(ln[len("BMOE_DONE "):])
+            d = json.loads(ln[len("BMOE_DONE ") :])
             if d["id"] == rid:
                 return d["text"]
     raise AssertionError(f"no BMOE_DONE for id {rid} in:\n{out[-2000:]}")
@@ -94,8 +114,13 @@ def _req(obj: dict, ascii_only: bool = True) -> bytes:
 
 
 prompts = st.text(max_size=16)
-generates = st.builds(lambda rid, p, n, a: (_req({"cmd": "generate", "id": rid, "prompt": p, "n_predict": n}, a), "DONE"),
-                      st.integers(0, 99), prompts, st.integers(1, 3), st.booleans())
+generates = st.builds(
+    lambda rid, p, n, a: (_req({"cmd": "generate", "id": rid, "prompt": p, "n_predict": n}, a), "DONE"),
+    st.integers(0, 99),
+    prompts,
+    st.integers(1, 3),
+    st.booleans(),
+)
 answered = st.one_of(
     generates,
     st.builds(lambda rid: (_req({"cmd": "stats", "id": rid}), "STATS"), st.integers(0, 99)),
@@ -120,8 +145,9 @@ def too_long(draw: st.DrawFn) -> Line:
     return head + b"\xff" * draw(st.integers(0, 3)) + b"x" * (n - len(head)), "ERROR"
 
 
-surrogates = st.sampled_from([(b'{"cmd":"generate","id":2,"prompt":"\\ud800"}', "ERROR"),
-                              (b'{"cmd":"generate","prompt":"a\\udfffb"}', "ERROR")])
+surrogates = st.sampled_from(
+    [(b'{"cmd":"generate","id":2,"prompt":"\\ud800"}', "ERROR"), (b'{"cmd":"generate","prompt":"a\\udfffb"}', "ERROR")]
+)
 byte_lines = st.one_of(answered, answered, junk.map(lambda b: (b, "ERROR")), not_utf8(), too_long(), surrogates)
 
 ANSWERS = {"BMOE_ERROR", "BMOE_DONE", "BMOE_STATS", "BMOE_DECIDE"}
@@ -131,13 +157,18 @@ def test_random_bytes_are_answered_or_refused_line_by_line(tiny_models) -> None:
     s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), n_ctx=512, n_threads=1))
 
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.lists(byte_lines, min_size=1, max_size=12), st.sampled_from(["eof", "eof-no-newline", "close"]),
-           st.booleans())
+    @given(
+        st.lists(byte_lines, min_size=1, max_size=12),
+        st.sampled_from(["eof", "eof-no-newline", "close"]),
+        st.booleans(),
+    )
     def session_run(lines: list[Line], end: str, text_stdin: bool) -> None:
         if end == "close":
             lines = lines + [(b'{"cmd":"close"}', None), (b'{"cmd":"stats"}', None), (b"\xff", None)]  # not read
         data = b"\n".join(raw for raw, _ in lines) + (b"" if end == "eof-no-newline" else b"\n")
-        stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8") if text_stdin else io.BufferedReader(io.BytesIO(data))
+        stdin = (
+            io.TextIOWrapper(io.BytesIO(data), encoding="utf-8") if text_stdin else io.BufferedReader(io.BytesIO(data))
+        )
         out, rc = io.StringIO(), []
         t = threading.Thread(target=lambda: rc.append(run_session(s, stdin, out)), daemon=True)
         t.start()
@@ -150,7 +181,7 @@ def test_random_bytes_are_answered_or_refused_line_by_line(tiny_models) -> None:
             obj = json.loads(body)
             assert tag.startswith("BMOE_") and not (tag == "BMOE_ERROR" and obj["fatal"]), ln
             if tag in ANSWERS:
-                got.append(tag[len("BMOE_"):])
+                got.append(tag[len("BMOE_") :])
         expected = [kind for _, kind in lines if kind is not None]
         assert got == expected, [raw[:80] for raw, _ in lines]
 

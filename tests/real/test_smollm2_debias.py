@@ -4,6 +4,7 @@ On the first rows of the shipped `ordering` set (four options, structured form) 
 the first option on nearly every row (docs/eval.md); permuting the options, or dividing out a
 PriDe prior estimated from a few of them, moves the picks off it.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

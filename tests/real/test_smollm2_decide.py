@@ -4,6 +4,7 @@ The Wi-Fi agent of examples/wifi_agent.jsonl runs through the session API, reusi
 where the prefix stays or grows; a whole-prefill decision scores what plain llama.cpp computes for
 the same rendered prompt; a refused request leaves the next decision exactly as it would have been.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,12 +13,11 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from bmoe.wire.records import decide_fields
-from bmoe.runtime.chat import Message
 from bmoe.decide.types import DecideRequest
-
-from bmoe.wire.protocol import Decide, parse_line
+from bmoe.runtime.chat import Message
 from bmoe.session import Session
+from bmoe.wire.protocol import Decide, parse_line
+from bmoe.wire.records import decide_fields
 
 WIFI_FILE = Path(__file__).resolve().parents[2] / "examples" / "wifi_agent.jsonl"
 # What happens to the kept state at each of the four steps: the first stores its prefix, the
@@ -116,8 +116,11 @@ def plain_llama_cpp(
         cp.n_batch = s.config.n_batch
         cp.n_ubatch = s.config.n_ubatch
         cp.n_threads = cp.n_threads_batch = s.config.threads
-        cp.flash_attn_type = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                              False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[s.config.flash_attn]
+        cp.flash_attn_type = {
+            None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[s.config.flash_attn]
         if s.config.kv_f32:
             cp.type_k = cp.type_v = llama_cpp.GGML_TYPE_F32
         ctx = llama_cpp.llama_init_from_model(model, cp)

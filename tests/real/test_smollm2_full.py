@@ -4,6 +4,7 @@ A sanity check that the summed log-prob of every token ranks the right answer fi
 135M model knows it (margins of 2.8 to 4.1 nats measured here), including choices that all
 start with the same token, which first-token scoring refuses.
 """
+
 from __future__ import annotations
 
 import pytest

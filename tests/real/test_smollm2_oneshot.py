@@ -1,5 +1,6 @@
 """``bmoe-cli -p`` on the default model (SmolLM2): as llama.cpp's CLI, stdout holds the answer alone
 and stderr the perf summary and BMOE_DONE; ``--json`` puts the BMOE_DONE object alone on stdout."""
+
 from __future__ import annotations
 
 import json

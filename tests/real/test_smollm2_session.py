@@ -1,11 +1,12 @@
 """Generate, continue, cancel, overflow and perplexity on a real model with a real template."""
+
 import threading
 
 import numpy as np
 import pytest
 
-from bmoe.runtime.chat import Message
 from bmoe.errors import ContextOverflowError
+from bmoe.runtime.chat import Message
 from bmoe.runtime.results import GenerateRequest
 from helpers.exactness import assert_same_up_to_near_tie
 
@@ -46,14 +47,14 @@ def test_continued_turn_prefills_only_new_tokens(open_smol) -> None:
     assert t2.prefill_fallback == ""
     prompt2 = list(s.kv.tokens[: t2.n_reused + t2.n_prompt])
     assert t1.n_prompt <= t2.n_reused <= len(kv1) and prompt2[: t2.n_reused] == kv1[: t2.n_reused]
-    assert kv1[t1.n_prompt:] == list(t1.tokens[: len(kv1) - t1.n_prompt])  # the reused answer, as generated
+    assert kv1[t1.n_prompt :] == list(t1.tokens[: len(kv1) - t1.n_prompt])  # the reused answer, as generated
 
     same = open_smol()
     same.kv.append(kv1[: t1.n_prompt])
-    for tok in kv1[t1.n_prompt:]:
+    for tok in kv1[t1.n_prompt :]:
         same.kv.append([tok])
     same.kv.rollback(t2.n_reused)  # what turn 2 trimmed (nothing when the answer re-tokenizes alike)
-    assert np.array_equal(same.kv.append(prompt2[t2.n_reused:]), t2.logits[0])  # the same pieces: bit for bit
+    assert np.array_equal(same.kv.append(prompt2[t2.n_reused :]), t2.logits[0])  # the same pieces: bit for bit
 
     fresh = open_smol()
     fresh.set_history([Message("user", Q1), Message("assistant", t1.text)])
@@ -111,7 +112,9 @@ def test_overflow_is_refused_before_any_work(open_smol) -> None:
     s = open_smol(n_ctx=256)
     first = s.generate(GenerateRequest(prompt=Q1))
     history, kv_tokens = list(s.history), list(s.kv.tokens)
-    with pytest.raises(ContextOverflowError, match=r"^prompt \(\d+ tokens\) plus n_predict \(16\) exceeds the context \(n_ctx 256\)$"):
+    with pytest.raises(
+        ContextOverflowError, match=r"^prompt \(\d+ tokens\) plus n_predict \(16\) exceeds the context \(n_ctx 256\)$"
+    ):
         s.generate(GenerateRequest(prompt="word " * 400, clear_kv=False))
     assert s.history == history and s.kv.tokens == kv_tokens
     again = s.generate(GenerateRequest(prompt=Q1))

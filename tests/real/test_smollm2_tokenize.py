@@ -1,6 +1,7 @@
 """SmolLM2's tokenizer on long texts: bmoe tokenizes a text full of special tokens in pieces
 (bmoe.llama.special_cuts), which must give exactly llama.cpp's tokens of the whole text, in time
 linear in the text (llama.cpp alone is quadratic in the number of special tokens written in it)."""
+
 from __future__ import annotations
 
 import random
@@ -13,8 +14,16 @@ import pytest
 
 from bmoe.llama.model import LlamaModel, ModelLoadParams
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<file_sep>", "<gh_stars>",
-            "<jupyter_output>", "<empty_output>"]
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<repo_name>",
+    "<file_sep>",
+    "<gh_stars>",
+    "<jupyter_output>",
+    "<empty_output>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +45,34 @@ def whole(model: LlamaModel, text: str, add_special: bool, parse_special: bool) 
 
 def texts() -> list[str]:
     rng = random.Random(31)
-    words = ["hello", " world", "\n", "  ", "\t", "über", "中文", "😀", "1234", "<|im_start", "im_end|>", "<",
-             ">", "|", "user", "assistant", " ", "\n\n", "'s", "x"]
+    words = [
+        "hello",
+        " world",
+        "\n",
+        "  ",
+        "\t",
+        "über",
+        "中文",
+        "😀",
+        "1234",
+        "<|im_start",
+        "im_end|>",
+        "<",
+        ">",
+        "|",
+        "user",
+        "assistant",
+        " ",
+        "\n\n",
+        "'s",
+        "x",
+    ]
     mixed = "".join(rng.choice(words + SPECIALS) for _ in range(12000))
-    chat = "".join(f"<|im_start|>user\nQuestion {i}: what is {i} + {i}?<|im_end|>\n"
-                   f"<|im_start|>assistant\nIt is {2 * i}.<|im_end|>\n" for i in range(600))
+    chat = "".join(
+        f"<|im_start|>user\nQuestion {i}: what is {i} + {i}?<|im_end|>\n"
+        f"<|im_start|>assistant\nIt is {2 * i}.<|im_end|>\n"
+        for i in range(600)
+    )
     return [
         "<|im_start|>" * 5000,
         "<|im_end|>\n" * 5000,
@@ -60,8 +92,9 @@ def test_pieces_give_the_whole_texts_tokens(model: LlamaModel, i: int) -> None:
     text = texts()[i]
     for add_special in (False, True):
         for parse_special in (True, False):
-            assert model.tokenize(text, add_special=add_special, parse_special=parse_special) == \
-                whole(model, text, add_special, parse_special), (i, add_special, parse_special)
+            assert model.tokenize(text, add_special=add_special, parse_special=parse_special) == whole(
+                model, text, add_special, parse_special
+            ), (i, add_special, parse_special)
 
 
 def test_texts_with_special_tokens_are_cut(model: LlamaModel) -> None:

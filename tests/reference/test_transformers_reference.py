@@ -6,6 +6,7 @@
 2. SmolLM2's chat rendering through bmoe (the GGUF's template in jinja2, llama.cpp's tokenizer)
    equals transformers' ``apply_chat_template`` on a tokenizer built from the same GGUF.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -13,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
 import transformers
 
-from bmoe.runtime.chat import Message  # noqa: E402
 from bmoe.config import SessionConfig  # noqa: E402
 from bmoe.numerics import log_softmax  # noqa: E402
+from bmoe.runtime.chat import Message  # noqa: E402
 from bmoe.session import Session  # noqa: E402
 from bmoe.testing import hf_weights_for, smollm2_gguf_path  # noqa: E402
 
@@ -54,8 +54,9 @@ def _hf_model(arch: str) -> object:
 @pytest.fixture(scope="module", params=["qwen3moe", "qwen35moe"])
 def tiny_session(request: pytest.FixtureRequest, tiny_models) -> Iterator[tuple[str, Session]]:
     arch = request.param
-    cfg = SessionConfig(model=tiny_models(arch, "f32"), n_ctx=128, n_batch=128, n_ubatch=128,
-                        kv_f32=True, flash_attn=False, chat="none")
+    cfg = SessionConfig(
+        model=tiny_models(arch, "f32"), n_ctx=128, n_batch=128, n_ubatch=128, kv_f32=True, flash_attn=False, chat="none"
+    )
     with Session(cfg) as session:
         yield arch, session
 
@@ -111,8 +112,7 @@ def test_smollm2_chat_rendering_matches_transformers(smollm2, hf_tokenizer, conv
     ours = session.tokenize_prompt(text)
     messages = [{"role": m.role, "content": m.content} for m in conversation]
     hf_text = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    hf_ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                              return_dict=False)
+    hf_ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert text == hf_text
     assert ours == list(hf_ids)
     assert text.endswith("<|im_start|>assistant\n")

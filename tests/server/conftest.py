@@ -1,19 +1,18 @@
 """Server fixtures: apps over real sessions (SmolLM2 and a tiny MoE), and a live uvicorn on
 127.0.0.1 (a free port, in a thread of this process, stopped at teardown with a bound wait)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-
 from fastapi import FastAPI  # noqa: E402
-from helpers.server import LiveServer  # noqa: E402
 
 from bmoe.config import SessionConfig  # noqa: E402
 from bmoe.server import ServerSettings, close_app, create_app  # noqa: E402
 from bmoe.session import Session  # noqa: E402
+from helpers.server import LiveServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,15 @@
 """POST /v1/completions (prompt scoring) and the tokenizer routes through the test client: the
 OpenAI legacy answer shape lm-eval reads, KV reuse across requests, every refusal. SmolLM2."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from helpers.server import metric
 
 from bmoe.runtime.results import ScoreRequest
 from bmoe.runtime.scoring import TOP_CAP
+from helpers.server import metric
 
 CTX = "Question: What is the capital of France?\nAnswer:"
 
@@ -47,8 +48,18 @@ def test_tokenizer_routes(client, app) -> None:
 def test_echo_scores_every_position_as_the_session_does(client, app) -> None:
     session = app.state.session
     toks = tokenize(client, CTX + " Paris")
-    r = client.post("/v1/completions", json={"model": "x", "prompt": toks, "echo": True, "logprobs": 3,
-                                              "max_tokens": 1, "temperature": 0, "seed": 1234})
+    r = client.post(
+        "/v1/completions",
+        json={
+            "model": "x",
+            "prompt": toks,
+            "echo": True,
+            "logprobs": 3,
+            "max_tokens": 1,
+            "temperature": 0,
+            "seed": 1234,
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and len(body["choices"]) == 1
@@ -70,7 +81,7 @@ def test_echo_scores_every_position_as_the_session_does(client, app) -> None:
     # the generated token is the greedy one: lm-eval's is_greedy test holds for it by construction
     assert lp["token_logprobs"][n] == max(lp["top_logprobs"][n].values())
     # offsets index the text
-    assert [ch["text"][o:o + len(t)] for o, t in zip(lp["text_offset"], lp["tokens"])] == lp["tokens"]
+    assert [ch["text"][o : o + len(t)] for o, t in zip(lp["text_offset"], lp["tokens"])] == lp["tokens"]
     u = body["usage"]
     assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (n, 1, n + 1)
     assert body["bmoe"]["n_reused"] + body["bmoe"]["n_prefilled"] == n
@@ -85,8 +96,9 @@ def test_consecutive_requests_reuse_the_context(client, app) -> None:
     assert r["bmoe"]["prompts"][0]["n_prefilled"] == len(b) - len(ctx) + 1
     whole = app.state.session.score(ScoreRequest(tokens=tuple(b), reuse=False))
     # reused prefix + new tail against one prefill: a tolerance (docs/server.md "What is exact")
-    np.testing.assert_allclose(r["choices"][0]["logprobs"]["token_logprobs"][1:], whole.token_logprobs[1:],
-                               atol=0.05, rtol=0)
+    np.testing.assert_allclose(
+        r["choices"][0]["logprobs"]["token_logprobs"][1:], whole.token_logprobs[1:], atol=0.05, rtol=0
+    )
     text = client.get("/metrics").text
     assert metric(text, "bmoe_reused_tokens_total") >= len(ctx) - 1
 
@@ -97,7 +109,9 @@ def test_prompt_forms_and_lists(client) -> None:
     assert one["choices"][0]["text"] == CTX and one["usage"]["completion_tokens"] == 0
     assert all(t == {} for t in one["choices"][0]["logprobs"]["top_logprobs"][1:])  # logprobs 0: no alternatives
     texts = client.post("/v1/completions", json={"prompt": [CTX, CTX + " Paris"], "max_tokens": 1}).json()
-    ids = client.post("/v1/completions", json={"prompt": [ctx, ctx + tokenize(client, " Paris")], "max_tokens": 1}).json()
+    ids = client.post(
+        "/v1/completions", json={"prompt": [ctx, ctx + tokenize(client, " Paris")], "max_tokens": 1}
+    ).json()
     assert [c["index"] for c in texts["choices"]] == [0, 1]
     assert [c["text"] for c in texts["choices"]] == [c["text"] for c in ids["choices"]]
     assert all(c["logprobs"] is None for c in texts["choices"])  # no logprobs asked for
@@ -129,41 +143,71 @@ def err(r, status: int) -> dict:
     return e
 
 
-@pytest.mark.parametrize("body, status, param, message", [
-    ({"prompt": ""}, 400, "prompt", "prompt: is empty; give at least one token"),
-    ({"prompt": []}, 422, "prompt", "prompt: at least 1 item, got 0"),
-    ({"prompt": [[]]}, 422, "prompt.0", "prompt.0: at least 1 item, got 0"),
-    ({"prompt": ["a", ""]}, 400, "prompt.1", "prompt.1: is empty; give at least one token"),
-    ({"prompt": [5, 49152]}, 400, "prompt.1", "prompt.1: 49152 is not a token id of this model (0..49151)"),
-    ({"prompt": [[5], [7, -3]]}, 400, "prompt.1.1", "prompt.1.1: -3 is not a token id of this model (0..49151)"),
-    ({"prompt": [5, True]}, 422, "prompt.1", None),
-    ({"prompt": [7] * 300}, 400, "prompt", "prompt: 300 tokens, plus 1 to pick, do not fit the context (n_ctx 256)"),
-    ({"prompt": "x", "logprobs": TOP_CAP + 1}, 422, "logprobs", f"logprobs: Input should be less than or equal to {TOP_CAP}"),
-    ({"prompt": "x", "max_tokens": 16}, 400, "max_tokens", "max_tokens: /v1/completions scores prompts and generates at most 1 token, got 16 (use /v1/chat/completions to generate text)"),
-    ({"prompt": "x", "stream": True}, 400, "stream", "stream: streaming is not supported on /v1/completions"),
-    ({"prompt": "x", "n": 2}, 400, "n", "n: only 1 is supported, got 2"),
-    ({"prompt": "x", "best_of": 3}, 400, "best_of", "best_of: only 1 is supported, got 3"),
-    ({"prompt": "x", "suffix": "y"}, 400, "suffix", "suffix: insertion (a suffix) is not supported"),
-    ({"prompt": "x", "stop": ["\n"]}, 400, "stop", None),
-    ({"prompt": "x", "logit_bias": {"5": 1.0}}, 400, "logit_bias", "logit_bias: not supported"),
-    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty: only 0 is supported"),
-    (b'{"prompt": "x", "temperature": Infinity}', 422, "temperature", "temperature: Input should be a finite number"),
-])
+@pytest.mark.parametrize(
+    "body, status, param, message",
+    [
+        ({"prompt": ""}, 400, "prompt", "prompt: is empty; give at least one token"),
+        ({"prompt": []}, 422, "prompt", "prompt: at least 1 item, got 0"),
+        ({"prompt": [[]]}, 422, "prompt.0", "prompt.0: at least 1 item, got 0"),
+        ({"prompt": ["a", ""]}, 400, "prompt.1", "prompt.1: is empty; give at least one token"),
+        ({"prompt": [5, 49152]}, 400, "prompt.1", "prompt.1: 49152 is not a token id of this model (0..49151)"),
+        ({"prompt": [[5], [7, -3]]}, 400, "prompt.1.1", "prompt.1.1: -3 is not a token id of this model (0..49151)"),
+        ({"prompt": [5, True]}, 422, "prompt.1", None),
+        (
+            {"prompt": [7] * 300},
+            400,
+            "prompt",
+            "prompt: 300 tokens, plus 1 to pick, do not fit the context (n_ctx 256)",
+        ),
+        (
+            {"prompt": "x", "logprobs": TOP_CAP + 1},
+            422,
+            "logprobs",
+            f"logprobs: Input should be less than or equal to {TOP_CAP}",
+        ),
+        (
+            {"prompt": "x", "max_tokens": 16},
+            400,
+            "max_tokens",
+            "max_tokens: /v1/completions scores prompts and generates at most 1 token, got 16 (use /v1/chat/completions to generate text)",
+        ),
+        ({"prompt": "x", "stream": True}, 400, "stream", "stream: streaming is not supported on /v1/completions"),
+        ({"prompt": "x", "n": 2}, 400, "n", "n: only 1 is supported, got 2"),
+        ({"prompt": "x", "best_of": 3}, 400, "best_of", "best_of: only 1 is supported, got 3"),
+        ({"prompt": "x", "suffix": "y"}, 400, "suffix", "suffix: insertion (a suffix) is not supported"),
+        ({"prompt": "x", "stop": ["\n"]}, 400, "stop", None),
+        ({"prompt": "x", "logit_bias": {"5": 1.0}}, 400, "logit_bias", "logit_bias: not supported"),
+        ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty: only 0 is supported"),
+        (
+            b'{"prompt": "x", "temperature": Infinity}',
+            422,
+            "temperature",
+            "temperature: Input should be a finite number",
+        ),
+    ],
+)
 def test_completion_refusals(client, app, body, status, param, message) -> None:
     kv = list(app.state.session.kv.tokens)
-    sent = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    sent = (
+        {"content": body, "headers": {"Content-Type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     e = err(client.post("/v1/completions", **sent), status)
     assert e["param"] == param and (message is None or e["message"] == message), e
     assert app.state.session.kv.tokens == kv  # refused before any work
     assert client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 1}).status_code == 200
 
 
-@pytest.mark.parametrize("path, body, status, param", [
-    ("/tokenize", {"prompt": 5}, 422, "prompt"),
-    ("/tokenize", {"prompt": "x", "messages": []}, 422, "messages"),
-    ("/detokenize", {"tokens": [1, 49152]}, 400, "tokens.1"),
-    ("/detokenize", {"tokens": ["a"]}, 422, "tokens.0"),
-])
+@pytest.mark.parametrize(
+    "path, body, status, param",
+    [
+        ("/tokenize", {"prompt": 5}, 422, "prompt"),
+        ("/tokenize", {"prompt": "x", "messages": []}, 422, "messages"),
+        ("/detokenize", {"tokens": [1, 49152]}, 400, "tokens.1"),
+        ("/detokenize", {"tokens": ["a"]}, 422, "tokens.0"),
+    ],
+)
 def test_tokenizer_refusals(client, path, body, status, param) -> None:
     assert err(client.post(path, json=body), status)["param"] == param
     assert client.post("/tokenize", json={"prompt": "ok"}).status_code == 200

@@ -3,6 +3,7 @@ bmoe-server on SmolLM2, on a multiple-choice task written here (a task YAML over
 file; nothing is downloaded). Its acc and acc_norm equal the ones computed independently from the
 session's own log-likelihoods (perplexity over context + continuation, prefilled whole), and what
 `bmoe-eval --scoring full` reports on the same items (accuracy by "sum" and by "norm")."""
+
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import lm_eval  # the test extra (scripts/setup.sh --test)
 import numpy as np
+
 from helpers.server import metric
 
 # (question, choices, gold). Choices of different lengths, so that acc (summed log-likelihood) and
@@ -86,10 +88,20 @@ def test_lm_eval_local_completions_against_bmoe_server(make_app, smol_path, live
         model="local-completions",
         # tokenizer_backend "auto" would find /tokenizer_info and /tokenize by itself; named here so
         # that a server without them fails the test instead of reaching for a download
-        model_args={"base_url": server.url + "/v1/completions", "model": "smollm2", "tokenizer_backend": "remote",
-                    "max_length": 512, "max_retries": 1},
-        tasks=["bmoe_mc_local"], task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
-        log_samples=True, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+        model_args={
+            "base_url": server.url + "/v1/completions",
+            "model": "smollm2",
+            "tokenizer_backend": "remote",
+            "max_length": 512,
+            "max_retries": 1,
+        },
+        tasks=["bmoe_mc_local"],
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
     )
     got = out["results"]["bmoe_mc_local"]
     samples = sorted(out["samples"]["bmoe_mc_local"], key=lambda s: s["doc_id"])
@@ -115,22 +127,51 @@ def test_lm_eval_local_completions_against_bmoe_server(make_app, smol_path, live
     assert acc != acc_norm  # the two rules disagree somewhere: acc_norm's division was exercised
     # consecutive requests sharing a question reused its KV (lm-eval sends one request per choice)
     text = httpx.get(server.url + "/metrics").text
-    print(f"lm-eval on {len(ITEMS)} items: acc {got['acc,none']:.3f}, acc_norm {got['acc_norm,none']:.3f}; "
-          f"max |served - session| {worst:.2g} nats; tokens reused {metric(text, 'bmoe_reused_tokens_total'):.0f}, "
-          f"prefilled {metric(text, 'bmoe_prompt_tokens_total'):.0f}")
+    print(
+        f"lm-eval on {len(ITEMS)} items: acc {got['acc,none']:.3f}, acc_norm {got['acc_norm,none']:.3f}; "
+        f"max |served - session| {worst:.2g} nats; tokens reused {metric(text, 'bmoe_reused_tokens_total'):.0f}, "
+        f"prefilled {metric(text, 'bmoe_prompt_tokens_total'):.0f}"
+    )
     assert metric(text, "bmoe_reused_tokens_total") > 0
-    assert metric(text, "bmoe_http_requests_total", route="/v1/completions", status="200") == sum(len(c) for _, c, _ in ITEMS)
+    assert metric(text, "bmoe_http_requests_total", route="/v1/completions", status="200") == sum(
+        len(c) for _, c, _ in ITEMS
+    )
 
     # bmoe-eval on the same items: the prompt raw (no chat template), every choice scored whole after
     # it with lm-eval's delimiter in front; its accuracy by sum and by norm are lm-eval's acc, acc_norm
     from bmoe.eval.main import main as bmoe_eval
 
     data = tmp_path / "bmoe-eval.jsonl"
-    data.write_text("".join(json.dumps({"suffix": TEMPLATE.format(q=q), "choices": [" " + c for c in choices],
-                                        "gold": gold, "scoring": "full"}) + "\n" for q, choices, gold in ITEMS))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"suffix": TEMPLATE.format(q=q), "choices": [" " + c for c in choices], "gold": gold, "scoring": "full"}
+            )
+            + "\n"
+            for q, choices, gold in ITEMS
+        )
+    )
     out_dir = tmp_path / "bmoe-eval"
-    assert bmoe_eval([str(data), "--out", str(out_dir), "-m", str(smol_path), "--no-chat", "--flash-attn", "off",
-                      "--decide-batch", "4", "-c", "512", "-t", "1"]) == 0
+    assert (
+        bmoe_eval(
+            [
+                str(data),
+                "--out",
+                str(out_dir),
+                "-m",
+                str(smol_path),
+                "--no-chat",
+                "--flash-attn",
+                "off",
+                "--decide-batch",
+                "4",
+                "-c",
+                "512",
+                "-t",
+                "1",
+            ]
+        )
+        == 0
+    )
     ours = json.loads((out_dir / "metrics.json").read_text())["accuracy_by"]
     assert (ours["sum"], ours["norm"]) == (got["acc,none"], got["acc_norm,none"])
-

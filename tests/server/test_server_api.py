@@ -1,5 +1,6 @@
 """The HTTP API through FastAPI's test client on SmolLM2: chat (streamed and not), multi-turn KV
 reuse, stop strings, decisions, models/health/session, metrics."""
+
 from __future__ import annotations
 
 import json
@@ -7,12 +8,15 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
+
 from helpers.server import label_sets, metric
 
 Q1 = "Name three fruits."
-DECISION = {"prefix": "What is the capital of France?\n",
-            "suffix": "Options:\nA) Paris\nB) London\nC) Rome\nAnswer with the letter.",
-            "choices": ["A", "B", "C"]}
+DECISION = {
+    "prefix": "What is the capital of France?\n",
+    "suffix": "Options:\nA) Paris\nB) London\nC) Rome\nAnswer with the letter.",
+    "choices": ["A", "B", "C"],
+}
 
 
 @pytest.fixture()
@@ -25,7 +29,7 @@ def sse_events(text: str) -> list[dict | str]:
     out: list[dict | str] = []
     for block in text.split("\n\n"):
         if block.startswith("data: "):
-            data = block[len("data: "):]
+            data = block[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -64,18 +68,35 @@ def test_streamed_chat_equals_the_whole_answer(client) -> None:
 
 
 def test_second_turn_reuses_the_kv_prefix(client) -> None:
-    first = client.post("/v1/chat/completions", json={"messages": [
-        {"role": "system", "content": "You are brief."}, {"role": "user", "content": Q1}]}).json()
+    first = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "system", "content": "You are brief."}, {"role": "user", "content": Q1}]},
+    ).json()
     answer = first["choices"][0]["message"]["content"]
-    second = client.post("/v1/chat/completions", json={"messages": [
-        {"role": "system", "content": "You are brief."}, {"role": "user", "content": Q1},
-        {"role": "assistant", "content": answer}, {"role": "user", "content": "Which of them is yellow?"}]}).json()
+    second = client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [
+                {"role": "system", "content": "You are brief."},
+                {"role": "user", "content": Q1},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "Which of them is yellow?"},
+            ]
+        },
+    ).json()
     assert second["bmoe"]["n_reused"] > 0
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == second["bmoe"]["n_reused"]
     # An edited history is prefilled whole instead (still answered).
-    edited = client.post("/v1/chat/completions", json={"messages": [
-        {"role": "user", "content": Q1}, {"role": "assistant", "content": "Something else."},
-        {"role": "user", "content": "Which of them is yellow?"}]}).json()
+    edited = client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [
+                {"role": "user", "content": Q1},
+                {"role": "assistant", "content": "Something else."},
+                {"role": "user", "content": "Which of them is yellow?"},
+            ]
+        },
+    ).json()
     assert edited["bmoe"]["n_reused"] < second["bmoe"]["n_reused"] + second["bmoe"]["n_prompt"]
 
 
@@ -89,8 +110,11 @@ def test_stop_string_cuts_the_answer_and_keeps_the_turn(client, make_app, smol_p
     assert cut["choices"][0]["finish_reason"] == "stop"
     assert cut["choices"][0]["message"]["content"] == full[: full.index(stop)]
     streamed = client.post("/v1/chat/completions", json={**req, "stop": stop, "stream": True})
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in sse_events(streamed.text)
-                   if isinstance(e, dict) and e["choices"])
+    text = "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in sse_events(streamed.text)
+        if isinstance(e, dict) and e["choices"]
+    )
     assert text == full[: full.index(stop)]
     session = client.app.state.session
     assert session.history[-1].content == text  # the turn is kept as the client saw it
@@ -107,9 +131,10 @@ def test_decide_single_and_batch(client) -> None:
     assert d["id"] == 7 and len(d["choice_logp"]) == 3 and d["best"] == max(range(3), key=d["choice_logp"].__getitem__)
     assert math.isclose(sum(math.exp(x) for x in d["choice_logp"]) + d["p_outside"], 1.0, abs_tol=1e-6)
     assert {"n_tokens", "n_reused", "prefill_s", "prefill_tps", "reuse", "abstained"} <= d.keys()
-    batch = client.post("/v1/decide", json=[{**DECISION, "id": 1},
-                                            {**DECISION, "id": 2, "abstain_below": 0.99},
-                                            {"id": 3, "choices": ["A", "A"]}])
+    batch = client.post(
+        "/v1/decide",
+        json=[{**DECISION, "id": 1}, {**DECISION, "id": 2, "abstain_below": 0.99}, {"id": 3, "choices": ["A", "A"]}],
+    )
     assert batch.status_code == 200
     a, b, c = batch.json()
     assert a["n_reused"] > 0 and a["reuse"] == "restored"  # the prefix kept by the single call
@@ -142,8 +167,12 @@ def test_metrics_move(client) -> None:
     assert client.get("/static/app.js").status_code == 200
     assert client.get("/static/nothing.js").status_code == 404
     after = client.get("/metrics").text
-    for name in ("bmoe_completion_tokens_total", "bmoe_prompt_tokens_total", "bmoe_prefill_seconds_total",
-                 "bmoe_decode_seconds_total"):
+    for name in (
+        "bmoe_completion_tokens_total",
+        "bmoe_prompt_tokens_total",
+        "bmoe_prefill_seconds_total",
+        "bmoe_decode_seconds_total",
+    ):
         assert metric(after, name) > metric(before, name), name
     assert metric(after, "bmoe_completion_tokens_total") - metric(before, "bmoe_completion_tokens_total") == 5
     # the labelled counters: nothing counted before, exactly this chat turn and decision after

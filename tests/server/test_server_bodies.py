@@ -1,13 +1,14 @@
 """Bodies that are not JSON at all, and the schema routes (#38, "Also"): each malformed body is one
 400 ``invalid_json`` naming what was wrong, in bmoe's error shape; /openapi.json answers behind the
 API key when one is set; /docs and /redoc, whose pages need a CDN, are not served."""
+
 from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from helpers.server import metric
 
 from bmoe.server import ServerSettings
+from helpers.server import metric
 
 JSON = {"Content-Type": "application/json"}
 OK_CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -22,13 +23,17 @@ def client(make_app, tiny_path):
 
 BAD_BODIES = [
     # bytes that are not UTF-8 inside a string
-    (b'{"prefix": "\xff\xfe", "suffix": "A or B?", "choices": ["A", "B"]}',
-     "body: not valid JSON: not UTF-8 text (byte 0xff at offset 12: invalid start byte)"),
+    (
+        b'{"prefix": "\xff\xfe", "suffix": "A or B?", "choices": ["A", "B"]}',
+        "body: not valid JSON: not UTF-8 text (byte 0xff at offset 12: invalid start byte)",
+    ),
     # deeper than Python's parser goes
     (b"[" * 100_000 + b"]" * 100_000, "body: not valid JSON: its arrays and objects nest deeper than the parser goes"),
     # 5000 digits: more than Python turns into an int
-    (b'{"id": ' + b"7" * 5000 + b', "choices": ["A", "B"]}',
-     "body: not valid JSON: an integer of more than 4300 digits, more than Python reads"),
+    (
+        b'{"id": ' + b"7" * 5000 + b', "choices": ["A", "B"]}',
+        "body: not valid JSON: an integer of more than 4300 digits, more than Python reads",
+    ),
     # plain bad syntax: the parser's own words and where
     (b'{"choices": [', "body: not valid JSON: Expecting value: line 1 column 14 (char 13)"),
 ]
@@ -39,8 +44,9 @@ BAD_BODIES = [
 def test_a_body_that_is_not_json_is_one_clear_refusal(client, path, body, message) -> None:
     r = client.post(path, content=body, headers=JSON)
     assert r.status_code == 400, r.text
-    assert r.json() == {"error": {"message": message, "type": "invalid_request_error", "param": "body",
-                                  "code": "invalid_json"}}
+    assert r.json() == {
+        "error": {"message": message, "type": "invalid_request_error", "param": "body", "code": "invalid_json"}
+    }
     assert client.post("/v1/decide", json=OK_DECIDE).status_code == 200  # the server still answers
 
 
@@ -55,8 +61,12 @@ def test_malformed_bodies_do_not_reach_the_session(client) -> None:
 
 def test_unknown_paths_and_methods_have_a_code(client) -> None:
     r = client.get("/v1/nothing-here")
-    assert r.status_code == 404 and r.json()["error"] == {"message": "Not Found", "type": "invalid_request_error",
-                                                          "param": None, "code": "not_found"}
+    assert r.status_code == 404 and r.json()["error"] == {
+        "message": "Not Found",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+    }
     r = client.put("/v1/decide", json=OK_DECIDE)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 

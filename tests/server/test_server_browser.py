@@ -3,6 +3,7 @@ a decision's bars match /v1/decide for the same request, a chat streams and fill
 panel, and the page fits a phone; on the tiny qwen3vlmoe with its projector, images attached to a
 decision or to chat messages are the ones the API gets. Screenshots go to $BMOE_SCREENSHOT_DIR (docs/img when
 regenerating the docs' pictures) or the test's temporary folder."""
+
 from __future__ import annotations
 
 import base64
@@ -12,17 +13,22 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from playwright import sync_api
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 QUESTION = "Which city is the capital of France?"
 OPTIONS = ["London", "Paris", "Rome"]
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
-
 
 
 @pytest.fixture()
@@ -67,10 +73,13 @@ def shots(tmp_path: Path) -> Path:
 def page_request() -> dict:
     """What the page sends for QUESTION and OPTIONS (app.js: decisionRequest)."""
     letters = "ABC"
-    return {"prefix": QUESTION + "\n",
-            "suffix": "Options:\n" + "\n".join(f"{letters[i]}) {o}" for i, o in enumerate(OPTIONS))
-                      + "\nAnswer with the letter.",
-            "choices": list(letters)}
+    return {
+        "prefix": QUESTION + "\n",
+        "suffix": "Options:\n"
+        + "\n".join(f"{letters[i]}) {o}" for i, o in enumerate(OPTIONS))
+        + "\nAnswer with the letter.",
+        "choices": list(letters),
+    }
 
 
 def decide_on_page(page) -> list[str]:
@@ -208,8 +217,12 @@ def test_a_decision_over_an_attached_image(make_app, vl, live, browser, shots, t
     page.fill("#question", QUESTION)
     page.click("#send")
     page.locator("[data-testid=decision]").nth(1).wait_for(timeout=30_000)
-    again = [float(p) for p in page.locator("[data-testid=decision]").last.locator("[data-testid=option-bar]")
-             .evaluate_all("rs => rs.map(r => r.dataset.p)")]
+    again = [
+        float(p)
+        for p in page.locator("[data-testid=decision]")
+        .last.locator("[data-testid=option-bar]")
+        .evaluate_all("rs => rs.map(r => r.dataset.p)")
+    ]
     assert again == pytest.approx([math.exp(lp) for lp in plain["choice_logp"]], rel=1e-12, abs=0)
 
 
@@ -243,8 +256,15 @@ def test_a_chat_over_attached_images(make_app, vl, live, browser, shots, tmp_pat
     thumbs = page.locator(".msg.user").last.locator("[data-testid=sent-image]")
     assert thumbs.count() == 1 and thumbs.evaluate("img => img.naturalWidth") == 128
 
-    turn1 = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(shot)}},
-                                          {"type": "text", "text": "What is on the screen?"}]}]
+    turn1 = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": data_url(shot)}},
+                {"type": "text", "text": "What is on the screen?"},
+            ],
+        }
+    ]
     assert sent[-1]["messages"] == turn1 and sent[-1]["stream"] is True
     direct = httpx.post(ref.url + "/v1/chat/completions", json={"messages": turn1}, timeout=60).json()
     assert first == direct["choices"][0]["message"]["content"]
@@ -263,8 +283,11 @@ def test_a_chat_over_attached_images(make_app, vl, live, browser, shots, tmp_pat
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     page.screenshot(path=str(shots / "server-image-chat.png"))
 
-    plain = httpx.post(ref.url + "/v1/chat/completions", timeout=60, json={
-        "messages": [{"role": "user", "content": "What is on the screen?"}], "max_tokens": 1}).json()
+    plain = httpx.post(
+        ref.url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "What is on the screen?"}], "max_tokens": 1},
+    ).json()
     assert direct["usage"]["prompt_tokens"] >= plain["usage"]["prompt_tokens"] + 12  # the image is in it
 
 

@@ -1,6 +1,7 @@
 """A /v1/decide whose client leaves while it runs (#38.6), against a live uvicorn: the list stops,
 the request is a 499 in the request counter and counts in bmoe_cancelled_total, as a chat turn
 does, and the session answers the next decision."""
+
 from __future__ import annotations
 
 import threading
@@ -8,6 +9,7 @@ import time
 
 import httpx
 import pytest
+
 from helpers.server import label_sets, metric
 
 DECIDE = {"prefix": "Pick one.\n", "suffix": "A or B?", "choices": ["A", "B"]}

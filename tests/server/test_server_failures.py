@@ -1,6 +1,7 @@
 """What an engine failure does to the server: a sticky one (the session raises it for every later
 call: StreamFailedError, SessionClosedError) marks /health broken; any other error fails only the
 request that met it, and /health stays ok."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,7 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
-from bmoe.errors import (BmoeError, ConfigError, EngineFailure, ModelFileError, SessionClosedError,
-                         StreamFailedError)
+from bmoe.errors import BmoeError, ConfigError, EngineFailure, ModelFileError, SessionClosedError, StreamFailedError
 from bmoe.llama.context import ContextError
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -18,6 +18,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 def chat_through_a_failing_run(c: TestClient, monkeypatch, error: BaseException):
     """One chat request through the real session whose model run raises ``error`` (the patch is
     gone afterwards); the response."""
+
     def failing_run(turn, cancel):
         raise error
         yield  # a generator, as Runtime.run is
@@ -29,6 +30,7 @@ def chat_through_a_failing_run(c: TestClient, monkeypatch, error: BaseException)
 
 def run_failing_job(app, error: BaseException) -> BaseException:
     """Run one job that raises ``error`` on the engine's worker; the error its request got back."""
+
     def fail(session, job):
         raise error
 
@@ -40,8 +42,14 @@ def run_failing_job(app, error: BaseException) -> BaseException:
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("error", [StreamFailedError("expert streaming failed: read error; open a new session"),
-                                   SessionClosedError("the session is closed")], ids=type)
+@pytest.mark.parametrize(
+    "error",
+    [
+        StreamFailedError("expert streaming failed: read error; open a new session"),
+        SessionClosedError("the session is closed"),
+    ],
+    ids=type,
+)
 def test_a_sticky_error_marks_health_broken(make_app, tiny_path, error) -> None:
     app = make_app(tiny_path)
     with TestClient(app, base_url="http://localhost") as c:
@@ -52,10 +60,18 @@ def test_a_sticky_error_marks_health_broken(make_app, tiny_path, error) -> None:
         assert r.json() == {"status": "error", "error": str(error), "queue": 0}
 
 
-@pytest.mark.parametrize("error", [ContextError("llama_decode failed with code 1 at position 0"),
-                                   BmoeError("a one-off failure"), EngineFailure("an expert read failed"),
-                                   ConfigError("a bad setting"), ModelFileError("a bad file"),
-                                   RuntimeError("a bug")], ids=type)
+@pytest.mark.parametrize(
+    "error",
+    [
+        ContextError("llama_decode failed with code 1 at position 0"),
+        BmoeError("a one-off failure"),
+        EngineFailure("an expert read failed"),
+        ConfigError("a bad setting"),
+        ModelFileError("a bad file"),
+        RuntimeError("a bug"),
+    ],
+    ids=type,
+)
 def test_any_other_error_fails_only_its_request(make_app, tiny_path, error) -> None:
     app = make_app(tiny_path)
     with TestClient(app, base_url="http://localhost") as c:

@@ -1,5 +1,6 @@
 """/v1/decide with scoring "full": the answer's keys, and each refusal naming its field, on the
 tiny MoE; one bad item of a list spoils only itself."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,15 @@ def test_full_answer_keys(client) -> None:
     d = r.json()
     assert d["scoring"] == "full" and d["best_by"] == "norm"
     n = len(FULL["choices"])
-    for key in ("choice_logp", "choice_tokens", "choice_logp_mean", "choice_logp_norm", "choice_token_logp",
-                "choice_logp_neutral", "choice_logp_uncond"):
+    for key in (
+        "choice_logp",
+        "choice_tokens",
+        "choice_logp_mean",
+        "choice_logp_norm",
+        "choice_token_logp",
+        "choice_logp_neutral",
+        "choice_logp_uncond",
+    ):
         assert len(d[key]) == n, key
     assert [len(t) for t in d["choice_token_logp"]] == d["choice_tokens"]
     assert d["best"] == max(range(n), key=lambda i: d["choice_logp_norm"][i])
@@ -30,14 +38,17 @@ def test_full_answer_keys(client) -> None:
     assert "choice_tokens" not in first and "score_tokens" not in first and first["best_by"] == "sum"
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({**FULL, "scoring": "all"}, "scoring", '"scoring" is "all"'),
-    ({**FULL, "best_by": "max"}, "best_by", '"best_by" is "max"'),
-    ({**FULL, "scoring": "first", "choices": ["A", "B"], "best_by": "mean"}, "best_by", 'needs "scoring": "full"'),
-    ({**FULL, "scoring": "first", "choices": ["A", "B"], "unconditional": "x"}, "unconditional", 'needs "scoring"'),
-    ({**FULL, "choices": ["A", ""]}, "choices", "tokenizes to no tokens"),
-    ({**FULL, "choices": ["A", "word " * 300]}, "choices", "do not fit the context of 256"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({**FULL, "scoring": "all"}, "scoring", '"scoring" is "all"'),
+        ({**FULL, "best_by": "max"}, "best_by", '"best_by" is "max"'),
+        ({**FULL, "scoring": "first", "choices": ["A", "B"], "best_by": "mean"}, "best_by", 'needs "scoring": "full"'),
+        ({**FULL, "scoring": "first", "choices": ["A", "B"], "unconditional": "x"}, "unconditional", 'needs "scoring"'),
+        ({**FULL, "choices": ["A", ""]}, "choices", "tokenizes to no tokens"),
+        ({**FULL, "choices": ["A", "word " * 300]}, "choices", "do not fit the context of 256"),
+    ],
+)
 def test_full_refusals_name_the_field(client, body, param: str, words: str) -> None:
     r = client.post("/v1/decide", json=body)
     assert r.status_code == 400, r.text

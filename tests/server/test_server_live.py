@@ -1,5 +1,6 @@
 """Against a live uvicorn on 127.0.0.1: the official openai client unchanged, client disconnects,
 the tiny MoE streamed from flash, and the bmoe-server command itself."""
+
 from __future__ import annotations
 
 import os
@@ -10,12 +11,11 @@ import sys
 import time
 
 import httpx
+import openai
 import pytest
-from helpers.server import label_sets, metric
 
 from bmoe.server import ServerSettings
-
-import openai
+from helpers.server import label_sets, metric
 
 
 def client_for(url: str, key: str = "none") -> openai.OpenAI:
@@ -34,14 +34,18 @@ def test_openai_client_chat_streamed_and_not(make_app, smol_path, live) -> None:
     r = oa.chat.completions.create(model="smol", messages=msgs, max_tokens=12, temperature=0)
     text = r.choices[0].message.content
     assert text and r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
-    stream = oa.chat.completions.create(model="smol", messages=msgs, max_tokens=12, stream=True,
-                                        stream_options={"include_usage": True})
+    stream = oa.chat.completions.create(
+        model="smol", messages=msgs, max_tokens=12, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens == 12
     # the next turn continues the session: the KV prefix is reused
-    r2 = oa.chat.completions.create(model="smol", max_tokens=8, messages=msgs + [
-        {"role": "assistant", "content": text}, {"role": "user", "content": "Which one is red?"}])
+    r2 = oa.chat.completions.create(
+        model="smol",
+        max_tokens=8,
+        messages=msgs + [{"role": "assistant", "content": text}, {"role": "user", "content": "Which one is red?"}],
+    )
     assert r2.usage.prompt_tokens_details.cached_tokens > 0
 
 
@@ -50,7 +54,8 @@ def test_openai_client_with_an_api_key(make_app, tiny_path, live) -> None:
     with pytest.raises(openai.AuthenticationError):
         client_for(server.url, "wrong").models.list()
     r = client_for(server.url, "k3y").chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
     assert r.usage.completion_tokens == 3
     assert httpx.get(server.url + "/health").status_code == 200
 
@@ -84,8 +89,9 @@ def test_disconnect_cancels_and_the_session_stays_usable(make_app, tiny_path, li
     # the client saw tokens before it left, and the generation stopped long before max_tokens
     assert 0 < metric(text, "bmoe_completion_tokens_total") < LONG["max_tokens"]
     assert session.history == history  # the turn was rolled back
-    r = client_for(server.url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                       max_tokens=4)
+    r = client_for(server.url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert r.usage.completion_tokens >= 1
 
 
@@ -109,10 +115,15 @@ def test_a_non_streamed_client_that_gives_up_cancels_too(make_app, tiny_path, li
 def test_streamed_moe_reports_flash_reads(make_app, tiny_path, live) -> None:
     app = make_app(tiny_path, moe_stream=True, cache_mb="auto")
     server = live(app)
-    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
-                   json={"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}).json()
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4},
+    ).json()
     assert r["bmoe"]["read_mib"] > 0 and r["bmoe"]["experts_routed"] > 0
-    d = httpx.post(server.url + "/v1/decide", timeout=60, json={"prefix": "Q.\n", "suffix": "A or B?", "choices": ["A", "B"]}).json()
+    d = httpx.post(
+        server.url + "/v1/decide", timeout=60, json={"prefix": "Q.\n", "suffix": "A or B?", "choices": ["A", "B"]}
+    ).json()
     assert d["read_mb"] >= 0 and "cache_hit_pct" in d
     m = httpx.get(server.url + "/metrics").text
     assert metric(m, "bmoe_flash_read_mib_total") >= r["bmoe"]["read_mib"] > 0
@@ -126,12 +137,32 @@ def _free_port() -> int:
 
 def test_the_bmoe_server_command(smol_path) -> None:
     port = _free_port()
-    cmd = [sys.executable, "-m", "bmoe.server", "-m", str(smol_path), "-c", "512", "-n", "4", "-t", "1", "--port", str(port),
-           "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bmoe.server",
+        "-m",
+        str(smol_path),
+        "-c",
+        "512",
+        "-n",
+        "4",
+        "-t",
+        "1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     bad = subprocess.run(cmd + ["-p", "hi"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bmoe-cli mode" in bad.stderr
-    proc = subprocess.Popen(cmd + ["--allowed-hosts", "bmoe.test"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "BMOE_API_KEY": ""})
+    proc = subprocess.Popen(
+        cmd + ["--allowed-hosts", "bmoe.test"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "BMOE_API_KEY": ""},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

@@ -1,5 +1,6 @@
 """bmoe-server takes every session flag (the one table bmoe-cli takes them from), and refuses the
 CLI's own modes."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,9 @@ def test_server_defaults() -> None:
     assert (args.host, args.port, args.max_queue, args.no_decide) == ("127.0.0.1", 8080, 8, False)
 
 
-@pytest.mark.parametrize("argv", [["-p", "hi"], ["--session"], ["--progress"], ["--json"], ["--max-queue", "-1"],
-                                  ["--max-body-kb", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["-p", "hi"], ["--session"], ["--progress"], ["--json"], ["--max-queue", "-1"], ["--max-body-kb", "0"]]
+)
 def test_refused_flags(argv, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -1,11 +1,12 @@
 """The tests' metric() reader cannot be misused: a sample that is not there fails the test instead
 of reading 0, so an assert built on it always checks a real figure."""
+
 from __future__ import annotations
 
 import pytest
-from helpers.server import label_sets, metric
 
 from bmoe.server.metrics import Metrics
+from helpers.server import label_sets, metric
 
 
 @pytest.fixture()
@@ -25,14 +26,17 @@ def test_reads_a_sample_by_name_and_labels(text) -> None:
     assert metric(text, "bmoe_queue_depth") == 2
 
 
-@pytest.mark.parametrize("name, labels", [
-    ("bmoe_chat_completions_total", {}),  # a labelled counter without its labels
-    ("bmoe_chat_completions_total", {"finish_reason": "length"}),  # a label set not counted yet
-    ("bmoe_http_requests_total", {"route": "/v1/decide"}),  # only some of the labels
-    ("bmoe_cancelled_total", {"route": "/v1/decide"}),  # labels an unlabelled counter does not have
-    ("bmoe_cancelled", {}),  # the family name, not the sample's
-    ("bmoe_no_such_thing_total", {}),
-])
+@pytest.mark.parametrize(
+    "name, labels",
+    [
+        ("bmoe_chat_completions_total", {}),  # a labelled counter without its labels
+        ("bmoe_chat_completions_total", {"finish_reason": "length"}),  # a label set not counted yet
+        ("bmoe_http_requests_total", {"route": "/v1/decide"}),  # only some of the labels
+        ("bmoe_cancelled_total", {"route": "/v1/decide"}),  # labels an unlabelled counter does not have
+        ("bmoe_cancelled", {}),  # the family name, not the sample's
+        ("bmoe_no_such_thing_total", {}),
+    ],
+)
 def test_a_missing_sample_fails_instead_of_reading_zero(text, name, labels) -> None:
     with pytest.raises(AssertionError, match="no sample"):
         metric(text, name, **labels)

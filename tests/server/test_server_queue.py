@@ -1,4 +1,5 @@
 """The one-session queue: in order, bounded (503 + Retry-After), and a dropped waiter frees its slot."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +9,9 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from helpers.server import hold_queue, label_sets, metric
 
 from bmoe.server import ServerSettings
+from helpers.server import hold_queue, label_sets, metric
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 DECIDE = {"prefix": "Pick.\n", "suffix": "A or B?", "choices": ["A", "B"]}
@@ -22,8 +23,11 @@ def test_requests_beyond_the_queue_get_503_with_retry_after(make_app, tiny_path)
     with TestClient(app, base_url="http://localhost") as c:
         release = hold_queue(queue, extra_waiting=1)  # one running, one waiting: the queue is full
         try:
-            for path, body in (("/v1/chat/completions", CHAT), ("/v1/decide", DECIDE),
-                               ("/v1/chat/completions", {**CHAT, "stream": True})):
+            for path, body in (
+                ("/v1/chat/completions", CHAT),
+                ("/v1/decide", DECIDE),
+                ("/v1/chat/completions", {**CHAT, "stream": True}),
+            ):
                 r = c.post(path, json=body)
                 assert r.status_code == 503, r.text
                 assert int(r.headers["retry-after"]) >= 1
@@ -119,13 +123,12 @@ def test_a_cancelled_waiter_frees_its_slot(make_app, tiny_path) -> None:
     assert done.wait(10)
 
 
-
 def test_a_chat_client_that_leaves_as_its_turn_starts_is_counted(make_app, tiny_path) -> None:
     """The worker side of a chat turn whose client left after the queue handed it over but before
     it generated: it ends as a 499 for nobody, and counts in bmoe_cancelled_total."""
     from bmoe.server.chat_route import ChatRoute, to_turn
-    from bmoe.server.job_queue import Job
     from bmoe.server.errors import ApiError
+    from bmoe.server.job_queue import Job
     from bmoe.server.schemas import ChatCompletionRequest
 
     app = make_app(tiny_path, ServerSettings())

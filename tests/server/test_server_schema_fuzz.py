@@ -1,13 +1,13 @@
 """Schemathesis against the app's own OpenAPI schema: generated requests (valid and not) never
 get a 5xx, and the session still answers afterwards. Bounded: a few dozen examples per route on
 the tiny MoE with a short context and few tokens per answer."""
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-
 import schemathesis
 from fastapi.testclient import TestClient  # noqa: E402
+from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from bmoe.server import ServerSettings  # noqa: E402
@@ -36,8 +36,9 @@ def test_no_server_errors(fuzz_app) -> None:
     for op in operations:
 
         @given(case=op.as_strategy())
-        @settings(max_examples=25, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+        )
         def run(case) -> None:
             case.call_and_validate(checks=[not_a_server_error])
 
@@ -46,8 +47,12 @@ def test_no_server_errors(fuzz_app) -> None:
     counted = fuzz_app.state.metrics.registry.get_sample_value
     for route in ("/v1/chat/completions", "/v1/decide"):
         assert counted("bmoe_http_requests_total", {"route": route, "status": "200"}), route
-    statuses = {s.labels["status"] for m in fuzz_app.state.metrics.registry.collect() for s in m.samples
-                if s.name == "bmoe_http_requests_total"}
+    statuses = {
+        s.labels["status"]
+        for m in fuzz_app.state.metrics.registry.collect()
+        for s in m.samples
+        if s.name == "bmoe_http_requests_total"
+    }
     assert not any(st.startswith("5") for st in statuses), statuses
     print(sorted(statuses))
 
@@ -56,4 +61,6 @@ def test_the_session_answers_after_fuzzing(fuzz_app) -> None:
     with TestClient(fuzz_app, base_url="http://localhost") as c:
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
-        assert c.post("/v1/decide", json={"prefix": "Q\n", "suffix": "A or B?", "choices": ["A", "B"]}).status_code == 200
+        assert (
+            c.post("/v1/decide", json={"prefix": "Q\n", "suffix": "A or B?", "choices": ["A", "B"]}).status_code == 200
+        )

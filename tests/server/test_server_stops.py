@@ -1,5 +1,6 @@
 """StopMatcher: streamed in any pieces, it releases exactly the text before the first stop string,
 and never releases a character that later turns out to be part of one."""
+
 from __future__ import annotations
 
 from hypothesis import given
@@ -15,8 +16,11 @@ def reference(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
-@given(text=st.text(ALPHABET, max_size=40), stops=st.lists(st.text(ALPHABET, max_size=4), max_size=3),
-       cuts=st.lists(st.integers(0, 40), max_size=10))
+@given(
+    text=st.text(ALPHABET, max_size=40),
+    stops=st.lists(st.text(ALPHABET, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 40), max_size=10),
+)
 def test_any_split_gives_the_reference(text: str, stops: list[str], cuts: list[int]) -> None:
     m = StopMatcher(stops)
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})

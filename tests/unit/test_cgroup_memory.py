@@ -1,5 +1,6 @@
 """The memory a cgroup leaves the process (bmoe.stream.budget.cgroup_memory), on fake cgroup trees of
 both versions: clean page cache (memory.stat's inactive file pages) is not counted as taken."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,9 @@ def fake_tree(tmp_path: Path, version: int, *, inactive_key: str) -> tuple[Path,
         (base / "memory.limit_in_bytes").write_text(f"{LIMIT}\n")
         (base / "memory.usage_in_bytes").write_text(f"{USAGE}\n")
         proc.write_text("12:cpu,cpuacct:/\n7:memory:/bmoe/job\n")
-    (base / "memory.stat").write_text(f"cache {INACTIVE + 4 * MIB}\nactive_file {4 * MIB}\n{inactive_key} {INACTIVE}\n"
-                                      "anon 40000000\n")
+    (base / "memory.stat").write_text(
+        f"cache {INACTIVE + 4 * MIB}\nactive_file {4 * MIB}\n{inactive_key} {INACTIVE}\nanon 40000000\n"
+    )
     return proc, root
 
 
@@ -57,6 +59,7 @@ def test_the_plan_sees_the_reclaimable_cache_as_free(tmp_path: Path, version: in
     real = budget.cgroup_memory
     monkeypatch.setattr(budget, "cgroup_memory", lambda: real(proc, root))
     import bmoe.runtime.plan as plan_mod
+
     monkeypatch.setattr(plan_mod, "cgroup_memory", lambda: real(proc, root))
     machine = Machine.here()
     assert machine.limit == LIMIT and machine.available == LIMIT - (USAGE - INACTIVE)  # the host has more

@@ -1,4 +1,5 @@
 """Every SessionConfig refusal, by its message."""
+
 from pathlib import Path
 
 import pytest
@@ -35,16 +36,36 @@ def model(tmp_path: Path) -> Path:
         ("io_threads", 0, "io_threads: must be an integer >= 1, got 0"),
         ("io_threads", 65, "io_threads: at most 64 (each read lane is a thread), got 65"),
         # streaming settings without moe_stream would be ignored: the user meant to stream
-        ("cache_mb", 4096, "cache_mb: only means something with moe_stream (a resident model maps the whole file, "
-                           "experts included, and the kernel keeps what fits)"),
-        ("cache_mb", "auto", "cache_mb: only means something with moe_stream (a resident model maps the whole "
-                             "file, experts included, and the kernel keeps what fits)"),
-        ("cache_force", True, "cache_force: only means something with moe_stream (a resident model maps the "
-                              "whole file, experts included, and the kernel keeps what fits)"),
-        ("odirect", False, "odirect: only means something with moe_stream (a resident model maps the whole file, "
-                           "experts included, and the kernel keeps what fits)"),
-        ("stream_read_all", True, "stream_read_all: only means something with moe_stream (a resident model maps "
-                                  "the whole file, experts included, and the kernel keeps what fits)"),
+        (
+            "cache_mb",
+            4096,
+            "cache_mb: only means something with moe_stream (a resident model maps the whole file, "
+            "experts included, and the kernel keeps what fits)",
+        ),
+        (
+            "cache_mb",
+            "auto",
+            "cache_mb: only means something with moe_stream (a resident model maps the whole "
+            "file, experts included, and the kernel keeps what fits)",
+        ),
+        (
+            "cache_force",
+            True,
+            "cache_force: only means something with moe_stream (a resident model maps the "
+            "whole file, experts included, and the kernel keeps what fits)",
+        ),
+        (
+            "odirect",
+            False,
+            "odirect: only means something with moe_stream (a resident model maps the whole file, "
+            "experts included, and the kernel keeps what fits)",
+        ),
+        (
+            "stream_read_all",
+            True,
+            "stream_read_all: only means something with moe_stream (a resident model maps "
+            "the whole file, experts included, and the kernel keeps what fits)",
+        ),
         ("decide_prefix_cache", "maybe", "decide_prefix_cache: must be one of auto, on, off, got 'maybe'"),
         ("prefetch_wide_tokens", -1, "prefetch_wide_tokens: must be an integer >= 0, got -1"),
         ("prefetch_wide_tokens", 8, "prefetch_wide_tokens: only means something with prefetch on"),
@@ -83,21 +104,75 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
     from bmoe.cli import build_parser
     from bmoe.flags import config_from_flags
 
-    args = build_parser().parse_args([
-        "-n", "7", "-c", "64", "-b", "32", "-ub", "16", "-t", "1", "--temp", "0.5", "--top-p", "0.9",
-        "--seed", "3", "--chatml", "--no-think", "--flash-attn", "off", "--kv-f32", "--moe-stream",
-        "--cache-mb", "auto", "--cache-ceil-mb", "9", "--cache-force", "--no-odirect", "--io-threads", "2",
-        "--twin-dir", "/tmp/x", "--stream-read-all", "--decide", "--decide-prefix-cache", "on",
-        "--prefill-min-tokens", "5", "--n-expert-used", "3",
-    ])
+    args = build_parser().parse_args(
+        [
+            "-n",
+            "7",
+            "-c",
+            "64",
+            "-b",
+            "32",
+            "-ub",
+            "16",
+            "-t",
+            "1",
+            "--temp",
+            "0.5",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--chatml",
+            "--no-think",
+            "--flash-attn",
+            "off",
+            "--kv-f32",
+            "--moe-stream",
+            "--cache-mb",
+            "auto",
+            "--cache-ceil-mb",
+            "9",
+            "--cache-force",
+            "--no-odirect",
+            "--io-threads",
+            "2",
+            "--twin-dir",
+            "/tmp/x",
+            "--stream-read-all",
+            "--decide",
+            "--decide-prefix-cache",
+            "on",
+            "--prefill-min-tokens",
+            "5",
+            "--n-expert-used",
+            "3",
+        ]
+    )
     cfg = config_from_flags(args, model)
     assert (cfg.n_predict, cfg.n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.n_threads) == (7, 64, 32, 16, 1)
-    assert (cfg.temperature, cfg.top_p, cfg.seed, cfg.chat, cfg.think, cfg.flash_attn, cfg.kv_f32) == \
-        (0.5, 0.9, 3, "chatml", False, False, True)
-    assert (cfg.moe_stream, cfg.cache_mb, cfg.cache_ceil_mb, cfg.cache_force, cfg.odirect, cfg.io_threads) == \
-        (True, "auto", 9, True, False, 2)
-    assert (cfg.twin_dir, cfg.stream_read_all, cfg.decide, cfg.decide_prefix_cache) == \
-        (Path("/tmp/x"), True, True, "on")
+    assert (cfg.temperature, cfg.top_p, cfg.seed, cfg.chat, cfg.think, cfg.flash_attn, cfg.kv_f32) == (
+        0.5,
+        0.9,
+        3,
+        "chatml",
+        False,
+        False,
+        True,
+    )
+    assert (cfg.moe_stream, cfg.cache_mb, cfg.cache_ceil_mb, cfg.cache_force, cfg.odirect, cfg.io_threads) == (
+        True,
+        "auto",
+        9,
+        True,
+        False,
+        2,
+    )
+    assert (cfg.twin_dir, cfg.stream_read_all, cfg.decide, cfg.decide_prefix_cache) == (
+        Path("/tmp/x"),
+        True,
+        True,
+        "on",
+    )
     assert (cfg.prefill_device, cfg.prefill_min_tokens, cfg.prefetch, cfg.n_expert_used) == (None, 5, False, 3)
     # and the defaults are SessionConfig's own
     assert config_from_flags(build_parser().parse_args([]), model) == SessionConfig(model=model)
@@ -106,7 +181,9 @@ def test_every_session_flag_reaches_its_field(model: Path) -> None:
 def test_a_config_message_names_the_flag_at_a_command_line() -> None:
     from bmoe.flags import flag_message
 
-    assert flag_message("n_ctx: must be an integer >= 16, got 8") == "--ctx-size (n_ctx): must be an integer >= 16, got 8"
+    assert (
+        flag_message("n_ctx: must be an integer >= 16, got 8") == "--ctx-size (n_ctx): must be an integer >= 16, got 8"
+    )
     assert flag_message("cache_mb: 3 is below the floor") == "--cache-mb (cache_mb): 3 is below the floor"
     assert flag_message("model: file not found: x.gguf") == "model: file not found: x.gguf"
     assert flag_message("something else entirely") == "something else entirely"
@@ -149,7 +226,9 @@ def test_a_path_the_os_refuses_is_a_config_error(capsys) -> None:
 
 
 def test_a_cache_ceiling_needs_the_auto_budget(model: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^cache_ceil_mb: only means something with cache_mb auto, got cache_mb 512$"):
+    with pytest.raises(
+        ConfigError, match=r"^cache_ceil_mb: only means something with cache_mb auto, got cache_mb 512$"
+    ):
         SessionConfig(model=model, moe_stream=True, cache_mb=512, cache_ceil_mb=1024)
     assert SessionConfig(model=model, moe_stream=True, cache_mb="auto", cache_ceil_mb=1024).cache_ceil_mb == 1024
 

@@ -5,6 +5,7 @@ position i gets the probability ``BIAS[i] * WEIGHT[text]`` (the rest of the voca
 remainder), so a position preference and a content preference are both known, and every figure
 below is worked out by hand from them.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,10 @@ from dataclasses import replace
 import pytest
 
 from bmoe.decide.debias import DebiasState
-from bmoe.decide.service import DecideService
-from bmoe.decide.option_list import render_block
-from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, RenderRule
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
+from bmoe.decide.option_list import render_block
+from bmoe.decide.service import DecideService
+from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, RenderRule
 from bmoe.wire.protocol import ProtocolError, parse_line
 from bmoe.wire.records import decide_fields
 from helpers.decide import ScriptedBackend
@@ -41,16 +42,26 @@ class Runner:
         out = []
         for r in requests:
             if self.fail_on is not None and self.fail_on in r.suffix:
-                out.append(DecideResult.failed(r.id, "decide: the backend failed while running the prompt: boom",
-                                               RuntimeError("boom")))
+                out.append(
+                    DecideResult.failed(
+                        r.id, "decide: the backend failed while running the prompt: boom", RuntimeError("boom")
+                    )
+                )
                 continue
             texts = [t for _, t in LINE.findall(r.suffix)]
             assert [label for label, _ in LINE.findall(r.suffix)] == list(r.choices)
             logp = tuple(math.log(BIAS[i] * WEIGHT[t]) for i, t in enumerate(texts))
             best = max(range(len(logp)), key=logp.__getitem__)
-            out.append(DecideResult(id=r.id, scores=ChoiceScores(
-                choice_logp=logp, best=best, p_outside=1 - sum(math.exp(v) for v in logp), abstained=False),
-                n_tokens=10, prefill_s=0.5))
+            out.append(
+                DecideResult(
+                    id=r.id,
+                    scores=ChoiceScores(
+                        choice_logp=logp, best=best, p_outside=1 - sum(math.exp(v) for v in logp), abstained=False
+                    ),
+                    n_tokens=10,
+                    prefill_s=0.5,
+                )
+            )
         return out
 
     @property
@@ -82,10 +93,17 @@ def ask(options: Sequence[str], debias: str | None = None, **kw) -> DecideReques
 
 def test_the_option_list_is_rendered_by_the_rule_and_braces_in_a_text_stay_text() -> None:
     assert render_block("Q?", ["x", "y"], ["A", "B"], RenderRule()) == "Q?\nA) x\nB) y\nAnswer with the letter."
-    rule = RenderRule(template=" {question} Options: {options}. {cue}", joiner=" ", option="({label}) {text}",
-                      cue="Say the number.", labels=("1", "2"))
-    assert render_block("Which?", ["{cue}", "{label}"], ["1", "2"], rule) == \
-        " Which? Options: (1) {cue} (2) {label}. Say the number."
+    rule = RenderRule(
+        template=" {question} Options: {options}. {cue}",
+        joiner=" ",
+        option="({label}) {text}",
+        cue="Say the number.",
+        labels=("1", "2"),
+    )
+    assert (
+        render_block("Which?", ["{cue}", "{label}"], ["1", "2"], rule)
+        == " Which? Options: (1) {cue} (2) {label}. Say the number."
+    )
 
 
 @pytest.mark.parametrize("m", ["\0q", "\0o", "\0c", "{question}", "{options}", "{cue}", "{label}", "{text}"])
@@ -93,8 +111,13 @@ def test_no_text_is_taken_for_a_placeholder(m: str) -> None:
     """Whatever a question, an option, a label, the cue or the joiner holds (NUL bytes, the names
     of placeholders), it is shown as it is; so is the template's own text around them."""
     own = m if m.startswith("\0") else "\0"  # a placeholder written in the template is one
-    rule = RenderRule(template=f"[{own}] {{question}} | {{options}} | {{cue}}", option=f"{{label}}={{text}}{own}",
-                      joiner=f",{m},", cue=f"cue{m}", labels=(f"A{m}", "B"))
+    rule = RenderRule(
+        template=f"[{own}] {{question}} | {{options}} | {{cue}}",
+        option=f"{{label}}={{text}}{own}",
+        joiner=f",{m},",
+        cue=f"cue{m}",
+        labels=(f"A{m}", "B"),
+    )
     got = render_block(f"q{m}?", [f"x{m}", "y"], [f"A{m}", "B"], rule)
     assert got == f"[{own}] q{m}? | A{m}=x{m}{own},{m},B=y{own} | cue{m}"
 
@@ -116,8 +139,10 @@ def test_permute_averages_each_option_over_its_positions() -> None:
     assert res.debias.debiased_p == pytest.approx(((0.6 + 1 / 7) / 2, (0.4 + 6 / 7) / 2), abs=1e-12)
     assert (res.scores.best, res.debias.best_raw) == (1, 0)  # raw says A (x), debiased says y
     assert res.scores.choice_logp == pytest.approx((math.log(0.18), math.log(0.12)))  # raw: the given order
-    assert [r.suffix for r in run.calls[0]] == ["Q\nA) x\nB) y\nAnswer with the letter.",
-                                                "Q\nA) y\nB) x\nAnswer with the letter."]
+    assert [r.suffix for r in run.calls[0]] == [
+        "Q\nA) x\nB) y\nAnswer with the letter.",
+        "Q\nA) y\nB) x\nAnswer with the letter.",
+    ]
     assert (res.debias.decisions, res.debias.prefill_s, res.debias.prior) == (2, 1.0, None)
 
 
@@ -156,8 +181,11 @@ def test_pride_estimates_the_prior_from_the_first_k_and_divides_it_out_after() -
 def test_pride_prior_is_the_mean_of_the_samples_and_is_per_label_list() -> None:
     state = DebiasState(pride_sample=2)
     two = RenderRule(labels=("1", "2"))
-    results = debiased(Runner(), [ask(["x", "y"], "pride", id=1), ask(["y", "z"], "pride", id=2),
-                                    ask(["x", "z"], "pride", id=3, render=two)], state)
+    results = debiased(
+        Runner(),
+        [ask(["x", "y"], "pride", id=1), ask(["y", "z"], "pride", id=2), ask(["x", "z"], "pride", id=3, render=two)],
+        state,
+    )
     assert [r.debias.stage for r in results if r.debias] == ["sample", "sample", "sample"]
     # both A/B samples give 0.75 : 0.25 (the content cancels), so their mean does too
     assert results[1].debias is not None and results[1].debias.prior == pytest.approx((0.75, 0.25))
@@ -183,30 +211,63 @@ def test_contextual_scores_the_content_free_prompt_once_per_layout_and_divides_i
 
 def test_abstaining_compares_the_debiased_probability() -> None:
     run = Runner()
-    kept, dropped = debiased(run, [ask(["x", "y"], "permute", abstain_below=0.6),
-                                     ask(["x", "y"], "permute", abstain_below=0.7)], DebiasState())
+    kept, dropped = debiased(
+        run,
+        [ask(["x", "y"], "permute", abstain_below=0.6), ask(["x", "y"], "permute", abstain_below=0.7)],
+        DebiasState(),
+    )
     assert kept.scores is not None and (kept.scores.best, kept.scores.abstained) == (1, False)  # y: 0.629
     assert dropped.scores is not None and (dropped.scores.best, dropped.scores.abstained) == (-1, True)
     assert all(r.abstain_below is None for r in run.calls[0])  # each permutation answers, the debiased p abstains
 
 
-@pytest.mark.parametrize("request_, field, words", [
-    (DecideRequest(id=1, prefix="", suffix="Q", choices=("A", "B"), debias="permute"), "debias",
-     'decide: "debias" needs the structured form: give "question" and "options"'),
-    (ask(["x", "y"], "shuffle"), "debias", 'decide: "debias" is "shuffle"; give one of "permute", "pride", "contextual"'),
-    (ask(["x"], "permute"), "options", 'decide: "debias" needs at least 2 options to reorder, got 1'),
-    (ask(["x", "y"], "permute", render=RenderRule(labels=("A", "A"))), "render",
-     'decide: labels 0 and 1 are both "A"; give each option its own label'),
-    (ask(["x", "y"], render=RenderRule(labels=("A",))), "render",
-     'decide: "render.labels" has 1 labels for 2 options; give one label per option'),
-    (ask(["x", "y"], render=RenderRule(template="{question}")), "render", 'decide: "render.template" has no {options}'),
-    (ask(["x", "y"], render=RenderRule(option="{text}")), "render", 'decide: "render.option" has no {label}'),
-    (ask(["x", "y"], choices=("A", "B")), "choices", 'decide: give "choices" or "options" (with "question"), not both'),
-    (DecideRequest(id=1, prefix="", suffix="", choices=(), options=("x",)), "question",
-     'decide: "options" needs "question"'),
-    (ask(["x", "y"], "permute", scoring="full", best_by="norm"), "best_by",
-     'decide: "debias" works on the choices\' log-probs ("best_by": "sum")'),
-])
+@pytest.mark.parametrize(
+    "request_, field, words",
+    [
+        (
+            DecideRequest(id=1, prefix="", suffix="Q", choices=("A", "B"), debias="permute"),
+            "debias",
+            'decide: "debias" needs the structured form: give "question" and "options"',
+        ),
+        (
+            ask(["x", "y"], "shuffle"),
+            "debias",
+            'decide: "debias" is "shuffle"; give one of "permute", "pride", "contextual"',
+        ),
+        (ask(["x"], "permute"), "options", 'decide: "debias" needs at least 2 options to reorder, got 1'),
+        (
+            ask(["x", "y"], "permute", render=RenderRule(labels=("A", "A"))),
+            "render",
+            'decide: labels 0 and 1 are both "A"; give each option its own label',
+        ),
+        (
+            ask(["x", "y"], render=RenderRule(labels=("A",))),
+            "render",
+            'decide: "render.labels" has 1 labels for 2 options; give one label per option',
+        ),
+        (
+            ask(["x", "y"], render=RenderRule(template="{question}")),
+            "render",
+            'decide: "render.template" has no {options}',
+        ),
+        (ask(["x", "y"], render=RenderRule(option="{text}")), "render", 'decide: "render.option" has no {label}'),
+        (
+            ask(["x", "y"], choices=("A", "B")),
+            "choices",
+            'decide: give "choices" or "options" (with "question"), not both',
+        ),
+        (
+            DecideRequest(id=1, prefix="", suffix="", choices=(), options=("x",)),
+            "question",
+            'decide: "options" needs "question"',
+        ),
+        (
+            ask(["x", "y"], "permute", scoring="full", best_by="norm"),
+            "best_by",
+            'decide: "debias" works on the choices\' log-probs ("best_by": "sum")',
+        ),
+    ],
+)
 def test_refusals_are_per_request_and_up_front(request_: DecideRequest, field: str, words: str) -> None:
     run = Runner()
     bad, good = debiased(run, [request_, ask(["x", "y"], "permute", id=2)], DebiasState())
@@ -222,8 +283,9 @@ def test_a_failed_permutation_fails_its_request_only_and_no_sample_is_kept() -> 
     assert other.error is None and state.samples == {}
     # the planned-for prior never came: a pride request after a failed sample in the same call says so
     run2 = Runner(fail_on="A) y")
-    first, second = debiased(run2, [ask(["x", "y"], "pride", id=3), ask(["z", "x"], "pride", id=4)],
-                               DebiasState(pride_sample=1))
+    first, second = debiased(
+        run2, [ask(["x", "y"], "pride", id=3), ask(["z", "x"], "pride", id=4)], DebiasState(pride_sample=1)
+    )
     assert second.error is not None and second.error.startswith('decide: "debias": "pride" has no prior')
     assert isinstance(second.cause, DecideRefusal)
 
@@ -236,8 +298,19 @@ def test_plain_requests_pass_through_unchanged() -> None:
 
 
 def test_the_protocol_reads_the_structured_form_and_checks_render() -> None:
-    cmd = parse_line(json.dumps({"cmd": "decide", "id": 3, "prefix": "P", "question": "Q", "options": ["x", "y"],
-                                 "render": {"labels": ["1", "2"], "joiner": " "}, "debias": "pride"}))
+    cmd = parse_line(
+        json.dumps(
+            {
+                "cmd": "decide",
+                "id": 3,
+                "prefix": "P",
+                "question": "Q",
+                "options": ["x", "y"],
+                "render": {"labels": ["1", "2"], "joiner": " "},
+                "debias": "pride",
+            }
+        )
+    )
     r = cmd.request  # type: ignore[union-attr]
     assert (r.question, r.options, r.debias, r.choices) == ("Q", ("x", "y"), "pride", ())
     assert r.render == RenderRule(labels=("1", "2"), joiner=" ")

@@ -4,6 +4,7 @@ The backend extends test_decide_policy's: a continuation prefilled on a fork get
 pure function of the base's pieces plus that continuation as one piece, so "scored among others"
 and "scored alone" agree only if the policy gives each continuation the same base and piece.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,16 +14,27 @@ import numpy as np
 import pytest
 
 from bmoe.decide.continuations import UNCOND_CACHED, UNCOND_RESTORED, UNCOND_STORED
-from bmoe.decide.service import DecideService
 from bmoe.decide.errors import ChoiceTooLongError, DecideRequestError, EmptyChoiceError, NoSideSequenceError
-from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.decide.port import SIDE_MEMORY, SideSequences
+from bmoe.decide.service import DecideService
+from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.wire.records import decide_fields
 from helpers.decide import (
-    FULL_CHOICES as CHOICES, PREFIX, SUFFIX, TOKEN_ID, ForkingBackend, ScriptedBackend, fork_rows, full, hand_logp, logits_of,
-    prompt_tokens, tokenize_text,
+    FULL_CHOICES as CHOICES,
 )
-
+from helpers.decide import (
+    PREFIX,
+    SUFFIX,
+    TOKEN_ID,
+    ForkingBackend,
+    ScriptedBackend,
+    fork_rows,
+    full,
+    hand_logp,
+    logits_of,
+    prompt_tokens,
+    tokenize_text,
+)
 
 
 def decide(backend: ForkingBackend, request: DecideRequest, svc: DecideService | None = None) -> DecideResult:
@@ -94,8 +106,7 @@ def test_a_choice_scored_among_others_equals_it_scored_alone(forks: int) -> None
 def test_one_token_choices_need_no_fork() -> None:
     b = ForkingBackend()
     r = decide(b, full(("A", "B", "C")))
-    first = decide(ScriptedBackend(), DecideRequest(
-        id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")))
+    first = decide(ScriptedBackend(), DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B", "C")))
     assert "prefill_forks" not in b.touched()
     assert r.scores.choice_logp == first.scores.choice_logp  # the same number as "first" scoring
     assert r.scores.p_outside == first.scores.p_outside
@@ -106,8 +117,12 @@ def test_one_token_choices_need_no_fork() -> None:
 def test_best_by_picks_by_its_score_and_is_echoed(best_by: str) -> None:
     r = decide(ForkingBackend(), full(best_by=best_by))
     sc = r.scores
-    field = {"sum": sc.choice_logp, "mean": sc.choice_logp_mean, "norm": sc.choice_logp_norm,
-             "uncond": sc.choice_logp_uncond}[best_by]
+    field = {
+        "sum": sc.choice_logp,
+        "mean": sc.choice_logp_mean,
+        "norm": sc.choice_logp_norm,
+        "uncond": sc.choice_logp_uncond,
+    }[best_by]
     assert sc.best_by == best_by and sc.best == int(np.argmax(field))
     out = decide_fields(r)
     assert out["best_by"] == best_by and out["scoring"] == "full"
@@ -158,36 +173,80 @@ def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
 @pytest.mark.parametrize(
     ("request_", "backend", "exc", "message"),
     [
-        (full(scoring="fuzzy"), {}, DecideRequestError,
-         'decide: "scoring" is "fuzzy"; give "first" (each choice by its first token) or "full" (by all its tokens)'),
-        (full(best_by="max"), {}, DecideRequestError,
-         'decide: "best_by" is "max"; give one of "sum", "mean", "norm", "uncond"'),
-        (DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B"), best_by="norm"), {},
-         DecideRequestError, 'decide: "best_by": "norm" needs "scoring": "full" (under "first" a choice is one '
-         'token and is ranked by its log-prob, "sum")'),
-        (DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B"), unconditional="Answer:"), {},
-         DecideRequestError, 'decide: "unconditional" needs "scoring": "full"'),
-        (full(("A", "")), {}, EmptyChoiceError,
-         "decide: choice 1 ('') tokenizes to no tokens; give it a non-empty label"),
-        (full(("A", "Hello world" * 8)), {"n_ctx": 30}, ChoiceTooLongError,
-         "decide: choice 1 ('Hello worldHello worldHello worldHello w') is 16 tokens and the prompt 17; together "
-         "they do not fit the context of 30: shorten the choice or the prompt, or open the session with a larger "
-         "context"),
-        (full(("A", "B")), {"forks": 0}, NoSideSequenceError,
-         'decide: "scoring": "full" scores each choice on a side sequence and this session has none '
-         "(--decide-batch 1): open it with --decide-batch auto (the default) or 2 or more "
-         "(SessionConfig.decide_batch)"),
-        (full(("A", "B")), {"forks": 0, "sides": SideSequences(0, 0, SIDE_MEMORY, kv_bytes=90 * 2**20,
-                                                                room_bytes=60 * 2**20)}, NoSideSequenceError,
-         'decide: "scoring": "full" scores each choice on a side sequence and none fits in memory: one takes '
-         "90.0 MiB (the KV of a 512-token sequence) and half of what this process may still allocate is 60.0 MiB; "
-         "free memory, or open the session with a smaller --ctx-size"),
-        (full(("A", "B"), unconditional=""), {"template": False, "bos": False}, DecideRequestError,
-         'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral text, e.g. '
-         '"Answer:"'),
+        (
+            full(scoring="fuzzy"),
+            {},
+            DecideRequestError,
+            'decide: "scoring" is "fuzzy"; give "first" (each choice by its first token) or "full" (by all its tokens)',
+        ),
+        (
+            full(best_by="max"),
+            {},
+            DecideRequestError,
+            'decide: "best_by" is "max"; give one of "sum", "mean", "norm", "uncond"',
+        ),
+        (
+            DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B"), best_by="norm"),
+            {},
+            DecideRequestError,
+            'decide: "best_by": "norm" needs "scoring": "full" (under "first" a choice is one '
+            'token and is ranked by its log-prob, "sum")',
+        ),
+        (
+            DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A", "B"), unconditional="Answer:"),
+            {},
+            DecideRequestError,
+            'decide: "unconditional" needs "scoring": "full"',
+        ),
+        (
+            full(("A", "")),
+            {},
+            EmptyChoiceError,
+            "decide: choice 1 ('') tokenizes to no tokens; give it a non-empty label",
+        ),
+        (
+            full(("A", "Hello world" * 8)),
+            {"n_ctx": 30},
+            ChoiceTooLongError,
+            "decide: choice 1 ('Hello worldHello worldHello worldHello w') is 16 tokens and the prompt 17; together "
+            "they do not fit the context of 30: shorten the choice or the prompt, or open the session with a larger "
+            "context",
+        ),
+        (
+            full(("A", "B")),
+            {"forks": 0},
+            NoSideSequenceError,
+            'decide: "scoring": "full" scores each choice on a side sequence and this session has none '
+            "(--decide-batch 1): open it with --decide-batch auto (the default) or 2 or more "
+            "(SessionConfig.decide_batch)",
+        ),
+        (
+            full(("A", "B")),
+            {"forks": 0, "sides": SideSequences(0, 0, SIDE_MEMORY, kv_bytes=90 * 2**20, room_bytes=60 * 2**20)},
+            NoSideSequenceError,
+            'decide: "scoring": "full" scores each choice on a side sequence and none fits in memory: one takes '
+            "90.0 MiB (the KV of a 512-token sequence) and half of what this process may still allocate is 60.0 MiB; "
+            "free memory, or open the session with a smaller --ctx-size",
+        ),
+        (
+            full(("A", "B"), unconditional=""),
+            {"template": False, "bos": False},
+            DecideRequestError,
+            'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral text, e.g. '
+            '"Answer:"',
+        ),
     ],
-    ids=["scoring", "best_by", "best_by-first", "uncond-first", "empty-choice", "too-long", "no-forks",
-         "no-memory", "empty-neutral"],
+    ids=[
+        "scoring",
+        "best_by",
+        "best_by-first",
+        "uncond-first",
+        "empty-choice",
+        "too-long",
+        "no-forks",
+        "no-memory",
+        "empty-neutral",
+    ],
 )
 def test_refusals_touch_nothing(request_: DecideRequest, backend: dict, exc: type, message: str) -> None:
     b = ForkingBackend(**backend)
@@ -213,9 +272,13 @@ def test_a_choice_that_just_fits_is_scored() -> None:
 
 
 def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
-    reqs = [full(id=1), full(id=2, best_by="max"),
-            DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
-            DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")), full(id=5, best_by="norm")]
+    reqs = [
+        full(id=1),
+        full(id=2, best_by="max"),
+        DecideRequest(id=3, prefix=PREFIX, suffix=" Other.", choices=("A", "B")),
+        DecideRequest(id=4, prefix=PREFIX, suffix=" More.", choices=("A", "B")),
+        full(id=5, best_by="norm"),
+    ]
     b = ForkingBackend(batch=4)
     got = DecideService(b, keep_prefix=True).answer(reqs)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]

@@ -4,6 +4,7 @@ The static rule is an import-linter contract (pyproject.toml, run by ``lint-impo
 command); it cannot see an import made by name at run time. This imports the whole package in a
 fresh interpreter in which the engine cannot be imported at all.
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ function of that list. Like llama.cpp, it therefore answers differently for the 
 prefilled in different pieces, so a test that restored and fresh results are equal really checks
 the decider's sequencing, not just the token ids.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.wire.records import decide_fields
 from bmoe.decide.choice_scorer import score_choices
 from bmoe.decide.decider import (
-    DecidePolicy,
     REUSE_OFF,
     REUSE_OPTED_OUT,
     REUSE_RESTORED,
     REUSE_RESTORED_STORED,
     REUSE_STORED,
+    DecidePolicy,
 )
 from bmoe.decide.errors import (
     ChoiceCollisionError,
@@ -35,15 +35,25 @@ from bmoe.decide.errors import (
     NoChoicesError,
     PromptTooLongError,
 )
-from bmoe.decide.service import DecideService
 from bmoe.decide.kept_prefix import LastPrefixStore, resolve_keep_prefix
 from bmoe.decide.port import KeptState, PrefillCost
 from bmoe.decide.prompt_split import split_prompt
+from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.numerics import common_prefix_len
+from bmoe.wire.records import decide_fields
 from helpers.decide import (
-    ASSISTANT, BOS, END, TOKEN_ID, USER, ScriptedBackend, ScriptedFailure, hand_logp, logits_of,
-    prompt_tokens, tokenize_text,
+    ASSISTANT,
+    BOS,
+    END,
+    TOKEN_ID,
+    USER,
+    ScriptedBackend,
+    ScriptedFailure,
+    hand_logp,
+    logits_of,
+    prompt_tokens,
+    tokenize_text,
 )
 
 ON = DecidePolicy(keep_prefix=True)
@@ -61,8 +71,12 @@ def req(
     abstain_below: float | None = None,
 ) -> DecideRequest:
     return DecideRequest(
-        id=id, prefix=prefix, suffix=suffix, choices=choices,
-        reuse_prefix=reuse_prefix, abstain_below=abstain_below,
+        id=id,
+        prefix=prefix,
+        suffix=suffix,
+        choices=choices,
+        reuse_prefix=reuse_prefix,
+        abstain_below=abstain_below,
     )
 
 
@@ -74,7 +88,6 @@ def fresh(request: DecideRequest, policy: DecidePolicy = ON) -> DecideResult:
 def untimed(result: DecideResult) -> DecideResult:
     """A result without its wall-clock fields, for comparing two runs."""
     return replace(result, store_s=0.0, restore_s=0.0)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,26 +151,38 @@ def primed() -> tuple[ScriptedBackend, DecideService]:
 @pytest.mark.parametrize(
     ("request_", "exc_type", "message"),
     [
-        (req("T", choices=()), NoChoicesError,
-         'decide: choices is empty; give at least one choice, e.g. ["A","B"]'),
-        (req("T", choices=("A", "")), EmptyChoiceError,
-         "decide: choice 1 ('') tokenizes to no tokens; give it a non-empty label"),
-        (req("T", choices=("A", "ab", "B", "ab!")), ChoiceCollisionError,
-         f"decide: choices 1 ('ab') and 3 ('ab!') both start with token {TOKEN_ID['ab']} ('ab'); "
-         "a choice is scored by its first token, so they cannot be told apart: give labels that "
-         "start differently (A, B, C, ...)"),
-        (req("T" * 30, "x" * 30), PromptTooLongError,
-         "decide: the prompt is 64 tokens but the context holds 63; shorten the prefix or suffix, "
-         "or open the session with a larger context"),
-        (req("T", abstain_below=1.5), DecideRequestError,
-         'decide: "abstain_below" is 1.5; give a probability between 0 and 1'),
-        (req("T", abstain_below=float("nan")), DecideRequestError,
-         'decide: "abstain_below" is nan; give a probability between 0 and 1'),
+        (req("T", choices=()), NoChoicesError, 'decide: choices is empty; give at least one choice, e.g. ["A","B"]'),
+        (
+            req("T", choices=("A", "")),
+            EmptyChoiceError,
+            "decide: choice 1 ('') tokenizes to no tokens; give it a non-empty label",
+        ),
+        (
+            req("T", choices=("A", "ab", "B", "ab!")),
+            ChoiceCollisionError,
+            f"decide: choices 1 ('ab') and 3 ('ab!') both start with token {TOKEN_ID['ab']} ('ab'); "
+            "a choice is scored by its first token, so they cannot be told apart: give labels that "
+            "start differently (A, B, C, ...)",
+        ),
+        (
+            req("T" * 30, "x" * 30),
+            PromptTooLongError,
+            "decide: the prompt is 64 tokens but the context holds 63; shorten the prefix or suffix, "
+            "or open the session with a larger context",
+        ),
+        (
+            req("T", abstain_below=1.5),
+            DecideRequestError,
+            'decide: "abstain_below" is 1.5; give a probability between 0 and 1',
+        ),
+        (
+            req("T", abstain_below=float("nan")),
+            DecideRequestError,
+            'decide: "abstain_below" is nan; give a probability between 0 and 1',
+        ),
     ],
 )
-def test_refusals_touch_nothing(
-    request_: DecideRequest, exc_type: type[Exception], message: str
-) -> None:
+def test_refusals_touch_nothing(request_: DecideRequest, exc_type: type[Exception], message: str) -> None:
     b, svc = primed()
     b._n_ctx = 63
     kept = svc.store.kept
@@ -266,7 +291,7 @@ def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
     assert (result.n_tokens, result.n_reused) == (split.n_tokens, split.n_prefix)
     assert b.calls == [
         ("load_state", (), split.n_prefix),
-        ("prefill", split.tokens[split.n_prefix:], split.n_prefix),
+        ("prefill", split.tokens[split.n_prefix :], split.n_prefix),
     ]
     assert svc.store.kept is kept
     assert result.store_s == 0.0
@@ -541,7 +566,9 @@ def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
 
 
 def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> None:
-    off = DecideService(ScriptedBackend(streaming=True, expert_cache=False), keep_prefix=True).answer([req("Task: x. ")])[0]
+    off = DecideService(ScriptedBackend(streaming=True, expert_cache=False), keep_prefix=True).answer(
+        [req("Task: x. ")]
+    )[0]
     assert off.read_mb is not None and off.cache_hit_pct == -1.0 and decide_fields(off)["cache_hit_pct"] == -1.0
     resident = fresh(req("Task: x. "))
     assert resident.cache_hit_pct is None and "cache_hit_pct" not in decide_fields(resident)
@@ -562,8 +589,21 @@ def test_prefix_state_mib_is_what_the_backend_holds_not_the_kept_state_alone() -
 def test_to_json_keys() -> None:
     out = decide_fields(fresh(req("Task: x. ")))
     assert list(out) == [
-        "id", "best", "choice_logp", "p_outside", "abstained", "scoring", "best_by", "n_tokens", "n_reused",
-        "prefill_s", "prefill_tps", "prefix_state_mib", "store_s", "restore_s", "reuse",
+        "id",
+        "best",
+        "choice_logp",
+        "p_outside",
+        "abstained",
+        "scoring",
+        "best_by",
+        "n_tokens",
+        "n_reused",
+        "prefill_s",
+        "prefill_tps",
+        "prefix_state_mib",
+        "store_s",
+        "restore_s",
+        "reuse",
     ]
     json.dumps(out)
 
@@ -574,8 +614,14 @@ def test_to_json_keys() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "prefill_device", "keeps"),
-    [("auto", False, True), ("auto", True, False), ("on", False, True), ("on", True, True),
-     ("off", False, False), ("off", True, False)],
+    [
+        ("auto", False, True),
+        ("auto", True, False),
+        ("on", False, True),
+        ("on", True, True),
+        ("off", False, False),
+        ("off", True, False),
+    ],
 )
 def test_prefix_cache_policy(mode: str, prefill_device: bool, keeps: bool) -> None:
     assert resolve_keep_prefix(mode, prefill_device=prefill_device) is keeps
@@ -615,10 +661,14 @@ def scores_of(results: list[DecideResult]) -> list[object]:
     return [(r.id, r.error, r.scores, r.n_tokens) for r in results]
 
 
-BATCH = [req("Task: wifi. ", " Screen 1.", id=1), req("Task: wifi. ", " Screen two, longer.", id=2),
-         req("Task: bt. ", " Screen 3.", id=3), req("Task: wifi. ", " Screen 4!", id=4),
-         req("Task: wifi. ", " Screen 5.", id=5, choices=("A", "Apple")),  # refused: first tokens collide
-         req("Task: wifi. ", " Screen 6.", id=6, reuse_prefix=False)]
+BATCH = [
+    req("Task: wifi. ", " Screen 1.", id=1),
+    req("Task: wifi. ", " Screen two, longer.", id=2),
+    req("Task: bt. ", " Screen 3.", id=3),
+    req("Task: wifi. ", " Screen 4!", id=4),
+    req("Task: wifi. ", " Screen 5.", id=5, choices=("A", "Apple")),  # refused: first tokens collide
+    req("Task: wifi. ", " Screen 6.", id=6, reuse_prefix=False),
+]
 
 
 @pytest.mark.parametrize("cap", [2, 3, 8])
@@ -634,8 +684,9 @@ def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
     sizes = [c[1] for c in b.calls if c[0] == "prefill_batch"]
     assert sum(len(s) for s in sizes) == 3 and all(len(s) <= cap for s in sizes)
     assert [len(s) for s in sizes] == ([2, 1] if cap == 2 else [3])
-    assert [r.batch.size if r.batch else None for r in batched] == \
-        ([2, 2, None, 1, None, None] if cap == 2 else [3, 3, None, 3, None, None])
+    assert [r.batch.size if r.batch else None for r in batched] == (
+        [2, 2, None, 1, None, None] if cap == 2 else [3, 3, None, 3, None, None]
+    )
     assert batched[2].batch is None and batched[5].batch is None  # alone in their group / opted out
     # the state kept at the end is the one the last request left
     assert svc.store.kept is not None and alone_cache.kept is not None
@@ -651,7 +702,9 @@ def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> Non
     assert share is not None and all(r.batch == share for r in rs) and share.size == 3
     suffix_tokens = [r.n_tokens - rs[1].n_reused for r in rs]
     assert share.n_tokens == sum(suffix_tokens)
-    assert share.prefill_s == pytest.approx(0.1 * share.n_tokens) and share.read_mb == pytest.approx(2.0 * share.n_tokens)
+    assert share.prefill_s == pytest.approx(0.1 * share.n_tokens) and share.read_mb == pytest.approx(
+        2.0 * share.n_tokens
+    )
     prefix_piece = 0.25 * rs[1].n_reused  # the scripted prefill's cost for the prefix
     assert rs[0].prefill_s == pytest.approx(prefix_piece + 0.1 * suffix_tokens[0])
     assert [r.prefill_s for r in rs[1:]] == pytest.approx([0.1 * n for n in suffix_tokens[1:]])

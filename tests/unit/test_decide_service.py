@@ -5,15 +5,16 @@ full-scored request, two first-token decisions keeping the same prefix, a debias
 before anything of that list touches the sequence, after dropping the kept prefix state; never
 for one decision alone, never twice, never where none can be opened.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from bmoe.decide.port import SIDE_MEMORY, KeptState, KeptView, PrefillCost, SideSequences
 from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest, RenderRule
-from bmoe.decide.port import SIDE_MEMORY, KeptState, KeptView, PrefillCost, SideSequences
 from helpers.decide import PREFIX, SUFFIX, ForkingBackend, full
 
 
@@ -51,13 +52,15 @@ class LateBackend(ForkingBackend):
     def max_batch(self) -> int:
         return max(1, self.open)
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
-                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(
+        self, suffixes: Sequence[Sequence[int]], n_past: int, stop: Callable[[], bool] = lambda: False
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         assert self.open, "a batch before the side sequences were opened"
         return super().prefill_batch(suffixes, n_past, stop)
 
-    def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
-                      base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_forks(
+        self, continuations: Sequence[Sequence[int]], n_past: int, base: KeptState | None = None
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         assert self.open, "forks before the side sequences were opened"
         return super().prefill_forks(continuations, n_past, base)
 
@@ -91,7 +94,7 @@ def test_the_first_batch_opens_them_before_touching_the_sequence_and_then_they_s
     n = len(b.calls)
     got = s.answer([plain(2, " One."), plain(3, " Two."), plain(4, " Three.")])
     assert opened_at(b) == [n + 1] and b.calls[n][0] == "forget"  # dropped, then opened, then the batch
-    assert [c[0] for c in b.calls[n + 2:]][:2] == ["clear", "prefill"]  # the prefix prefilled again
+    assert [c[0] for c in b.calls[n + 2 :]][:2] == ["clear", "prefill"]  # the prefix prefilled again
     assert got[0].reuse == "stored" and all(r.batch is not None and r.batch.size == 3 for r in got)
     s.answer([plain(5, " Four."), plain(6, " Five.")])
     assert len(opened_at(b)) == 1
@@ -128,7 +131,15 @@ def test_a_debiased_request_opens_them_for_its_permutations() -> None:
     b = LateBackend(room=4)
     s = service(b)
     one_line = RenderRule(template=" {question} {options}. {cue}", joiner=" ")  # the scripted vocabulary has no newline
-    r = DecideRequest(id=1, prefix=PREFIX, suffix="", choices=(), question="Q", options=("x", "y", "z"),
-                      render=one_line, debias="permute")
+    r = DecideRequest(
+        id=1,
+        prefix=PREFIX,
+        suffix="",
+        choices=(),
+        question="Q",
+        options=("x", "y", "z"),
+        render=one_line,
+        debias="permute",
+    )
     got = s.answer([r])[0]
     assert got.error is None and got.debias.decisions == 3 and len(opened_at(b)) == 1

@@ -8,6 +8,7 @@ Three rules, from strict to lenient:
 - any other ``.py`` or ``.md`` name (``reader.py``, ``llama/mremap_mover.py``) is the end of some
   file's path in the repository (docstrings name their neighbours without the folder).
 """
+
 from __future__ import annotations
 
 import ast
@@ -72,8 +73,11 @@ def missing(root: Path, where: Path, text: str, files: list[str]) -> tuple[list[
 
 def repo_files(root: Path) -> list[str]:
     skip = {".git", ".venv", "node_modules", "__pycache__", ".pytest_cache", "build", "dist"}
-    return [p.relative_to(root).as_posix() for p in root.rglob("*")
-            if p.is_file() and not skip.intersection(p.relative_to(root).parts)]
+    return [
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not skip.intersection(p.relative_to(root).parts)
+    ]
 
 
 def test_every_file_the_docs_name_exists() -> None:
@@ -91,8 +95,10 @@ def test_a_stale_name_is_found(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "src" / "pkg").mkdir(parents=True)
     (tmp_path / "src" / "pkg" / "reader.py").write_text('"""Reads; see pages.py and reader.py."""\n')
-    (tmp_path / "docs" / "a.md").write_text("[b](b.md#x), [a](a.md), `src/pkg/reader.py`, `src/pkg/gone.py`, "
-                                             "`pkg/reader.py` and https://example.com/x/y.py\n")
+    (tmp_path / "docs" / "a.md").write_text(
+        "[b](b.md#x), [a](a.md), `src/pkg/reader.py`, `src/pkg/gone.py`, "
+        "`pkg/reader.py` and https://example.com/x/y.py\n"
+    )
     files = repo_files(tmp_path)
     page = tmp_path / "docs" / "a.md"
     assert missing(tmp_path, page, page.read_text(), files) == (["b.md", "src/pkg/gone.py"], 5)

@@ -1,4 +1,5 @@
 """Flags are a public contract: every flag bmoe-cli and bmoe-server take is documented."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,14 +9,23 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _long_flags(parser: argparse.ArgumentParser) -> set[str]:
-    return {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings
-            if s.startswith("--") and s != "--help"}
+    return {
+        s
+        for a in parser._actions
+        if a.help != argparse.SUPPRESS
+        for s in a.option_strings
+        if s.startswith("--") and s != "--help"
+    }
 
 
 def _rows(*names: str) -> list[str]:
     """The first cell of every table row in these docs."""
-    return [line.split("|")[1] for n in names for line in (DOCS / n).read_text().splitlines()
-            if line.startswith("|") and line.count("|") > 2]
+    return [
+        line.split("|")[1]
+        for n in names
+        for line in (DOCS / n).read_text().splitlines()
+        if line.startswith("|") and line.count("|") > 2
+    ]
 
 
 def _documented(flag: str, cells: list[str]) -> bool:

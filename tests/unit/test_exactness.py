@@ -1,5 +1,6 @@
 """tests/helpers/exactness.py: the check for computations run in different pieces can fail, and fails for
 the right reasons (synthetic logit rows, no model)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -2,6 +2,7 @@
 read-ahead's guess), the llama.cpp override array, and BMOE_READY's keys. The config's refusals
 are in test_config.py; what the model allows, and the runs, in tests/engine/test_n_expert_used.py
 and the gate tests/gates/test_n_expert_used_exact.py."""
+
 from __future__ import annotations
 
 import ctypes
@@ -61,8 +62,10 @@ def test_the_override_array_is_what_llama_cpp_reads() -> None:
     arr = kv_overrides((("qwen3moe.expert_used_count", 4), ("x.y", 7)))
     assert len(arr) == 3 and ctypes.sizeof(llama_cpp.llama_model_kv_override) * 3 == ctypes.sizeof(arr)
     got = [(e.tag, e.key, e.value.val_i64) for e in arr[:2]]
-    assert got == [(llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, b"qwen3moe.expert_used_count", 4),
-                   (llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, b"x.y", 7)]
+    assert got == [
+        (llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, b"qwen3moe.expert_used_count", 4),
+        (llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, b"x.y", 7),
+    ]
     assert arr[2].key == b""  # the empty key ends the array
     with pytest.raises(ValueError, match="longer than 127 bytes"):
         kv_overrides((("k" * 128, 1),))
@@ -70,8 +73,17 @@ def test_the_override_array_is_what_llama_cpp_reads() -> None:
 
 def test_ready_names_the_routed_k_and_the_file_s_own() -> None:
     def ready(**kw: object) -> dict:
-        text = records.ready(load_s=1.0, arch="qwen3moe", n_ctx=256, think_ctl="none", model="m", streaming=False,
-                             decide=False, load_read_mib=0.0, **kw)
+        text = records.ready(
+            load_s=1.0,
+            arch="qwen3moe",
+            n_ctx=256,
+            think_ctl="none",
+            model="m",
+            streaming=False,
+            decide=False,
+            load_read_mib=0.0,
+            **kw,
+        )
         return json.loads(text.removeprefix("BMOE_READY "))
 
     r = ready(n_expert_used=2, n_expert_used_gguf=8)

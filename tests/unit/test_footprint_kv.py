@@ -1,4 +1,5 @@
 """The KV size of one sequence, read from the model file's header (bmoe.runtime.footprint)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,15 +30,25 @@ def _header(path: Path, keys: dict[str, int | list[int]]) -> Path:
 def test_query_heads_per_layer_need_no_scalar_count(tmp_path: Path) -> None:
     # laguna writes its query heads as a per-layer array (more on sliding-window layers); with the
     # KV heads and head sizes it gives, the query heads do not enter the formula.
-    model = _header(tmp_path / "a.gguf", {"block_count": 3, "embedding_length": 64,
-                                          "attention.head_count": [4, 8, 8], "attention.head_count_kv": 2,
-                                          "attention.key_length": 16, "attention.value_length": 16})
+    model = _header(
+        tmp_path / "a.gguf",
+        {
+            "block_count": 3,
+            "embedding_length": 64,
+            "attention.head_count": [4, 8, 8],
+            "attention.head_count_kv": 2,
+            "attention.key_length": 16,
+            "attention.value_length": 16,
+        },
+    )
     assert kv_bytes_per_sequence(model, 512, False) == 512 * 3 * 2 * (16 + 16) * 2
 
 
 def test_without_head_sizes_the_widest_layer_gives_them(tmp_path: Path) -> None:
-    model = _header(tmp_path / "a.gguf", {"block_count": 3, "embedding_length": 64,
-                                          "attention.head_count": [4, 8, 8], "attention.head_count_kv": 2})
+    model = _header(
+        tmp_path / "a.gguf",
+        {"block_count": 3, "embedding_length": 64, "attention.head_count": [4, 8, 8], "attention.head_count_kv": 2},
+    )
     assert kv_bytes_per_sequence(model, 512, False) == 512 * 3 * 2 * (8 + 8) * 2  # 64 / 8 heads
 
 

@@ -1,6 +1,7 @@
 """The K-quant bound on packing (bmoe.runtime.forks.RowLimits): llama.cpp's tiled K-quant matmul
 takes a product from 8 rows on (ggml_tiled_min_batch), per expert in an MoE layer, so a call of
 side-by-side lists must leave every product on the side of 8 it is on alone (issue 38)."""
+
 from __future__ import annotations
 
 import gguf
@@ -14,14 +15,20 @@ EXPERTS = RowLimits(dense=True, experts=True)
 
 
 def test_limits_from_the_weight_types() -> None:
-    q4km_moe = [("blk.0.attn_q.weight", T.Q4_K), ("blk.0.ffn_up_exps.weight", T.Q4_K),
-                ("blk.0.ffn_down_exps.weight", T.Q6_K), ("token_embd.weight", T.Q6_K)]
+    q4km_moe = [
+        ("blk.0.attn_q.weight", T.Q4_K),
+        ("blk.0.ffn_up_exps.weight", T.Q4_K),
+        ("blk.0.ffn_down_exps.weight", T.Q6_K),
+        ("token_embd.weight", T.Q6_K),
+    ]
     assert row_limits(q4km_moe, env={}) == EXPERTS
     # experts in Q8_0, only the dense weights K-quants (SmolLM2 Q4_K_M's ffn_down is Q4_K)
     assert row_limits([("blk.0.ffn_down.weight", T.Q4_K), ("blk.0.ffn_up_exps.weight", T.Q8_0)], env={}) == DENSE
     assert row_limits([("blk.0.ffn_up_exps.weight", T.IQ4_XS)], env={}) == RowLimits(experts=True)
     # types the tiled kernel does not take: no bound
-    assert row_limits([("a.weight", T.Q8_0), ("b_exps.weight", T.Q4_0), ("c", T.F32), ("d", T.MXFP4)], env={}) == NO_LIMITS
+    assert (
+        row_limits([("a.weight", T.Q8_0), ("b_exps.weight", T.Q4_0), ("c", T.F32), ("d", T.MXFP4)], env={}) == NO_LIMITS
+    )
     # the tiled kernel switched off in the environment: no bound either
     assert row_limits(q4km_moe, env={"GGML_CPU_TILED_MM": "0"}) == NO_LIMITS
     assert row_limits(q4km_moe, env={"GGML_CPU_TILED_MM": "1"}) == EXPERTS

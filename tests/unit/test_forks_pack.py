@@ -1,5 +1,6 @@
 """How token lists are packed into llama_decode calls (bmoe.runtime.forks.pack_calls): every list
 one piece of its own width class, the call one ubatch once padded (docs/decide.md "Batches")."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,13 +12,16 @@ def test_width_classes_are_the_kernels_bounds() -> None:
     assert [width_class(n) for n in (1, 2, FA_TILE_ROWS - 1, FA_TILE_ROWS, 500)] == [0, 1, 1, 2, 2]
 
 
-@pytest.mark.parametrize(("lengths", "n_ubatch", "calls"), [
-    ([36, 38, 38, 35], 512, [[0, 1, 2, 3]]),  # one class: one call, padded to 38
-    ([36, 87, 38, 38, 35], 512, [[0, 2, 3, 4], [1]]),  # 87 would pull the others into the tiled kernel
-    ([1, 4, 1, 2], 512, [[0], [1, 3], [2]]),  # one-token lists alone
-    ([30, 30, 30], 64, [[0, 1], [2]]),  # padded, a call fills at most one ubatch
-    ([10, 600, 10], 512, [[0, 2], [1]]),  # longer than a ubatch: alone
-])
+@pytest.mark.parametrize(
+    ("lengths", "n_ubatch", "calls"),
+    [
+        ([36, 38, 38, 35], 512, [[0, 1, 2, 3]]),  # one class: one call, padded to 38
+        ([36, 87, 38, 38, 35], 512, [[0, 2, 3, 4], [1]]),  # 87 would pull the others into the tiled kernel
+        ([1, 4, 1, 2], 512, [[0], [1, 3], [2]]),  # one-token lists alone
+        ([30, 30, 30], 64, [[0, 1], [2]]),  # padded, a call fills at most one ubatch
+        ([10, 600, 10], 512, [[0, 2], [1]]),  # longer than a ubatch: alone
+    ],
+)
 def test_pack_calls(lengths: list[int], n_ubatch: int, calls: list[list[int]]) -> None:
     got = pack_calls(lengths, n_ubatch, 512)
     assert got == calls

@@ -1,6 +1,7 @@
 """The deltas of a generation's steps add up to its text, also where the text stream held a
 piece back when the turn ended (a possible start of a think marker, an incomplete UTF-8
 character): Runtime._run_turn over a scripted model, KV and sampler (no llama.cpp)."""
+
 from __future__ import annotations
 
 import threading
@@ -60,8 +61,9 @@ class _Ctx:
         self.n_ctx, self.n_dev_tokens = n_ctx, 0
 
 
-def _run(pieces: dict[int, bytes], script: list[int], n_predict: int, *, cancel_after: int | None = None,
-         n_ctx: int = 64) -> tuple[list[Step], GenerateResult]:
+def _run(
+    pieces: dict[int, bytes], script: list[int], n_predict: int, *, cancel_after: int | None = None, n_ctx: int = 64
+) -> tuple[list[Step], GenerateResult]:
     rt = object.__new__(Runtime)
     rt.model, rt.kv, rt.chat, rt.ctx = _Model(pieces), _Kv(), _Chat(), _Ctx(n_ctx)
     rt.load_s, rt.prefill_device, rt.history, rt.stream = 0.0, None, [], None
@@ -81,13 +83,16 @@ def _run(pieces: dict[int, bytes], script: list[int], n_predict: int, *, cancel_
 PIECES = {1: b"ok ", 2: b"a <", 3: b"\xe2\x82", 4: b"\xac!", 5: b"think>x"}
 
 
-@pytest.mark.parametrize(("script", "n_predict", "text", "extra"), [
-    ([1, 2, EOG], 8, "ok a <", True),          # "<" may open "<think>": held back until the end
-    ([1, 3, EOG], 8, "ok \ufffd", True),       # half a character when the turn ends
-    ([1, 3, 4, EOG], 8, "ok \u20ac!", False),  # the next token completes it: nothing is left
-    ([1, 2], 2, "ok a <", False),              # n_predict: the last token's step carries the tail
-    ([2, 5, EOG], 8, "a ", False),             # the marker completes: "x" is reasoning
-])
+@pytest.mark.parametrize(
+    ("script", "n_predict", "text", "extra"),
+    [
+        ([1, 2, EOG], 8, "ok a <", True),  # "<" may open "<think>": held back until the end
+        ([1, 3, EOG], 8, "ok \ufffd", True),  # half a character when the turn ends
+        ([1, 3, 4, EOG], 8, "ok \u20ac!", False),  # the next token completes it: nothing is left
+        ([1, 2], 2, "ok a <", False),  # n_predict: the last token's step carries the tail
+        ([2, 5, EOG], 8, "a ", False),  # the marker completes: "x" is reasoning
+    ],
+)
 def test_the_steps_deltas_add_up_to_the_text(script, n_predict, text, extra) -> None:
     steps, r = _run(PIECES, script, n_predict)
     assert r.text == text

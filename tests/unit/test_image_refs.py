@@ -1,4 +1,5 @@
 """bmoe.image_refs: the one parser of image references the server and the session share."""
+
 from __future__ import annotations
 
 import base64
@@ -11,11 +12,20 @@ PNG = b"\x89PNG\r\n\x1a\nrest"
 URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
 
 
-@pytest.mark.parametrize("source, want", [
-    ("data:image/png;base64,AAAA", "data"), ("DATA:image/png;base64,AAAA", "data"), ("DaTa:/../x.png", "data"),
-    ("https://example.com/a.png", "url"), ("HTTP://x/a.png", "url"), ("file:///etc/passwd", "url"),
-    ("screen.png", "path"), ("/tmp/a:b.png", "path"), ("./DATA/x.png", "path"),
-])
+@pytest.mark.parametrize(
+    "source, want",
+    [
+        ("data:image/png;base64,AAAA", "data"),
+        ("DATA:image/png;base64,AAAA", "data"),
+        ("DaTa:/../x.png", "data"),
+        ("https://example.com/a.png", "url"),
+        ("HTTP://x/a.png", "url"),
+        ("file:///etc/passwd", "url"),
+        ("screen.png", "path"),
+        ("/tmp/a:b.png", "path"),
+        ("./DATA/x.png", "path"),
+    ],
+)
 def test_kind_reads_the_scheme_in_any_case(source: str, want: str) -> None:
     assert kind(source) == want
 
@@ -26,13 +36,16 @@ def test_a_data_url_decodes_in_any_case_and_bytes_pass_through() -> None:
     assert image_bytes(PNG, "images[0]", paths=False) == PNG
 
 
-@pytest.mark.parametrize("source, code, words", [
-    ("DATA:/../secret.png", "bad_data_url", "images[0] is a data: URL that is not base64"),
-    ("data:image/png;base64,@@", "bad_data_url", "images[0] is a data: URL whose base64 does not decode"),
-    ("https://example.com/a.png", "remote_image_url", "images[0] is a remote URL; bmoe does no network fetches"),
-    ("/etc/passwd", "image_not_inline", "images[0] is not a data: URL; the server reads no files"),
-    ("/no/such/file.png", "image_not_inline", "images[0] is not a data: URL; the server reads no files"),
-])
+@pytest.mark.parametrize(
+    "source, code, words",
+    [
+        ("DATA:/../secret.png", "bad_data_url", "images[0] is a data: URL that is not base64"),
+        ("data:image/png;base64,@@", "bad_data_url", "images[0] is a data: URL whose base64 does not decode"),
+        ("https://example.com/a.png", "remote_image_url", "images[0] is a remote URL; bmoe does no network fetches"),
+        ("/etc/passwd", "image_not_inline", "images[0] is not a data: URL; the server reads no files"),
+        ("/no/such/file.png", "image_not_inline", "images[0] is not a data: URL; the server reads no files"),
+    ],
+)
 def test_without_paths_nothing_is_opened(source: str, code: str, words: str, monkeypatch) -> None:
     import pathlib
 

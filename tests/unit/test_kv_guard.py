@@ -1,4 +1,5 @@
 """KvSequence.guard: whoever still needs the first n tokens' state hears before any of them goes."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -116,8 +117,7 @@ class PieceContext(FakeContext):
         return np.zeros(4, dtype=np.float32)
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("llama_decode failed"), KeyboardInterrupt()],
-                         ids=["error", "interrupt"])
+@pytest.mark.parametrize("exc", [RuntimeError("llama_decode failed"), KeyboardInterrupt()], ids=["error", "interrupt"])
 def test_a_decode_failing_part_way_is_cut_back_before_the_guard_saves(exc: BaseException) -> None:
     """Pieces 0 and 1 of 3 went in, piece 2 failed: the guard's save must see the sequence
     holding exactly the n_past tokens the bookkeeping knows (before: 10 + 8 positions, which the

@@ -2,6 +2,7 @@
 tokens, taking a control token only where its text lies wholly in the markup, against an oracle
 that cannot see a control token in a message's text at all (its bytes are other symbols there),
 and the check that decides whether the split is needed."""
+
 from __future__ import annotations
 
 import random
@@ -66,7 +67,9 @@ VOCABS = [
 def _texts(vocab: list[Control], rng: random.Random, n: int):
     alphabet = [b"a", b"b", b"<", b">", b" ", b"\n", b"x", b"|"] + [c.text for c in vocab] * 3
     for _ in range(n):
-        pieces = [b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8))) for _ in range(rng.randrange(1, 6))]
+        pieces = [
+            b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8))) for _ in range(rng.randrange(1, 6))
+        ]
         data, plain, at = b"", [], 0
         for k, p in enumerate(pieces):
             if k % 2 and p:
@@ -87,8 +90,9 @@ def test_partition_takes_control_tokens_in_the_markup_only(vocab: int) -> None:
         n_skipped += sum(1 for a, b in plain for c in controls if c.text in data[a:b])
         if not plain:  # no message: llama.cpp's own split, as its transcription does it
             order = [(c.text, c.lstrip, c.rstrip) for c in sorted(controls, key=lambda c: (-len(c.text), c.text))]
-            assert [("tok", f) if isinstance(f, bytes) else ("raw", data[f[0]:f[1]]) for f in got] == \
-                partition(data, order)
+            assert [("tok", f) if isinstance(f, bytes) else ("raw", data[f[0] : f[1]]) for f in got] == partition(
+                data, order
+            )
     assert n_skipped > 50, "messages held control texts (else the check proves nothing)"
 
 

@@ -1,4 +1,5 @@
 """The shared numeric helpers: one log-softmax, one token-prefix comparison."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -6,6 +6,7 @@ are then all usable (``bmoe.decide.port``, the engine port, is one). Held for th
 DOORS; the others (runtime, llama, stream, ...) are the engine's insides, used by the layers
 right above them (the session, the runtime).
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,7 +31,7 @@ def _imports(path: Path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                up = base[:len(base) - node.level + 1]
+                up = base[: len(base) - node.level + 1]
                 target = ".".join(up + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -52,7 +53,7 @@ def crossings() -> list[tuple[str, str, tuple[str, ...], int]]:
             door = _door(target)
             if door is None or importer == door or importer.startswith(door + "."):
                 continue
-            sub = target[len(door) + 1:].split(".")[0] if target != door else None
+            sub = target[len(door) + 1 :].split(".")[0] if target != door else None
             out.append((importer, door, (name,) if sub is None else (name, sub), line))
     return out
 

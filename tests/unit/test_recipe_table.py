@@ -1,21 +1,57 @@
 """bmoe.testing's one recipe table: every tiny model is one row, its variant says how it is built, and
 the views the tests take are the table's rows of one variant (docs/tiny-models.md#the-recipe-table)."""
+
 from pathlib import Path
 
 import pytest
 
 import bmoe.testing as T
-from bmoe.testing import (ARCHS, FAMILIES, HF_ARCHS, HF_KQUANT_ARCHS, HF_VL_ARCHS, RECIPES, VARIANTS, VL_ARCHS, Fixups,
-                          Recipe, names, recipe, write_model)
+from bmoe.testing import (
+    ARCHS,
+    FAMILIES,
+    HF_ARCHS,
+    HF_KQUANT_ARCHS,
+    HF_VL_ARCHS,
+    RECIPES,
+    VARIANTS,
+    VL_ARCHS,
+    Fixups,
+    Recipe,
+    names,
+    recipe,
+    write_model,
+)
 from bmoe.testing.recipe import hashed_fields
 from bmoe.testing.spec import SPECS
 
 # The fields the converted recipes were hashed over when their cached models were made: a field
 # moved, renamed or added changes every recipe hash and remakes every cached model.
-LEGACY_HASHED = {"arch", "model_type", "config", "seed", "real_models", "quants", "reference_config", "parity_tol",
-                 "random_init", "special_tokens", "mtp_layers", "converter_args", "tokenizer", "saved_config",
-                 "outer_config", "auto_class", "checkpoint_transpose", "checkpoint_rename", "checkpoint_index",
-                 "checkpoint_drop", "random_init_std", "family", "preprocessor", "checkpoint"}
+LEGACY_HASHED = {
+    "arch",
+    "model_type",
+    "config",
+    "seed",
+    "real_models",
+    "quants",
+    "reference_config",
+    "parity_tol",
+    "random_init",
+    "special_tokens",
+    "mtp_layers",
+    "converter_args",
+    "tokenizer",
+    "saved_config",
+    "outer_config",
+    "auto_class",
+    "checkpoint_transpose",
+    "checkpoint_rename",
+    "checkpoint_index",
+    "checkpoint_drop",
+    "random_init_std",
+    "family",
+    "preprocessor",
+    "checkpoint",
+}
 
 
 def test_every_row_is_well_formed() -> None:
@@ -72,7 +108,11 @@ def test_write_model_builds_each_variant_its_own_way(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(T, "write_hf_arch", lambda *a: calls.append(("converter", *a)) or tmp_path)
     for name in ("qwen35moe", "olmoe", "glm4vmoe", "gemma4-w256"):
         write_model(name, "q8_0", tmp_path)
-    assert calls == [("gguf", "qwen35moe", "q8_0", tmp_path), ("converter", "olmoe", "q8_0", tmp_path),
-                     ("converter", "glm4vmoe", "q8_0", tmp_path), ("converter", "gemma4-w256", "q8_0", tmp_path)]
+    assert calls == [
+        ("gguf", "qwen35moe", "q8_0", tmp_path),
+        ("converter", "olmoe", "q8_0", tmp_path),
+        ("converter", "glm4vmoe", "q8_0", tmp_path),
+        ("converter", "gemma4-w256", "q8_0", tmp_path),
+    ]
     with pytest.raises(ValueError, match=r"^no tiny recipe for 'nope'"):
         write_model("nope", "q8_0", tmp_path)

@@ -1,6 +1,7 @@
 """The session protocol's kept keys (the C++ original's, which its consumers parse): every kept
 key of each line, in the original's order, before bmoe's own keys. A rename, a drop or a
 reorder of a kept key fails here. The lists are the protocol's, written out (docs/telemetry.md)."""
+
 from __future__ import annotations
 
 import json
@@ -14,20 +15,82 @@ KEPT = {
     "READY": ["load_s", "arch", "n_ctx", "think_ctl", "n_expert_used"],
     "BEGIN": ["id"],
     "LOAD": ["mb", "ms"],
-    "PROGRESS": ["step", "steps", "wall_ms", "io_ms", "compute_ms", "mgmt_ms", "stall_ms", "read_mb",
-                 "cache_hit_pct", "majflt", "cpu_ms", "dense_resident_frac", "delta_text", "delta_reasoning"],
-    "DONE": ["id", "cancelled", "tokens", "tok_s", "prefill_s", "prefill_tps", "load_s", "cache_hit_pct",
-             "n_prompt", "n_past", "compute_s_tok", "io_s_tok", "cache_resident_mib", "cache_budget_mib",
-             "read_mib", "stall_s_tok", "mgmt_s_tok", "majflt_tok", "cpu_s_tok", "reasoning", "text"],
+    "PROGRESS": [
+        "step",
+        "steps",
+        "wall_ms",
+        "io_ms",
+        "compute_ms",
+        "mgmt_ms",
+        "stall_ms",
+        "read_mb",
+        "cache_hit_pct",
+        "majflt",
+        "cpu_ms",
+        "dense_resident_frac",
+        "delta_text",
+        "delta_reasoning",
+    ],
+    "DONE": [
+        "id",
+        "cancelled",
+        "tokens",
+        "tok_s",
+        "prefill_s",
+        "prefill_tps",
+        "load_s",
+        "cache_hit_pct",
+        "n_prompt",
+        "n_past",
+        "compute_s_tok",
+        "io_s_tok",
+        "cache_resident_mib",
+        "cache_budget_mib",
+        "read_mib",
+        "stall_s_tok",
+        "mgmt_s_tok",
+        "majflt_tok",
+        "cpu_s_tok",
+        "reasoning",
+        "text",
+    ],
     "ERROR": ["id", "fatal", "msg"],
 }
 
-STEP = Step(index=0, token=5, delta_text="a", delta_reasoning="", wall_ms=10.0, io_ms=4.0, mgmt_ms=1.0,
-            stall_ms=2.0, compute_ms=5.0, read_mb=3.0, cache_hit_pct=50.0, majflt=0, cpu_ms=9.0)
+STEP = Step(
+    index=0,
+    token=5,
+    delta_text="a",
+    delta_reasoning="",
+    wall_ms=10.0,
+    io_ms=4.0,
+    mgmt_ms=1.0,
+    stall_ms=2.0,
+    compute_ms=5.0,
+    read_mb=3.0,
+    cache_hit_pct=50.0,
+    majflt=0,
+    cpu_ms=9.0,
+)
 RESULT = GenerateResult(
-    id=1, text="a", reasoning="", tokens=(5,), cancelled=False, stop="length", n_prompt=3, n_reused=0, n_past=4,
-    prefill_fallback="", prefill_s=0.1, decode_s=0.01, load_s=1.0, io=StreamStats(read_bytes=3 << 20, io_s=0.004),
-    majflt=0, cpu_s=0.01, decode_io=StreamStats(read_bytes=3 << 20, io_s=0.004))
+    id=1,
+    text="a",
+    reasoning="",
+    tokens=(5,),
+    cancelled=False,
+    stop="length",
+    n_prompt=3,
+    n_reused=0,
+    n_past=4,
+    prefill_fallback="",
+    prefill_s=0.1,
+    decode_s=0.01,
+    load_s=1.0,
+    io=StreamStats(read_bytes=3 << 20, io_s=0.004),
+    majflt=0,
+    cpu_s=0.01,
+    decode_io=StreamStats(read_bytes=3 << 20, io_s=0.004),
+)
 
 
 def _keys(text: str) -> tuple[str, list[str]]:
@@ -37,15 +100,27 @@ def _keys(text: str) -> tuple[str, list[str]]:
 
 def test_every_line_starts_with_its_kept_keys_in_order() -> None:
     lines = [
-        records.ready(load_s=1.0, arch="qwen3moe", n_ctx=256, think_ctl="none", n_expert_used=8, model="m",
-                      streaming=True, decide=False, load_read_mib=1.0),
-        records.begin(1), records.load(STEP), records.progress(STEP, 8, 1.0), records.done(RESULT),
+        records.ready(
+            load_s=1.0,
+            arch="qwen3moe",
+            n_ctx=256,
+            think_ctl="none",
+            n_expert_used=8,
+            model="m",
+            streaming=True,
+            decide=False,
+            load_read_mib=1.0,
+        ),
+        records.begin(1),
+        records.load(STEP),
+        records.progress(STEP, 8, 1.0),
+        records.done(RESULT),
         records.error(1, "bad", fatal=False),
     ]
     seen = dict(_keys(ln) for ln in lines)
     assert set(seen) == set(KEPT)
     for tag, kept in KEPT.items():
-        assert seen[tag][:len(kept)] == kept, tag
+        assert seen[tag][: len(kept)] == kept, tag
 
 
 def test_a_token_whose_experts_were_read_sends_load_then_progress() -> None:

@@ -1,6 +1,7 @@
 """One table per request (#40.1): the records, the line protocol, the server's body and the docs
 all follow DECIDE_TABLE / GENERATE_TABLE, so a field added to one surface and not the others fails
 here."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,15 +20,20 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _defaults(record: type) -> dict:
-    return {f.name: f.default if f.default is not dataclasses.MISSING else rules.REQUIRED
-            for f in dataclasses.fields(record)}
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else rules.REQUIRED
+        for f in dataclasses.fields(record)
+    }
 
 
-@pytest.mark.parametrize("record, table, required_anyway, python_only", [
-    (DecideRequest, DECIDE_TABLE, {"id", "prefix", "suffix", "choices"}, set()),  # the record asks for them by name
-    (RenderRule, RENDER_TABLE, set(), set()),
-    (GenerateRequest, GENERATE_TABLE, set(), {"keep_logits"}),  # the gates' own switch, on no wire
-])
+@pytest.mark.parametrize(
+    "record, table, required_anyway, python_only",
+    [
+        (DecideRequest, DECIDE_TABLE, {"id", "prefix", "suffix", "choices"}, set()),  # the record asks for them by name
+        (RenderRule, RENDER_TABLE, set(), set()),
+        (GenerateRequest, GENERATE_TABLE, set(), {"keep_logits"}),  # the gates' own switch, on no wire
+    ],
+)
 def test_record_has_the_tables_fields_and_defaults(record, table, required_anyway, python_only):
     want = {f.name: f.default for f in table}
     have = {k: v for k, v in _defaults(record).items() if k not in python_only}
@@ -37,9 +43,14 @@ def test_record_has_the_tables_fields_and_defaults(record, table, required_anywa
             assert have[name] == default, name
 
 
-@pytest.mark.parametrize("table, page", [
-    (DECIDE_TABLE, "decide.md"), (RENDER_TABLE, "decide.md"), (GENERATE_TABLE, "protocol.md"),
-])
+@pytest.mark.parametrize(
+    "table, page",
+    [
+        (DECIDE_TABLE, "decide.md"),
+        (RENDER_TABLE, "decide.md"),
+        (GENERATE_TABLE, "protocol.md"),
+    ],
+)
 def test_docs_show_the_table(table, page):
     rendered = rules.markdown_table(table)
     assert rendered in (DOCS / page).read_text(), f"docs/{page}'s table is not the code's; it is now:\n{rendered}"
@@ -62,16 +73,37 @@ def test_server_body_has_the_tables_fields():
 
 
 def test_one_builder_for_protocol_server_and_python():
-    line = {"cmd": "decide", "id": 3, "prefix": "P", "suffix": "S", "question": "q?", "options": ["x", "y"],
-            "render": {"labels": ["1", "2"], "joiner": " "}, "abstain_below": 1, "debias": "permute"}
+    line = {
+        "cmd": "decide",
+        "id": 3,
+        "prefix": "P",
+        "suffix": "S",
+        "question": "q?",
+        "options": ["x", "y"],
+        "render": {"labels": ["1", "2"], "joiner": " "},
+        "abstain_below": 1,
+        "debias": "permute",
+    }
     parsed = protocol.parse_line(json.dumps(line)).request
-    want = DecideRequest(id=3, prefix="P", suffix="S", choices=(), question="q?", options=("x", "y"),
-                         render=RenderRule(labels=("1", "2"), joiner=" "), abstain_below=1.0, debias="permute")
+    want = DecideRequest(
+        id=3,
+        prefix="P",
+        suffix="S",
+        choices=(),
+        question="q?",
+        options=("x", "y"),
+        render=RenderRule(labels=("1", "2"), joiner=" "),
+        abstain_below=1.0,
+        debias="permute",
+    )
     assert parsed == want and isinstance(parsed.abstain_below, float)
     assert decide_request({k: v for k, v in line.items() if k != "cmd"}) == want
     assert decide_request(request_fields(want)) == want
-    assert protocol.parse_line('{"cmd":"generate","prompt":"hi","images":["a.png"]}') == \
-        generate_request({"prompt": "hi", "images": ["a.png"]}) == GenerateRequest(prompt="hi", images=("a.png",))
+    assert (
+        protocol.parse_line('{"cmd":"generate","prompt":"hi","images":["a.png"]}')
+        == generate_request({"prompt": "hi", "images": ["a.png"]})
+        == GenerateRequest(prompt="hi", images=("a.png",))
+    )
 
 
 def test_server_builds_with_the_same_function():
@@ -79,11 +111,20 @@ def test_server_builds_with_the_same_function():
     from bmoe.server.decide_route import to_request
     from bmoe.server.schemas import DecideBody
 
-    body = {"id": 3, "prefix": "P", "suffix": "S", "question": "q?", "options": ["x", "y"],
-            "render": {"labels": ["1", "2"], "joiner": " "}, "abstain_below": 1.0, "debias": "permute"}
+    body = {
+        "id": 3,
+        "prefix": "P",
+        "suffix": "S",
+        "question": "q?",
+        "options": ["x", "y"],
+        "render": {"labels": ["1", "2"], "joiner": " "},
+        "abstain_below": 1.0,
+        "debias": "permute",
+    }
     assert to_request(DecideBody.model_validate(body)) == decide_request(body)
-    assert to_request(DecideBody.model_validate({"choices": ["a"]})) == \
-        DecideRequest(id=0, prefix="", suffix="", choices=("a",))
+    assert to_request(DecideBody.model_validate({"choices": ["a"]})) == DecideRequest(
+        id=0, prefix="", suffix="", choices=("a",)
+    )
 
 
 def test_server_refuses_null_where_the_protocol_does():

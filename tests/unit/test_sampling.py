@@ -1,4 +1,5 @@
 """Sampling from one logit row: every temperature the requests allow gives a token, never NaN."""
+
 from __future__ import annotations
 
 import numpy as np

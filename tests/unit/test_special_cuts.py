@@ -2,6 +2,7 @@
 at special tokens (``llama_vocab::impl::tokenizer_st_partition``): for every order llama.cpp may
 take equally long special tokens in, the pieces' fragments, end to end, are the whole text's, and
 each piece but the last ends in a special token (so no raw text spans a cut)."""
+
 from __future__ import annotations
 
 import random
@@ -10,8 +11,6 @@ import pytest
 
 from bmoe.llama.special_cuts import Cutter, Special
 from helpers.special_cuts import partition
-
-
 
 
 def llama_orders(specials: list[tuple[bytes, bool, bool]], rng: random.Random, n: int) -> list[list]:
@@ -39,8 +38,14 @@ def check(data: bytes, specials: list[tuple[bytes, bool, bool]], cuts: list[int]
 # with different strips, start or end with whitespace, and strip on either side.
 VOCABS = [
     [(b"<s>", False, False), (b"</s>", False, False), (b"<|im_start|>", False, False)],
-    [(b"<a>", False, False), (b"<a", False, False), (b"a>", False, False), (b"<ab>", False, False),
-     (b"b<", False, False), (b"ab", False, False)],
+    [
+        (b"<a>", False, False),
+        (b"<a", False, False),
+        (b"a>", False, False),
+        (b"<ab>", False, False),
+        (b"b<", False, False),
+        (b"ab", False, False),
+    ],
     [(b"<m>", True, True), (b"<n>", False, True), (b"<o>", True, False), (b"<p>", False, False)],
     [(b"<x>", False, True), (b"<x>", False, False), (b"<y>", False, False)],
     [(b" <w> ", False, False), (b"\t\t", False, False), (b"<w>", False, True), (b"<v>", False, False)],
@@ -72,7 +77,7 @@ def test_cuts_are_a_piece_apart_and_skip_overlapped_tokens() -> None:
     data = b"x<s>yy<s>zz" * 50
     cuts = cutter.cuts(data, piece_bytes=20)
     assert cuts and all(b - a >= 20 for a, b in zip([0, *cuts], cuts))
-    assert all(data[c - 4:c] == b"yy<s>"[1:] for c in cuts)
+    assert all(data[c - 4 : c] == b"yy<s>"[1:] for c in cuts)
     check(data, specials, cuts, random.Random(0))
 
 

@@ -1,5 +1,6 @@
 """The expert cache's buffers, budgets and page release, over a synthetic layout (no llama.cpp
 needed). Which experts stay (the policy) is tested on keys alone in test_stream_policy.py."""
+
 from __future__ import annotations
 
 import mmap
@@ -8,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmoe.stream import CacheBudgetError, ExpertKey, StreamSettings, Streamer
-from bmoe.stream.cache import ExpertCache, SharedBuffers
+from bmoe.stream import CacheBudgetError, ExpertKey, Streamer, StreamSettings
 from bmoe.stream.budget import MIB, Budget, resolve_budget
+from bmoe.stream.cache import ExpertCache, SharedBuffers
 from helpers.stream import expert_bytes_in_buffer, make_layout
 
 
@@ -28,7 +29,7 @@ def test_lru_counts_budget_and_resident_bytes_are_exact(tmp_path: Path) -> None:
             routed += 2
             for e in ids.ravel():  # every routed expert is present, byte for byte, at its place
                 for t in layout.layer_tensors(il):
-                    assert expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
+                    assert expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)) :][: t.slice_nbytes]
             st = s.stats()
             assert st.resident_bytes <= st.budget_bytes
     st = s.stats()
@@ -44,14 +45,16 @@ def test_cache_off_rereads_every_routed_slice(tmp_path: Path) -> None:
     s = Streamer(layout, StreamSettings(), budget=Budget(0, layout.floor_bytes(), "off"))
     assert isinstance(s.cache, SharedBuffers)
     # all layers share one buffer per projection
-    assert len({s.binding(t.name).data_addr - (t.offset % 4096) for t in layout.experts if t.proj == "ffn_up_exps"}) == 1
+    assert (
+        len({s.binding(t.name).data_addr - (t.offset % 4096) for t in layout.experts if t.proj == "ffn_up_exps"}) == 1
+    )
     for _ in range(3):
         s.on_route(1, np.array([[5, 2], [2, 7]]))  # a 2-token ubatch: union {2, 5, 7}
     st = s.stats()
     assert (st.routed, st.misses, st.hits, st.evictions, st.resident_bytes) == (9, 9, 0, 0, 0)
     assert st.read_bytes == 9 * layout.expert_nbytes_in_layer(1)
     for t in layout.layer_tensors(1):
-        assert expert_bytes_in_buffer(s, t, 7) == data[t.slice_offset(7):][:t.slice_nbytes]
+        assert expert_bytes_in_buffer(s, t, 7) == data[t.slice_offset(7) :][: t.slice_nbytes]
     s.close()
 
 
@@ -95,11 +98,11 @@ def test_page_shared_with_a_resident_neighbour_is_kept(tmp_path: Path) -> None:
     per = layout.expert_nbytes_in_layer(0)
     s = Streamer(layout, StreamSettings(), budget=Budget(2 * per, 0, "fixed"))
     s.on_route(0, np.array([[3, 4]]))
-    s.on_route(0, np.array([[4]]))   # 4 is now the most recent
-    s.on_route(0, np.array([[5]]))   # evicts 3; its last page is shared with 4 and must survive
+    s.on_route(0, np.array([[4]]))  # 4 is now the most recent
+    s.on_route(0, np.array([[5]]))  # evicts 3; its last page is shared with 4 and must survive
     assert s.cache.is_resident(ExpertKey(0, 4)) and not s.cache.is_resident(ExpertKey(0, 3))
     for t in layout.layer_tensors(0):
-        assert expert_bytes_in_buffer(s, t, 4) == data[t.slice_offset(4):][:t.slice_nbytes]
+        assert expert_bytes_in_buffer(s, t, 4) == data[t.slice_offset(4) :][: t.slice_nbytes]
     s.close()
 
 
@@ -126,7 +129,8 @@ def test_floor_refusal_names_the_floor(tmp_path: Path) -> None:
         resolve_budget(StreamSettings(cache_mb=23), layout)
     assert str(err.value) == (
         "cache_mb: 23 is below the floor of 24 MiB, one token's routed experts (4 layers x 2 experts x "
-        "3.00 MiB); a smaller cache only churns. Give 24 or more, 0 (cache off), or set cache_force")
+        "3.00 MiB); a smaller cache only churns. Give 24 or more, 0 (cache off), or set cache_force"
+    )
     assert resolve_budget(StreamSettings(cache_mb=24), layout).budget_bytes == 24 * MIB
     forced = resolve_budget(StreamSettings(cache_mb=1, cache_force=True), layout)
     assert forced.budget_bytes == MIB and forced.source == "fixed"

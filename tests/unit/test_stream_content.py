@@ -1,5 +1,6 @@
 """The sampled content check: deterministic blocks of every region, a change of one sampled block
 found by the reader's verify path on its schedule, as the sticky FileChangedError naming the file."""
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,11 @@ def test_a_changed_sampled_byte_is_a_sticky_error_once_the_check_is_due(model: P
         r.verify_files()  # size, mtime and inode agree, and the next content check is not due yet
         assert r.content_checks == 1 and r.error is None
         time.sleep(CHECK_EVERY_S + 0.05)
-        with pytest.raises(FileChangedError, match=rf"^model file {model} changed while streaming: its sampled "
-                                                   r"bytes differ .*overwritten in place\); reopen the session$"):
+        with pytest.raises(
+            FileChangedError,
+            match=rf"^model file {model} changed while streaming: its sampled "
+            r"bytes differ .*overwritten in place\); reopen the session$",
+        ):
             r.verify_files()
         assert r.content_checks == 2 and isinstance(r.error, FileChangedError)
         _poke(model, off + 7)  # restored: the error stays

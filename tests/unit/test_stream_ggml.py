@@ -1,10 +1,10 @@
 """The ctypes ggml_tensor view against libggml-base, and the refusal when it does not match."""
+
 from __future__ import annotations
 
 import ctypes
 
 import pytest
-
 
 from bmoe.llama import ggml_tensor as gt  # noqa: E402
 

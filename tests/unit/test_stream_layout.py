@@ -1,4 +1,5 @@
 """Layout: every expert slice's file offset is checked against the bytes that were written."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from bmoe.stream import (NothingToStreamError, UnsupportedArchError, format_archs, list_archs, lookup,
-                         read_layout)
+from bmoe.stream import NothingToStreamError, UnsupportedArchError, format_archs, list_archs, lookup, read_layout
 from bmoe.stream.layout import LayoutError, shard_paths
 
 N_EXPERT, N_EMBD, N_FF = 6, 40, 24
@@ -45,7 +45,7 @@ def _check_slices(path_of: dict[int, Path], layout, tensors: dict[str, np.ndarra
         raw = path_of[t.file_index].read_bytes()
         arr = tensors[t.name]
         for e in range(t.n_expert):
-            got = raw[t.slice_offset(e):t.slice_offset(e) + t.slice_nbytes]
+            got = raw[t.slice_offset(e) : t.slice_offset(e) + t.slice_nbytes]
             assert got == arr[e].tobytes(), (t.name, e)
 
 
@@ -75,23 +75,35 @@ def test_nextn_blocks_after_the_trunk_neither_stream_nor_count_as_dense(tmp_path
     from bmoe.stream.content import dense_ranges
 
     rng = np.random.default_rng(3)
-    tensors = {"token_embd.weight": rng.standard_normal((10, N_EMBD)).astype(np.float32), **_moe_tensors(rng, range(4)),
-               "blk.3.nextn.eh_proj.weight": rng.standard_normal((N_EMBD, 2 * N_EMBD)).astype(np.float32)}
-    path = _write(tmp_path / "m.gguf", "glm4moe", tensors,
-                  {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 1})
+    tensors = {
+        "token_embd.weight": rng.standard_normal((10, N_EMBD)).astype(np.float32),
+        **_moe_tensors(rng, range(4)),
+        "blk.3.nextn.eh_proj.weight": rng.standard_normal((N_EMBD, 2 * N_EMBD)).astype(np.float32),
+    }
+    path = _write(
+        tmp_path / "m.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 1}
+    )
     layout = read_layout(path)
     assert layout.layers == (0, 1, 2)
     nextn = {n: a for n, a in tensors.items() if n.startswith("blk.3.")}
     assert len(layout.unloaded) == len(nextn) == 6
     assert sum(n for _, _, n in layout.unloaded) == sum(a.nbytes for a in nextn.values())
-    assert layout.dense_nbytes == sum(a.nbytes for n, a in tensors.items()
-                                      if not n.startswith("blk.3.") and "_exps.weight" not in n)
+    assert layout.dense_nbytes == sum(
+        a.nbytes for n, a in tensors.items() if not n.startswith("blk.3.") and "_exps.weight" not in n
+    )
     kept = dense_ranges(layout, 0)
     for _, off, n in layout.unloaded:
         assert not any(a < off + n and off < b for a, b in kept)
     # Without the key every layer is the trunk's.
-    assert read_layout(_write(tmp_path / "all.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4})).layers == (0, 1, 2, 3)
-    bad = _write(tmp_path / "bad.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 4})
+    assert read_layout(_write(tmp_path / "all.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4})).layers == (
+        0,
+        1,
+        2,
+        3,
+    )
+    bad = _write(
+        tmp_path / "bad.gguf", "glm4moe", tensors, {"glm4moe.block_count": 4, "glm4moe.nextn_predict_layers": 4}
+    )
     with pytest.raises(LayoutError, match="nextn_predict_layers=4 leaves no trunk"):
         read_layout(bad)
 
@@ -150,8 +162,20 @@ def test_smollm2_dense_says_nothing_to_stream() -> None:
 def test_registry_lists_the_required_archs() -> None:
     names = {e.arch for e in list_archs()}
     # issue #13's "must" list: each runs its gates on a tiny model (tests/gates/test_arch_registry.py)
-    assert {"qwen3moe", "qwen35moe", "qwen2moe", "olmoe", "gpt-oss", "gemma4", "qwen3next", "lfm2moe",
-            "deepseek2", "glm4moe", "llama", "granitehybrid"} <= names
+    assert {
+        "qwen3moe",
+        "qwen35moe",
+        "qwen2moe",
+        "olmoe",
+        "gpt-oss",
+        "gemma4",
+        "qwen3next",
+        "lfm2moe",
+        "deepseek2",
+        "glm4moe",
+        "llama",
+        "granitehybrid",
+    } <= names
     text = format_archs()
     assert all(a in text for a in names) and "ffn_moe_topk" in text
     assert lookup("qwen35moe").streams("ffn_gate_up_exps.weight")
@@ -167,8 +191,13 @@ def test_stream_package_imports_neither_ctypes_nor_llama_cpp() -> None:
     root = Path(bmoe.stream.__file__).parent
     for py in sorted(root.glob("*.py")):
         for node in ast.walk(ast.parse(py.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 assert name.split(".")[0] not in ("ctypes", "llama_cpp"), f"{py.name} imports {name}"
 
@@ -257,10 +286,13 @@ def test_a_tensor_past_the_end_of_its_file_is_refused_by_name(tmp_path: Path) ->
     data = _write(tmp_path / "m.gguf", "qwen3moe", tensors).read_bytes()
     last = max(read_layout(tmp_path / "m.gguf").experts, key=lambda t: t.offset)
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(data[:last.offset + last.nbytes - 1])  # one byte short of the last expert
-    with pytest.raises(LayoutError, match=rf"^GGUF {cut} is truncated or damaged: tensor {last.name} needs "
-                                          rf"bytes {last.offset}\.\.{last.offset + last.nbytes} but the file "
-                                          rf"has {last.offset + last.nbytes - 1} bytes$"):
+    cut.write_bytes(data[: last.offset + last.nbytes - 1])  # one byte short of the last expert
+    with pytest.raises(
+        LayoutError,
+        match=rf"^GGUF {cut} is truncated or damaged: tensor {last.name} needs "
+        rf"bytes {last.offset}\.\.{last.offset + last.nbytes} but the file "
+        rf"has {last.offset + last.nbytes - 1} bytes$",
+    ):
         read_layout(cut)
 
 
@@ -349,8 +381,11 @@ def test_an_expert_tensor_without_bytes_is_refused_by_name(tmp_path: Path) -> No
     tensors = _moe_tensors(np.random.default_rng(11), range(1))
     tensors["blk.0.ffn_up_exps.weight"] = np.zeros((N_EXPERT, N_FF, 0), dtype=np.float32)  # ggml {0, n_ff, n_expert}
     path = _write(tmp_path / "m.gguf", "qwen3moe", tensors)
-    with pytest.raises(LayoutError, match=rf"^{path}: expert tensor blk\.0\.ffn_up_exps\.weight has shape \[0, {N_FF}, "
-                                          rf"{N_EXPERT}\]"):
+    with pytest.raises(
+        LayoutError,
+        match=rf"^{path}: expert tensor blk\.0\.ffn_up_exps\.weight has shape \[0, {N_FF}, "
+        rf"{N_EXPERT}\]",
+    ):
         read_layout(path)
 
 
@@ -363,11 +398,14 @@ def test_quantized_rows_that_do_not_fill_whole_blocks_are_refused_by_name(tmp_pa
     ne = (N_EMBD, N_FF, N_EXPERT)
     info = struct_pack_ne(ne) + (0).to_bytes(4, "little")  # the up projection's dims, then type F32
     at = data.index(b"blk.0.ffn_up_exps.weight") + len("blk.0.ffn_up_exps.weight")
-    assert data[at:at + len(info)] == info
-    data[at + len(info) - 4:at + len(info)] = (8).to_bytes(4, "little")  # Q8_0
+    assert data[at : at + len(info)] == info
+    data[at + len(info) - 4 : at + len(info)] = (8).to_bytes(4, "little")  # Q8_0
     path.write_bytes(bytes(data))
-    with pytest.raises(LayoutError, match=r"tensor blk\.0\.ffn_up_exps\.weight has rows of 40 values, not a multiple "
-                                          r"of its type's block of 32"):
+    with pytest.raises(
+        LayoutError,
+        match=r"tensor blk\.0\.ffn_up_exps\.weight has rows of 40 values, not a multiple "
+        r"of its type's block of 32",
+    ):
         read_layout(path)
 
 

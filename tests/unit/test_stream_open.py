@@ -1,6 +1,7 @@
 """A streamer or reader whose open fails leaves nothing behind: no read lane running, no shard fd
 open, no expert buffer mapped; and the error names what failed, as an OSError, the kind
 open_streaming turns into its ``--moe-stream: <model>: ...`` refusal."""
+
 from __future__ import annotations
 
 import errno
@@ -11,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bmoe.stream import StreamSettings, Streamer
+from bmoe.stream import Streamer, StreamSettings
 from bmoe.stream import cache as cache_mod
-from bmoe.stream.layout import FileId
 from bmoe.stream.budget import Budget
+from bmoe.stream.layout import FileId
 from bmoe.stream.reader import ExpertReader
-
 from helpers.stream import make_layout
 
 
@@ -65,7 +65,8 @@ def test_a_failed_buffer_map_leaves_no_lane_fd_or_mapping(tmp_path: Path, monkey
     mib = -(-sum(sizes) // (1 << 20))
     assert e.value.errno == errno.ENOMEM and str(e.value) == (
         f"[Errno 12] cannot map the expert buffers ({mib} MiB of address space): Cannot allocate memory; "
-        "with vm.overcommit_memory=2 the kernel charges all of it at once")
+        "with vm.overcommit_memory=2 the kernel charges all of it at once"
+    )
     assert _refusal(e.value, layout.files[0].path) == f"--moe-stream: {layout.files[0].path}: {e.value}"
 
 
@@ -108,5 +109,6 @@ def test_a_lane_that_cannot_start_stops_the_others_and_closes_the_files(tmp_path
         ExpertReader([FileId.of(path)], odirect=False, io_threads=8)
     assert len(started) == 2 and not any(t.is_alive() for t in started)
     assert _fds() == fds and _lanes() == lanes
-    assert _refusal(e.value, path) == (f"--moe-stream: {path}: [Errno 11] cannot start read lane 3 of 8 "
-                                       "(can't start new thread); try fewer io_threads")
+    assert _refusal(e.value, path) == (
+        f"--moe-stream: {path}: [Errno 11] cannot start read lane 3 of 8 (can't start new thread); try fewer io_threads"
+    )

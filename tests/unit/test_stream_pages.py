@@ -1,6 +1,7 @@
 """The cache hands an evicted expert's pages to the expert that replaces it (bmoe.llama.mremap_mover over
 mremap), and read-ahead (--prefetch) fills the cache. Exact: contents, counts, and which pages the
 cache's buffers hold, on synthetic layouts (no llama.cpp needed)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -14,10 +15,10 @@ import pytest
 import bmoe.llama.libc as libc_consts
 import bmoe.llama.mremap_mover as pages_mod
 from bmoe.llama.mremap_mover import LibcPageMover
-from bmoe.stream import ExpertKey, StreamSettings, Streamer
+from bmoe.stream import ExpertKey, Streamer, StreamSettings
+from bmoe.stream.budget import Budget
 from bmoe.stream.cache import ExpertCache
 from bmoe.stream.layout import ExpertTensor
-from bmoe.stream.budget import Budget
 from helpers.stream import expert_bytes_in_buffer, make_layout
 
 PAGE = mmap.PAGESIZE
@@ -57,7 +58,7 @@ def assert_in_place(s: Streamer, layout, data: bytes, il: int, experts) -> None:
     """Every projection of each of layer ``il``'s ``experts`` holds the file's bytes at its place."""
     for e in experts:
         for t in layout.layer_tensors(il):
-            assert expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)):][:t.slice_nbytes]
+            assert expert_bytes_in_buffer(s, t, int(e)) == data[t.slice_offset(int(e)) :][: t.slice_nbytes]
 
 
 def drive(s: Streamer, layout, data: bytes, seed: int, rounds: int = 25) -> None:
@@ -75,8 +76,9 @@ def drive(s: Streamer, layout, data: bytes, seed: int, rounds: int = 25) -> None
 @pytest.mark.parametrize("slice_nbytes", [12 * 4096 + 528, 12 * 4096])
 @pytest.mark.parametrize("odirect", [True, False])
 @pytest.mark.parametrize("one_call", [True, False], ids=["one-call", "three-call"])
-def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(tmp_path: Path, slice_nbytes,
-                                                                                odirect, one_call) -> None:
+def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(
+    tmp_path: Path, slice_nbytes, odirect, one_call
+) -> None:
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=slice_nbytes)
     per = layout.expert_nbytes_in_layer(0)
     runs = {}
@@ -89,8 +91,12 @@ def test_moved_pages_carry_the_right_bytes_and_the_cache_holds_only_its_experts(
         s.close()
     (moved, moved_b, moved_rel), (plain, plain_moved, plain_rel) = runs["moved"], runs["released"]
     # The same decisions either way: the mover changes where pages come from, not what is cached.
-    assert (moved.hits, moved.misses, moved.evictions, moved.read_bytes) == \
-           (plain.hits, plain.misses, plain.evictions, plain.read_bytes)
+    assert (moved.hits, moved.misses, moved.evictions, moved.read_bytes) == (
+        plain.hits,
+        plain.misses,
+        plain.evictions,
+        plain.read_bytes,
+    )
     assert moved.evictions > 20 and plain_moved == 0 and moved_b > 0
     # Without the mover every evicted page is released; with it, only the end pages are (and the
     # whole of victims nobody took over): far fewer pages go back to the OS to be faulted in again.
@@ -104,8 +110,11 @@ def test_a_victim_moves_to_an_incoming_expert_of_another_layer(tmp_path: Path) -
     s.on_route(0, np.array([[1, 2]]))
     s.on_route(3, np.array([[6, 7]]))  # evicts layer 0's two: their pages go to layer 3's two
     assert isinstance(s.cache, ExpertCache)
-    interior = sum(4 * 4096 if (t.offset % 4096 + e * t.slice_nbytes) % 4096 else 5 * 4096
-                   for t in layout.layer_tensors(0) for e in (1, 2))
+    interior = sum(
+        4 * 4096 if (t.offset % 4096 + e * t.slice_nbytes) % 4096 else 5 * 4096
+        for t in layout.layer_tensors(0)
+        for e in (1, 2)
+    )
     assert s.cache.moved_bytes >= interior - 3 * 2 * 4096
     assert_in_place(s, layout, data, 3, (6, 7))
     assert_holds_exactly_its_experts(s, layout)
@@ -116,12 +125,12 @@ def test_read_ahead_fills_the_cache_and_counts_what_it_read(tmp_path: Path) -> N
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=3 * 4096 + 528)
     per = layout.expert_nbytes_in_layer(0)
     s = Streamer(layout, StreamSettings(), budget=Budget(6 * per, 0, "fixed"), pages=MOVER)
-    s.on_route(1, np.array([[0, 1]]))            # 0, 1 cached: 2 misses
-    s.prefetch(1, np.array([0, 2, 3]))           # 0 is cached: only 2 and 3 are read ahead
+    s.on_route(1, np.array([[0, 1]]))  # 0, 1 cached: 2 misses
+    s.prefetch(1, np.array([0, 2, 3]))  # 0 is cached: only 2 and 3 are read ahead
     st = s.stats()
     assert (st.guessed, st.hits, st.misses) == (2, 0, 2)  # a guess is no lookup
     assert s.cache.is_resident(ExpertKey(1, 2)) and s.cache.is_resident(ExpertKey(1, 3))
-    s.on_route(1, np.array([[0, 2]]))            # 0: a hit; 2: read ahead, so a miss; 3 was wrong
+    s.on_route(1, np.array([[0, 2]]))  # 0: a hit; 2: read ahead, so a miss; 3 was wrong
     st = s.stats()
     assert (st.hits, st.misses, st.guess_hits, st.wasted_bytes) == (1, 3, 1, per)
     assert st.read_bytes == 3 * per + st.wasted_bytes
@@ -178,12 +187,13 @@ def _two_experts_of_pages(n_first: int, n_second: int) -> tuple[mmap.mmap, int, 
     written (committed), a gap page between them; returns it and the two ranges' addresses."""
     buf = mmap.mmap(-1, (n_first + n_second + 1) * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    buf[:n_first * PAGE] = bytes(range(256)) * (n_first * PAGE // 256)
+    buf[: n_first * PAGE] = bytes(range(256)) * (n_first * PAGE // 256)
     return buf, addr, addr + (n_first + 1) * PAGE
 
 
-@pytest.mark.parametrize("n_dst, want", [(4, ["mremap"]), (5, ["mremap", "mmap", "madvise"])],
-                         ids=["same-length", "resizing"])
+@pytest.mark.parametrize(
+    "n_dst, want", [(4, ["mremap"]), (5, ["mremap", "mmap", "madvise"])], ids=["same-length", "resizing"]
+)
 def test_a_move_is_one_mremap_where_the_lengths_agree(monkeypatch: pytest.MonkeyPatch, n_dst: int, want) -> None:
     spy = _Spy()
     monkeypatch.setattr(pages_mod, "libc", spy)
@@ -192,26 +202,27 @@ def test_a_move_is_one_mremap_where_the_lengths_agree(monkeypatch: pytest.Monkey
     mover.move(src, 4 * PAGE, dst, n_dst * PAGE)
     assert [c for c, _ in spy.calls] == want and mover.dontunmap
     off = dst - src  # the destination holds the source's bytes; the source reads as zeros
-    assert buf[off:off + 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
-    assert buf[:4 * PAGE] == bytes(4 * PAGE)
+    assert buf[off : off + 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
+    assert buf[: 4 * PAGE] == bytes(4 * PAGE)
     buf[:PAGE] = b"x" * PAGE  # the source range is still ordinary writable memory
     buf.close()
 
 
 @pytest.mark.parametrize("err", [errno.EINVAL, errno.ENOMEM])
 def test_a_kernel_that_refuses_the_one_call_move_gets_the_three_call_move_from_then_on(
-        monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
     spy = _Spy(fail_errno=err)
     monkeypatch.setattr(pages_mod, "libc", spy)
     buf, src, dst = _two_experts_of_pages(4, 4)
     mover = LibcPageMover(dontunmap=True)
     mover.move(src, 4 * PAGE, dst, 4 * PAGE)
     assert [c for c, _ in spy.calls] == ["mremap", "mremap", "mmap", "madvise"] and not mover.dontunmap
-    assert buf[dst - src:dst - src + 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
+    assert buf[dst - src : dst - src + 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
     spy.calls.clear()
     mover.move(dst, 4 * PAGE, src, 4 * PAGE)  # and back, without trying again
     assert [c for c, _ in spy.calls] == ["mremap", "mmap", "madvise"]
-    assert buf[:4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
+    assert buf[: 4 * PAGE] == bytes(range(256)) * (4 * PAGE // 256)
     buf.close()
 
 
@@ -223,7 +234,8 @@ def test_another_refusal_of_the_one_call_move_is_an_error(monkeypatch: pytest.Mo
 
 
 def test_the_one_call_move_is_used_only_where_the_mappings_it_leaves_fit_under_the_cap(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(pages_mod, "_max_map_count", lambda: 65530)
     qwen3_30b, qwen3_235b = 48 * 3 * 128, 94 * 3 * 128
     assert LibcPageMover.available(qwen3_30b).dontunmap
@@ -247,10 +259,12 @@ def test_a_bigger_victim_moved_to_a_smaller_slice_counts_the_cut_pages_as_releas
             off += n_expert * size + 32
     data = np.random.default_rng(5).integers(0, 256, off + 4096, dtype=np.uint8).tobytes()
     (tmp_path / "experts.bin").write_bytes(data)
-    layout = ModelLayout("qwen3moe", (FileId.of(tmp_path / "experts.bin"),), tuple(experts), n_expert, 2, 1056,
-                         off - 1056)
-    s = Streamer(layout, StreamSettings(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"),
-                 pages=LibcPageMover())
+    layout = ModelLayout(
+        "qwen3moe", (FileId.of(tmp_path / "experts.bin"),), tuple(experts), n_expert, 2, 1056, off - 1056
+    )
+    s = Streamer(
+        layout, StreamSettings(), budget=Budget(2 * layout.expert_nbytes_in_layer(0), 0, "fixed"), pages=LibcPageMover()
+    )
     assert isinstance(s.cache, ExpertCache)
     s.on_route(0, np.array([[1, 2]]))
     covered = 0  # the pages of layer 0's experts 1 and 2, whose neighbours 0 and 3 are not cached

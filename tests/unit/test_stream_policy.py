@@ -1,6 +1,7 @@
 """The cache policy on (layer, expert, bytes) alone: no cliff below one token cycle, scan
 resistance, the budget as a hard cap with exact counts, and the replay tool running the class the
 streamer runs (bench/cache_replay.py)."""
+
 from __future__ import annotations
 
 import sys
@@ -11,11 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.stream import StreamSettings, Streamer
-from bmoe.stream.cache import ExpertCache
-from bmoe.stream.policy import DEFAULT_POLICY
+from bmoe.stream import Streamer, StreamSettings
 from bmoe.stream.budget import Budget
-from bmoe.stream.policy import ExpertKey, LruPolicy, NextUsePolicy, Uses
+from bmoe.stream.cache import ExpertCache
+from bmoe.stream.policy import DEFAULT_POLICY, ExpertKey, LruPolicy, NextUsePolicy, Uses
 from helpers.stream import make_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -27,8 +27,11 @@ L, E = 8, 64
 def uses(tokens: list[list[int]]) -> tuple[list[int], Uses]:
     """The distinct experts of a ubatch and how its tokens used them (as Streamer.on_route does)."""
     experts = sorted({e for t in tokens for e in t})
-    return experts, Uses(len(tokens), [sum(e in t for t in tokens) for e in experts],
-                         [max(i for i, t in enumerate(tokens) if e in t) for e in experts])
+    return experts, Uses(
+        len(tokens),
+        [sum(e in t for t in tokens) for e in experts],
+        [max(i for i, t in enumerate(tokens) if e in t) for e in experts],
+    )
 
 
 def route(p, il: int, tokens: list[list[int]]) -> tuple[int, int]:  # noqa: ANN001
@@ -110,8 +113,9 @@ def test_repeated_wide_prefills_hit_where_lru_gets_nothing() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(budget=st.integers(1, 40), seed=st.integers(0, 2**32 - 1),
-       sizes=st.lists(st.integers(1, 5), min_size=4, max_size=4))
+@given(
+    budget=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), sizes=st.lists(st.integers(1, 5), min_size=4, max_size=4)
+)
 def test_budget_is_a_hard_cap_and_counts_are_exact(budget: int, seed: int, sizes: list[int]) -> None:
     rng = np.random.default_rng(seed)
     nbytes = dict(enumerate(sizes))
@@ -144,8 +148,7 @@ def test_budget_is_a_hard_cap_and_counts_are_exact(budget: int, seed: int, sizes
 
 @settings(max_examples=60, deadline=None)
 @given(budget=st.integers(2, 40), seed=st.integers(0, 2**32 - 1), cls=st.sampled_from([NextUsePolicy, LruPolicy]))
-def test_read_ahead_reserves_within_the_budget_and_counts_a_guess_only_when_routed(budget: int, seed: int,
-                                                                                   cls) -> None:  # noqa: ANN001
+def test_read_ahead_reserves_within_the_budget_and_counts_a_guess_only_when_routed(budget: int, seed: int, cls) -> None:  # noqa: ANN001
     """A guess (reserve) makes room and is resident at once, counting no lookup; the route after it
     counts a guessed expert it picks as a miss, never evicts a guessed one it did not pick, and the
     budget stays a hard cap but for the guess or the route alone."""
@@ -199,8 +202,9 @@ def test_the_replay_tool_runs_the_class_the_streamer_runs(tmp_path: Path) -> Non
     prompt = [[list(rng.choice(8, 2, replace=False)) for _ in range(5)] for _ in layout.layers]
     for il in layout.layers:
         routes.append((il, np.array(prompt[il])))
-        lines += [f"0,0,{step},{il},{slot},{e},0.5,0,0"
-                  for step, tok in enumerate(prompt[il]) for slot, e in enumerate(tok)]
+        lines += [
+            f"0,0,{step},{il},{slot},{e},0.5,0,0" for step, tok in enumerate(prompt[il]) for slot, e in enumerate(tok)
+        ]
     for step in range(5, 40):
         for il in layout.layers:
             tok = list(rng.choice(8, 2, replace=False))
@@ -221,10 +225,20 @@ def test_the_replay_tool_runs_the_class_the_streamer_runs(tmp_path: Path) -> Non
 def test_replay_accounting_on_a_hand_trace() -> None:
     # Two layers of 1-byte experts. Batches: b0 prefill of layer 0, tokens [1,2] [3,1]; b1 prefill
     # of layer 1, [5,6]; then decode b2 0:[1,2], b3 1:[5,7], b4 0:[3,1], b5 1:[5,6].
-    trace = cache_replay.Trace("hand", 8, 2, {0: 1, 1: 1}, (
-        cache_replay.Batch(0, ((1, 2), (3, 1)), False), cache_replay.Batch(1, ((5, 6),), False),
-        cache_replay.Batch(0, ((1, 2),), True), cache_replay.Batch(1, ((5, 7),), True),
-        cache_replay.Batch(0, ((3, 1),), True), cache_replay.Batch(1, ((5, 6),), True)))
+    trace = cache_replay.Trace(
+        "hand",
+        8,
+        2,
+        {0: 1, 1: 1},
+        (
+            cache_replay.Batch(0, ((1, 2), (3, 1)), False),
+            cache_replay.Batch(1, ((5, 6),), False),
+            cache_replay.Batch(0, ((1, 2),), True),
+            cache_replay.Batch(1, ((5, 7),), True),
+            cache_replay.Batch(0, ((3, 1),), True),
+            cache_replay.Batch(1, ((5, 6),), True),
+        ),
+    )
     # Budget 2: every batch's own two experts fill it and evict the rest, for every policy.
     assert cache_replay.replay_lru(trace, 2).decode_hits == cache_replay.replay_optimal(trace, 2).decode_hits == 0
     # Budget 3, LRU: b0 holds {1,2,3} with 1 refreshed by the second token (oldest first: 2, 3, 1),
@@ -241,7 +255,8 @@ def test_replay_accounting_on_a_hand_trace() -> None:
 @settings(max_examples=60, deadline=None)
 @given(budget=st.integers(2, 40), seed=st.integers(0, 2**32 - 1), cls=st.sampled_from([NextUsePolicy, LruPolicy]))
 def test_two_deep_read_ahead_never_evicts_the_route_still_computing_or_the_guess_in_flight(
-        budget: int, seed: int, cls) -> None:  # noqa: ANN001
+    budget: int, seed: int, cls
+) -> None:  # noqa: ANN001
     """Read-ahead two layers deep, as the streamer drives it: a route is admitted at once, then the
     next layer is guessed early with the route's experts busy, then guessed again (a top-up) with
     the first guess busy. No victim is ever busy, and the budget stays a hard cap but for what is
@@ -289,27 +304,36 @@ def test_a_guess_keeps_its_own_layers_experts_before_a_far_layers() -> None:
 
 def test_the_replay_tool_judges_the_issues_targets_per_budget() -> None:
     qwen, gpt = "/x/Qwen3-30B-A3B-Q4_K_M.gguf", "/y/gpt-oss-120b-Q4_K_M.gguf"
-    rows = {"500": {"bmoe": 30.3, "lru": 0.0, "optimal": 45.3}, "750": {"bmoe": 38.4, "lru": 0.0, "optimal": 55.4},
-            "1000": {"bmoe": 45.0, "lru": 37.7, "optimal": 62.7}, "6000": {"bmoe": 90.0, "lru": 89.0, "optimal": 96.6}}
+    rows = {
+        "500": {"bmoe": 30.3, "lru": 0.0, "optimal": 45.3},
+        "750": {"bmoe": 38.4, "lru": 0.0, "optimal": 55.4},
+        "1000": {"bmoe": 45.0, "lru": 37.7, "optimal": 62.7},
+        "6000": {"bmoe": 90.0, "lru": 89.0, "optimal": 96.6},
+    }
     lines = cache_replay.verdicts(qwen, 785.0, rows)
     assert [ln.split()[0] + " " + ln.split()[1] for ln in lines] == ["FAIL 500", "PASS 750", "FAIL 1000"]
     assert "vs 45.1 (>= the per-layer partition with LFU)" in lines[2]  # 0.1 under its figure fails
-    g = cache_replay.verdicts(gpt, 908.0, {"1000": {"bmoe": 20.7, "lru": 17.7, "optimal": 43.5},
-                                           "2000": {"bmoe": 33.8, "lru": 30.9, "optimal": 59.9}})
+    g = cache_replay.verdicts(
+        gpt,
+        908.0,
+        {"1000": {"bmoe": 20.7, "lru": 17.7, "optimal": 43.5}, "2000": {"bmoe": 33.8, "lru": 30.9, "optimal": 59.9}},
+    )
     assert [ln.split()[0] for ln in g] == ["PASS", "FAIL"]  # LRU + 3: 20.7 >= 20.7, 33.8 < 33.9
     assert cache_replay.verdicts("/z/other.gguf", 100.0, rows) == []  # no reference figures, no verdicts
 
 
-def test_the_replay_tool_judges_the_figures_it_computed_not_their_rounding(monkeypatch: pytest.MonkeyPatch,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_replay_tool_judges_the_figures_it_computed_not_their_rounding(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """45.06 prints as 45.1 but is under the partition's 45.1 at 1000 MiB: FAIL (judging the
     rounded figure passed it)."""
     from types import SimpleNamespace
 
     trace = cache_replay.Trace("Qwen3-30B-A3B-Q4_K_M.gguf", E, 6, dict.fromkeys(range(L), 1 << 20), ())
     monkeypatch.setattr(cache_replay, "read_trace", lambda _path: trace)
-    monkeypatch.setattr(cache_replay, "replay_policy",
-                        lambda *_a, **_k: SimpleNamespace(hit_pct=45.06, over_bytes=0, peak_bytes=0))
+    monkeypatch.setattr(
+        cache_replay, "replay_policy", lambda *_a, **_k: SimpleNamespace(hit_pct=45.06, over_bytes=0, peak_bytes=0)
+    )
     monkeypatch.setattr(cache_replay, "replay_lru", lambda *_a: SimpleNamespace(hit_pct=37.7))
     monkeypatch.setattr(cache_replay, "replay_partition", lambda *_a: SimpleNamespace(hit_pct=40.7))
     monkeypatch.setattr(cache_replay, "replay_optimal", lambda *_a: SimpleNamespace(hit_pct=62.7))

@@ -1,6 +1,7 @@
 """Speculative prefetch: the guess, and how a route takes over the reads of a guess (all right,
 partly right, all wrong), with exact counts, urgent reads for what the guess missed, and sticky
 errors for a prefetch read that fails."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from bmoe.stream import ExpertKey, StreamSettings, Streamer, lookup, read_layout
+from bmoe.stream import ExpertKey, Streamer, StreamSettings, lookup, read_layout
 from bmoe.stream.archs import _entry
 from bmoe.stream.budget import Budget
 from bmoe.stream.prefetch import WIDE_COVER, PrefetchError, RouterGuess, wide_cut
@@ -87,10 +88,11 @@ def test_guess_weights_are_the_gguf_router_times_its_norm(tiny_models, arch: str
 def test_an_arch_without_a_router_entry_is_refused_with_its_reason(tiny_models) -> None:
     layout = read_layout(tiny_models("qwen3moe", "q8_0"))
     entry = _entry("qwen3moe", "router", why_no_prefetch="its routing adds a bias the guess leaves out")
-    with pytest.raises(PrefetchError, match="cannot guess the routing of architecture 'qwen3moe': "
-                                            "its routing adds a bias the guess leaves out"):
+    with pytest.raises(
+        PrefetchError,
+        match="cannot guess the routing of architecture 'qwen3moe': its routing adds a bias the guess leaves out",
+    ):
         RouterGuess.load(layout, entry)
-
 
 
 def test_a_norm_that_is_not_a_vector_is_refused_as_a_prefetch_error(tiny_models, monkeypatch) -> None:
@@ -109,12 +111,16 @@ def test_a_norm_that_is_not_a_vector_is_refused_as_a_prefetch_error(tiny_models,
     with pytest.raises(PrefetchError, match=r"blk\.0: router \[\d+, \d+\] and norm \[\] do not fit"):
         RouterGuess.load(layout, lookup("qwen3moe"))
 
+
 # --- a route taking a prefetch over --------------------------------------------------------------
-@pytest.mark.parametrize("guess, routed", [
-    ((1, 4), (1, 4)),   # all right: the route reads nothing new
-    ((1, 4), (4, 6)),   # partly right
-    ((0, 2), (4, 6)),   # all wrong
-])
+@pytest.mark.parametrize(
+    "guess, routed",
+    [
+        ((1, 4), (1, 4)),  # all right: the route reads nothing new
+        ((1, 4), (4, 6)),  # partly right
+        ((0, 2), (4, 6)),  # all wrong
+    ],
+)
 def test_route_takes_the_guess_over_and_reads_only_what_it_missed(tmp_path: Path, guess, routed) -> None:
     layout, data = make_layout(tmp_path)
     per = layout.expert_nbytes_in_layer(1)
@@ -143,6 +149,7 @@ def test_missed_experts_go_ahead_of_the_guessed_reads_still_queued(tmp_path: Pat
     held = HeldReads(s, hold=GATE)  # the lane holds the first guessed read: the rest stays queued
     s.prefetch(2, np.array([0, 3]))
     import threading
+
     threading.Timer(0.2, held.release.set).start()
     s.on_route(2, np.array([[3, 6]]))  # 6 was missed: its gate and up pass the queued guess
     s.drain()
@@ -170,7 +177,10 @@ def test_a_guess_for_another_layer_is_finished_and_wasted(tmp_path: Path) -> Non
 
 def test_prefetch_refuses_ids_outside_the_layer_with_the_cache_off_or_on(tmp_path: Path) -> None:
     layout, _ = make_layout(tmp_path)
-    for s in (_off(layout), Streamer(layout, StreamSettings(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed"))):
+    for s in (
+        _off(layout),
+        Streamer(layout, StreamSettings(cache_mb=1), budget=Budget(layout.expert_nbytes, 0, "fixed")),
+    ):
         with pytest.raises(ValueError, match="cannot prefetch"):
             s.prefetch(0, np.array([layout.n_expert]))
         with pytest.raises(ValueError, match="cannot prefetch"):

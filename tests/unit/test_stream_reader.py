@@ -1,5 +1,6 @@
 """Reader: exact bytes at exact places, O_DIRECT in place and through bounce buffers, fallback,
 exact counters, sticky errors."""
+
 from __future__ import annotations
 
 import mmap
@@ -43,12 +44,12 @@ def test_in_place_reads_put_file_bytes_at_file_positions(data_file, odirect, off
     mm, w = _window(SIZE + ALIGN)
     r.read([ReadOp(0, offset, nbytes, w, offset)])  # window mirrors the file: congruent
     view = bytes(mm)
-    assert view[offset:offset + nbytes] == data[offset:offset + nbytes]
+    assert view[offset : offset + nbytes] == data[offset : offset + nbytes]
     # Bytes around the slice may only hold the file's own bytes (in-place aligned reads) or be untouched.
     lo, hi = offset - offset % ALIGN, min(SIZE, -(-(offset + nbytes) // ALIGN) * ALIGN)
     for a, b in ((lo, offset), (offset + nbytes, hi)):
         assert view[a:b] in (data[a:b], b"\xaa" * (b - a))
-    assert view[:lo] == b"\xaa" * lo and view[hi + ALIGN:] == b"\xaa" * (len(view) - hi - ALIGN)
+    assert view[:lo] == b"\xaa" * lo and view[hi + ALIGN :] == b"\xaa" * (len(view) - hi - ALIGN)
     s = r.stats()
     assert s.read_bytes == nbytes
     assert s.device_bytes >= nbytes
@@ -65,8 +66,8 @@ def test_unaligned_destination_goes_through_bounce_and_writes_only_the_slice(dat
         at += 1
     r.read([ReadOp(0, offset, nbytes, w, at)])
     view = bytes(mm)
-    assert view[at:at + nbytes] == data[offset:offset + nbytes]
-    assert view[:at] == b"\xaa" * at and view[at + nbytes:] == b"\xaa" * (len(view) - at - nbytes)
+    assert view[at : at + nbytes] == data[offset : offset + nbytes]
+    assert view[:at] == b"\xaa" * at and view[at + nbytes :] == b"\xaa" * (len(view) - at - nbytes)
     assert r.stats().read_bytes == nbytes
     r.close()
 
@@ -81,7 +82,7 @@ def test_adjacent_ops_merge_and_lanes_fill_everything(data_file) -> None:
     view = bytes(mm)
     for e in (0, 1, 2, 3, 7):
         a = base + e * size
-        assert view[a:a + size] == data[a:a + size]
+        assert view[a : a + size] == data[a : a + size]
     s = r.stats()
     assert s.read_bytes == 5 * size
     assert s.n_syscalls == 2  # experts 0..3 coalesced into one read, 7 alone
@@ -187,7 +188,6 @@ def test_read_refusing_o_direct_falls_back_once(data_file, monkeypatch) -> None:
     r.close()
 
 
-
 def test_the_fallback_warning_names_the_shard_whose_read_was_refused(data_file, tmp_path: Path, monkeypatch) -> None:
     import errno
 
@@ -209,6 +209,7 @@ def test_the_fallback_warning_names_the_shard_whose_read_was_refused(data_file, 
     assert bytes(mm)[100:9100] == data[100:9100]
     assert warnings == [f"bmoe: O_DIRECT reads refused on {second}; reading experts through the page cache"]
     r.close()
+
 
 def test_a_lane_reads_with_the_fds_and_mode_of_one_snapshot(data_file, monkeypatch) -> None:
     """Another lane's fallback may swap the fds and the mode between a lane's look at its fd and its
@@ -239,6 +240,7 @@ def test_a_lane_reads_with_the_fds_and_mode_of_one_snapshot(data_file, monkeypat
     class HeldAfterLook(ExpertReader):
         """The first lane to look at the fd state (``_fds`` before the fix, ``_io`` after) is held
         right after the look until another lane's fallback has swapped it."""
+
         held = False
 
         def __getattribute__(self, name: str):  # noqa: ANN204
@@ -284,13 +286,17 @@ def test_a_failed_content_read_names_the_shard_it_failed_on(tmp_path: Path, monk
         return real_pread(fd, n, off)
 
     monkeypatch.setattr(os, "pread", pread)
-    with pytest.raises(FileChangedError, match=rf"^model file {shards[1]} could not be read for its content check "
-                                               r"\(Input/output error\); reopen the session$"):
+    with pytest.raises(
+        FileChangedError,
+        match=rf"^model file {shards[1]} could not be read for its content check "
+        r"\(Input/output error\); reopen the session$",
+    ):
         r.check_content()
     r.close()
 
 
 # --- split phase: submit now, wait per group -------------------------------------------------
+
 
 class GatedPreadv:
     """os.preadv that records the offsets it is asked for and holds reads at or beyond ``hold_from``
@@ -328,12 +334,12 @@ def test_submit_returns_at_once_and_each_group_is_waited_on_its_own(data_file, m
     batch.wait(0)  # returns while the later group is still held
     view = bytes(mm)
     assert view[100:5100] == data[100:5100] and view[9000:79_000] == data[9000:79_000]
-    assert view[(1 << 20) + 10:(1 << 20) + 4010] == b"\xaa" * 4000  # not read yet
+    assert view[(1 << 20) + 10 : (1 << 20) + 4010] == b"\xaa" * 4000  # not read yet
     assert batch.is_waited(0) and not batch.is_waited(1) and not batch.done
     assert r.stats().read_bytes == 75_000  # a group counts once it is waited for
     gate.release.set()
     batch.wait(1)
-    assert bytes(mm)[(1 << 20) + 10:(1 << 20) + 4010] == data[(1 << 20) + 10:(1 << 20) + 4010]
+    assert bytes(mm)[(1 << 20) + 10 : (1 << 20) + 4010] == data[(1 << 20) + 10 : (1 << 20) + 4010]
     s = r.stats()
     assert batch.done and s.read_bytes == 79_000
     assert 0 < s.stall_s <= s.io_s  # the waits' blocked time is part of the batch's read time
@@ -350,7 +356,7 @@ def test_lanes_take_reads_in_submit_order_not_file_order(data_file, monkeypatch)
     r.submit([[ReadOp(0, high[0], high[1], w, high[0])], [ReadOp(0, low[0], low[1], w, low[0])]]).wait_all()
     assert gate.offsets[0] == high[0] and gate.offsets[-1] == low[0]  # one lane: strictly in queue order
     assert all(o >= high[0] for o in gate.offsets[:-1])
-    assert bytes(mm)[low[0]:sum(low)] == data[low[0]:sum(low)]
+    assert bytes(mm)[low[0] : sum(low)] == data[low[0] : sum(low)]
     r.close()
 
 

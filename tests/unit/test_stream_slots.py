@@ -1,5 +1,6 @@
 """The slot cache (SlotCache): experts of every layer in shared pools of slots, reads straight into a
 victim's slot, the slot map the hook renumbers the routed ids by. Over synthetic layouts (no llama.cpp)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -9,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmoe.stream import ExpertKey, StreamSettings, Streamer
+from bmoe.stream import ExpertKey, Streamer, StreamSettings
+from bmoe.stream.budget import Budget
 from bmoe.stream.cache import PAGE, ExpertCache, SlotCache, slots_refusal
 from bmoe.stream.layout import ExpertTensor, ModelLayout
-from bmoe.stream.budget import Budget
-
 from helpers.stream import make_layout
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -26,7 +26,7 @@ def _slot_bytes(cache: SlotCache, t: ExpertTensor, e: int) -> bytes:
     assert k is not None
     buf = cache._buffers[(t.proj, t.slice_nbytes)]
     start = cache.data_addr(t) - buf.window.addr + k * cache.expert_stride(t)
-    return bytes(buf.window.view[start:start + t.slice_nbytes])
+    return bytes(buf.window.view[start : start + t.slice_nbytes])
 
 
 def _check_all_resident(s: Streamer, layout: ModelLayout, data: bytes) -> int:
@@ -44,9 +44,12 @@ def _check_all_resident(s: Streamer, layout: ModelLayout, data: bytes) -> int:
                 continue
             n += 1
             for t in layout.layer_tensors(il):
-                assert _slot_bytes(cache, t, e) == data[t.slice_offset(e):][:t.slice_nbytes]
-    slots = [k for k in (cache.slot_of(ExpertKey(il, e)) for il in layout.layers for e in range(layout.n_expert))
-             if k is not None]
+                assert _slot_bytes(cache, t, e) == data[t.slice_offset(e) :][: t.slice_nbytes]
+    slots = [
+        k
+        for k in (cache.slot_of(ExpertKey(il, e)) for il in layout.layers for e in range(layout.n_expert))
+        if k is not None
+    ]
     assert len(slots) == len(set(slots)) == n  # no slot holds two experts
     return n
 
@@ -82,15 +85,21 @@ def test_bindings_point_every_layer_at_one_pool_with_the_slot_stride(tmp_path: P
     ups = [s.binding(t.name) for t in layout.experts if t.proj == "ffn_up_exps"]
     assert {b.n_slots for b in ups} == {s.cache.n_slots} and {b.expert_stride for b in ups} == {4 * PAGE}
     # one pool: the layers differ only by their own offset modulo the page
-    assert len({b.data_addr - t.offset % 4096 for b, t in zip(ups, [t for t in layout.experts if t.proj == "ffn_up_exps"])}) == 1
+    assert (
+        len(
+            {b.data_addr - t.offset % 4096 for b, t in zip(ups, [t for t in layout.experts if t.proj == "ffn_up_exps"])}
+        )
+        == 1
+    )
     s.close()
 
 
 def _two_layers(tmp_path: Path, n_budget: int) -> tuple[ModelLayout, bytes, Streamer, SlotCache]:
     """2 layers x 8 experts of 3-page slices, a slot cache of ``n_budget`` experts."""
     layout, data = make_layout(tmp_path, n_layer=2, n_expert=8, slice_nbytes=3 * PAGE)
-    s = Streamer(layout, StreamSettings(), budget=Budget(n_budget * layout.expert_nbytes_in_layer(0), 0, "fixed"),
-                 slots=True)
+    s = Streamer(
+        layout, StreamSettings(), budget=Budget(n_budget * layout.expert_nbytes_in_layer(0), 0, "fixed"), slots=True
+    )
     assert isinstance(s.cache, SlotCache)
     return layout, data, s, s.cache
 
@@ -145,7 +154,7 @@ def test_read_ahead_assigns_slots_and_never_takes_a_busy_one(tmp_path: Path) -> 
     s = Streamer(layout, StreamSettings(), budget=Budget(3 * per, 0, "fixed"), slots=True)
     cache = s.cache
     assert isinstance(cache, SlotCache)
-    s.on_route(0, np.array([[0, 1], [2, 3]]))       # a wide route, its matmuls still to run
+    s.on_route(0, np.array([[0, 1], [2, 3]]))  # a wide route, its matmuls still to run
     s.prefetch(1, np.array([4, 5, 6, 7]), early=True)  # the guess of layer 1, two layers deep
     held = {cache.slot_of(ExpertKey(0, e)) for e in range(4)}
     assert None not in held and held.isdisjoint({cache.slot_of(ExpertKey(1, e)) for e in range(4, 8)})
@@ -181,8 +190,9 @@ def _held(buf) -> set[int]:  # noqa: ANN001 - a TensorBuffer
 
 @pytest.mark.parametrize("slice_nbytes", [12 * PAGE + 528, 12 * PAGE])
 @pytest.mark.parametrize("odirect", [True, False])
-def test_pools_hold_only_resident_slots_and_decide_as_page_moves_do(tmp_path: Path, slice_nbytes: int,
-                                                                     odirect: bool) -> None:
+def test_pools_hold_only_resident_slots_and_decide_as_page_moves_do(
+    tmp_path: Path, slice_nbytes: int, odirect: bool
+) -> None:
     layout, data = make_layout(tmp_path, n_expert=8, slice_nbytes=slice_nbytes)
     per = layout.expert_nbytes_in_layer(0)
     runs = {}

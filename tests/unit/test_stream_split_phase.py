@@ -1,5 +1,6 @@
 """Split-phase routes: reads queued in the schedule's order, deferred projections pending until
 waited for, the cache recording a route only once all of it is read, drains, sticky errors."""
+
 from __future__ import annotations
 
 import threading
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmoe.stream import StreamSettings, Streamer
+from bmoe.stream import Streamer, StreamSettings
 from bmoe.stream.budget import Budget
 from bmoe.stream.reader import StreamIOError
 from helpers.stream import PROJS, make_layout
@@ -16,7 +17,6 @@ from helpers.stream_phases import HeldReads, present
 
 DOWN, GATE, UP = PROJS
 ORDER = (GATE, UP, DOWN)  # what qwen3moe's graph does: gate and up matmuls, then down
-
 
 
 @pytest.mark.parametrize("cache", [False, True])
@@ -139,6 +139,7 @@ def test_a_route_of_cached_experts_queues_nothing_and_is_recorded_at_once(tmp_pa
 @pytest.mark.parametrize("rows", [[[5, 2, 5]], [5, 2, 5], [[7]], [[3, 1], [1, 4], [3, 3]]])
 def test_a_routes_union_counts_each_experts_tokens_and_last_row(rows: list) -> None:
     from bmoe.stream.streamer import _union
+
     experts, uses = _union(np.array(rows))
     grid = np.array(rows).reshape(-1, np.array(rows).shape[-1])
     assert experts.tolist() == sorted(set(grid.ravel().tolist()))

@@ -1,5 +1,6 @@
 """Dense twins: one per source file, written atomically, stale ones removed, garbage collected,
 and rewritten when the source's bytes changed in place (issue #12 item 4)."""
+
 from __future__ import annotations
 
 import os
@@ -101,7 +102,11 @@ def test_a_twin_of_a_file_overwritten_in_place_is_rewritten(tiny_models, tmp_pat
         f.seek(a1)
         f.write(other)  # layer 1's dense tensors now hold layer 2's bytes
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert (model.stat().st_size, model.stat().st_mtime_ns, model.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert (model.stat().st_size, model.stat().st_mtime_ns, model.stat().st_ino) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+    )
     again = dense_twin(read_layout(model), cache)
     assert _dense_bytes_equal(again, model)
     assert _twins(cache) == [again.parent] and first == again
@@ -189,8 +194,9 @@ def _legacy_twin(cache: Path, model: Path, key: str) -> Path:
     d = cache / f"{model.stem}-{key}"
     d.mkdir(parents=True)
     (d / model.name).write_bytes(b"\0" * 64)
-    (d / f"{model.name}.source.json").write_text(json.dumps(
-        {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "device": st.st_dev}))
+    (d / f"{model.name}.source.json").write_text(
+        json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "device": st.st_dev})
+    )
     return d
 
 
@@ -205,7 +211,8 @@ def test_twins_of_the_older_format_are_removed(tiny_models, tmp_path: Path) -> N
     assert _twins(cache) == sorted([new, old_other])
     report = gc_twins(cache)  # the other one's goes with the gc: format 1 is never read again
     assert [(e.path, e.why) for e in report.removed] == [
-        (old_other, "written by an older bmoe (twin format 1), never used again")]
+        (old_other, "written by an older bmoe (twin format 1), never used again")
+    ]
     assert _twins(cache) == [new]
 
 

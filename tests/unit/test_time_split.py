@@ -2,6 +2,7 @@
 cache bookkeeping and waiting for reads are each >= 0 and add up to the wall time, even where the
 streamer's counters claim more than the span they were measured in (a read waited for inside a
 bookkeeping interval is counted in both: Streamer.on_route finishing a guess for another layer)."""
+
 from __future__ import annotations
 
 import re
@@ -15,24 +16,45 @@ from bmoe.wire.records import done_fields, summary
 
 def _result(decode_s: float, n: int, decode_io: StreamStats, io: StreamStats | None = None) -> GenerateResult:
     return GenerateResult(
-        id=1, text="", reasoning="", tokens=tuple(range(n)), cancelled=False, stop="length", n_prompt=5, n_reused=0,
-        n_past=5 + n, prefill_fallback="", prefill_s=0.5, decode_s=decode_s, load_s=0.1,
-        io=io or decode_io, majflt=0, cpu_s=0.0, decode_io=decode_io)
+        id=1,
+        text="",
+        reasoning="",
+        tokens=tuple(range(n)),
+        cancelled=False,
+        stop="length",
+        n_prompt=5,
+        n_reused=0,
+        n_past=5 + n,
+        prefill_fallback="",
+        prefill_s=0.5,
+        decode_s=decode_s,
+        load_s=0.1,
+        io=io or decode_io,
+        majflt=0,
+        cpu_s=0.0,
+        decode_io=decode_io,
+    )
 
 
 def _per_token(text: str) -> tuple[float, float, float, float]:
-    m = re.search(r"per token: ([\d.]+) ms = compute ([\d.]+) ms \+ cache mgmt ([\d.]+) ms \+ "
-                  r"waiting for flash ([\d.]+) ms", text)
+    m = re.search(
+        r"per token: ([\d.]+) ms = compute ([\d.]+) ms \+ cache mgmt ([\d.]+) ms \+ "
+        r"waiting for flash ([\d.]+) ms",
+        text,
+    )
     assert m, text
     return tuple(float(g) for g in m.groups())  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize(("wall", "stall", "mgmt", "parts"), [
-    (1.0, 0.25, 0.125, (0.625, 0.125, 0.25)),   # ordinary: compute is what is left
-    (1.0, 0.75, 0.5, (0.0, 0.25, 0.75)),        # stall + mgmt over the wall: mgmt gets what is left
-    (1.0, 1.5, 0.25, (0.0, 0.0, 1.0)),          # stall alone over the wall: capped at it
-    (0.0, 0.0, 0.0, (0.0, 0.0, 0.0)),
-])
+@pytest.mark.parametrize(
+    ("wall", "stall", "mgmt", "parts"),
+    [
+        (1.0, 0.25, 0.125, (0.625, 0.125, 0.25)),  # ordinary: compute is what is left
+        (1.0, 0.75, 0.5, (0.0, 0.25, 0.75)),  # stall + mgmt over the wall: mgmt gets what is left
+        (1.0, 1.5, 0.25, (0.0, 0.0, 1.0)),  # stall alone over the wall: capped at it
+        (0.0, 0.0, 0.0, (0.0, 0.0, 0.0)),
+    ],
+)
 def test_the_parts_are_non_negative_and_add_up_to_the_wall(wall, stall, mgmt, parts) -> None:
     s = TimeSplit.of(wall, StreamStats(stall_s=stall, mgmt_s=mgmt))
     assert (s.compute_s, s.mgmt_s, s.stall_s) == parts

@@ -6,6 +6,7 @@ acted on there and then, so it reaches a generation that is running or still que
 thread serves the queue in order and is the only writer of stdout. Nothing a client sends ends
 the loop except close or end of input; a reader that cannot read stdin says so and ends it too.
 """
+
 from __future__ import annotations
 
 import queue
@@ -18,7 +19,16 @@ from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
 from bmoe.session import DecideOffError, GenerateRequest, Session
 from bmoe.wire import records
 from bmoe.wire.protocol import (
-    MAX_LINE_BYTES, Cancel, Close, Decide, DecideBatch, ProtocolError, Stats, decode_line, line_too_long, parse_line,
+    MAX_LINE_BYTES,
+    Cancel,
+    Close,
+    Decide,
+    DecideBatch,
+    ProtocolError,
+    Stats,
+    decode_line,
+    line_too_long,
+    parse_line,
 )
 
 SKIP_CHUNK = 1 << 16  # the rest of an over-long line is read and dropped this many bytes at a time
@@ -30,6 +40,7 @@ _EOF = object()
 @dataclass(eq=False)
 class _Job:
     """A generate request as read, with the event a cancel line sets."""
+
     req: GenerateRequest
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -64,12 +75,14 @@ class _Live:
 @dataclass
 class _Internal:
     """A line whose parsing hit a bug: answered as an internal error, the loop goes on."""
+
     exc: Exception
 
 
 @dataclass
 class _ReadFailed:
     """Reading stdin raised: nothing more can be read, the loop ends."""
+
     exc: BaseException
 
 
@@ -152,14 +165,23 @@ def _request_id(item: object) -> int | None:
 def run_session(session: Session, stdin: TextIO | BinaryIO, stdout: TextIO) -> int:
     emit = _Out(stdout)
     m = session.model
-    emit(records.ready(
-        load_s=session.load_s, arch=m.arch, n_ctx=session.n_ctx, think_ctl=session.chat.think_ctl,
-        n_expert_used=m.n_expert_used, model=str(session.config.model), streaming=session.config.moe_stream,
-        decide=session.config.decide, load_read_mib=session.load_read_bytes / 2**20,
-        dense_weights=session.streaming.dense_weights if session.streaming is not None else None,
-        dense_anon_mib=session.dense_anon_bytes / 2**20, n_expert_used_gguf=m.n_expert_used_gguf,
-        plan=session.plan.as_json() if session.plan is not None else None,
-    ))
+    emit(
+        records.ready(
+            load_s=session.load_s,
+            arch=m.arch,
+            n_ctx=session.n_ctx,
+            think_ctl=session.chat.think_ctl,
+            n_expert_used=m.n_expert_used,
+            model=str(session.config.model),
+            streaming=session.config.moe_stream,
+            decide=session.config.decide,
+            load_read_mib=session.load_read_bytes / 2**20,
+            dense_weights=session.streaming.dense_weights if session.streaming is not None else None,
+            dense_anon_mib=session.dense_anon_bytes / 2**20,
+            n_expert_used_gguf=m.n_expert_used_gguf,
+            plan=session.plan.as_json() if session.plan is not None else None,
+        )
+    )
     live = _Live()
     q: "queue.Queue[object]" = queue.Queue()
     threading.Thread(target=_reader, args=(stdin, live, q), daemon=True, name="bmoe-stdin").start()

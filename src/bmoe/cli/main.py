@@ -1,30 +1,51 @@
 """bmoe-cli: flags -> SessionConfig; one-shot answer or the --session line protocol."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bmoe.flags import PLAN_ONLY_HELP, add_session_flags, config_from_flags, model_from_flags, opening_failure, plan_only
 from bmoe.errors import BmoeError
+from bmoe.flags import (
+    PLAN_ONLY_HELP,
+    add_session_flags,
+    config_from_flags,
+    model_from_flags,
+    opening_failure,
+    plan_only,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bmoe-cli", description="Run a (MoE) GGUF model on CPU, streaming experts from flash.")
+    p = argparse.ArgumentParser(
+        prog="bmoe-cli", description="Run a (MoE) GGUF model on CPU, streaming experts from flash."
+    )
     add_session_flags(p)
     a = p.add_argument
     a("-p", "--prompt", help="one-shot: the prompt to answer")
     mode = p.add_mutually_exclusive_group()  # argparse refuses --json with --session (exit 2)
-    mode.add_argument("--session", action="store_true",
-                      help="read JSON requests from stdin, one per line (docs/protocol.md)")
-    mode.add_argument("--json", action="store_true",
-                      help="one-shot: stdout gets one line, the BMOE_DONE object (its \"text\" is the answer), "
-                           "instead of the answer text")
+    mode.add_argument(
+        "--session", action="store_true", help="read JSON requests from stdin, one per line (docs/protocol.md)"
+    )
+    mode.add_argument(
+        "--json",
+        action="store_true",
+        help="one-shot: stdout gets one line, the BMOE_DONE object (its \"text\" is the answer), "
+        "instead of the answer text",
+    )
     a("--progress", action="store_true", help="one-shot: print BMOE_PROGRESS lines too (on stderr)")
     a("--list-archs", action="store_true", help="print the architectures --moe-stream supports and exit")
     a("--list-devices", action="store_true", help="print the devices this llama-cpp-python provides and exit")
-    a("--gc-twins", nargs="?", const=True, default=False, type=_gc_budget, metavar="MAX_MB",
-      help="remove the dense twins (--twin-dir) of model files that are gone or changed, then, with "
-           "MAX_MB, the least recently used ones until the rest take at most MAX_MB MiB; print them and exit")
+    a(
+        "--gc-twins",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_gc_budget,
+        metavar="MAX_MB",
+        help="remove the dense twins (--twin-dir) of model files that are gone or changed, then, with "
+        "MAX_MB, the least recently used ones until the rest take at most MAX_MB MiB; print them and exit",
+    )
     a("--plan-only", action="store_true", help=PLAN_ONLY_HELP)
     a("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
     return p
@@ -55,8 +76,10 @@ def gc_twins_main(args: argparse.Namespace) -> int:
         print(f"removed {gone.path} ({gone.why}, {gone.nbytes / 2**20:.1f} MiB)")
     freed, left = sum(g.nbytes for g in report.removed), sum(k.nbytes for k in report.kept)
     n = len(report.removed)
-    print(f"bmoe-cli: --gc-twins: removed {n} twin{'' if n == 1 else 's'} ({freed / 2**20:.1f} MiB), "
-          f"kept {len(report.kept)} ({left / 2**20:.1f} MiB) in {cache}")
+    print(
+        f"bmoe-cli: --gc-twins: removed {n} twin{'' if n == 1 else 's'} ({freed / 2**20:.1f} MiB), "
+        f"kept {len(report.kept)} ({left / 2**20:.1f} MiB) in {cache}"
+    )
     return 0
 
 
@@ -65,10 +88,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.session and (args.prompt is not None or args.progress):
         # one-shot flags a session would silently ignore (exit 2, as argparse's own refusals)
-        parser.error(f"argument --session: not allowed with argument {'-p/--prompt' if args.prompt is not None else '--progress'}")
+        parser.error(
+            f"argument --session: not allowed with argument {'-p/--prompt' if args.prompt is not None else '--progress'}"
+        )
     if args.plan_only:  # it prints the plan and exits: a prompt or a session it would silently not run
-        given = next((flag for flag, on in (("-p/--prompt", args.prompt is not None), ("--session", args.session),
-                                            ("--json", args.json), ("--progress", args.progress)) if on), None)
+        given = next(
+            (
+                flag
+                for flag, on in (
+                    ("-p/--prompt", args.prompt is not None),
+                    ("--session", args.session),
+                    ("--json", args.json),
+                    ("--progress", args.progress),
+                )
+                if on
+            ),
+            None,
+        )
         if given is not None:
             parser.error(f"argument --plan-only: not allowed with argument {given} (it prints the plan and exits)")
     if args.list_archs:
@@ -106,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         from bmoe.cli.oneshot import run_oneshot
 
         try:
-            return run_oneshot(session, args.prompt, progress=args.progress, out=sys.stdout, err=sys.stderr,
-                               as_json=args.json)
+            return run_oneshot(
+                session, args.prompt, progress=args.progress, out=sys.stdout, err=sys.stderr, as_json=args.json
+            )
         except BmoeError as e:
             print(f"bmoe-cli: {e}", file=sys.stderr)
             return 1

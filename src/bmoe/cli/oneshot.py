@@ -1,5 +1,6 @@
 """One-shot mode: answer one prompt. As llama.cpp's CLI: the answer alone on stdout (so
 ``bmoe-cli -p ... > answer.txt`` holds just the answer), everything else on stderr."""
+
 from __future__ import annotations
 
 from typing import TextIO
@@ -8,8 +9,9 @@ from bmoe.session import GenerateRequest, Session
 from bmoe.wire import records
 
 
-def run_oneshot(session: Session, prompt: str, *, progress: bool, out: TextIO, err: TextIO,
-                as_json: bool = False) -> int:
+def run_oneshot(
+    session: Session, prompt: str, *, progress: bool, out: TextIO, err: TextIO, as_json: bool = False
+) -> int:
     """Generate one answer. ``out`` gets the answer text, streamed token by token and ended by one
     newline, or with ``as_json`` only one line, the BMOE_DONE object (its ``text`` is the answer).
     ``err`` gets the BMOE_LOAD/BMOE_PROGRESS lines of ``progress``, the perf summary for people

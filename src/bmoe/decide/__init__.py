@@ -10,6 +10,7 @@ request and result records, the request's field table and builder (``fields``), 
 (``errors``), the engine port the adapter implements (``port``) and the service. Everything
 else is the policy's own.
 """
+
 from bmoe.decide import errors, fields, port
 from bmoe.decide.debias import NoPriorError, decisions_needed
 from bmoe.decide.fields import DECIDE_TABLE, RENDER_TABLE, decide_request, request_fields
@@ -18,7 +19,20 @@ from bmoe.decide.service import DecideService
 from bmoe.decide.types import ChoiceScores, DebiasScores, DecideRequest, DecideResult, RenderRule
 
 __all__ = [
-    "DECIDE_TABLE", "RENDER_TABLE", "ChoiceScores", "DebiasScores", "DecideRequest", "DecideResult",
-    "DecideService", "NoPriorError", "RenderRule", "decide_request", "decisions_needed", "errors", "fields",
-    "port", "request_fields", "resolve_keep_prefix",
+    "DECIDE_TABLE",
+    "RENDER_TABLE",
+    "ChoiceScores",
+    "DebiasScores",
+    "DecideRequest",
+    "DecideResult",
+    "DecideService",
+    "NoPriorError",
+    "RenderRule",
+    "decide_request",
+    "decisions_needed",
+    "errors",
+    "fields",
+    "port",
+    "request_fields",
+    "resolve_keep_prefix",
 ]

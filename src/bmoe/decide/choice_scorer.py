@@ -4,6 +4,7 @@ A choice is scored by its first token, read from the next-token distribution ove
 vocabulary. Everything that would make that reading meaningless is refused here, before the
 backend prefills anything.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,9 +31,7 @@ def tokenize_choices(tokenizer: ChoiceTokenizer, choices: Sequence[str]) -> tupl
     for i, choice in enumerate(choices):
         tokens = tuple(tokenizer.tokenize_choice(choice))
         if not tokens:
-            raise EmptyChoiceError(
-                f"decide: choice {i} ({choice!r}) tokenizes to no tokens; give it a non-empty label"
-            )
+            raise EmptyChoiceError(f"decide: choice {i} ({choice!r}) tokenizes to no tokens; give it a non-empty label")
         out.append(tokens)
     return tuple(out)
 
@@ -64,16 +63,15 @@ def check_prompt_fits(n_tokens: int, n_ctx: int, n_image_tokens: int = 0) -> Non
         if n_image_tokens:
             raise PromptTooLongError(
                 f"decide: the prompt is {n_tokens} tokens, {n_image_tokens} of them its images', but the context "
-                f"holds {n_ctx}; give smaller images or fewer, or open the session with a larger context")
+                f"holds {n_ctx}; give smaller images or fewer, or open the session with a larger context"
+            )
         raise PromptTooLongError(
             f"decide: the prompt is {n_tokens} tokens but the context holds {n_ctx}; "
             f"shorten the prefix or suffix, or open the session with a larger context"
         )
 
 
-def score_choices(
-    logits: np.ndarray, first: Sequence[int], abstain_below: float | None
-) -> ChoiceScores:
+def score_choices(logits: np.ndarray, first: Sequence[int], abstain_below: float | None) -> ChoiceScores:
     """Read the choices' first-token log-probabilities from one logit row.
 
     ``logits  # [n_vocab]``. The probabilities are normalised over the whole vocabulary, not over

@@ -6,6 +6,7 @@ A choice of ``k`` tokens needs the logits before each of them: the base's last r
 then the rows after its first ``k - 1`` tokens, which one ``prefill_forks`` piece gives. A
 one-token choice needs no prefill at all.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

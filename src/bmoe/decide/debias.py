@@ -20,6 +20,7 @@ Probabilities are over the labels (each decision's choice log-probs renormalised
 
 A division is renormalised: ``debiased_p[o] = p[o] / prior[o] / sum_j p[j] / prior[j]``.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -176,8 +177,11 @@ def _combine(ex: _Expanded, answers: list[DecideResult], state: DebiasState) -> 
         state.remember(ex.cf_key, np.exp(label_logp(cf.scores.choice_logp)))
     failed = next((a for a in own + ([cf] if cf is not None else []) if a.error is not None or a.scores is None), None)
     if failed is not None:
-        return failed if failed is own[0] else DecideResult.failed(r.id, failed.error or "", failed.cause or
-                                                                    RuntimeError(failed.error))
+        return (
+            failed
+            if failed is own[0]
+            else DecideResult.failed(r.id, failed.error or "", failed.cause or RuntimeError(failed.error))
+        )
     raw = own[0]
     if r.debias is None:
         return raw
@@ -194,8 +198,10 @@ def _combine(ex: _Expanded, answers: list[DecideResult], state: DebiasState) -> 
     elif r.debias == "pride":
         prior = state.prior(labels)
         if prior is None:
-            exc = NoPriorError(f'decide: "debias": "pride" has no prior for the labels {", ".join(labels)} yet: '
-                               f'the sample requests before this one failed; send it again')
+            exc = NoPriorError(
+                f'decide: "debias": "pride" has no prior for the labels {", ".join(labels)} yet: '
+                f'the sample requests before this one failed; send it again'
+            )
             return DecideResult.failed(r.id, str(exc), exc)
         samples = len(state.samples[labels])
         p = divided_p(runs[0], prior)
@@ -203,16 +209,24 @@ def _combine(ex: _Expanded, answers: list[DecideResult], state: DebiasState) -> 
         assert ex.cf_key is not None
         prior = state.content_free.get(ex.cf_key)
         if prior is None:  # the content-free decision of an earlier request of this call failed
-            exc = NoPriorError('decide: "debias": "contextual" has no content-free probabilities for this layout: '
-                               'the content-free decision of an earlier request failed; send it again')
+            exc = NoPriorError(
+                'decide: "debias": "contextual" has no content-free probabilities for this layout: '
+                'the content-free decision of an earlier request failed; send it again'
+            )
             return DecideResult.failed(r.id, str(exc), exc)
         p = divided_p(runs[0], prior)
     best = int(np.argmax(p))
     abstained = r.abstain_below is not None and float(p[best]) < r.abstain_below
     spent = own + ([cf] if cf is not None else [])
     info = DebiasScores(
-        mode=r.debias, debiased_p=tuple(float(x) for x in p), best_raw=int(np.argmax(raw.scores.choice_logp)),
-        prior=None if prior is None else tuple(float(x) for x in prior), prior_samples=samples,
-        decisions=len(spent), prefill_s=sum(a.prefill_s + a.score_s for a in spent), stage=ex.stage)
+        mode=r.debias,
+        debiased_p=tuple(float(x) for x in p),
+        best_raw=int(np.argmax(raw.scores.choice_logp)),
+        prior=None if prior is None else tuple(float(x) for x in prior),
+        prior_samples=samples,
+        decisions=len(spent),
+        prefill_s=sum(a.prefill_s + a.score_s for a in spent),
+        stage=ex.stage,
+    )
     scores = replace(raw.scores, best=-1 if abstained else best, abstained=abstained)
     return replace(raw, scores=scores, debias=info)

@@ -20,6 +20,7 @@ Both need side sequences open before they run: ``wants_side_sequences`` says whe
 request list would use them, and the service opens them (``DecideBackend.open_side_sequences``)
 before anything of the list is prefilled.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,12 +34,22 @@ import numpy as np
 from bmoe.decide.choice_scorer import check_prompt_fits, first_tokens, score_choices, tokenize_choices
 from bmoe.decide.continuations import NeutralStore, continuation_logps
 from bmoe.decide.errors import (
-    DecideBackendError, DecideCancelled, DecideRefusal, DecideRequestError, NoSideSequenceError,
-)
-from bmoe.decide.port import (
-    BYTES_PER_MIB, SIDE_FAILED, SIDE_MEMORY, DecideBackend, PrefillCost, SideSequences, is_image_token,
+    DecideBackendError,
+    DecideCancelled,
+    DecideRefusal,
+    DecideRequestError,
+    NoSideSequenceError,
 )
 from bmoe.decide.kept_prefix import PrefixStore
+from bmoe.decide.port import (
+    BYTES_PER_MIB,
+    SIDE_FAILED,
+    SIDE_MEMORY,
+    DecideBackend,
+    PrefillCost,
+    SideSequences,
+    is_image_token,
+)
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.scoring_modes import (
     SCORING_FULL,
@@ -120,8 +131,12 @@ def _shares_prefix(request: DecideRequest, tok: _Tokenized) -> bool:
     """Whether the request can share its prefix piece with others: a first-token decision that
     keeps a non-empty prefix."""
     # A suffix holding an image runs alone: an image is prefilled by itself, not beside others.
-    return bool(request.reuse_prefix and tok.prompt.n_prefix and tok.tokens is None
-                and not any(is_image_token(t) for t in tok.prompt.tokens[tok.prompt.n_prefix:]))
+    return bool(
+        request.reuse_prefix
+        and tok.prompt.n_prefix
+        and tok.tokens is None
+        and not any(is_image_token(t) for t in tok.prompt.tokens[tok.prompt.n_prefix :])
+    )
 
 
 def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Checked], policy: DecidePolicy) -> bool:
@@ -142,7 +157,11 @@ def wants_side_sequences(requests: Sequence[DecideRequest], checked: Sequence[Ch
 
 
 def _run_tokenized(
-    backend: DecideBackend, store: PrefixStore, request: DecideRequest, policy: DecidePolicy, tok: _Tokenized,
+    backend: DecideBackend,
+    store: PrefixStore,
+    request: DecideRequest,
+    policy: DecidePolicy,
+    tok: _Tokenized,
     neutral: NeutralStore | None = None,
 ) -> DecideResult:
     try:
@@ -172,14 +191,29 @@ def _score_full(
     if tok.neutral is not None:
         per_token_neutral, more, how = neutral.logps(backend, tok.neutral, tok.tokens)
         costs = costs + more
-    scores = full_scores(request.choices, tok.first, log_softmax(row), per_token, request.best_by,
-                         request.abstain_below, per_token_neutral)
-    return scores, _Scored(costs=tuple(costs), uncond_reuse=how,
-                           uncond_state_mib=None if how is None else neutral.kept_mib)
+    scores = full_scores(
+        request.choices,
+        tok.first,
+        log_softmax(row),
+        per_token,
+        request.best_by,
+        request.abstain_below,
+        per_token_neutral,
+    )
+    return scores, _Scored(
+        costs=tuple(costs), uncond_reuse=how, uncond_state_mib=None if how is None else neutral.kept_mib
+    )
 
 
-def _result(request: DecideRequest, tok: _Tokenized, done: "_Prefilled", scores: ChoiceScores, held_mib: float,
-            batch: BatchShare | None = None, scored: _Scored = _Scored()) -> DecideResult:
+def _result(
+    request: DecideRequest,
+    tok: _Tokenized,
+    done: "_Prefilled",
+    scores: ChoiceScores,
+    held_mib: float,
+    batch: BatchShare | None = None,
+    scored: _Scored = _Scored(),
+) -> DecideResult:
     prefill_s = sum(c.prefill_s for c in done.costs)
     n_prefilled = tok.prompt.n_tokens - done.n_reused
     return DecideResult(
@@ -240,13 +274,17 @@ def answer_checked(
     for members in sorted(units.values(), key=lambda m: m[-1][0]):
         if len(members) == 1:
             i, tok = members[0]
-            results[i] = _cancelled(requests[i]) if stop() else \
-                _run_tokenized(backend, store, requests[i], policy, tok, neutral)
+            results[i] = (
+                _cancelled(requests[i]) if stop() else _run_tokenized(backend, store, requests[i], policy, tok, neutral)
+            )
             continue
         for start in range(0, len(members), cap):
             chunk = members[start : start + cap]
-            answered = [_cancelled(requests[i]) for i, _ in chunk] if stop() else \
-                _run_batch(backend, store, requests, chunk, stop)
+            answered = (
+                [_cancelled(requests[i]) for i, _ in chunk]
+                if stop()
+                else _run_batch(backend, store, requests, chunk, stop)
+            )
             for i, result in zip((i for i, _ in chunk), answered):
                 results[i] = result
     return [r for r in results if r is not None]
@@ -261,7 +299,10 @@ _batch_ids = itertools.count(1)  # BatchShare.id: batches prefilled in this proc
 
 
 def _run_batch(
-    backend: DecideBackend, store: PrefixStore, requests: Sequence[DecideRequest], members: list[tuple[int, _Tokenized]],
+    backend: DecideBackend,
+    store: PrefixStore,
+    requests: Sequence[DecideRequest],
+    members: list[tuple[int, _Tokenized]],
     stop: Callable[[], bool] = lambda: False,
 ) -> list[DecideResult]:
     """Prefill the members' rest pieces together after their shared prefix (kept, restored or
@@ -270,30 +311,39 @@ def _run_batch(
     try:
         head = _prefix_piece(backend, store, first)
         n_prefix = first.n_prefix
-        rows, cost = backend.prefill_batch([tok.prompt.tokens[n_prefix:] for _, tok in members], n_prefix,
-                                           stop=stop)
+        rows, cost = backend.prefill_batch([tok.prompt.tokens[n_prefix:] for _, tok in members], n_prefix, stop=stop)
     except DecideCancelled:
         return [_cancelled(requests[i]) for i, _ in members]
     except Exception as exc:
         msg = failure_message("running the prompt", exc)
         return [DecideResult.failed(requests[i].id, msg, exc) for i, _ in members]
-    share = BatchShare(id=next(_batch_ids), size=len(members), n_tokens=cost.n_tokens, prefill_s=cost.prefill_s,
-                       read_mb=cost.read_mb)
+    share = BatchShare(
+        id=next(_batch_ids), size=len(members), n_tokens=cost.n_tokens, prefill_s=cost.prefill_s, read_mb=cost.read_mb
+    )
     out: list[DecideResult] = []
     for k, ((i, tok), row) in enumerate(zip(members, rows)):
         request = requests[i]
         part = (tok.prompt.n_tokens - n_prefix) / max(1, cost.n_tokens)
         mine = PrefillCost(
-            n_tokens=tok.prompt.n_tokens - n_prefix, prefill_s=cost.prefill_s * part,
+            n_tokens=tok.prompt.n_tokens - n_prefix,
+            prefill_s=cost.prefill_s * part,
             read_mb=None if cost.read_mb is None else cost.read_mb * part,
             cache_hits=None if cost.cache_hits is None else cost.cache_hits * part,
             cache_misses=None if cost.cache_misses is None else cost.cache_misses * part,
             prefill_dev_tokens=None if cost.prefill_dev_tokens is None else round(cost.prefill_dev_tokens * part),
         )
         # The first member pays for the prefix piece, as it would alone; the others find it kept.
-        done = _Prefilled(costs=head.costs + (mine,), n_reused=head.n_reused, restore_s=head.restore_s,
-                          store_s=head.store_s, reuse=head.reuse) if k == 0 else \
-            _Prefilled(costs=(mine,), n_reused=n_prefix, restore_s=0.0, store_s=0.0, reuse=REUSE_RESTORED)
+        done = (
+            _Prefilled(
+                costs=head.costs + (mine,),
+                n_reused=head.n_reused,
+                restore_s=head.restore_s,
+                store_s=head.store_s,
+                reuse=head.reuse,
+            )
+            if k == 0
+            else _Prefilled(costs=(mine,), n_reused=n_prefix, restore_s=0.0, store_s=0.0, reuse=REUSE_RESTORED)
+        )
         try:
             scores = score_choices(row, tok.first, request.abstain_below)
         except Exception as exc:
@@ -333,7 +383,9 @@ def _tokenize_full(backend: DecideBackend, request: DecideRequest) -> _Tokenized
         if not neutral:
             raise DecideRequestError(
                 'decide: the unconditional prompt renders to no tokens; give "unconditional" a neutral '
-                'text, e.g. "Answer:"', field="unconditional")
+                'text, e.g. "Answer:"',
+                field="unconditional",
+            )
         check_choices_fit(request.choices, tokens, len(neutral), n_ctx, before="unconditional prompt")
     return _Tokenized(prompt=prompt, first=tuple(t[0] for t in tokens), tokens=tokens, neutral=neutral)
 
@@ -342,14 +394,18 @@ def no_side_sequence_message(sides: SideSequences, n_ctx: int) -> str:
     """The refusal of full scoring where the backend has no side sequence and will open none."""
     head = 'decide: "scoring": "full" scores each choice on a side sequence'
     if sides.why_none == SIDE_MEMORY:
-        return (f"{head} and none fits in memory: one takes {sides.kv_bytes / BYTES_PER_MIB:.1f} MiB (the KV of a "
-                f"{n_ctx}-token sequence) and half of what this process may still allocate is "
-                f"{sides.room_bytes / BYTES_PER_MIB:.1f} MiB; free memory, or open the session with a smaller "
-                "--ctx-size")
+        return (
+            f"{head} and none fits in memory: one takes {sides.kv_bytes / BYTES_PER_MIB:.1f} MiB (the KV of a "
+            f"{n_ctx}-token sequence) and half of what this process may still allocate is "
+            f"{sides.room_bytes / BYTES_PER_MIB:.1f} MiB; free memory, or open the session with a smaller "
+            "--ctx-size"
+        )
     if sides.why_none == SIDE_FAILED:
         return f"{head} and opening them failed: {sides.detail}"
-    return (f"{head} and this session has none (--decide-batch 1): open it with --decide-batch auto (the "
-            "default) or 2 or more (SessionConfig.decide_batch)")
+    return (
+        f"{head} and this session has none (--decide-batch 1): open it with --decide-batch auto (the "
+        "default) or 2 or more (SessionConfig.decide_batch)"
+    )
 
 
 def _prefill(
@@ -362,9 +418,7 @@ def _prefill(
     tokens = prompt.tokens
     if not policy.keep_prefix or not request.reuse_prefix or prompt.n_prefix == 0:
         reuse = (
-            REUSE_OFF
-            if not policy.keep_prefix
-            else REUSE_OPTED_OUT if not request.reuse_prefix else REUSE_NO_PREFIX
+            REUSE_OFF if not policy.keep_prefix else REUSE_OPTED_OUT if not request.reuse_prefix else REUSE_NO_PREFIX
         )
         store_s = backend.clear()  # a kept state still in the sequence is copied out first
         cost = backend.prefill(tokens, 0)
@@ -372,9 +426,10 @@ def _prefill(
 
     head = _prefix_piece(backend, store, prompt)
     costs = list(head.costs)
-    costs.append(backend.prefill(tokens[prompt.n_prefix:], prompt.n_prefix))
-    return _Prefilled(costs=tuple(costs), n_reused=head.n_reused, restore_s=head.restore_s,
-                      store_s=head.store_s, reuse=head.reuse)
+    costs.append(backend.prefill(tokens[prompt.n_prefix :], prompt.n_prefix))
+    return _Prefilled(
+        costs=tuple(costs), n_reused=head.n_reused, restore_s=head.restore_s, store_s=head.store_s, reuse=head.reuse
+    )
 
 
 def _prefix_piece(backend: DecideBackend, store: PrefixStore, prompt: SplitPrompt) -> _Prefilled:
@@ -405,9 +460,7 @@ def _prefix_piece(backend: DecideBackend, store: PrefixStore, prompt: SplitPromp
         store_s += time.perf_counter() - t0
         # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
         store.store(prompt.prefix_tokens, state)
-    return _Prefilled(
-        costs=tuple(costs), n_reused=n_past, restore_s=restore_s, store_s=store_s, reuse=reuse
-    )
+    return _Prefilled(costs=tuple(costs), n_reused=n_past, restore_s=restore_s, store_s=store_s, reuse=reuse)
 
 
 def failure_message(stage: str, exc: Exception) -> str:

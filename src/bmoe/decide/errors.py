@@ -4,6 +4,7 @@ A ``DecideRefusal`` is raised before anything is prefilled, so the session and t
 state are exactly as they were. A ``DecideBackendError`` happened while the model ran: the kept
 prefix state is still valid, but the sequence holds whatever the failed call left there.
 """
+
 from __future__ import annotations
 
 from bmoe.errors import BmoeError, RequestError

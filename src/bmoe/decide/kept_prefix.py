@@ -5,6 +5,7 @@ request's prefix is the same or extends it. The state is the whole sequence stat
 layers included), which is why a kept state can only be extended, never trimmed back: a hybrid
 model's recurrent memory has no "state at token k" once it has gone past k.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

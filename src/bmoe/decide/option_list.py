@@ -5,6 +5,7 @@ list rendered by its ``RenderRule`` is appended to ``suffix``, and the choices a
 Rendering in a given order (``order[i]`` is the option shown at position ``i``) is what lets
 ``debias`` reorder the options; the labels stay in place, so a choice names a position.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,54 +39,67 @@ def check_structured(request: DecideRequest) -> None:
     structured = request.options is not None
     if request.debias is not None and request.debias not in DEBIAS_MODES:
         raise DecideRequestError(
-            f'decide: "debias" is {_quoted(request.debias)}; give one of '
-            f'{", ".join(_quoted(m) for m in DEBIAS_MODES)}', field="debias")
+            f'decide: "debias" is {_quoted(request.debias)}; give one of {", ".join(_quoted(m) for m in DEBIAS_MODES)}',
+            field="debias",
+        )
     if not structured:
         for name in ("question", "render", "debias"):
             if getattr(request, name) is not None:
                 why = "so that bmoe can reorder the options" if name == "debias" else "to render"
                 raise DecideRequestError(
                     f'decide: "{name}" needs the structured form: give "question" and "options" (the '
-                    f'option texts) instead of "choices", {why}', field=name)
+                    f'option texts) instead of "choices", {why}',
+                    field=name,
+                )
         return
     if request.choices:
         raise DecideRequestError(
             'decide: give "choices" or "options" (with "question"), not both: with "options" the choices '
-            'are the labels bmoe renders', field="choices")
+            'are the labels bmoe renders',
+            field="choices",
+        )
     if request.question is None:
-        raise DecideRequestError('decide: "options" needs "question" (the text before the option list)',
-                                 field="question")
+        raise DecideRequestError(
+            'decide: "options" needs "question" (the text before the option list)', field="question"
+        )
     options = request.options
     assert options is not None
     if not options:
         raise DecideRequestError('decide: "options" is empty; give at least one option text', field="options")
     if request.debias is not None and len(options) < 2:
         raise DecideRequestError(
-            f'decide: "debias" needs at least 2 options to reorder, got {len(options)}', field="options")
+            f'decide: "debias" needs at least 2 options to reorder, got {len(options)}', field="options"
+        )
     if request.debias is not None and request.best_by != "sum":
         raise DecideRequestError(
             f'decide: "debias" works on the choices\' log-probs ("best_by": "sum"), not on '
-            f'"best_by": {_quoted(request.best_by)}', field="best_by")
+            f'"best_by": {_quoted(request.best_by)}',
+            field="best_by",
+        )
     _check_rule(request.render or DEFAULT_RULE, len(options))
 
 
 def _check_rule(rule: RenderRule, n: int) -> None:
     if "{options}" not in rule.template:
-        raise DecideRequestError('decide: "render.template" has no {options}; the option list would not be shown',
-                                 field="render")
+        raise DecideRequestError(
+            'decide: "render.template" has no {options}; the option list would not be shown', field="render"
+        )
     for key in ("{label}", "{text}"):
         if key not in rule.option:
-            raise DecideRequestError(f'decide: "render.option" has no {key}; every option must show its '
-                                     f'label and its text', field="render")
+            raise DecideRequestError(
+                f'decide: "render.option" has no {key}; every option must show its label and its text', field="render"
+            )
     if rule.labels is None:
         if n > len(DEFAULT_LABELS):
             raise DecideRequestError(
-                f'decide: {n} options but the default labels are A..Z (26); give "render.labels"', field="render")
+                f'decide: {n} options but the default labels are A..Z (26); give "render.labels"', field="render"
+            )
         return
     if len(rule.labels) != n:
         raise DecideRequestError(
             f'decide: "render.labels" has {len(rule.labels)} labels for {n} options; give one label per option',
-            field="render")
+            field="render",
+        )
     seen: dict[str, int] = {}
     for i, label in enumerate(rule.labels):
         if not label:
@@ -93,7 +107,8 @@ def _check_rule(rule: RenderRule, n: int) -> None:
         if label in seen:
             raise DecideRequestError(
                 f'decide: labels {seen[label]} and {i} are both {_quoted(label)}; give each option its own label',
-                field="render")
+                field="render",
+            )
         seen[label] = i
 
 
@@ -114,11 +129,14 @@ def render_block(question: str, texts: Sequence[str], labels: Sequence[str], rul
     Placeholders are replaced as text (never ``str.format``, never through a marker), so braces
     in a text are text and a text is shown as it is."""
     lines = [_fill(_OPTION_KEYS, rule.option, {"label": label, "text": text}) for label, text in zip(labels, texts)]
-    return _fill(_BLOCK_KEYS, rule.template, {"question": question, "options": rule.joiner.join(lines), "cue": rule.cue})
+    return _fill(
+        _BLOCK_KEYS, rule.template, {"question": question, "options": rule.joiner.join(lines), "cue": rule.cue}
+    )
 
 
-def rendered(request: DecideRequest, order: Sequence[int] | None = None, *, content_free: bool = False,
-             keep_abstain: bool = True) -> DecideRequest:
+def rendered(
+    request: DecideRequest, order: Sequence[int] | None = None, *, content_free: bool = False, keep_abstain: bool = True
+) -> DecideRequest:
     """The plain request a checked structured one stands for, its options shown in ``order``
     (``order[i]``: the option at position i; None: as given). ``content_free``: the question and
     every option text are ``CONTENT_FREE`` (contextual calibration's prompt)."""
@@ -129,9 +147,16 @@ def rendered(request: DecideRequest, order: Sequence[int] | None = None, *, cont
     question = request.question
     if content_free:
         question, texts = CONTENT_FREE, [CONTENT_FREE] * len(texts)
-    return replace(request, suffix=request.suffix + render_block(question, texts, labels, rule), choices=labels,
-                   question=None, options=None, render=None, debias=None,
-                   abstain_below=request.abstain_below if keep_abstain else None)
+    return replace(
+        request,
+        suffix=request.suffix + render_block(question, texts, labels, rule),
+        choices=labels,
+        question=None,
+        options=None,
+        render=None,
+        debias=None,
+        abstain_below=request.abstain_below if keep_abstain else None,
+    )
 
 
 def rotation(n: int, k: int) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ Calls go one way, policy to backend. The one thing the backend reads back is whi
 policy keeps (``watch_kept``): a backend may keep that state in the live sequence, uncopied, and
 must then know whether it is still worth a copy before the sequence loses it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence, Sized
@@ -197,8 +198,9 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         by one)."""
         ...
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
-                      stop: Callable[[], bool] = ...) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(
+        self, suffixes: Sequence[Sequence[int]], n_past: int, stop: Callable[[], bool] = ...
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         """Prefill each of ``suffixes`` after the ``n_past`` tokens the sequence holds, each as if
         it were the only one: every suffix continues its own copy of the sequence, in one piece.
         Returns ``float32 [n_vocab]`` logits after each suffix's last token, in order, and what the

@@ -7,6 +7,7 @@ one token. The token given back covers a tokenizer merge across the join: the pr
 alone can be a shorter piece of a token the next, longer prefix will produce there, and a kept
 state ending on it would then never match again.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,14 +35,19 @@ class SplitPrompt:
         return len(self.tokens)
 
 
-def split_prompt(renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[ImageSource, ...] = ()) -> SplitPrompt:
+def split_prompt(
+    renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[ImageSource, ...] = ()
+) -> SplitPrompt:
     """Render and tokenize the prompt, and find the prefix boundary on its tokens. ``images``
     go at the markers of ``prefix + suffix``, or without one in front of the prefix."""
     n_markers = (prefix + suffix).count(IMAGE_MARKER) if images else 0
     if n_markers and n_markers != len(images):
-        raise DecideRequestError(f"decide: images: {len(images)} image(s) but the prompt has {n_markers} image "
-                                 f"marker(s) {IMAGE_MARKER}; put one marker where each image goes, or none (then the "
-                                 "images go in front of the prefix)", field="images")
+        raise DecideRequestError(
+            f"decide: images: {len(images)} image(s) but the prompt has {n_markers} image "
+            f"marker(s) {IMAGE_MARKER}; put one marker where each image goes, or none (then the "
+            "images go in front of the prefix)",
+            field="images",
+        )
     if images and not n_markers:
         prefix = place_images(prefix, len(images))
     texts = [renderer.render_user(prefix + suffix), renderer.render_user(prefix)]

@@ -7,6 +7,7 @@ log-probabilities this module derives what the answer reports per choice: the su
 divides by the length of the choice string) and, with a neutral prompt, the sum minus the same
 choice's sum after the neutral prompt (lm-eval's ``acc_mutual_info``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from bmoe.decide.types import ChoiceScores, DecideRequest
 SCORING_FIRST = "first"
 SCORING_FULL = "full"
 SCORING_MODES = (SCORING_FIRST, SCORING_FULL)
+
+
 def norm_chars(choice: str) -> int:
     """What ``choice_logp_norm`` divides by: the choice's characters without its leading whitespace
     (at least 1). lm-evaluation-harness scores a continuation as its delimiter (a space by default)
@@ -45,19 +48,23 @@ def check_scoring_fields(request: DecideRequest) -> None:
     if request.scoring not in SCORING_MODES:
         raise DecideRequestError(
             f'decide: "scoring" is {_quoted(request.scoring)}; give "first" (each choice by its first '
-            f'token) or "full" (by all its tokens)', field="scoring")
+            f'token) or "full" (by all its tokens)',
+            field="scoring",
+        )
     if request.best_by not in BEST_BY:
         raise DecideRequestError(
-            f'decide: "best_by" is {_quoted(request.best_by)}; give one of '
-            f'{", ".join(_quoted(b) for b in BEST_BY)}', field="best_by")
+            f'decide: "best_by" is {_quoted(request.best_by)}; give one of {", ".join(_quoted(b) for b in BEST_BY)}',
+            field="best_by",
+        )
     if request.scoring == SCORING_FIRST:
         if request.best_by != "sum":
             raise DecideRequestError(
                 f'decide: "best_by": {_quoted(request.best_by)} needs "scoring": "full" (under "first" '
-                f'a choice is one token and is ranked by its log-prob, "sum")', field="best_by")
+                f'a choice is one token and is ranked by its log-prob, "sum")',
+                field="best_by",
+            )
         if request.unconditional is not None:
-            raise DecideRequestError(
-                'decide: "unconditional" needs "scoring": "full"', field="unconditional")
+            raise DecideRequestError('decide: "unconditional" needs "scoring": "full"', field="unconditional")
 
 
 def neutral_text(request: DecideRequest) -> str | None:
@@ -77,7 +84,8 @@ def check_choices_fit(
             raise ChoiceTooLongError(
                 f"decide: choice {i} ({choices[i][:40]!r}) is {len(t)} tokens and the {before} "
                 f"{n_before}; together they do not fit the context of {n_ctx}: shorten the choice or "
-                f"the {before}, or open the session with a larger context")
+                f"the {before}, or open the session with a larger context"
+            )
 
 
 def token_logps(first_logp: np.ndarray, rows_logp: np.ndarray | None, tokens: Sequence[int]) -> tuple[float, ...]:

@@ -14,13 +14,13 @@ and has the backend open them, before anything of the list is prefilled: opening
 sequence its KV, which the kept state may live in. The next decision prefills its prefix again
 (exact, just not reused once).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from bmoe.decide.continuations import NeutralStore
 from bmoe.decide.debias import PRIDE_SAMPLE, DebiasState, combine, decisions_needed, expand
-from bmoe.decide.errors import DecideRequestError
 from bmoe.decide.decider import (
     DecidePolicy,
     answer_checked,
@@ -28,10 +28,10 @@ from bmoe.decide.decider import (
     failure_message,
     wants_side_sequences,
 )
+from bmoe.decide.errors import DecideRequestError
 from bmoe.decide.kept_prefix import LastPrefixStore
 from bmoe.decide.port import DecideBackend
 from bmoe.decide.types import DecideRequest, DecideResult
-
 
 MAX_WORK = 1024  # prefills one request may take by default (SessionConfig.decide_max_work)
 
@@ -43,9 +43,11 @@ def too_much_work(request: DecideRequest, max_work: int) -> DecideResult | None:
     need = decisions_needed([request])
     if need <= max_work:
         return None
-    msg = (f"decide: this request may take {need} prefills (each debias permutation, pride sample and choice "
-           f"scored in full counts one), over this session's limit of {max_work} a request (--decide-max-work); "
-           "give fewer choices, or raise the limit")
+    msg = (
+        f"decide: this request may take {need} prefills (each debias permutation, pride sample and choice "
+        f"scored in full counts one), over this session's limit of {max_work} a request (--decide-max-work); "
+        "give fewer choices, or raise the limit"
+    )
     return DecideResult.failed(request.id, msg, DecideRequestError(msg, field="choices"))
 
 
@@ -54,8 +56,9 @@ class DecideService:
     nothing. ``keep_prefix``: whether prefix states are kept (``resolve_keep_prefix``);
     ``pride_sample``: debias ``pride``'s sample size per label list."""
 
-    def __init__(self, backend: DecideBackend, *, keep_prefix: bool, pride_sample: int = PRIDE_SAMPLE,
-                 max_work: int = MAX_WORK) -> None:
+    def __init__(
+        self, backend: DecideBackend, *, keep_prefix: bool, pride_sample: int = PRIDE_SAMPLE, max_work: int = MAX_WORK
+    ) -> None:
         self.backend = backend
         self.max_work = max_work
         self.policy = DecidePolicy(keep_prefix=keep_prefix)
@@ -88,8 +91,10 @@ class DecideService:
                 self._open_side_sequences()
             except Exception as exc:  # the engine failed while re-creating its context
                 msg = failure_message("opening the side sequences", exc)
-                return [c if isinstance(c, DecideResult) else DecideResult.failed(r.id, msg, exc)
-                        for r, c in zip(jobs, checked)]
+                return [
+                    c if isinstance(c, DecideResult) else DecideResult.failed(r.id, msg, exc)
+                    for r, c in zip(jobs, checked)
+                ]
         return answer_checked(self.backend, self.store, jobs, checked, self.policy, self.neutral, stop)
 
     def _open_side_sequences(self) -> None:

@@ -1,11 +1,12 @@
 """The decide request and result, and the BMOE_DECIDE object a result becomes."""
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from bmoe.image_refs import ImageSource
 from bmoe.decide.errors import DecideRefusal, DecideRequestError
+from bmoe.image_refs import ImageSource
 
 DEFAULT_TEMPLATE = "{question}\n{options}\n{cue}"
 DEFAULT_OPTION = "{label}) {text}"

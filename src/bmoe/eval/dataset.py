@@ -6,6 +6,7 @@ gains later flows through here unchanged. Only the
 evaluation's own fields are taken off first: ``gold`` (required), ``id`` and ``split``.
 A line that cannot be used is skipped with its line number and the reason; the others run.
 """
+
 from __future__ import annotations
 
 import hashlib

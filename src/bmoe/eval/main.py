@@ -1,5 +1,6 @@
 """bmoe-eval: a data set of decisions with gold answers through a session; metrics, a report and
 two pictures in an output folder (docs/eval.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
+from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.ray.flags import add_actor_flags, run_failure
 
 if TYPE_CHECKING:  # the heavy parts load only when a run needs them
@@ -43,33 +44,61 @@ def _probability(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, description="Run a JSONL file of decisions with gold answers through a bmoe session and "
-                               "report accuracy and calibration (docs/eval.md).")
+        prog=PROG,
+        description="Run a JSONL file of decisions with gold answers through a bmoe session and "
+        "report accuracy and calibration (docs/eval.md).",
+    )
     p.add_argument("data", nargs="?", type=Path, metavar="DATA.jsonl", help="the data set (or --set NAME)")
     g = p.add_argument_group("evaluation")
     g.add_argument("--set", metavar="NAME", help="a data set shipped with bmoe instead of DATA (see --list-sets)")
     g.add_argument("--list-sets", action="store_true", help="print the shipped data sets and exit")
     g.add_argument("--out", type=Path, metavar="DIR", help="output folder (made if missing; a rerun resumes)")
-    g.add_argument("--batch", type=_positive, default=None, metavar="N",
-                   help="rows per Session.decide_many call (default: the session's batch width, --decide-batch, 8 "
-                        "with auto); with --ray, rows per batch handed to an actor (default: the larger of that "
-                        f"and {RAY_BATCH_ROWS})")
-    g.add_argument("--abstain-below", type=_probability, default=None, metavar="T",
-                   help="abstain_below for every row that does not set its own; reports the session's "
-                        "accuracy/coverage with it")
-    g.add_argument("--scoring", choices=["first", "full"], default=None,
-                   help='the decide field "scoring" for every row that does not set its own (docs/decide.md)')
-    g.add_argument("--debias", choices=["permute", "pride", "contextual"], default=None,
-                   help='the decide field "debias" for every row that does not set its own; rows need the '
-                        'structured form (question, options). The report gives raw and debiased figures')
-    g.add_argument("--fit-temperature", action="store_true",
-                   help="fit a temperature on the rows of --calib-split, report the other rows before and after")
-    g.add_argument("--calib-split", default="calib", metavar="NAME",
-                   help="the split --fit-temperature fits on (default calib)")
-    g.add_argument("--ray", metavar="ADDRESS|local", default=None,
-                   help="answer the rows on a Ray actor pool: a cluster's address, or local (docs/scale-out.md)")
-    g.add_argument("--actors", type=_positive, default=None, metavar="N",
-                   help="with --ray: actors, one session each (default 1)")
+    g.add_argument(
+        "--batch",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="rows per Session.decide_many call (default: the session's batch width, --decide-batch, 8 "
+        "with auto); with --ray, rows per batch handed to an actor (default: the larger of that "
+        f"and {RAY_BATCH_ROWS})",
+    )
+    g.add_argument(
+        "--abstain-below",
+        type=_probability,
+        default=None,
+        metavar="T",
+        help="abstain_below for every row that does not set its own; reports the session's accuracy/coverage with it",
+    )
+    g.add_argument(
+        "--scoring",
+        choices=["first", "full"],
+        default=None,
+        help='the decide field "scoring" for every row that does not set its own (docs/decide.md)',
+    )
+    g.add_argument(
+        "--debias",
+        choices=["permute", "pride", "contextual"],
+        default=None,
+        help='the decide field "debias" for every row that does not set its own; rows need the '
+        'structured form (question, options). The report gives raw and debiased figures',
+    )
+    g.add_argument(
+        "--fit-temperature",
+        action="store_true",
+        help="fit a temperature on the rows of --calib-split, report the other rows before and after",
+    )
+    g.add_argument(
+        "--calib-split", default="calib", metavar="NAME", help="the split --fit-temperature fits on (default calib)"
+    )
+    g.add_argument(
+        "--ray",
+        metavar="ADDRESS|local",
+        default=None,
+        help="answer the rows on a Ray actor pool: a cluster's address, or local (docs/scale-out.md)",
+    )
+    g.add_argument(
+        "--actors", type=_positive, default=None, metavar="N", help="with --ray: actors, one session each (default 1)"
+    )
     add_actor_flags(g)  # with --ray, as bmoe-batch's
     g.set_defaults(actor_cpus=None)  # 1, but "given" is told apart from it
     g.add_argument("--debug", action="store_true", help="on a fatal error, print the Python traceback too")
@@ -96,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out DIR is required: the folder for results.jsonl, metrics.json, report.md and the pictures")
     if args.calib_split != "calib" and not args.fit_temperature:
         parser.error("--calib-split needs --fit-temperature")
-    for flag, given in (("--actors", args.actors is not None), ("--actor-cpus", args.actor_cpus is not None),
-                        ("--actor-memory-mb", args.actor_memory_mb is not None)):
+    for flag, given in (
+        ("--actors", args.actors is not None),
+        ("--actor-cpus", args.actor_cpus is not None),
+        ("--actor-memory-mb", args.actor_memory_mb is not None),
+    ):
         if given and args.ray is None:
             parser.error(f"{flag} needs --ray ADDRESS|local")
     for name in EXTRA:  # before the model opens: a missing one is one line, not a traceback later
@@ -124,8 +156,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     from bmoe.eval.dataset import load, shipped_set
 
     path = shipped_set(args.set) if args.set else args.data
-    defaults = {k: v for k, v in (("abstain_below", args.abstain_below), ("scoring", args.scoring),
-                                  ("debias", args.debias)) if v is not None}
+    defaults = {
+        k: v
+        for k, v in (("abstain_below", args.abstain_below), ("scoring", args.scoring), ("debias", args.debias))
+        if v is not None
+    }
     ds = load(path, defaults)
     for line, why in ds.skipped:
         _say(f"{path} line {line} skipped: {why}")
@@ -133,16 +168,19 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"data: no usable row in {path}")
     pride = {r.line for r in ds.rows if r.request.debias == "pride"}
     if pride and args.ray is not None:
-        raise ConfigError(f'--ray: {len(pride)} rows use "debias": "pride", whose prior a session estimates from '
-                          f'the first rows it answers; each Ray actor has its own session and gets the rows in '
-                          f'another order, so the figures would not be those of one process; run them without --ray')
+        raise ConfigError(
+            f'--ray: {len(pride)} rows use "debias": "pride", whose prior a session estimates from '
+            f'the first rows it answers; each Ray actor has its own session and gets the rows in '
+            f'another order, so the figures would not be those of one process; run them without --ray'
+        )
     if args.fit_temperature:
         n_calib = sum(r.split == args.calib_split for r in ds.rows)
         if n_calib == 0 or n_calib == len(ds.rows):
             raise ConfigError(
                 f'--fit-temperature: {n_calib} of the {len(ds.rows)} rows have "split":"{args.calib_split}"; '
                 f"it needs some to fit on and some to report on (mark the fitting rows with that split, or name "
-                f"theirs with --calib-split)")
+                f"theirs with --calib-split)"
+            )
     try:
         cfg = config_from_flags(args, model_from_flags(args, PROG), decide=True)
     except BmoeError as e:
@@ -150,17 +188,32 @@ def _evaluate(args: argparse.Namespace) -> int:
     from bmoe.eval.store import ResultStore, identity
 
     store = ResultStore(args.out)
-    ident = identity(ds.sha256, cfg.model, chat=cfg.chat, flash_attn=cfg.flash_attn, kv_f32=cfg.kv_f32,
-                     abstain_below=args.abstain_below, scoring=args.scoring, debias=args.debias,
-                     decide_pride_sample=cfg.decide_pride_sample if pride else None)
+    ident = identity(
+        ds.sha256,
+        cfg.model,
+        chat=cfg.chat,
+        flash_attn=cfg.flash_attn,
+        kv_f32=cfg.kv_f32,
+        abstain_below=args.abstain_below,
+        scoring=args.scoring,
+        debias=args.debias,
+        decide_pride_sample=cfg.decide_pride_sample if pride else None,
+    )
     try:
         return _run(args, ds, cfg, path, pride, store, ident)
     finally:
         store.unlock()
 
 
-def _run(args: argparse.Namespace, ds: Dataset, cfg: SessionConfig, path: Path, pride: set[int], store: ResultStore,
-         ident: dict) -> int:
+def _run(
+    args: argparse.Namespace,
+    ds: Dataset,
+    cfg: SessionConfig,
+    path: Path,
+    pride: set[int],
+    store: ResultStore,
+    ident: dict,
+) -> int:
     """Open the output folder (its lock held until the caller lets it go), answer what is left, write."""
     from bmoe.eval.store import cannot_write
 
@@ -191,8 +244,9 @@ def _run(args: argparse.Namespace, ds: Dataset, cfg: SessionConfig, path: Path, 
         raise cannot_write(Path(e.filename) if e.filename else args.out, e, store.results) from None
 
 
-def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
-            done: dict[int, dict]) -> RunCounts:
+def _answer(
+    args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row], done: dict[int, dict]
+) -> RunCounts:
     """Answer ``todo`` through one session, storing each answer as it comes; ``done`` gains them."""
     from tqdm import tqdm
 
@@ -217,8 +271,9 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
 
     def on_result(row, result) -> None:
         if result.error is not None:
-            bar.write(f"{PROG}: line {row.line} {'refused' if result.refused else 'failed'}: {result.error}",
-                      file=sys.stderr)
+            bar.write(
+                f"{PROG}: line {row.line} {'refused' if result.refused else 'failed'}: {result.error}", file=sys.stderr
+            )
             if not result.refused:  # not stored: a rerun tries it again
                 bar.update(1)
                 return
@@ -245,8 +300,14 @@ def _answer(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, to
     return counts
 
 
-def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultStore, todo: list[Row],
-                   done: dict[int, dict], counts: RunCounts) -> RunCounts:
+def _answer_on_ray(
+    args: argparse.Namespace,
+    cfg: SessionConfig,
+    store: ResultStore,
+    todo: list[Row],
+    done: dict[int, dict],
+    counts: RunCounts,
+) -> RunCounts:
     """``_answer`` on a Ray actor pool: each answer is stored as its batch comes back (any order), so
     an interruption keeps what came back. Refused and failed rows are told apart as in one
     process: a failed one (``"failed": true``) is named and not stored, so a rerun tries it again."""
@@ -258,16 +319,21 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
     from bmoe.ray.data import RayOptions
 
     saved = f"rerun the same command to resume (answered rows are in {store.results})"
-    options = RayOptions(address=args.ray, actors=args.actors or 1,
-                         batch_rows=args.batch or max(cfg.batch_width, RAY_BATCH_ROWS),
-                         num_cpus=args.actor_cpus or 1.0, memory_mb=args.actor_memory_mb)
+    options = RayOptions(
+        address=args.ray,
+        actors=args.actors or 1,
+        batch_rows=args.batch or max(cfg.batch_width, RAY_BATCH_ROWS),
+        num_cpus=args.actor_cpus or 1.0,
+        memory_mb=args.actor_memory_mb,
+    )
     bar = tqdm(total=len(todo), unit="dec", desc=PROG, file=sys.stderr, dynamic_ncols=True)
 
     def on_answer(row: Row, answer: dict) -> None:
         if "error" in answer:
             failed = answer.get("failed", False)
-            bar.write(f"{PROG}: line {row.line} {'failed' if failed else 'refused'}: {answer['error']}",
-                      file=sys.stderr)
+            bar.write(
+                f"{PROG}: line {row.line} {'failed' if failed else 'refused'}: {answer['error']}", file=sys.stderr
+            )
             if failed:
                 bar.update(1)
                 return
@@ -294,8 +360,9 @@ def _answer_on_ray(args: argparse.Namespace, cfg: SessionConfig, store: ResultSt
     return counts
 
 
-def _write_outputs(args: argparse.Namespace, ds: Dataset, model: Path, path: Path, ordered: list[dict],
-                   resumed: int, counts: RunCounts) -> int:
+def _write_outputs(
+    args: argparse.Namespace, ds: Dataset, model: Path, path: Path, ordered: list[dict], resumed: int, counts: RunCounts
+) -> int:
     from bmoe.eval import plots
     from bmoe.eval.metrics import curves
     from bmoe.eval.report import compute, markdown, scored
@@ -307,15 +374,26 @@ def _write_outputs(args: argparse.Namespace, ds: Dataset, model: Path, path: Pat
         _say(f"no row was answered ({len(refused)} refused, {missing} failed); no metrics written")
         return 1
     doc: dict = {
-        "data": str(path), "data_sha256": ds.sha256, "model": str(model), "rows": len(ds.rows),
-        "answered": len(answered), "unanswered": missing,
-        "skipped_lines": [{"line": n, "why": why} for n, why in ds.skipped], "refused": refused,
+        "data": str(path),
+        "data_sha256": ds.sha256,
+        "model": str(model),
+        "rows": len(ds.rows),
+        "answered": len(answered),
+        "unanswered": missing,
+        "skipped_lines": [{"line": n, "why": why} for n, why in ds.skipped],
+        "refused": refused,
     }
-    doc.update(compute(answered, fit=args.fit_temperature, calib_split=args.calib_split,
-                       abstain_below=args.abstain_below))
-    doc["run"] = {"decided": counts.decided, "resumed": resumed, "seconds": round(counts.seconds, 3),
-                  "decisions_per_s": round(counts.per_s, 3), "batches": len(counts.batch_ids),
-                  "kept_state_hits": sum(r["n_reused"] > 0 for r in answered)}
+    doc.update(
+        compute(answered, fit=args.fit_temperature, calib_split=args.calib_split, abstain_below=args.abstain_below)
+    )
+    doc["run"] = {
+        "decided": counts.decided,
+        "resumed": resumed,
+        "seconds": round(counts.seconds, 3),
+        "decisions_per_s": round(counts.per_s, 3),
+        "batches": len(counts.batch_ids),
+        "kept_state_hits": sum(r["n_reused"] > 0 for r in answered),
+    }
     out = args.out
     (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
     report = markdown(doc)
@@ -329,8 +407,11 @@ def _write_outputs(args: argparse.Namespace, ds: Dataset, model: Path, path: Pat
         series.append((f"T = {t['temperature']:.3f}", t["after"]["ece_bins"]))
     plots.reliability(out / "reliability.png", series, title)
     a = doc["abstention"]
-    mark = (a["abstain_below"], a["coverage"], a["accuracy_answered"]) \
-        if a is not None and a["accuracy_answered"] is not None else None
+    mark = (
+        (a["abstain_below"], a["coverage"], a["accuracy_answered"])
+        if a is not None and a["accuracy_answered"] is not None
+        else None
+    )
     plots.coverage(out / "coverage.png", curves(scored(evaluated)), title, mark)
     print(report, end="")
     if missing:

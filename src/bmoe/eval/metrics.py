@@ -7,6 +7,7 @@ the right choice. Every metric but the p_outside figures works on
 the choices' probabilities *renormalised to sum 1*: ``softmax(logp / T)`` (T = 1 unless a
 temperature was fitted). The mass outside the choices is reported on its own.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,17 +74,28 @@ def reliability_bins(conf: np.ndarray, correct: np.ndarray, n_bins: int = ECE_BI
     for b in range(n_bins):
         mask = which == b
         n = int(mask.sum())
-        bins.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "n": n,
-                     "accuracy": float(correct[mask].mean()) if n else None,
-                     "confidence": float(conf[mask].mean()) if n else None})
+        bins.append(
+            {
+                "lo": float(edges[b]),
+                "hi": float(edges[b + 1]),
+                "n": n,
+                "accuracy": float(correct[mask].mean()) if n else None,
+                "confidence": float(conf[mask].mean()) if n else None,
+            }
+        )
     return bins
 
 
 def expected_calibration_error(conf: np.ndarray, correct: np.ndarray, n_bins: int = ECE_BINS) -> float:
     """sum over bins of (rows in bin / rows) * |accuracy in bin - mean confidence in bin|."""
     total = len(conf)
-    return float(sum(b["n"] / total * abs(b["accuracy"] - b["confidence"])
-                     for b in reliability_bins(conf, correct, n_bins) if b["n"]))
+    return float(
+        sum(
+            b["n"] / total * abs(b["accuracy"] - b["confidence"])
+            for b in reliability_bins(conf, correct, n_bins)
+            if b["n"]
+        )
+    )
 
 
 def risk_coverage(conf: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,8 +156,14 @@ def curves(rows: Sequence[Scored], temperature: float = 1.0) -> dict[str, np.nda
     raw = np.array([best_probability(r) for r in rows])
     cov, acc = risk_coverage(conf, correct)
     raw_cov, raw_acc = risk_coverage(raw, correct)
-    return {"conf": conf, "correct": correct, "coverage": cov, "accuracy": acc,
-            "raw_coverage": raw_cov, "raw_accuracy": raw_acc}
+    return {
+        "conf": conf,
+        "correct": correct,
+        "coverage": cov,
+        "accuracy": acc,
+        "raw_coverage": raw_cov,
+        "raw_accuracy": raw_acc,
+    }
 
 
 def tradeoff(rows: Sequence[Scored], thresholds: Sequence[float] = TRADEOFF_THRESHOLDS) -> list[dict]:
@@ -157,8 +175,13 @@ def tradeoff(rows: Sequence[Scored], thresholds: Sequence[float] = TRADEOFF_THRE
     for t in thresholds:
         answered = raw >= t
         n = int(answered.sum())
-        out.append({"threshold": float(t), "coverage": n / len(rows),
-                    "accuracy": float(correct[answered].mean()) if n else None})
+        out.append(
+            {
+                "threshold": float(t),
+                "coverage": n / len(rows),
+                "accuracy": float(correct[answered].mean()) if n else None,
+            }
+        )
     return out
 
 
@@ -167,5 +190,9 @@ def abstention(rows: Sequence[Scored]) -> dict:
     answered = [r for r in rows if not r.abstained]
     n = len(answered)
     hits = sum(int(np.argmax(r.logp)) == r.gold for r in answered)
-    return {"n_answered": n, "n_abstained": len(rows) - n, "coverage": n / len(rows),
-            "accuracy_answered": hits / n if n else None}
+    return {
+        "n_answered": n,
+        "n_abstained": len(rows) - n,
+        "coverage": n / len(rows),
+        "accuracy_answered": hits / n if n else None,
+    }

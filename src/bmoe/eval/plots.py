@@ -1,5 +1,6 @@
 """reliability.png and coverage.png (matplotlib, drawn on Figure objects: no GUI backend, no pyplot
 state)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,21 +31,31 @@ def reliability(path: Path, series: list[tuple[str, list[dict]]], title: str) ->
     fig.savefig(path)
 
 
-def coverage(path: Path, curves: dict[str, np.ndarray], title: str,
-             abstain: tuple[float, float, float] | None = None) -> None:
+def coverage(
+    path: Path, curves: dict[str, np.ndarray], title: str, abstain: tuple[float, float, float] | None = None
+) -> None:
     """Accuracy of the rows answered against the share answered, answering the most confident
     first, ranked two ways; ``abstain`` = (threshold, coverage, accuracy) marks --abstain-below."""
     fig = Figure(figsize=(6.4, 4.8), dpi=100)
     ax = fig.subplots()
     ax.plot(curves["coverage"], curves["accuracy"], label="ranked by top probability over the choices")
-    ax.plot(curves["raw_coverage"], curves["raw_accuracy"], linestyle="--",
-            label="ranked by best choice's probability over the vocabulary")
+    ax.plot(
+        curves["raw_coverage"],
+        curves["raw_accuracy"],
+        linestyle="--",
+        label="ranked by best choice's probability over the vocabulary",
+    )
     ax.axvline(SELECTIVE_COVERAGE, color="grey", linewidth=0.8, linestyle=":")
     if abstain is not None:
         t, cov, acc = abstain
         ax.plot([cov], [acc], marker="o", color="black", linestyle="none", label=f"abstain_below {t:g}")
-    ax.set(xlim=(0, 1.01), ylim=(0, 1.01), xlabel="coverage (share of rows answered)",
-           ylabel="accuracy of the answered rows", title=title)
+    ax.set(
+        xlim=(0, 1.01),
+        ylim=(0, 1.01),
+        xlabel="coverage (share of rows answered)",
+        ylabel="accuracy of the answered rows",
+        title=title,
+    )
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path)

@@ -5,12 +5,12 @@ order of their first row), ``batch`` at most per ``Session.decide_many`` call. W
 ``--decide-batch N`` > 1 the session prefills a chunk's decisions that keep the same prefix side by
 side; with 1 it answers them one by one, restoring the kept prefix for each.
 """
+
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from bmoe.decide.types import DecideResult
@@ -63,16 +63,18 @@ class RunCounts:
         if answer.get("error") is None and answer.get("n_reused", 0) > 0:
             self.kept_hits += 1
         if "batch_id" in answer:
-            self.batch_ids.add(hash((answer["batch_id"], answer["batch_size"], answer["batch_tokens"],
-                                     answer["batch_prefill_s"])))
+            self.batch_ids.add(
+                hash((answer["batch_id"], answer["batch_size"], answer["batch_tokens"], answer["batch_prefill_s"]))
+            )
 
     @property
     def per_s(self) -> float:
         return self.decided / self.seconds if self.seconds > 0 else 0.0
 
 
-def run(session: Session, pieces: Sequence[Sequence[Row]], on_result: Callable[[Row, DecideResult], None],
-        counts: RunCounts) -> None:
+def run(
+    session: Session, pieces: Sequence[Sequence[Row]], on_result: Callable[[Row, DecideResult], None], counts: RunCounts
+) -> None:
     """Answer every piece with one ``decide_many`` call each, counting into ``counts``;
     ``on_result`` sees each answer as soon as its piece is done (store it there: an interruption
     loses only the piece in flight)."""
@@ -86,8 +88,13 @@ def run(session: Session, pieces: Sequence[Sequence[Row]], on_result: Callable[[
         counts.seconds += time.perf_counter() - start
 
 
-def run_ray(rows: Sequence[Row], config: SessionConfig, options: RayOptions,
-            on_answer: Callable[[Row, dict], None], counts: RunCounts) -> None:
+def run_ray(
+    rows: Sequence[Row],
+    config: SessionConfig,
+    options: RayOptions,
+    on_answer: Callable[[Row, dict], None],
+    counts: RunCounts,
+) -> None:
     """Answer ``rows`` on a Ray actor pool (bmoe.ray.data: rows grouped by prefix, each actor's
     batches through its own session's ``decide_many``); ``on_answer`` sees each BMOE_DECIDE object
     as its batch finishes, in any order. Every row is answered exactly once or RowsLost is raised."""

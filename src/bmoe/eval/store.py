@@ -5,6 +5,7 @@ finished; a rerun with the same data, model and settings skips the lines already
 names that data, model and settings; a rerun that differs in any of them is refused before the
 model opens (docs/eval.md#resume).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -28,8 +29,11 @@ class OutputError(BmoeError):
 
 
 def cannot_write(path: Path, e: OSError, results: Path) -> OutputError:
-    return OutputError(f"cannot write {path}: {e.strerror or e}; the rows answered so far are kept in {results}: "
-                       "make room and rerun the same command to resume")
+    return OutputError(
+        f"cannot write {path}: {e.strerror or e}; the rows answered so far are kept in {results}: "
+        "make room and rerun the same command to resume"
+    )
+
 
 # run.json keys that must be equal for a rerun to resume, and how a mismatch is named
 IDENTITY = {
@@ -47,14 +51,32 @@ IDENTITY = {
 }
 
 
-def identity(data_sha256: str, model: Path, *, chat: str, flash_attn: bool | None, kv_f32: bool,
-             abstain_below: float | None, scoring: str | None, debias: str | None = None,
-             decide_pride_sample: int | None = None) -> dict[str, Any]:
+def identity(
+    data_sha256: str,
+    model: Path,
+    *,
+    chat: str,
+    flash_attn: bool | None,
+    kv_f32: bool,
+    abstain_below: float | None,
+    scoring: str | None,
+    debias: str | None = None,
+    decide_pride_sample: int | None = None,
+) -> dict[str, Any]:
     st = model.stat()
-    return {"data_sha256": data_sha256, "model": str(model.resolve()), "model_size": st.st_size,
-            "model_mtime_ns": st.st_mtime_ns, "chat": chat, "flash_attn": flash_attn, "kv_f32": kv_f32,
-            "abstain_below": abstain_below, "scoring": scoring, "debias": debias,
-            "decide_pride_sample": decide_pride_sample}
+    return {
+        "data_sha256": data_sha256,
+        "model": str(model.resolve()),
+        "model_size": st.st_size,
+        "model_mtime_ns": st.st_mtime_ns,
+        "chat": chat,
+        "flash_attn": flash_attn,
+        "kv_f32": kv_f32,
+        "abstain_below": abstain_below,
+        "scoring": scoring,
+        "debias": debias,
+        "decide_pride_sample": decide_pride_sample,
+    }
 
 
 class ResultStore:
@@ -98,8 +120,10 @@ class ResultStore:
             path = self.out / name
             what = not_regular(path)
             if what is not None:
-                raise ConfigError(f"--out: {path} is {what}; the run writes a regular file of that name "
-                                  "(remove it, or give another --out)")
+                raise ConfigError(
+                    f"--out: {path} is {what}; the run writes a regular file of that name "
+                    "(remove it, or give another --out)"
+                )
             if path.exists():
                 try:
                     path.open("a").close()  # opened to append, nothing written: the file is unchanged
@@ -117,8 +141,10 @@ class ResultStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ConfigError(f"--out: {self.out} is in use by another bmoe-eval run (it holds {path}); wait for "
-                              "it to end, or give another --out") from None
+            raise ConfigError(
+                f"--out: {self.out} is in use by another bmoe-eval run (it holds {path}); wait for "
+                "it to end, or give another --out"
+            ) from None
         self._lock = fd
 
     def unlock(self) -> None:
@@ -131,14 +157,17 @@ class ResultStore:
         try:
             before = json.loads(self.run.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"--out: {self.results} exists but {self.run} does not, so what it answered "
-                              f"cannot be checked; {again}") from None
+            raise ConfigError(
+                f"--out: {self.results} exists but {self.run} does not, so what it answered cannot be checked; {again}"
+            ) from None
         except (OSError, ValueError) as e:
             raise ConfigError(f"--out: {self.run} cannot be read ({e}); {again}") from None
         for key, what in IDENTITY.items():
             if before.get(key) != ident[key]:
-                raise ConfigError(f"--out: {self.results} holds the results of another run: {what} differs "
-                                  f"({key} was {json.dumps(before.get(key))}, now {json.dumps(ident[key])}); {again}")
+                raise ConfigError(
+                    f"--out: {self.results} holds the results of another run: {what} differs "
+                    f"({key} was {json.dumps(before.get(key))}, now {json.dumps(ident[key])}); {again}"
+                )
 
     def _read(self) -> dict[int, dict]:
         """The rows already answered, by line; a last line cut short by an interruption is dropped."""
@@ -155,8 +184,9 @@ class ResultStore:
                 if i == len(lines) - 1:  # no newline after it: the write was interrupted
                     self.results.write_text("\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""), encoding="utf-8")
                     break
-                raise ConfigError(f"--out: {self.results} line {i + 1} is not a result row; "
-                                  f"delete the file to start over") from None
+                raise ConfigError(
+                    f"--out: {self.results} line {i + 1} is not a result row; delete the file to start over"
+                ) from None
             done[key] = row  # a row asked again (a refusal) replaces the earlier one
         else:
             if lines[-1].strip():  # a whole row without its newline: end the file before appending

@@ -8,6 +8,7 @@ KV stream of ``n_ctx`` cells (``kv_unified`` off): batched decisions fork seq 0 
 (``fork``), prefill one suffix on each in the same ``llama_decode`` (``decode_seqs``) and drop
 them (``drop``). Each stream computes exactly as a one-sequence context would.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -18,9 +19,9 @@ from typing import Iterable, Literal, Protocol, Sequence
 import llama_cpp
 import numpy as np
 
-from .devices import ubatch_widths
-from .model import LlamaModel
 from bmoe.errors import BmoeError
+from bmoe.llama.devices import ubatch_widths
+from bmoe.llama.model import LlamaModel
 
 SEQ = 0
 
@@ -106,7 +107,9 @@ class LlamaContext:
         self.n_dev_tokens = 0
 
     # --- decoding ---------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], pos0: int, *, logits: Literal["last", "all", "none"] = "last") -> np.ndarray | None:
+    def decode(
+        self, tokens: Sequence[int], pos0: int, *, logits: Literal["last", "all", "none"] = "last"
+    ) -> np.ndarray | None:
         """Append ``tokens`` at positions pos0.. and return logits.
 
         "last": the row after the last token ``# [n_vocab]``; "all": one row per token
@@ -123,10 +126,18 @@ class LlamaContext:
             chunk = tokens[start : start + self.n_batch]
             last_chunk = start + len(chunk) == n
             self._submit(
-                ((tok, pos0 + start + i, SEQ,
-                  logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1))
-                 for i, tok in enumerate(chunk)),
-                len(chunk), f"llama_decode failed with code {{rc}} at position {pos0 + start}")
+                (
+                    (
+                        tok,
+                        pos0 + start + i,
+                        SEQ,
+                        logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1),
+                    )
+                    for i, tok in enumerate(chunk)
+                ),
+                len(chunk),
+                f"llama_decode failed with code {{rc}} at position {pos0 + start}",
+            )
             if out is not None:
                 for i in range(len(chunk)):
                     out[start + i] = self._row_view(i)
@@ -148,9 +159,11 @@ class LlamaContext:
             raise ContextError(f"decode_seqs takes 1..{self.n_batch} tokens and an output inside each item; got {n}")
         if any(not 0 < seq < self.n_seq for seq, _, _, _ in items):
             raise ContextError(f"decode_seqs: side sequences are 1..{self.n_seq - 1}")
-        self._submit(((tok, pos0 + i, seq, i == out) for seq, tokens, pos0, out in items
-                      for i, tok in enumerate(tokens)),
-                     n, f"llama_decode of {len(items)} sequences failed with code {{rc}}")
+        self._submit(
+            ((tok, pos0 + i, seq, i == out) for seq, tokens, pos0, out in items for i, tok in enumerate(tokens)),
+            n,
+            f"llama_decode of {len(items)} sequences failed with code {{rc}}",
+        )
         if self.params.offload_min_tokens is not None:
             llama_cpp.llama_synchronize(self.ptr)
         # the output rows are the items' outputs, in batch order
@@ -166,13 +179,17 @@ class LlamaContext:
             raise ContextError(f"decode_seqs_rows takes 1..{self.n_batch} tokens and 1..len outputs per item; got {n}")
         if any(not 0 < seq < self.n_seq for seq, _, _, _ in items):
             raise ContextError(f"decode_seqs_rows: side sequences are 1..{self.n_seq - 1}")
-        self._submit(((tok, pos0 + i, seq, i < n_out) for seq, tokens, pos0, n_out in items
-                      for i, tok in enumerate(tokens)),
-                     n, f"llama_decode of {len(items)} sequences failed with code {{rc}}")
+        self._submit(
+            ((tok, pos0 + i, seq, i < n_out) for seq, tokens, pos0, n_out in items for i, tok in enumerate(tokens)),
+            n,
+            f"llama_decode of {len(items)} sequences failed with code {{rc}}",
+        )
         if self.params.offload_min_tokens is not None:
             llama_cpp.llama_synchronize(self.ptr)
         starts = itertools.accumulate((len(t) for _, t, _, _ in items), initial=0)  # batch index of each item
-        return [np.stack([self._row(start + j) for j in range(n_out)]) for start, (_, _, _, n_out) in zip(starts, items)]
+        return [
+            np.stack([self._row(start + j) for j in range(n_out)]) for start, (_, _, _, n_out) in zip(starts, items)
+        ]
 
     def _submit(self, entries: Iterable[tuple[int, int, int, bool]], n: int, failure: str) -> None:
         """Fill the batch with ``n`` entries ``(token, pos, seq, wants_logits)`` and run one

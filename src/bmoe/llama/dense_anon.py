@@ -17,6 +17,7 @@ is known by the inode it had before the load (``file_ids``), not by its path aft
 may be removed meanwhile (``--gc-twins`` in another process), and its mapping, which keeps the
 unlinked file alive, is then still there to read.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,8 +29,9 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .libc import MAP_FAILED, MREMAP_FIXED, MREMAP_MAYMOVE, libc as _libc
 from bmoe.errors import BmoeError
+from bmoe.llama.libc import MAP_FAILED, MREMAP_FIXED, MREMAP_MAYMOVE
+from bmoe.llama.libc import libc as _libc
 
 PAGE = mmap.PAGESIZE
 
@@ -62,8 +64,11 @@ def file_segments(maps: str | None = None) -> frozenset[Segment]:
             continue  # anonymous (inode 0), or no path
         lo, hi = parts[0].split("-")
         major, minor = parts[3].split(":")
-        out.add(Segment(int(lo, 16), int(hi, 16), int(parts[2], 16), (int(major, 16), int(minor, 16)),
-                        int(parts[4]), parts[5]))
+        out.add(
+            Segment(
+                int(lo, 16), int(hi, 16), int(parts[2], 16), (int(major, 16), int(minor, 16)), int(parts[4]), parts[5]
+            )
+        )
     return frozenset(out)
 
 
@@ -103,8 +108,9 @@ def _of_file(segments: Iterable[Segment], fid: FileId) -> list[Segment]:
     some file systems show another device number in the maps than stat gives; an unlinked file's
     path is followed by `` (deleted)``)."""
     names = (fid.path, fid.path + " (deleted)")
-    return sorted((s for s in segments if s.inode == fid.inode and (s.dev == fid.dev or s.path in names)),
-                  key=lambda s: s.start)
+    return sorted(
+        (s for s in segments if s.inode == fid.inode and (s.dev == fid.dev or s.path in names)), key=lambda s: s.start
+    )
 
 
 def _id_of(path: Path, ids: Mapping[Path, FileId] | None) -> FileId:
@@ -163,8 +169,12 @@ class AnonDense:
         self._open = True
 
     @classmethod
-    def move(cls, before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]],
-             ids: Mapping[Path, FileId] | None = None) -> "AnonDense":
+    def move(
+        cls,
+        before: frozenset[Segment],
+        files: Sequence[tuple[Path, Sequence[tuple[int, int]]]],
+        ids: Mapping[Path, FileId] | None = None,
+    ) -> "AnonDense":
         """Move the ``files``' byte ranges, in the mappings made since ``before``, into anonymous
         memory. Each file is found by its ``ids`` entry (``file_ids`` before the load), so one
         removed since is still moved: its pages are read through the mapping. Raises
@@ -177,15 +187,18 @@ class AnonDense:
             except OSError:  # gone, and not looked at before the load: its mapping cannot be told
                 segs = []
             if not segs:
-                raise DenseAnonError(f"dense_weights: anon: llama.cpp's mapping of {path} is not in /proc/self/maps; "
-                                     "use mmap")
+                raise DenseAnonError(
+                    f"dense_weights: anon: llama.cpp's mapping of {path} is not in /proc/self/maps; use mmap"
+                )
             spans += regions(segs, ranges)
         for lo, hi in spans:
             try:
                 _move_to_anon(lo, hi)
             except OSError as e:
-                raise DenseAnonError(f"dense_weights: anon: moving {hi - lo} bytes of dense weights into anonymous "
-                                     f"memory failed ({e.strerror or e}); use mmap") from None
+                raise DenseAnonError(
+                    f"dense_weights: anon: moving {hi - lo} bytes of dense weights into anonymous "
+                    f"memory failed ({e.strerror or e}); use mmap"
+                ) from None
         return cls(spans)
 
     def fraction(self) -> float:
@@ -218,8 +231,11 @@ def inner_regions(segments: Sequence[Segment], ranges: Iterable[tuple[int, int]]
     return sorted(out)
 
 
-def drop_unused(before: frozenset[Segment], files: Sequence[tuple[Path, Sequence[tuple[int, int]]]],
-                ids: Mapping[Path, FileId] | None = None) -> int:
+def drop_unused(
+    before: frozenset[Segment],
+    files: Sequence[tuple[Path, Sequence[tuple[int, int]]]],
+    ids: Mapping[Path, FileId] | None = None,
+) -> int:
     """Give back the pages llama.cpp populated for byte ranges nobody reads (a streamed model's
     expert tensors, rebound onto the streamer's buffers): unmap them from the mappings made since
     ``before`` (``MADV_DONTNEED``) and drop them from the page cache (``POSIX_FADV_DONTNEED``).

@@ -10,6 +10,7 @@ bmoe does not take the threshold on trust: ``open_prefill_device`` asks the devi
 ``offload_op`` about matmuls of every width it needs and refuses a device whose rule is not
 "from exactly ``min_tokens`` on". That is what makes ``prefill_dev_tokens`` a count, not a guess.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import llama_cpp  # noqa: F401 - maps libggml first, so the sonames below resolve to that copy
 
-from ..errors import BmoeError, ConfigError
+from bmoe.errors import BmoeError, ConfigError
 
 # The threshold CUDA/Vulkan/Metal/SYCL read once, when their backend registers.
 THRESHOLD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
@@ -114,9 +115,12 @@ def _info(g: _Ggml, dev: int) -> DeviceInfo:
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     g.dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
     return DeviceInfo(
-        name=(g.dev_name(dev) or b"").decode(), kind=_TYPE_NAMES.get(g.dev_type(dev), "unknown"),
-        description=(g.dev_description(dev) or b"").decode(), backend=(g.reg_name(g.dev_backend_reg(dev)) or b"").decode(),
-        memory_free_mib=free.value >> 20, memory_total_mib=total.value >> 20,
+        name=(g.dev_name(dev) or b"").decode(),
+        kind=_TYPE_NAMES.get(g.dev_type(dev), "unknown"),
+        description=(g.dev_description(dev) or b"").decode(),
+        backend=(g.reg_name(g.dev_backend_reg(dev)) or b"").decode(),
+        memory_free_mib=free.value >> 20,
+        memory_total_mib=total.value >> 20,
     )
 
 
@@ -133,8 +137,11 @@ def list_devices() -> list[DeviceInfo]:
 def format_devices(devices: list[DeviceInfo]) -> str:
     rows = [f"{d.name:<12} {d.kind:<6} {d.backend:<10} {d.memory_total_mib:>8} MiB  {d.description}" for d in devices]
     usable = [d.name for d in devices if d.kind in ("gpu", "igpu")]
-    tail = ("--prefill-device takes one of: " + ", ".join(usable)) if usable else \
-        "no device here can take prefill from the CPU (this llama-cpp-python was built for the CPU only)"
+    tail = (
+        ("--prefill-device takes one of: " + ", ".join(usable))
+        if usable
+        else "no device here can take prefill from the CPU (this llama-cpp-python was built for the CPU only)"
+    )
     return "\n".join(["name         type   backend        memory  description", *rows, tail])
 
 
@@ -175,7 +182,9 @@ def offload_threshold(dev: int) -> int | None:
                 hi = mid
             else:
                 lo = mid + 1
-        monotonic = all(probe.offloads(dev, n) for n in (hi, hi + 1, 2 * hi)) and (hi == 1 or not probe.offloads(dev, hi - 1))
+        monotonic = all(probe.offloads(dev, n) for n in (hi, hi + 1, 2 * hi)) and (
+            hi == 1 or not probe.offloads(dev, hi - 1)
+        )
         return hi if monotonic else None
     finally:
         probe.close()
@@ -210,7 +219,9 @@ def open_prefill_device(name: str, min_tokens: int) -> PrefillDevice:
         )
     info = _info(g, dev)
     if info.kind == "cpu":
-        raise PrefillDeviceError(f"prefill_device: {name} is the host CPU, which already runs every op; give an accelerator")
+        raise PrefillDeviceError(
+            f"prefill_device: {name} is the host CPU, which already runs every op; give an accelerator"
+        )
     threshold = offload_threshold(dev)
     if threshold is None:
         raise PrefillDeviceError(
@@ -242,4 +253,3 @@ def ubatch_widths(n_tokens: int, n_batch: int, n_ubatch: int) -> list[int]:
         chunk = min(n_batch, n_tokens - start)
         out.extend(min(n_ubatch, chunk - u) for u in range(0, chunk, n_ubatch))
     return out
-

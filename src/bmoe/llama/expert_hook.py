@@ -9,6 +9,7 @@ kept as the sticky ``error``, the abort callback stops ``llama_decode``, and ``r
 re-raises it in the session's thread. docs/streaming.md ("How it works", "Split-phase reads",
 "Speculative prefetch", "Slots") describes each step and why.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -18,10 +19,19 @@ from typing import Collection, Protocol, Sequence
 import llama_cpp
 import numpy as np
 
-from ..stream.archs import WEIGHTS_NODE, ArchEntry
-from ..stream.streamer import Binding
-from .ggml_tensor import DATA_OFFSET, GGML_TYPE_I32, NAME_OFFSET, SRC_OFFSET, GgmlBase, GgmlTensor, check_tensor, self_check
 from bmoe.errors import EngineFailure
+from bmoe.llama.ggml_tensor import (
+    DATA_OFFSET,
+    GGML_TYPE_I32,
+    NAME_OFFSET,
+    SRC_OFFSET,
+    GgmlBase,
+    GgmlTensor,
+    check_tensor,
+    self_check,
+)
+from bmoe.stream.archs import WEIGHTS_NODE, ArchEntry
+from bmoe.stream.streamer import Binding
 
 _MOE_PREFIX = b"ffn_moe_"
 GGML_TYPE_F32 = 0
@@ -77,18 +87,31 @@ def _sticky(exc: BaseException) -> EngineFailure:
     if isinstance(exc, EngineFailure):
         return exc
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    err = HookError(f"the streaming hook was {what} inside llama_decode ({type(exc).__name__}"
-                    + (f": {exc}" if str(exc) else "") + "); the expert cache may be half-updated")
+    err = HookError(
+        f"the streaming hook was {what} inside llama_decode ({type(exc).__name__}"
+        + (f": {exc}" if str(exc) else "")
+        + "); the expert cache may be half-updated"
+    )
     err.__cause__ = exc
     return err
 
 
 class ExpertHook:
-    def __init__(self, streamer: StreamerPort, entry: ArchEntry, ggml: GgmlBase | None = None, *,
-                 overlap: bool = True, guess: GuessPort | None = None) -> None:
+    def __init__(
+        self,
+        streamer: StreamerPort,
+        entry: ArchEntry,
+        ggml: GgmlBase | None = None,
+        *,
+        overlap: bool = True,
+        guess: GuessPort | None = None,
+    ) -> None:
         self.ggml = self_check(ggml)  # GgmlLayoutError here: streaming is refused before any load
         lib = self.ggml.lib  # for ids a prefill device computed (see _ids_words)
-        lib.ggml_backend_buffer_is_host.restype, lib.ggml_backend_buffer_is_host.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        lib.ggml_backend_buffer_is_host.restype, lib.ggml_backend_buffer_is_host.argtypes = (
+            ctypes.c_bool,
+            [ctypes.c_void_p],
+        )
         lib.ggml_backend_tensor_get.restype = None
         lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         self.streamer = streamer
@@ -101,8 +124,8 @@ class ExpertHook:
         self._renumbered: set[int] = set()  # layers whose ids this graph renumbered (slots)
         self._route_il: dict[bytes, int] = {}  # route node name -> its layer
         self._name_probe = max(len(self._route_prefix), len(_MOE_PREFIX))
-        self._checked: set[int] = set()          # weight pointers already looked at
-        self._bound: dict[str, int] = {}         # tensor name -> address it now points to
+        self._checked: set[int] = set()  # weight pointers already looked at
+        self._bound: dict[str, int] = {}  # tensor name -> address it now points to
         self._n_bindings = len(streamer.bindings())
         # Until every streamed weight is bound, any ffn_moe_* node is looked at, not only MUL_MAT_ID.
         self._unbound = self._n_bindings > 0
@@ -112,13 +135,13 @@ class ExpertHook:
         self._layer_projs: dict[int, frozenset[str]] = {}
         for b in streamer.bindings():
             self._layer_projs[b.il] = self._layer_projs.get(b.il, frozenset()) | {b.proj}
-        self._weights: dict[int, tuple[int, str]] = {}         # bound weight pointer -> (layer, projection)
-        self._seen: dict[int, dict[str, bytes]] = {}           # layer -> projection -> name of the node before its first matmul
-        self._stop_of: dict[int, tuple[str, bytes]] = {}       # layer -> (deferred projection, its stop node name + NUL)
+        self._weights: dict[int, tuple[int, str]] = {}  # bound weight pointer -> (layer, projection)
+        self._seen: dict[int, dict[str, bytes]] = {}  # layer -> projection -> name of the node before its first matmul
+        self._stop_of: dict[int, tuple[str, bytes]] = {}  # layer -> (deferred projection, its stop node name + NUL)
         self._learning = overlap and bool(self._layer_projs)
-        self._prev = 0                                         # the node of the previous ask call
-        self._stops: list[tuple[bytes, str]] = []              # pending deferred phases: (stop name + NUL, projection)
-        self._stop_node = 0                                    # the node we answered True for, to wait in its data call
+        self._prev = 0  # the node of the previous ask call
+        self._stops: list[tuple[bytes, str]] = []  # pending deferred phases: (stop name + NUL, projection)
+        self._stop_node = 0  # the node we answered True for, to wait in its data call
         # Speculative prefetch: "l_out-<l>" + NUL -> l+1, for every l+1 that streams and can be guessed.
         self.guess = guess
         self._out_prefix = (entry.out_node + "-").encode()
@@ -127,28 +150,27 @@ class ExpertHook:
             self._next = {f"{entry.out_node}-{il - 1}".encode(): il for il in self._layer_projs if guess.can_guess(il)}
         self._last_layer = max(self._layer_projs, default=-1)
         self._first_layer = min(self._layer_projs, default=-1)
-        self._out_node = 0                                     # the l_out node we answered True for
+        self._out_node = 0  # the l_out node we answered True for
         # Early guess: "<inp_node>-<l>" + NUL -> (l, the next streamed layer) where that one is guessed.
         self._early: dict[bytes, tuple[int, int]] = {}
         if guess is not None and streamer.two_deep:
             ls = sorted(self._layer_projs)
-            self._early = {f"{entry.inp_node}-{a}".encode(): (a, b) for a, b in zip(ls, ls[1:])
-                           if guess.can_guess(b)}
+            self._early = {f"{entry.inp_node}-{a}".encode(): (a, b) for a, b in zip(ls, ls[1:]) if guess.can_guess(b)}
         self._inp_prefix = (entry.inp_node + "-").encode()
         self._name_probe = max(self._name_probe, len(self._out_prefix), len(self._inp_prefix))
-        self._inp: dict[int, tuple[int, int]] = {}             # layer -> (its inp node in this graph, next layer)
-        self.inp_found: set[int] = set()                       # layers whose inp node some graph had
+        self._inp: dict[int, tuple[int, int]] = {}  # layer -> (its inp node in this graph, next layer)
+        self.inp_found: set[int] = set()  # layers whose inp node some graph had
         # Python cost counters (seconds are wall time inside the callbacks).
         self.n_calls = 0
         self.n_routes = 0
-        self.n_stop_waits = 0   # deferred projections waited for in their stop node's data call
-        self.n_late_waits = 0   # ... waited for in their matmul's ask instead (the stop node did not come)
-        self.callback_s = 0.0   # all time in the callback, the streamer's included
-        self.route_s = 0.0      # time in the streamer (on_route, waits): reads waited for and cache bookkeeping
-        self.n_prefetches = 0   # guesses queued ahead of their route (early ones included)
+        self.n_stop_waits = 0  # deferred projections waited for in their stop node's data call
+        self.n_late_waits = 0  # ... waited for in their matmul's ask instead (the stop node did not come)
+        self.callback_s = 0.0  # all time in the callback, the streamer's included
+        self.route_s = 0.0  # time in the streamer (on_route, waits): reads waited for and cache bookkeeping
+        self.n_prefetches = 0  # guesses queued ahead of their route (early ones included)
         self.n_wide_prefetches = 0  # ... of them in a ubatch of more than one token (prefill read-ahead)
         self.n_early_prefetches = 0  # ... of them made at the previous layer's route (two layers deep)
-        self.guess_s = 0.0      # time computing the guesses (part of python_s)
+        self.guess_s = 0.0  # time computing the guesses (part of python_s)
         # Kept on self: llama.cpp holds raw pointers to these for the context's life.
         self.c_callback = llama_cpp.ggml_backend_sched_eval_callback(self._callback)
         self.c_abort_callback = llama_cpp.ggml_abort_callback(self._abort)
@@ -192,7 +214,7 @@ class ExpertHook:
                 head = ctypes.string_at(t + NAME_OFFSET, self._name_probe)
                 if head.startswith(self._route_prefix):
                     # "ffn_moe_weights-<il>" exactly: ggml names its reshapes "<name> (reshaped)"
-                    return not self.slots or GgmlTensor.from_address(t).name[len(self._route_prefix):].isdigit()
+                    return not self.slots or GgmlTensor.from_address(t).name[len(self._route_prefix) :].isdigit()
                 if self._next and head.startswith(self._out_prefix) and self._wants_prefetch(t):
                     self._out_node = t
                     return True
@@ -203,7 +225,8 @@ class ExpertHook:
                         self.inp_found.add(pair[0])
                     return False
                 if ctypes.c_int.from_address(t + _OP_OFFSET).value == self._mul_mat_id or (
-                        self._unbound and head.startswith(_MOE_PREFIX)):
+                    self._unbound and head.startswith(_MOE_PREFIX)
+                ):
                     self._matmul(t, prev)
                 if self._stops:
                     stop = self._stops[0][0]
@@ -248,9 +271,15 @@ class ExpertHook:
         """``s`` holds f32 rows of n_embd, one per token of the ubatch, from which layer ``il`` can
         be guessed: several rows only if ``il`` is not the last streamed layer."""
         n_tokens = int(s.ne[1])
-        return (s.type == GGML_TYPE_F32 and n_tokens >= 1 and s.ne[2] == 1 and s.ne[3] == 1
-                and s.nb[0] == 4 and s.ne[0] == self.guess.n_embd  # type: ignore[union-attr]
-                and (n_tokens == 1 or (il != self._last_layer and s.nb[1] >= 4 * s.ne[0] and s.nb[1] % 4 == 0)))
+        return (
+            s.type == GGML_TYPE_F32
+            and n_tokens >= 1
+            and s.ne[2] == 1
+            and s.ne[3] == 1
+            and s.nb[0] == 4
+            and s.ne[0] == self.guess.n_embd  # type: ignore[union-attr]
+            and (n_tokens == 1 or (il != self._last_layer and s.nb[1] >= 4 * s.ne[0] and s.nb[1] % 4 == 0))
+        )
 
     def _prefetch(self, t: int, il: int | None = None) -> None:
         """Guess layer ``il`` (by default the layer after the ``l_out`` node ``t``) from ``t``'s rows
@@ -289,8 +318,10 @@ class ExpertHook:
         if key is None:
             return
         if self.slots and key[0] not in self._renumbered:
-            raise HookError(f"layer {key[0]}'s expert matmul came before its {self._route_prefix.decode()}{key[0]} "
-                            "node, where the routed ids are renumbered to slots; refusing to compute it")
+            raise HookError(
+                f"layer {key[0]}'s expert matmul came before its {self._route_prefix.decode()}{key[0]} "
+                "node, where the routed ids are renumbered to slots; refusing to compute it"
+            )
         if self._learning or self._stops:
             self._consumer(node, prev, key)
 
@@ -320,7 +351,8 @@ class ExpertHook:
             self._stop_of[il] = (last, stop + b"\0")
             self.streamer.set_schedule(il, order, (last,))
         if len(self._seen) == len(self._layer_projs) and all(
-                set(v) == self._layer_projs[k] for k, v in self._seen.items()):
+            set(v) == self._layer_projs[k] for k, v in self._seen.items()
+        ):
             self._learning = False
 
     def _bind_sources(self, node: int) -> None:
@@ -335,13 +367,17 @@ class ExpertHook:
                 continue
             check_tensor(self.ggml, src)  # the view agrees with libggml on this very tensor
             if self.ggml.nbytes(src) != b.nbytes:
-                raise HookError(f"{name} is {self.ggml.nbytes(src)} bytes in llama.cpp but {b.nbytes} in the GGUF "
-                                "layout; refusing to stream it")
+                raise HookError(
+                    f"{name} is {self.ggml.nbytes(src)} bytes in llama.cpp but {b.nbytes} in the GGUF "
+                    "layout; refusing to stream it"
+                )
             if b.n_slots:
                 w = GgmlTensor.from_address(src)
                 if w.ne[3] != 1 or w.ne[2] < 1 or w.nb[2] * w.ne[2] != b.nbytes or w.nb[2] > b.expert_stride:
-                    raise HookError(f"{name} (ne {tuple(w.ne)}, nb {tuple(w.nb)}) does not fit slots of "
-                                    f"{b.expert_stride} bytes; refusing to stream it")
+                    raise HookError(
+                        f"{name} (ne {tuple(w.ne)}, nb {tuple(w.nb)}) does not fit slots of "
+                        f"{b.expert_stride} bytes; refusing to stream it"
+                    )
                 w.ne[2], w.nb[2], w.nb[3] = b.n_slots, b.expert_stride, b.expert_stride * b.n_slots
             ctypes.c_void_p.from_address(src + DATA_OFFSET).value = b.data_addr
             self._bound[name] = b.data_addr
@@ -362,7 +398,7 @@ class ExpertHook:
         name = node.name
         il = self._route_il.get(name)
         if il is None:
-            il = self._route_il[name] = int(name[len(self._route_prefix):])
+            il = self._route_il[name] = int(name[len(self._route_prefix) :])
         return il
 
     def _route(self, t: int) -> None:
@@ -377,8 +413,10 @@ class ExpertHook:
         s = GgmlTensor.from_address(t) if self.slots else node
         k, n_tokens = int(s.ne[0]), int(s.ne[1])
         if s.type != GGML_TYPE_I32 or s.nb[0] != 4 or s.ne[2] != 1 or s.ne[3] != 1:
-            raise HookError(f"{s.name!r} is not an int32 [n_expert_used, n_tokens] tensor "
-                            f"(type {s.type}, ne {tuple(s.ne)}, nb {tuple(s.nb)})")
+            raise HookError(
+                f"{s.name!r} is not an int32 [n_expert_used, n_tokens] tensor "
+                f"(type {s.type}, ne {tuple(s.ne)}, nb {tuple(s.nb)})"
+            )
         if n_tokens == 0:
             # The last layer runs only the output rows; a ubatch with none (an inner piece of a
             # prefill split into several ubatches) routes nothing there.

@@ -5,6 +5,7 @@ field at the wrong offset would corrupt memory silently, so before streaming sta
 is compared with what libggml-base itself reports (name, type, shape, sizes, data, views);
 any difference refuses streaming with a message naming the llama-cpp-python version.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 import llama_cpp
+
 from bmoe.errors import BmoeError
 
 GGML_MAX_DIMS = 4
@@ -86,8 +88,14 @@ class GgmlBase:
         L.ggml_new_tensor_3d.restype = ctypes.c_void_p
         L.ggml_new_tensor_3d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
         L.ggml_view_2d.restype = ctypes.c_void_p
-        L.ggml_view_2d.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                   ctypes.c_size_t, ctypes.c_size_t]
+        L.ggml_view_2d.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+        ]
         L.ggml_set_name.restype, L.ggml_set_name.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
 
     @staticmethod

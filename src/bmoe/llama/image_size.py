@@ -5,6 +5,7 @@ to 1.2 GB of pixels), so the size is checked on the header, in pure Python, for 
 projector's decoder takes (PNG, JPEG, GIF, BMP: ``llama/mtmd.py``). A header that is cut short
 or says nothing sensible is refused here too (``ImageError``), never handed to the decoder.
 """
+
 from __future__ import annotations
 
 import struct
@@ -40,7 +41,7 @@ def _gif(data: bytes, name: str) -> tuple[int, int]:
         if b == 0x2C:  # image descriptor
             if i + 10 > len(data):
                 break
-            x, y, fw, fh, flags = struct.unpack("<HHHHB", data[i + 1:i + 10])
+            x, y, fw, fh, flags = struct.unpack("<HHHHB", data[i + 1 : i + 10])
             w, h = max(w, x + fw), max(h, y + fh)
             i += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1  # + LZW code size
             i = _skip_blocks(data, i)
@@ -69,11 +70,11 @@ def _jpeg(data: bytes, name: str) -> tuple[int, int]:
         if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # no length
             i += 2
             continue
-        (length,) = struct.unpack(">H", data[i + 2:i + 4])
+        (length,) = struct.unpack(">H", data[i + 2 : i + 4])
         if marker in _SOF:
             if i + 9 > len(data) or length < 7:
                 break
-            h, w = struct.unpack(">HH", data[i + 5:i + 9])
+            h, w = struct.unpack(">HH", data[i + 5 : i + 9])
             return w, h
         if marker in (0xD9, 0xDA) or length < 2:  # end, or scan data before any frame
             break
@@ -106,5 +107,8 @@ def image_size(data: bytes, fmt: str, name: str) -> tuple[int, int]:
 def refuse_oversize(name: str, fmt: str, w: int, h: int) -> None:
     """ImageError when ``w x h`` is more pixels than bmoe decodes for any context."""
     if w * h > MAX_PIXELS:
-        raise ImageError(f"{name} is a {w}x{h} {fmt} ({w * h} pixels): more than the {MAX_PIXELS} pixels bmoe "
-                         "decodes; scale it down before sending it", "image_too_large")
+        raise ImageError(
+            f"{name} is a {w}x{h} {fmt} ({w * h} pixels): more than the {MAX_PIXELS} pixels bmoe "
+            "decodes; scale it down before sending it",
+            "image_too_large",
+        )

@@ -3,6 +3,7 @@
 llama.cpp logs every tensor at load; bmoe keeps stderr quiet unless BMOE_LLAMA_LOG=1,
 so that stdout/stderr stay readable for people and for the line protocol.
 """
+
 from __future__ import annotations
 
 import ctypes

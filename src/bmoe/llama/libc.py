@@ -1,5 +1,6 @@
 """The C library's memory calls, declared once for the modules that manage pages (mremap_mover.py,
 dense_anon.py, residency.py). Linux values for the flags Python's ``mmap`` module does not export."""
+
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,10 @@ MAP_FAILED = ctypes.c_void_p(-1).value
 
 libc = ctypes.CDLL(None, use_errno=True)
 _sig = {
-    "mmap": ([ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long], ctypes.c_void_p),
+    "mmap": (
+        [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long],
+        ctypes.c_void_p,
+    ),
     "munmap": ([ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
     "mprotect": ([ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int),
     "mremap": ([ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p),

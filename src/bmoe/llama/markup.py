@@ -29,6 +29,7 @@ overlaps a control token written in the markup (no vocabulary known to us), the 
 passes is not kept. Everything here is linear in the text: the passes run once per control
 token written in the markup, each over the markup.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -36,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .special_cuts import WHITESPACE
+from bmoe.llama.special_cuts import WHITESPACE
 
 Span = tuple[int, int]
 

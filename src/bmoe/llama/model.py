@@ -1,4 +1,5 @@
 """LlamaModel: a loaded GGUF, its vocabulary and metadata (adapter over llama.cpp)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -8,13 +9,12 @@ from typing import Sequence
 
 import llama_cpp
 
-from .dense_anon import AnonDense, FileId, Segment, drop_unused, file_ids, file_segments
-from .devices import PrefillDevice, device_list
-from .lib import ensure_backend
-from .markup import Control, PlainReader, Span
-from .special_cuts import PIECE_BYTES, Cutter, Special
 from bmoe.errors import ModelFileError
-
+from bmoe.llama.dense_anon import AnonDense, FileId, Segment, drop_unused, file_ids, file_segments
+from bmoe.llama.devices import PrefillDevice, device_list
+from bmoe.llama.lib import ensure_backend
+from bmoe.llama.markup import Control, PlainReader, Span
+from bmoe.llama.special_cuts import PIECE_BYTES, Cutter, Special
 
 # The tokens llama.cpp reads from a text only when it parses special tokens.
 _PARSED_ONLY = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
@@ -79,8 +79,10 @@ def refuse_early(path: Path, named: Path) -> None:
         raise ModelLoadError(f"model: {named} is a folder, not a .gguf file")
     if not path.is_file():  # also what is no regular file (a FIFO would block the read below)
         if path != named and Path(named).is_file():  # the twin went between its writing and this load
-            raise ModelLoadError(f"model: the dense twin of {named} was removed while the session opened "
-                                 "(--gc-twins in another process?); open it again")
+            raise ModelLoadError(
+                f"model: the dense twin of {named} was removed while the session opened "
+                "(--gc-twins in another process?); open it again"
+            )
         raise ModelLoadError(f"model: file not found: {named}")
     try:
         with open(path, "rb") as f:
@@ -120,8 +122,10 @@ class LlamaModel:
         named = params.user_path or path
         ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not ptr:
-            raise ModelLoadError(f"model: llama.cpp could not load {named} "
-                                 "(not a GGUF it can read, or truncated; set BMOE_LLAMA_LOG=1 for its log)")
+            raise ModelLoadError(
+                f"model: llama.cpp could not load {named} "
+                "(not a GGUF it can read, or truncated; set BMOE_LLAMA_LOG=1 for its log)"
+            )
         self.params = params
         self.path = path
         self.ptr = ptr
@@ -129,8 +133,9 @@ class LlamaModel:
             self._set_up(params, before, ids)
         except OSError as e:
             self.close()
-            raise ModelLoadError(f"model: setting up {named} failed after llama.cpp loaded it "
-                                 f"({e.strerror or type(e).__name__})") from e
+            raise ModelLoadError(
+                f"model: setting up {named} failed after llama.cpp loaded it ({e.strerror or type(e).__name__})"
+            ) from e
         except BaseException:
             self.close()
             raise
@@ -213,7 +218,7 @@ class LlamaModel:
             if isinstance(frag, bytes):
                 toks.append(self._control_id(frag))
             else:
-                toks.extend(self._tokenize_long(data[frag[0]:frag[1]], False, False))
+                toks.extend(self._tokenize_long(data[frag[0] : frag[1]], False, False))
         return toks
 
     def holds_control_text(self, text: str) -> bool:
@@ -253,8 +258,11 @@ class LlamaModel:
         """Every token llama.cpp's split at special tokens looks for (control, user-defined and
         unknown ones) as ``(id, text, attributes)``, read from the vocabulary once."""
         if self._specials is None:
-            partitioned = (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
-                           | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN)
+            partitioned = (
+                llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+                | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+                | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            )
             specials = []
             for tok in range(self.n_vocab):
                 attr = int(llama_cpp.llama_vocab_get_attr(self.vocab, tok))
@@ -271,15 +279,21 @@ class LlamaModel:
             skip = 0 if parse_special else _PARSED_ONLY
             cutter = self._cutters[parse_special] = Cutter(
                 Special(text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP))
-                for _, text, attr in self._special_tokens() if not attr & skip)
+                for _, text, attr in self._special_tokens()
+                if not attr & skip
+            )
         return cutter
 
     def _plain_reader(self) -> PlainReader:
         """The tokens llama.cpp takes from text only when it parses special tokens (markup.py)."""
         if self._reader is None:
             self._reader = PlainReader(
-                Control(text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP))
-                for _, text, attr in self._special_tokens() if attr & _PARSED_ONLY)
+                Control(
+                    text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)
+                )
+                for _, text, attr in self._special_tokens()
+                if attr & _PARSED_ONLY
+            )
         return self._reader
 
     def _control_id(self, text: bytes) -> int:

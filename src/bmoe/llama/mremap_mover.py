@@ -24,6 +24,7 @@ move on only where twice the model's expert slices, plus room for everything els
 that cap (Qwen3-30B-A3B's 18,432 slices do; a 94-layer model's 36,096 do not); a refusal for lack
 of mappings (ENOMEM) turns it off as well.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -32,8 +33,16 @@ import mmap
 import sys
 from pathlib import Path
 
-from .libc import (MADV_NOHUGEPAGE, MAP_FIXED, MAP_NORESERVE, MREMAP_DONTUNMAP, MREMAP_FIXED, MREMAP_MAYMOVE,
-                   errno_error, libc)
+from bmoe.llama.libc import (
+    MADV_NOHUGEPAGE,
+    MAP_FIXED,
+    MAP_NORESERVE,
+    MREMAP_DONTUNMAP,
+    MREMAP_FIXED,
+    MREMAP_MAYMOVE,
+    errno_error,
+    libc,
+)
 
 
 class LibcPageMover:

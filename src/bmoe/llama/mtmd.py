@@ -15,6 +15,7 @@ Bad input is refused here, before anything is prefilled: bytes that are no image
 read (``ImageError``), a projector file llama.cpp refuses or one made for another language model
 (``ProjectorError``).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,12 +30,12 @@ import llama_cpp
 import llama_cpp.mtmd_cpp as mtmd
 import numpy as np
 
-from .context import ContextError, LlamaContext
-from .lib import ensure_backend
-from .model import LlamaModel
 from bmoe.errors import ModelFileError
 from bmoe.image_refs import ImageError
-from .image_size import MAX_PIXELS, image_size, refuse_oversize
+from bmoe.llama.context import ContextError, LlamaContext
+from bmoe.llama.image_size import MAX_PIXELS, image_size, refuse_oversize
+from bmoe.llama.lib import ensure_backend
+from bmoe.llama.model import LlamaModel
 
 # Where mtmd's helper would look for ffmpeg when the bytes are no image or audio (it then tries
 # them as a video): nowhere, so that bytes that are no image are refused, never run through ffmpeg.
@@ -42,7 +43,10 @@ _NO_FFMPEG = b"/nonexistent/bmoe-no-ffmpeg"
 
 # The formats stb_image (mtmd's image decoder) reads, by their first bytes.
 _IMAGE_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
     (b"BM", "BMP"),
 )
 IMAGE_FORMATS = "PNG, JPEG, GIF or BMP"
@@ -124,24 +128,33 @@ class Projector:
         caps = mtmd.mtmd_get_cap_from_file(str(path).encode())
         log.take()
         if not caps.inp_vision:
-            raise ProjectorError(f"mmproj: {path} has no vision encoder (it is no image projector llama.cpp "
-                                 "can read, or an audio-only one): give the model's vision projector GGUF")
+            raise ProjectorError(
+                f"mmproj: {path} has no vision encoder (it is no image projector llama.cpp "
+                "can read, or an audio-only one): give the model's vision projector GGUF"
+            )
         p = mtmd.mtmd_context_params_default()
         p.use_gpu = False
         p.print_timings = False
         p.warmup = False
         p.n_threads = n_threads
-        p.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
-                             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
-                             llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        p.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+            if flash_attn is None
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         ptr = mtmd.mtmd_init_from_file(str(path).encode(), model.ptr, p)
         if not ptr:
             why = log.take()
             if "mismatch" in why:
-                raise ProjectorError(f"mmproj: {path} does not match the model {model.params.user_path or model.path} "
-                                     f"(llama.cpp: {why}): give the projector made for this model")
-            raise ProjectorError(f"mmproj: llama.cpp could not load {path} as a projector"
-                                 + (f" ({why})" if why else ""))
+                raise ProjectorError(
+                    f"mmproj: {path} does not match the model {model.params.user_path or model.path} "
+                    f"(llama.cpp: {why}): give the projector made for this model"
+                )
+            raise ProjectorError(
+                f"mmproj: llama.cpp could not load {path} as a projector" + (f" ({why})" if why else "")
+            )
         self.ptr = ptr
         self.path = path
         self.model = model
@@ -167,9 +180,12 @@ class Projector:
         w, h = image_size(data, fmt, name)
         refuse_oversize(name, fmt, w, h)
         if n_ctx is not None and self._over_cap(w * h, n_ctx):
-            raise ImageError(f"{name} is a {w}x{h} {fmt} ({w * h} pixels): this projector makes about one image token "
-                             f"per {self._density:.0f} pixels, so it is far more image tokens than the context holds "
-                             f"(n_ctx {n_ctx}); scale it down", "image_too_large")
+            raise ImageError(
+                f"{name} is a {w}x{h} {fmt} ({w * h} pixels): this projector makes about one image token "
+                f"per {self._density:.0f} pixels, so it is far more image tokens than the context holds "
+                f"(n_ctx {n_ctx}); scale it down",
+                "image_too_large",
+            )
         return self._decode(data, name)
 
     def pixel_cap(self, n_ctx: int) -> int:
@@ -194,7 +210,7 @@ class Projector:
         if pixels <= cap or cap == MAX_PIXELS:
             return False
         if n_ctx not in self._cap_holds:
-            self._cap_holds[n_ctx] = self._probe(int(cap ** 0.5)) > n_ctx
+            self._cap_holds[n_ctx] = self._probe(int(cap**0.5)) > n_ctx
         return self._cap_holds[n_ctx]
 
     def _probe(self, side: int) -> int:
@@ -230,8 +246,11 @@ class Projector:
             arr = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
             rc = mtmd.mtmd_tokenize(self.ptr, chunks, ctypes.byref(text), arr, 1)
             if rc != 0:
-                raise ImageError(f"{name}: llama.cpp could not preprocess the image (mtmd_tokenize {rc}"
-                                 + (f": {log.take()}" if log.errors else "") + ")")
+                raise ImageError(
+                    f"{name}: llama.cpp could not preprocess the image (mtmd_tokenize {rc}"
+                    + (f": {log.take()}" if log.errors else "")
+                    + ")"
+                )
             return self._image(chunks, mtmd.mtmd_bitmap_get_nx(bitmap), mtmd.mtmd_bitmap_get_ny(bitmap), name)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
@@ -251,17 +270,26 @@ class Projector:
             elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE and found is None:
                 found = c
             else:
-                raise ImageError(f"{name}: the projector made more than one image of it (a tiled or "
-                                 "video image), which bmoe does not prefill")
+                raise ImageError(
+                    f"{name}: the projector made more than one image of it (a tiled or "
+                    "video image), which bmoe does not prefill"
+                )
         if found is None:
             raise ImageError(f"{name}: the projector made no image tokens of it")
         key = (mtmd.mtmd_input_chunk_get_id(found) or b"").decode()
         owned = mtmd.mtmd_input_chunk_copy(found)
         if not owned:
             raise ImageError(f"{name}: llama.cpp could not copy the image's tokens")
-        image = Image(key=key, width=int(width), height=int(height), before=tuple(before), after=tuple(after),
-                      n_tokens=int(mtmd.mtmd_input_chunk_get_n_tokens(found)),
-                      n_pos=int(mtmd.mtmd_input_chunk_get_n_pos(found)), _chunk=owned)
+        image = Image(
+            key=key,
+            width=int(width),
+            height=int(height),
+            before=tuple(before),
+            after=tuple(after),
+            n_tokens=int(mtmd.mtmd_input_chunk_get_n_tokens(found)),
+            n_pos=int(mtmd.mtmd_input_chunk_get_n_pos(found)),
+            _chunk=owned,
+        )
         weakref.finalize(image, mtmd.mtmd_input_chunk_free, owned)
         return image
 
@@ -284,8 +312,17 @@ class Projector:
             raise ContextError(f"image embeddings of shape {embd.shape} for an image of {image.n_tokens} tokens")
         new_pos = llama_cpp.llama_pos(0)
         rc = mtmd.mtmd_helper_decode_image_chunk(
-            self.ptr, ctx.ptr, image._chunk, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), pos0, seq,
-            ctx.n_batch, ctypes.byref(new_pos), mtmd.mtmd_helper_post_decode_callback(), None)
+            self.ptr,
+            ctx.ptr,
+            image._chunk,
+            embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            pos0,
+            seq,
+            ctx.n_batch,
+            ctypes.byref(new_pos),
+            mtmd.mtmd_helper_post_decode_callback(),
+            None,
+        )
         ctx.after_decode(rc, f"llama_decode of an image failed with code {rc} at position {pos0}")
 
     def close(self) -> None:

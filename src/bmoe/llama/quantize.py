@@ -1,5 +1,6 @@
 """Re-quantize a GGUF with llama.cpp's own quantizer (the only source of K-quants: the ``gguf``
 package cannot write them)."""
+
 from __future__ import annotations
 
 import os
@@ -7,16 +8,17 @@ from pathlib import Path
 
 import llama_cpp
 
-from bmoe.llama.lib import ensure_backend
 from bmoe.errors import BmoeError
+from bmoe.llama.lib import ensure_backend
 
 
 class QuantizeError(BmoeError, RuntimeError):
     """llama.cpp refused or failed to quantize; the message names the files and the type."""
 
 
-def quantize_gguf(src: Path, dst: Path, ftype: str = "Q4_K_M", n_threads: int = 0,
-                  allow_requantize: bool = False) -> None:
+def quantize_gguf(
+    src: Path, dst: Path, ftype: str = "Q4_K_M", n_threads: int = 0, allow_requantize: bool = False
+) -> None:
     """Write ``dst`` as ``src`` quantized to ``ftype`` (a ``LLAMA_FTYPE_MOSTLY_*`` suffix such as
     ``"Q4_K_M"``), with llama.cpp's default per-tensor type choices. ``n_threads`` 0 = all cores.
     ``allow_requantize``: tensors ``src`` already holds quantized are dequantized and quantized

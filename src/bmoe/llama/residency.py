@@ -3,6 +3,7 @@
 llama.cpp maps the same files; page-cache pages are shared between mappings, so what our
 read-only, never-touched mapping reports resident is what the model's weights have in RAM.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .libc import libc as _libc
+from bmoe.llama.libc import libc as _libc
 
 PAGE = mmap.PAGESIZE
 

@@ -11,6 +11,7 @@ against libggml's accessors, and the slot is empty (or already ours).
 Never imported by the engine: only tests, gates and benches use it. It needs a llama-cpp-python
 built with ``CMAKE_ARGS=-DGGML_RPC=ON`` (``llama_cpp.llama_supports_rpc()``).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -96,8 +97,9 @@ def start_server(n_threads: int = 2, timeout_s: float = 30.0) -> RpcServer:
         devs = (ctypes.c_void_p * 1)(cpu)
         port = _free_port()
         endpoint = f"127.0.0.1:{port}"
-        t = threading.Thread(target=fn, args=(endpoint.encode(), None, n_threads, 1, devs), daemon=True,
-                             name=f"rpc-server-{port}")
+        t = threading.Thread(
+            target=fn, args=(endpoint.encode(), None, n_threads, 1, devs), daemon=True, name=f"rpc-server-{port}"
+        )
         t.start()
         deadline = time.monotonic() + timeout_s
         while True:
@@ -127,8 +129,13 @@ def register(endpoint: str) -> list[str]:
         raise RpcUnavailable(f"no RPC server answered on {endpoint}")
     before = {g.dev_name(g.dev_get(i)).decode() for i in range(g.dev_count())}
     rn.ggml_backend_reg_dev_count.restype, rn.ggml_backend_reg_dev_count.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
-    rn.ggml_backend_reg_dev_get.restype, rn.ggml_backend_reg_dev_get.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]
-    names = [g.dev_name(rn.ggml_backend_reg_dev_get(reg, i)).decode() for i in range(rn.ggml_backend_reg_dev_count(reg))]
+    rn.ggml_backend_reg_dev_get.restype, rn.ggml_backend_reg_dev_get.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_void_p, ctypes.c_size_t],
+    )
+    names = [
+        g.dev_name(rn.ggml_backend_reg_dev_get(reg, i)).decode() for i in range(rn.ggml_backend_reg_dev_count(reg))
+    ]
     if not set(names) <= before:  # add_server returns the same reg for a known endpoint: register once
         reg_fn(reg)
     return names
@@ -177,9 +184,11 @@ def _check_layout(handle: int, name: str) -> None:
         raise HookRefused(f"{name}: the reg pointer is not where ggml_backend_device puts it")
     if (g.reg_name(table[_N_IFACE]) or b"").decode() != "RPC":
         raise HookRefused(f"{name}: not an RPC device")
-    for slot, fn_type, expected in ((_SLOT_GET_NAME, _NAME_FN, g.dev_name(handle)),
-                                    (_SLOT_GET_DESCRIPTION, _NAME_FN, g.dev_description(handle)),
-                                    (_SLOT_GET_TYPE, _TYPE_FN, g.dev_type(handle))):
+    for slot, fn_type, expected in (
+        (_SLOT_GET_NAME, _NAME_FN, g.dev_name(handle)),
+        (_SLOT_GET_DESCRIPTION, _NAME_FN, g.dev_description(handle)),
+        (_SLOT_GET_TYPE, _TYPE_FN, g.dev_type(handle)),
+    ):
         addr = table[slot]
         if not addr or fn_type(addr)(handle) != expected:
             raise HookRefused(f"{name}: function slot {slot} does not answer as libggml's accessor does")

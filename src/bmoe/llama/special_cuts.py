@@ -32,6 +32,7 @@ special token. Shorter special tokens overlapping S do not matter: their passes 
 tests/unit/test_special_cuts.py checks this against a transcription of llama.cpp's partition;
 tests/real/test_smollm2_tokenize.py against SmolLM2's tokenizer itself.
 """
+
 from __future__ import annotations
 
 import re
@@ -111,7 +112,7 @@ class Cutter:
         # Every special token starting where it could overlap [a, q): the longest at each
         # position (the lookahead gives one match per position, its first alternative).
         lo = max(0, a - self._longest + 1)
-        for m in self._starts.finditer(data[lo:q + self._longest - 1]):
+        for m in self._starts.finditer(data[lo : q + self._longest - 1]):
             start, length = lo + m.start(), len(m.group(1))
             if start >= q:
                 break

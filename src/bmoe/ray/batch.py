@@ -4,6 +4,7 @@ Every non-blank input line is one row (a line of the session line protocol; rows
 file gets one JSON object per row, in input order. Session flags are bmoe-cli's (decide is always
 on); docs/scale-out.md lists the rest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,13 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.errors import BmoeError
+from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model_from_flags, opening_failure
 from bmoe.out_paths import not_regular
+from bmoe.ray.data.run import LOCAL, RayOptions, answer, pride_refusal
+from bmoe.ray.flags import add_actor_flags, run_failure
 from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
-
-from .flags import add_actor_flags, run_failure
-from .data.run import LOCAL, RayOptions, answer, pride_refusal
 
 JSON_SPACE = " \t\r\n"
 
@@ -33,21 +33,34 @@ def build_batch_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bmoe-batch",
         description="Answer a JSONL file of decide requests (one protocol line each; generate lines too) and "
-                    "write one result object per line, in input order; on Ray with --ray (docs/scale-out.md).")
+        "write one result object per line, in input order; on Ray with --ray (docs/scale-out.md).",
+    )
     p.add_argument("data", type=Path, metavar="DATA.jsonl", help="the requests, one JSON object per line")
     g = p.add_argument_group("batch")
     g.add_argument("--out", type=Path, required=True, metavar="FILE", help="where the results go (JSONL)")
-    g.add_argument("--ray", metavar="ADDRESS|local",
-                   help="run on a Ray cluster at ADDRESS (host:port of its head, auto, ray://...), or on a Ray "
-                        "instance started here with 'local' (default: no Ray, one session in this process)")
+    g.add_argument(
+        "--ray",
+        metavar="ADDRESS|local",
+        help="run on a Ray cluster at ADDRESS (host:port of its head, auto, ray://...), or on a Ray "
+        "instance started here with 'local' (default: no Ray, one session in this process)",
+    )
     g.add_argument("--actors", type=_positive, default=1, metavar="N", help="Ray actors, one session each (default 1)")
-    g.add_argument("--batch-rows", type=_positive, default=32, metavar="N",
-                   help="rows per batch handed to an actor (default 32)")
+    g.add_argument(
+        "--batch-rows", type=_positive, default=32, metavar="N", help="rows per batch handed to an actor (default 32)"
+    )
     add_actor_flags(g)
-    g.add_argument("--flash-resource", metavar="NAME",
-                   help="a custom Ray resource each actor takes one unit of, e.g. one per flash device")
-    g.add_argument("--max-restarts", type=_non_negative, default=3, metavar="N",
-                   help="times a failed actor is restarted and its batch retried (default 3)")
+    g.add_argument(
+        "--flash-resource",
+        metavar="NAME",
+        help="a custom Ray resource each actor takes one unit of, e.g. one per flash device",
+    )
+    g.add_argument(
+        "--max-restarts",
+        type=_non_negative,
+        default=3,
+        metavar="N",
+        help="times a failed actor is restarted and its batch retried (default 3)",
+    )
     add_session_flags(p, skip=("--decide",))  # decide is always on here
     return p
 
@@ -80,8 +93,10 @@ def out_refusal(out: Path, data: Path) -> str | None:
     in its folder: the results are written there and renamed into place."""
     what = not_regular(out)
     if what is not None:
-        return (f"--out: {out} is {what}; give the path of a regular file, or of one that does not exist yet "
-                "(the results are written beside it and renamed over it)")
+        return (
+            f"--out: {out} is {what}; give the path of a regular file, or of one that does not exist yet "
+            "(the results are written beside it and renamed over it)"
+        )
     try:
         same = out.exists() and os.path.samefile(out, data)
     except OSError:  # the data cannot be looked at: its own refusal follows
@@ -125,9 +140,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         cfg = config_from_flags(args, model_from_flags(args, "bmoe-batch"), decide=True)
-        options = None if args.ray is None else RayOptions(
-            address=args.ray, actors=args.actors, batch_rows=args.batch_rows, num_cpus=args.actor_cpus,
-            memory_mb=args.actor_memory_mb, flash_resource=args.flash_resource, max_restarts=args.max_restarts)
+        options = (
+            None
+            if args.ray is None
+            else RayOptions(
+                address=args.ray,
+                actors=args.actors,
+                batch_rows=args.batch_rows,
+                num_cpus=args.actor_cpus,
+                memory_mb=args.actor_memory_mb,
+                flash_resource=args.flash_resource,
+                max_restarts=args.max_restarts,
+            )
+        )
     except Exception as e:
         print(f"bmoe-batch: {opening_failure(e)}", file=sys.stderr)
         return 1
@@ -155,11 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bmoe-batch: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
         return 1
     errors = sum(1 for r in results if "error" in r)
-    where = "in this process" if options is None else \
-        f"on Ray ({'a local instance' if options.address == LOCAL else options.address}, {options.actors} actor(s))"
+    where = (
+        "in this process"
+        if options is None
+        else f"on Ray ({'a local instance' if options.address == LOCAL else options.address}, {options.actors} actor(s))"
+    )
     rate = len(todo) / seconds if seconds > 0 else 0.0
-    print(f"bmoe-batch: {len(results)} rows ({errors} refused or failed) in {seconds:.2f} s, {rate:.2f} rows/s, "
-          f"{where}; results in {args.out}", file=sys.stderr)
+    print(
+        f"bmoe-batch: {len(results)} rows ({errors} refused or failed) in {seconds:.2f} s, {rate:.2f} rows/s, "
+        f"{where}; results in {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 

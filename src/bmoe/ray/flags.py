@@ -1,5 +1,6 @@
 """What the commands that run rows on Ray (bmoe-batch, bmoe-eval) share: the flags sizing an
 actor, and a failed Ray run said in one line."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,20 @@ def _cpus(v: str) -> float:
 
 def add_actor_flags(group: argparse._ArgumentGroup) -> None:
     """--actor-cpus and --actor-memory-mb (RayOptions.num_cpus and memory_mb)."""
-    group.add_argument("--actor-cpus", type=_cpus, default=1.0, metavar="X",
-                       help="CPUs each actor reserves; also its llama.cpp threads unless --threads is given "
-                            "(default 1)")
-    group.add_argument("--actor-memory-mb", type=int_at_least(1), default=None, metavar="N",
-                       help="memory each actor reserves, in MiB (default: weights + KV + overhead, "
-                            "docs/scale-out.md)")
+    group.add_argument(
+        "--actor-cpus",
+        type=_cpus,
+        default=1.0,
+        metavar="X",
+        help="CPUs each actor reserves; also its llama.cpp threads unless --threads is given (default 1)",
+    )
+    group.add_argument(
+        "--actor-memory-mb",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="memory each actor reserves, in MiB (default: weights + KV + overhead, docs/scale-out.md)",
+    )
 
 
 def run_failure(e: Exception) -> str:

@@ -11,21 +11,20 @@ Routing is Serve's default (power of two choices on queue length). Its prefix-aw
 attribute off a handle call's argument; requests that come in over HTTP reach the router as the
 proxy's raw, still-pickled request, so there is no text to match (docs/scale-out.md).
 """
+
 from __future__ import annotations
 
 import shlex
 from typing import Any
 
-from ray import serve
-
 from bmoe.config import SessionConfig
-from bmoe.flags import config_from_flags, model_from_flags
 from bmoe.errors import ConfigError
+from bmoe.flags import config_from_flags, model_from_flags
+from bmoe.ray.data.run import RayOptions, actor_config, sizing
 from bmoe.server.app import ServerSettings, close_app, create_app
 from bmoe.server.main import build_server_parser, server_settings
 from bmoe.session import Session
-
-from .data.run import RayOptions, actor_config, sizing
+from ray import serve
 
 
 @serve.ingress()
@@ -48,9 +47,16 @@ class BmoeReplica:
             self.session.close()
 
 
-def deployment(config: SessionConfig, settings: ServerSettings = ServerSettings(), *, replicas: int = 1,
-               num_cpus: float = 1.0, memory_mb: int | None = None, flash_resource: str | None = None,
-               max_queued_requests: int = -1) -> Any:
+def deployment(
+    config: SessionConfig,
+    settings: ServerSettings = ServerSettings(),
+    *,
+    replicas: int = 1,
+    num_cpus: float = 1.0,
+    memory_mb: int | None = None,
+    flash_resource: str | None = None,
+    max_queued_requests: int = -1,
+) -> Any:
     """The bound Serve application: ``serve.run(deployment(cfg), route_prefix="/")``. Each replica
     reserves what a bmoe-batch actor does (docs/scale-out.md "Resource sizing")."""
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
@@ -60,8 +66,14 @@ def deployment(config: SessionConfig, settings: ServerSettings = ServerSettings(
     actor_options: dict[str, Any] = {"num_cpus": size.num_cpus, "memory": size.memory}
     if size.resources:
         actor_options["resources"] = size.resources
-    dep = serve.deployment(BmoeReplica, name="bmoe", num_replicas=replicas, ray_actor_options=actor_options,
-                           max_ongoing_requests=settings.max_queue + 1, max_queued_requests=max_queued_requests)
+    dep = serve.deployment(
+        BmoeReplica,
+        name="bmoe",
+        num_replicas=replicas,
+        ray_actor_options=actor_options,
+        max_ongoing_requests=settings.max_queue + 1,
+        max_queued_requests=max_queued_requests,
+    )
     return dep.bind(actor_config(config, options), settings)  # type: ignore[attr-defined]  # serve's stubs type the decorator, not Deployment
 
 
@@ -78,5 +90,11 @@ def build(args: dict[str, str]) -> Any:
     settings = ServerSettings(**server_settings(flags, extra))  # bmoe-server's checks, as ConfigError
     cfg = config_from_flags(flags, model_from_flags(flags, "bmoe.ray.serve"), decide=not flags.no_decide)
     memory = args.get("memory_mb")
-    return deployment(cfg, settings, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1.0)),
-                      memory_mb=int(memory) if memory else None, flash_resource=args.get("flash_resource") or None)
+    return deployment(
+        cfg,
+        settings,
+        replicas=int(args.get("replicas", 1)),
+        num_cpus=float(args.get("num_cpus", 1.0)),
+        memory_mb=int(memory) if memory else None,
+        flash_resource=args.get("flash_resource") or None,
+    )

@@ -11,6 +11,7 @@ conversation again with a placeholder for each message's text; a template that c
 message's text (``| trim``) is asked for each message on its own. A raw prompt (no template)
 is the client's own markup: its special tokens are parsed, as llama.cpp's raw prompt.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,10 @@ from typing import Literal, Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..image_refs import ImageSource
-from ..config import ChatMode
-from ..errors import ModelFileError, RequestError
-from .detokenize import CLOSE, OPEN
+from bmoe.config import ChatMode
+from bmoe.errors import ModelFileError, RequestError
+from bmoe.image_refs import ImageSource
+from bmoe.runtime.detokenize import CLOSE, OPEN
 
 ThinkCtl = Literal["template", "prefill", "none"]
 
@@ -132,8 +133,9 @@ class ChatRenderer:
         try:
             self._template = _environment().from_string(source) if source else None
         except TemplateError as e:  # the GGUF's own template (chatml's is ours and parses)
-            raise ModelFileError(f"the model's chat template is not valid Jinja ({e}); run it with --chatml or "
-                                 "--no-chat instead") from None
+            raise ModelFileError(
+                f"the model's chat template is not valid Jinja ({e}); run it with --chatml or --no-chat instead"
+            ) from None
         self._bos_text = bos_text
         self._eos_text = eos_text
 
@@ -167,7 +169,7 @@ class ChatRenderer:
         opens = _opens(prompt)
         if closes:
             if opens:  # the template opened the block itself: close it, without a second <think>
-                text = text.then(_closing(prompt[prompt.rfind(OPEN) + len(OPEN):]))
+                text = text.then(_closing(prompt[prompt.rfind(OPEN) + len(OPEN) :]))
                 opens = False
             elif not prompt.rstrip().endswith(CLOSE):
                 text = text.then(EMPTY_THINK)
@@ -211,34 +213,41 @@ class ChatRenderer:
                     return shown
         return Prompt([(text, False)], [c for c in contents if c])
 
-    def _marked(self, messages: Sequence[Message], marks: list[str | None], think: bool,
-                show: int | None) -> list[str | int] | None:
+    def _marked(
+        self, messages: Sequence[Message], marks: list[str | None], think: bool, show: int | None
+    ) -> list[str | int] | None:
         """The conversation rendered with each marked message's text replaced by its mark (but
         message ``show``'s), cut into markup strings and message indices; None where the template
         refuses the placeholders."""
         try:
-            out = self._render([Message(m.role, m.content if k is None or i == show else k)
-                                for i, (m, k) in enumerate(zip(messages, marks))],
-                               generation_prompt=True, think=think)
+            out = self._render(
+                [
+                    Message(m.role, m.content if k is None or i == show else k)
+                    for i, (m, k) in enumerate(zip(messages, marks))
+                ],
+                generation_prompt=True,
+                think=think,
+            )
         except RequestError:
             return None
         if not any(marks):
             return [out]
         tag = next(k for k in marks if k is not None)
-        find = re.compile(re.escape(tag[:tag.index("-") + 1]) + r"(\d+)" + re.escape(_MARK_END))
+        find = re.compile(re.escape(tag[: tag.index("-") + 1]) + r"(\d+)" + re.escape(_MARK_END))
         pieces: list[str | int] = []
         at = 0
         for m in find.finditer(out):
             i = int(m.group(1))
             if i >= len(marks) or marks[i] != m.group(0):
                 return None
-            pieces += [out[at:m.start()], i]
+            pieces += [out[at : m.start()], i]
             at = m.end()
         pieces.append(out[at:])
         return pieces
 
-    def _rendered_as(self, messages: Sequence[Message], marks: list[str | None], pieces: list[str | int],
-                     i: int, think: bool) -> str | None:
+    def _rendered_as(
+        self, messages: Sequence[Message], marks: list[str | None], pieces: list[str | int], i: int, think: bool
+    ) -> str | None:
         """Message ``i``'s text as the template renders it: the conversation rendered with it
         alone shown, less the markup (and other marks) the placeholder render has around it."""
         if pieces.count(i) != 1:
@@ -248,11 +257,11 @@ class ChatRenderer:
         if alone is None:
             return None
         before = "".join(p if isinstance(p, str) else marks[p] or "" for p in pieces[:j])
-        after = "".join(p if isinstance(p, str) else marks[p] or "" for p in pieces[j + 1:])
+        after = "".join(p if isinstance(p, str) else marks[p] or "" for p in pieces[j + 1 :])
         whole = "".join(p if isinstance(p, str) else marks[p] or "" for p in alone)
         if len(whole) < len(before) + len(after) or not whole.startswith(before) or not whole.endswith(after):
             return None
-        return whole[len(before):len(whole) - len(after)]
+        return whole[len(before) : len(whole) - len(after)]
 
     def _render(self, messages: Sequence[Message], *, generation_prompt: bool, think: bool) -> str:
         assert self._template is not None
@@ -275,12 +284,13 @@ class ChatRenderer:
         generation prompt instead."""
         marks = [f"\ue000bmoe-{i}\ue001" for i in range(len(messages))]
         try:
-            shown = self._render([Message(m.role, k) for m, k in zip(messages, marks)],
-                                 generation_prompt=True, think=think)
+            shown = self._render(
+                [Message(m.role, k) for m, k in zip(messages, marks)], generation_prompt=True, think=think
+            )
         except RequestError:
             shown = ""
         if marks and marks[-1] in shown:
-            tail = shown[shown.rfind(marks[-1]) + len(marks[-1]):]
+            tail = shown[shown.rfind(marks[-1]) + len(marks[-1]) :]
             if text.endswith(tail):
                 return tail
         try:
@@ -352,5 +362,5 @@ def _opens(prompt: str) -> bool:
 def _closing(tail: str) -> str:
     """What closes an empty block after an opening ``<think>`` followed by ``tail``: the rest of
     EMPTY_THINK where ``tail`` is its start (``<think>\n`` -> ``\n</think>\n\n``)."""
-    rest = EMPTY_THINK[len(OPEN):]
-    return rest[len(tail):] if rest.startswith(tail) else CLOSE + "\n\n"
+    rest = EMPTY_THINK[len(OPEN) :]
+    return rest[len(tail) :] if rest.startswith(tail) else CLOSE + "\n\n"

@@ -14,25 +14,34 @@ its new tokens, all exact:
   state, with no copy; memory that cannot be cut (recurrent layers) takes the copy instead;
 - copies reuse a buffer whose pages are already in memory, instead of faulting in new ones.
 """
+
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
-from ..decide.errors import DecideBackendError, DecideCancelled, DecideRequestError
-from ..decide.port import (
-    SIDE_FAILED, SIDE_MEMORY, SIDE_OFF, KeptPrefix, KeptState, KeptView, PrefillCost, SideSequences,
+from bmoe.decide.errors import DecideBackendError, DecideCancelled, DecideRequestError
+from bmoe.decide.port import (
+    SIDE_FAILED,
+    SIDE_MEMORY,
+    SIDE_OFF,
+    KeptPrefix,
+    KeptState,
+    KeptView,
+    PrefillCost,
+    SideSequences,
 )
-from ..image_refs import ImageError, ImageSource
-from ..llama.context import LlamaContext
-from ..stream.archs import batch_apart
-from ..stream.stats import StreamStats
-from .chat import Message
-from .forks import RowLimits, batch_limits, decode_forks, pack_calls, prefill_apart
-from .images import count_markers
-from .runtime import Runtime, SideSequencesError
+from bmoe.image_refs import ImageError, ImageSource
+from bmoe.llama.context import LlamaContext
+from bmoe.runtime.chat import Message
+from bmoe.runtime.forks import RowLimits, batch_limits, decode_forks, pack_calls, prefill_apart
+from bmoe.runtime.images import count_markers
+from bmoe.runtime.runtime import Runtime, SideSequencesError
+from bmoe.stream.archs import batch_apart
+from bmoe.stream.stats import StreamStats
 
 UNKNOWN_TOKEN = -1
 
@@ -167,8 +176,13 @@ class LlamaDecideBackend:
         if self._open_failed is not None:
             return SideSequences(n_open=0, n_most=0, why_none=SIDE_FAILED, detail=self._open_failed)
         room = rt.side_room()
-        return SideSequences(n_open=0, n_most=room.n, why_none="" if room.n else SIDE_MEMORY,
-                             kv_bytes=room.kv_bytes, room_bytes=room.room_bytes)
+        return SideSequences(
+            n_open=0,
+            n_most=room.n,
+            why_none="" if room.n else SIDE_MEMORY,
+            kv_bytes=room.kv_bytes,
+            room_bytes=room.room_bytes,
+        )
 
     def open_side_sequences(self) -> int:
         """Re-create the runtime's context with the side sequences that fit now (the KV is lost,
@@ -202,8 +216,9 @@ class LlamaDecideBackend:
         if not self._rt.side_sequences:
             raise DecideBackendError(f"decide: {what} needs side sequences and none are open")
 
-    def prefill_batch(self, suffixes: Sequence[Sequence[int]], n_past: int,
-                      stop: Callable[[], bool] = lambda: False) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_batch(
+        self, suffixes: Sequence[Sequence[int]], n_past: int, stop: Callable[[], bool] = lambda: False
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         """Each suffix on its own side sequence, forked from seq 0 (which holds the prefix and is
         left as it is), all in as few llama_decode calls as keep each suffix computed as alone.
 
@@ -225,8 +240,13 @@ class LlamaDecideBackend:
         pos = kv.pos_of(n_past)  # where the suffixes start: the token count, but after an image
         start = self._mark()
         rows: list[np.ndarray | None] = [None] * len(suffixes)
-        calls = pack_calls([len(s) for s in suffixes], ctx.n_ubatch, ctx.n_batch, pad=self._rt.stream is not None,
-                           limits=self._row_limits())
+        calls = pack_calls(
+            [len(s) for s in suffixes],
+            ctx.n_ubatch,
+            ctx.n_batch,
+            pad=self._rt.stream is not None,
+            limits=self._row_limits(),
+        )
         for call in calls:
             if stop():  # between llama_decode calls: seq 0 still holds the prefix, untouched
                 raise DecideCancelled("decide: the batch was cancelled between its ubatches")
@@ -238,7 +258,7 @@ class LlamaDecideBackend:
                     ctx.fork(seq)
                     items.append((seq, toks + [toks[-1]] * (longest - len(toks)), pos, len(toks) - 1))
                 if longest > ctx.n_batch:  # alone in its call: in n_batch pieces, as decode() feeds it
-                    (seq, toks, _, _), = items
+                    ((seq, toks, _, _),) = items
                     for at in range(0, len(toks), ctx.n_batch):
                         piece = toks[at : at + ctx.n_batch]
                         row = ctx.decode_seqs([(seq, piece, pos + at, len(piece) - 1)])
@@ -256,13 +276,16 @@ class LlamaDecideBackend:
     def max_forks(self) -> int:
         return self._rt.side_sequences
 
-    def prefill_forks(self, continuations: Sequence[Sequence[int]], n_past: int,
-                      base: KeptState | None = None) -> tuple[list[np.ndarray], PrefillCost]:
+    def prefill_forks(
+        self, continuations: Sequence[Sequence[int]], n_past: int, base: KeptState | None = None
+    ) -> tuple[list[np.ndarray], PrefillCost]:
         """Each continuation on a side sequence (``bmoe.runtime.forks``), always padded so that each
         goes in one piece: the same graph shapes resident and streamed."""
         self._need_side_sequences("scoring choices")
         if base is None and n_past != self._rt.kv.n_past:
-            raise DecideBackendError(f"decide: choices at position {n_past} but the sequence holds {self._rt.kv.n_past} tokens")
+            raise DecideBackendError(
+                f"decide: choices at position {n_past} but the sequence holds {self._rt.kv.n_past} tokens"
+            )
         data = None if base is None else saved_bytes(base)
         if base is not None and not isinstance(data, np.ndarray):
             raise DecideBackendError("decide: a neutral prompt state this adapter did not save")

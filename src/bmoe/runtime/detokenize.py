@@ -4,6 +4,7 @@ Pieces are bytes; a UTF-8 character can span tokens, so an incremental decoder h
 incomplete tail. Text inside <think>...</think> is reasoning; a marker can also span
 tokens, so a possible partial marker at the end is held back until it resolves.
 """
+
 from __future__ import annotations
 
 import codecs

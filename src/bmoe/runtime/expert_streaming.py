@@ -5,6 +5,7 @@ a streamed session loads the *dense twin* (a sparse copy of the GGUF whose exper
 are holes), so opening reads only the dense weights; the experts come from the original
 file through the streamer. docs/streaming.md explains why lazy_mode cannot do this.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,22 +14,33 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import SessionConfig
-from ..errors import BmoeError, ConfigError, ModelFileError
-from ..llama.expert_hook import ExpertHook
-from ..llama.ggml_tensor import GgmlLayoutError
-from ..llama.mremap_mover import LibcPageMover
-from ..llama.dense_anon import AnonDense
-from ..llama.residency import PageResidency
-from ..stream import (
-    ArchEntry, Budget, CacheBudgetError, LayoutError, ModelLayout, NothingToStreamError, StreamSettings, Streamer,
-    TwinError, UnsupportedArchError, lookup, read_layout, resolve_budget,
+from bmoe.config import SessionConfig
+from bmoe.errors import BmoeError, ConfigError, ModelFileError
+from bmoe.llama.dense_anon import AnonDense
+from bmoe.llama.expert_hook import ExpertHook
+from bmoe.llama.ggml_tensor import GgmlLayoutError
+from bmoe.llama.mremap_mover import LibcPageMover
+from bmoe.llama.residency import PageResidency
+from bmoe.stream import (
+    ArchEntry,
+    Budget,
+    CacheBudgetError,
+    LayoutError,
+    ModelLayout,
+    NothingToStreamError,
+    Streamer,
+    StreamSettings,
+    TwinError,
+    UnsupportedArchError,
+    lookup,
+    read_layout,
+    resolve_budget,
 )
-from ..stream.stats import StreamStats
-from ..stream.content import ContentSample
-from ..stream.prefetch import PrefetchError, RouterGuess
-from ..stream.reader import StreamIOError, stderr_warn
-from ..stream.twin import default_twin_dir, dense_ranges, open_twin
+from bmoe.stream.content import ContentSample
+from bmoe.stream.prefetch import PrefetchError, RouterGuess
+from bmoe.stream.reader import StreamIOError, stderr_warn
+from bmoe.stream.stats import StreamStats
+from bmoe.stream.twin import default_twin_dir, dense_ranges, open_twin
 
 
 class StreamSetupError(BmoeError):
@@ -129,8 +141,12 @@ def stream_slots(config: SessionConfig) -> bool:
 def stream_settings(config: SessionConfig) -> StreamSettings:
     """The streamer's settings of a (checked) config."""
     return StreamSettings(
-        cache_mb=config.cache_mb, cache_ceil_mb=config.cache_ceil_mb or None, cache_force=config.cache_force,
-        policy=config.cache_policy, odirect=config.odirect, io_threads=config.io_threads,
+        cache_mb=config.cache_mb,
+        cache_ceil_mb=config.cache_ceil_mb or None,
+        cache_force=config.cache_force,
+        policy=config.cache_policy,
+        odirect=config.odirect,
+        io_threads=config.io_threads,
         read_all=config.stream_read_all,
     )
 
@@ -146,8 +162,15 @@ class StreamPlan:
     guess: RouterGuess | None
 
 
-_SETUP_ERRORS = (LayoutError, NothingToStreamError, UnsupportedArchError, CacheBudgetError, PrefetchError, OSError,
-                 StreamIOError)  # StreamIOError: a shard changed before the reader opened it
+_SETUP_ERRORS = (
+    LayoutError,
+    NothingToStreamError,
+    UnsupportedArchError,
+    CacheBudgetError,
+    PrefetchError,
+    OSError,
+    StreamIOError,
+)  # StreamIOError: a shard changed before the reader opened it
 
 
 def check_streaming(config: SessionConfig) -> StreamPlan:
@@ -179,8 +202,14 @@ def open_streaming(config: SessionConfig) -> ExpertStreaming:
         pages = LibcPageMover.available(sum(t.n_expert for t in layout.experts))
         # Read-ahead two layers deep needs the next layer's buffers apart from this one's: with the
         # cache off that is a second set of shared buffers (one layer of expert bytes more).
-        streamer = Streamer(layout, settings, budget=checked.budget, pages=pages, buffer_sets=2 if guess else 1,
-                            slots=stream_slots(config))
+        streamer = Streamer(
+            layout,
+            settings,
+            budget=checked.budget,
+            pages=pages,
+            buffer_sets=2 if guess else 1,
+            slots=stream_slots(config),
+        )
     except _SETUP_ERRORS as e:
         raise _setup_error(config, e) from e
     try:
@@ -201,15 +230,24 @@ def open_streaming(config: SessionConfig) -> ExpertStreaming:
         # The twin's shards carry the original names, so shard i of what llama.cpp maps is easy to find.
         shards = [load_path.parent / f.path.name for f in layout.files]
         dense_files = tuple((shards[i], tuple(dense_ranges(layout, i))) for i in range(len(layout.files)))
-        expert_files = tuple((shards[i], tuple((t.offset, t.offset + t.nbytes) for t in layout.experts
-                                               if t.file_index == i)) for i in range(len(layout.files)))
+        expert_files = tuple(
+            (shards[i], tuple((t.offset, t.offset + t.nbytes) for t in layout.experts if t.file_index == i))
+            for i in range(len(layout.files))
+        )
         mode = "anon" if config.dense_anon else "mmap"
         dense = PageResidency([(p, list(r)) for p, r in dense_files]) if mode == "mmap" else None
     except BaseException:
         streamer.close()
         raise
-    return ExpertStreaming(streamer=streamer, hook=hook, load_path=load_path, dense_files=dense_files,
-                         expert_files=expert_files, dense_weights=mode, dense=dense)
+    return ExpertStreaming(
+        streamer=streamer,
+        hook=hook,
+        load_path=load_path,
+        dense_files=dense_files,
+        expert_files=expert_files,
+        dense_weights=mode,
+        dense=dense,
+    )
 
 
 def _setup_error(config: SessionConfig, e: BaseException) -> StreamSetupError:
@@ -217,6 +255,11 @@ def _setup_error(config: SessionConfig, e: BaseException) -> StreamSetupError:
     ConfigError for a setting's fault, a ModelFileError for the file's (the ggml check's refusal,
     a mismatch with the llama.cpp build, is neither)."""
     why, model = str(e), str(config.model)
-    kind = (StreamConfigError if isinstance(e, ConfigError) else
-            StreamModelError if isinstance(e, (ModelFileError, OSError, StreamIOError)) else StreamSetupError)
+    kind = (
+        StreamConfigError
+        if isinstance(e, ConfigError)
+        else StreamModelError
+        if isinstance(e, (ModelFileError, OSError, StreamIOError))
+        else StreamSetupError
+    )
     return kind(f"--moe-stream: {why}" if model in why else f"--moe-stream: {model}: {why}")

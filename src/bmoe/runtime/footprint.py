@@ -14,16 +14,17 @@
 The Ray actor sizing (``bmoe.ray.data.sizing``, through the session) and the runtime, which opens
 side sequences only where their KV fits (``Runtime.open_side_sequences``), both read it here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import SessionConfig
-from ..errors import ConfigError
-from ..stream.budget import most_cache_bytes
-from ..stream.layout import read_header, read_layout, shard_paths
-from .expert_streaming import stream_settings
+from bmoe.config import SessionConfig
+from bmoe.errors import ConfigError
+from bmoe.runtime.expert_streaming import stream_settings
+from bmoe.stream.budget import most_cache_bytes
+from bmoe.stream.layout import read_header, read_layout, shard_paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +55,10 @@ def kv_bytes_per_sequence(model: Path, n_ctx: int, kv_f32: bool) -> int:
             v_len = _int_field(fields, f"{arch}.attention.value_length") or n_embd // n_head
             return n_ctx * n_kv_heads * (k_len + v_len) * (4 if kv_f32 else 2)
     if n_layer is None or n_head is None or n_embd is None:
-        raise ConfigError(f"model: {model} lacks {arch}.block_count, attention.head_count or embedding_length, "
-                          "so its KV size is unknown")
+        raise ConfigError(
+            f"model: {model} lacks {arch}.block_count, attention.head_count or embedding_length, "
+            "so its KV size is unknown"
+        )
     # a per-layer list of KV heads is an array the header reader skips: fall back to the query heads
     n_kv_head = _int_field(fields, f"{arch}.attention.head_count_kv") or n_head
     k_len = _int_field(fields, f"{arch}.attention.key_length") or n_embd // n_head
@@ -68,6 +71,7 @@ def _per_layer_kv_heads(fields: dict[str, object], arch: object, n_layer: int) -
     head count is a per-layer list (read_header decodes short integer arrays), else None. The KV
     heads are a scalar or a list too; missing, the query heads stand for them. The lists may run
     past the trunk (NextN blocks): only the first ``n_layer`` entries count."""
+
     def counts(key: str) -> tuple[int, ...] | None:
         v = fields.get(key)
         if isinstance(v, tuple) and len(v) >= n_layer and all(isinstance(x, int) and x > 0 for x in v[:n_layer]):
@@ -94,8 +98,10 @@ def weight_bytes(config: SessionConfig) -> int:
     layout = read_layout(config.model)
     cache = most_cache_bytes(stream_settings(config), layout)
     if cache is None:
-        raise ConfigError("cache_mb: auto sizes the cache from the RAM of the machine the session opens on; "
-                          "give --cache-mb N, or a ceiling with --cache-ceil-mb")
+        raise ConfigError(
+            "cache_mb: auto sizes the cache from the RAM of the machine the session opens on; "
+            "give --cache-mb N, or a ceiling with --cache-ceil-mb"
+        )
     return layout.dense_nbytes + cache
 
 

@@ -26,6 +26,7 @@ K-quant weights add a bound of their own (``RowLimits``): llama.cpp's tiled K-qu
 (ggml-cpu/tiled, ``ggml_tiled_min_batch``) takes a product from 8 rows on, per expert in an MoE
 layer, and ``vec_dot`` below that; the two round differently.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,9 +37,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..llama.context import LlamaContext
-from ..stream.layout import read_header, shard_paths
-
+from bmoe.llama.context import LlamaContext
+from bmoe.stream.layout import read_header, shard_paths
 
 # Query rows per sequence from which ggml's CPU flash attention runs its tiled kernel
 # (GGML_FA_TILE_Q): a row rounds differently there than in the one-row-at-a-time kernel below it.
@@ -65,8 +65,23 @@ def width_class(n: int) -> int:
 # The src0 types llama.cpp's tiled matmul takes (ggml-cpu/tiled/tiled.cpp, ggml_tiled_supported),
 # and the rows from which it does (ggml_tiled_min_batch): a product with fewer rows takes vec_dot.
 T = gguf.GGMLQuantizationType
-TILED_TYPES = frozenset({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S,
-                         T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M})
+TILED_TYPES = frozenset(
+    {
+        T.Q2_K,
+        T.Q3_K,
+        T.Q4_K,
+        T.Q5_K,
+        T.Q6_K,
+        T.IQ4_XS,
+        T.IQ2_XXS,
+        T.IQ2_XS,
+        T.IQ2_S,
+        T.IQ3_XXS,
+        T.IQ3_S,
+        T.IQ1_S,
+        T.IQ1_M,
+    }
+)
 TILED_MIN_ROWS = 8
 
 
@@ -126,8 +141,15 @@ def batch_limits(model: str | Path) -> RowLimits:
         return row_limits((("unknown", T.Q4_K), ("unknown_exps.weight", T.Q4_K)))
 
 
-def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool = True,
-               outputs: Sequence[int] | None = None, limits: RowLimits = NO_LIMITS) -> list[list[int]]:
+def pack_calls(
+    lengths: Sequence[int],
+    n_ubatch: int,
+    n_batch: int,
+    *,
+    pad: bool = True,
+    outputs: Sequence[int] | None = None,
+    limits: RowLimits = NO_LIMITS,
+) -> list[list[int]]:
     """Split token lists (by index) into llama_decode calls, each list one piece computed as alone.
     ``pad``: a call's lists are of one ``width_class`` and, padded to the longest of them, fill at
     most one ubatch (and one batch). Without: a call's lists all have one length, so nothing is
@@ -148,8 +170,11 @@ def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool
         cur, width = filling.get(key, ([], 0))
         w = max(width, n)
         grown = cur + [i]
-        if cur and (w * len(grown) > room or n == 1 or not limits.fits(
-                [lengths[j] for j in grown], [outs[j] for j in grown], w * len(grown))):
+        if cur and (
+            w * len(grown) > room
+            or n == 1
+            or not limits.fits([lengths[j] for j in grown], [outs[j] for j in grown], w * len(grown))
+        ):
             calls.append(cur)
             cur, w = [], n
         cur.append(i)
@@ -159,7 +184,10 @@ def pack_calls(lengths: Sequence[int], n_ubatch: int, n_batch: int, *, pad: bool
 
 
 def decode_forks(
-    ctx: LlamaContext, lists: Sequence[Sequence[int]], n_past: int, base: np.ndarray | None = None,
+    ctx: LlamaContext,
+    lists: Sequence[Sequence[int]],
+    n_past: int,
+    base: np.ndarray | None = None,
     limits: RowLimits = NO_LIMITS,
 ) -> list[np.ndarray]:
     """Decode each of ``lists`` at positions ``n_past..`` on a side sequence holding a copy of seq
@@ -167,7 +195,9 @@ def decode_forks(
     logits after every token of each list ``# [len, n_vocab]``, in order; the side sequences are
     empty afterwards, seq 0 untouched."""
     if not lists or any(not t for t in lists) or ctx.n_seq < 2:
-        raise ValueError(f"decode_forks takes non-empty token lists and side sequences (the context has {ctx.n_seq - 1})")
+        raise ValueError(
+            f"decode_forks takes non-empty token lists and side sequences (the context has {ctx.n_seq - 1})"
+        )
     out: list[np.ndarray | None] = [None] * len(lists)
     # A one-token list is padded to two: then it is computed as the same token is inside any wider
     # piece (the prompt and the choice prefilled whole, perplexity), and shares calls with the
@@ -187,10 +217,15 @@ def decode_forks(
                 toks = list(lists[i])
                 items.append((seq, toks + [toks[-1]] * (longest - len(toks)), n_past, len(toks)))
             if longest > ctx.n_batch:  # alone in its call: in n_batch pieces
-                (seq, toks, _, _), = items
-                out[call[0]] = np.concatenate([
-                    ctx.decode_seqs_rows([(seq, toks[at : at + ctx.n_batch], n_past + at, len(toks[at : at + ctx.n_batch]))])[0]
-                    for at in range(0, len(toks), ctx.n_batch)])
+                ((seq, toks, _, _),) = items
+                out[call[0]] = np.concatenate(
+                    [
+                        ctx.decode_seqs_rows(
+                            [(seq, toks[at : at + ctx.n_batch], n_past + at, len(toks[at : at + ctx.n_batch]))]
+                        )[0]
+                        for at in range(0, len(toks), ctx.n_batch)
+                    ]
+                )
             else:
                 for i, rows in zip(call, ctx.decode_seqs_rows(items)):
                     out[i] = rows

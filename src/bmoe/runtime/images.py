@@ -14,18 +14,20 @@ kept state never encodes its image again. The last few encodings are kept, keyed
 image prefilled again (a decision after a miss, the same screenshot in the next suffix) is not
 encoded twice.
 """
+
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+
 import numpy as np
 
-from .. import rules
-from ..errors import RequestError
-from ..image_refs import ImageSource, image_bytes, shown
-from ..llama.context import LlamaContext
-from ..llama.mtmd import Image, Projector
+from bmoe import rules
+from bmoe.errors import RequestError
+from bmoe.image_refs import ImageSource, image_bytes, shown
+from bmoe.llama.context import LlamaContext
+from bmoe.llama.mtmd import Image, Projector
 
 # Encodings kept (by image) for an image prefilled again: a few screenshots' worth.
 KEEP_ENCODED = 4

@@ -13,6 +13,7 @@ the projector. Such a run is never cut: a reused prefix ends before it or after 
 image the next position is not the token count (an image's tokens share positions under M-RoPE):
 ``pos_of(n)`` is the position of token ``n``, what llama.cpp's positions and cuts are counted in.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,10 +21,10 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from ..errors import RequestError
-from ..llama.context import ContextError, LlamaContext
-from ..numerics import common_prefix_len
-from .images import ImageRuns, is_placeholder
+from bmoe.errors import RequestError
+from bmoe.llama.context import ContextError, LlamaContext
+from bmoe.numerics import common_prefix_len
+from bmoe.runtime.images import ImageRuns, is_placeholder
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +163,10 @@ class KvSequence:
         if at < len(tokens):
             pieces.append(tokens[at:])
         if is_placeholder(pieces[-1][0]) and logits != "none" or (logits == "all" and len(pieces) > 1):
-            raise ContextError("logits after an image: a prompt must end with text after its last image, and "
-                               "no logits are read at an image's tokens")
+            raise ContextError(
+                "logits after an image: a prompt must end with text after its last image, and "
+                "no logits are read at an image's tokens"
+            )
         return pieces
 
     def rollback(self, n_keep: int) -> None:

@@ -1,16 +1,17 @@
 """What opening a session refuses before it loads anything, in one place: the open runs it, and so
 does ``--plan-only`` (``bmoe.session.check_opening``), which therefore refuses exactly what opening
 refuses, with the same line (docs/plan.md)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import SessionConfig
-from ..errors import ConfigError, ModelFileError
-from ..llama.model import ModelLoadError, refuse_early
-from ..stream import LayoutError, NothingToStreamError, UnsupportedArchError, read_layout
-from ..stream.layout import read_header, shard_paths
-from .expert_streaming import check_streaming
+from bmoe.config import SessionConfig
+from bmoe.errors import ConfigError, ModelFileError
+from bmoe.llama.model import ModelLoadError, refuse_early
+from bmoe.runtime.expert_streaming import check_streaming
+from bmoe.stream import LayoutError, NothingToStreamError, UnsupportedArchError, read_layout
+from bmoe.stream.layout import read_header, shard_paths
 
 
 def check_model_file(model: Path) -> None:
@@ -58,9 +59,11 @@ def expert_used_override(config: SessionConfig) -> tuple[tuple[str, int], ...]:
     count = fields.get(f"{arch}.expert_count")
     n_expert = count if isinstance(count, int) and not isinstance(count, bool) else 0
     if n_expert <= 0:
-        raise ConfigError(f"n_expert_used: the model has no experts ({arch}.expert_count is "
-                          f"{count if isinstance(count, int) else 'not set'}): it is a dense model, with no "
-                          "experts per token to change")
+        raise ConfigError(
+            f"n_expert_used: the model has no experts ({arch}.expert_count is "
+            f"{count if isinstance(count, int) else 'not set'}): it is a dense model, with no "
+            "experts per token to change"
+        )
     if k > n_expert:
         raise ConfigError(f"n_expert_used: {k} is more than the model's {n_expert} experts ({arch}.expert_count)")
     return ((f"{arch}.expert_used_count", k),)

@@ -7,16 +7,17 @@ is prefilled into an empty KV, so results do not depend on what the session did 
 prefilled and scored n_batch tokens at a time, so the logits held at once are one piece's
 (``# [n_batch, n_vocab]``), not the window's.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from ..errors import RequestError
-from .kv import KvSequence
-from .results import PerplexityResult
-from .scoring import row_logprobs
+from bmoe.errors import RequestError
+from bmoe.runtime.kv import KvSequence
+from bmoe.runtime.results import PerplexityResult
+from bmoe.runtime.scoring import row_logprobs
 
 
 def perplexity(kv: KvSequence, tokens: list[int], n_window: int, *, keep_logits: bool = False) -> PerplexityResult:
@@ -55,6 +56,10 @@ def perplexity(kv: KvSequence, tokens: list[int], n_window: int, *, keep_logits:
     token_logprobs = np.concatenate(logps)
     nll = float(-token_logprobs.mean())
     return PerplexityResult(
-        ppl=math.exp(nll), nll_mean=nll, n_scored=len(token_logprobs), n_window=n_window,
-        token_logprobs=token_logprobs, logits=np.concatenate(rows) if keep_logits else None,
+        ppl=math.exp(nll),
+        nll_mean=nll,
+        n_scored=len(token_logprobs),
+        n_window=n_window,
+        token_logprobs=token_logprobs,
+        logits=np.concatenate(rows) if keep_logits else None,
     )

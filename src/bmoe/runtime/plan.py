@@ -11,6 +11,7 @@ cgroup's headroom), less a reserve. A model runs resident when its whole file, i
 compute buffers fit there; otherwise its experts stream and the rest of that memory holds the
 dense weights, the KV, the compute buffers and the expert cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,16 +20,16 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import SessionConfig
-from ..errors import BmoeError
-from ..stream import lookup
-from ..stream.archs import NothingToStreamError, UnsupportedArchError
-from ..stream.budget import available_bytes, cgroup_memory
-from ..stream.disk_rate import DiskRate, read_rate
-from ..stream.layout import ModelLayout, read_header, read_layout, shard_paths
-from ..stream.twin import default_twin_dir
-from .footprint import kv_bytes_per_sequence
-from .opening import check_opening
+from bmoe.config import SessionConfig
+from bmoe.errors import BmoeError
+from bmoe.runtime.footprint import kv_bytes_per_sequence
+from bmoe.runtime.opening import check_opening
+from bmoe.stream import lookup
+from bmoe.stream.archs import NothingToStreamError, UnsupportedArchError
+from bmoe.stream.budget import available_bytes, cgroup_memory
+from bmoe.stream.disk_rate import DiskRate, read_rate
+from bmoe.stream.layout import ModelLayout, read_header, read_layout, shard_paths
+from bmoe.stream.twin import default_twin_dir
 
 MIB = 1 << 20
 # Left for what grows after open beyond what is counted (HEAP, the lanes, the buffers): kept
@@ -36,14 +37,14 @@ MIB = 1 << 20
 # streamer's buffers were counted; at a 1 GiB limit that much made the plan map the bench model's
 # dense weights (0.2 tok/s) where holding them runs (#38.11).
 RESERVE_MIN = 16 * MIB
-RESERVE_FRAC = 0.05       # and this share of the memory on top
+RESERVE_FRAC = 0.05  # and this share of the memory on top
 # What an open adds to the process beyond the weights, the KV, the compute buffers and the
 # streamer's buffers: llama.cpp's own tables (vocabulary, graph), the chat template, Python's
 # objects. Measured on the bench model, streamed: 35 MiB of anonymous memory at open and 14 more
 # after the first answer beyond dense weights and one layer of expert buffers.
 HEAP = 48 * MIB
-LANE_BYTES = 1 << 20      # the reader's aligned bounce buffer, one per read lane (stream/reader.py)
-WIDE_UBATCH = 2048        # a streamed prefill this wide reads each expert once per 2048 tokens
+LANE_BYTES = 1 << 20  # the reader's aligned bounce buffer, one per read lane (stream/reader.py)
+WIDE_UBATCH = 2048  # a streamed prefill this wide reads each expert once per 2048 tokens
 # Settings the plan chooses together: when the caller chose any of them, streaming is theirs.
 STREAM_FIELDS = ("moe_stream", "cache_mb", "cache_ceil_mb", "cache_force", "prefetch", "dense_weights")
 BATCH_FIELDS = ("n_batch", "n_ubatch")
@@ -55,7 +56,7 @@ class Machine:
     """What the process may use: memory it may still allocate, its memory limit, its cores."""
 
     available: int
-    limit: int | None   # the memory cgroup's limit (None: none)
+    limit: int | None  # the memory cgroup's limit (None: none)
     cores: int
 
     @staticmethod
@@ -90,17 +91,17 @@ class ModelFacts:
 
     file_bytes: int
     dense_bytes: int
-    expert_bytes: int        # 0: a dense model (nothing to stream)
-    token_bytes: int         # one token's routed experts (the cache's floor)
-    layer_bytes: int         # the largest layer's experts: what one set of the cache-off buffers fills up to
-    kv_bytes: int            # the KV of the sequences the session opens with
-    mmproj_bytes: int        # the vision projector (--mmproj), held resident beside the model
+    expert_bytes: int  # 0: a dense model (nothing to stream)
+    token_bytes: int  # one token's routed experts (the cache's floor)
+    layer_bytes: int  # the largest layer's experts: what one set of the cache-off buffers fills up to
+    kv_bytes: int  # the KV of the sequences the session opens with
+    mmproj_bytes: int  # the vision projector (--mmproj), held resident beside the model
     n_vocab: int
     n_embd: int
     n_head: int
-    n_ff_active: int         # FFN width a token runs through (experts used x their width, or the dense FFN)
-    n_outputs: int           # logit rows a ubatch asks for at most in a decision (one per sequence)
-    why_not_streamed: str    # "" when its experts can stream, else why not
+    n_ff_active: int  # FFN width a token runs through (experts used x their width, or the dense FFN)
+    n_outputs: int  # logit rows a ubatch asks for at most in a decision (one per sequence)
+    why_not_streamed: str  # "" when its experts can stream, else why not
     can_prefetch: bool
     layout: ModelLayout | None  # where its experts lie (None: they cannot stream)
 
@@ -109,42 +110,59 @@ class ModelFacts:
 class Choice:
     field: str
     value: Any
-    by: str      # "plan" or "you"
+    by: str  # "plan" or "you"
     why: str
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    mode: str                     # "resident" or "streamed"
+    mode: str  # "resident" or "streamed"
     choices: tuple[Choice, ...]
     machine: Machine
     model: ModelFacts
     disk: DiskRate | None
-    config: SessionConfig         # the config the session opens with
+    config: SessionConfig  # the config the session opens with
 
     def as_json(self) -> dict[str, Any]:
-        disk = None if self.disk is None else {
-            "mib_s": round(self.disk.mib_s, 1), "source": self.disk.source, "file_system": self.disk.file_system,
-            "odirect": self.disk.odirect}
+        disk = (
+            None
+            if self.disk is None
+            else {
+                "mib_s": round(self.disk.mib_s, 1),
+                "source": self.disk.source,
+                "file_system": self.disk.file_system,
+                "odirect": self.disk.odirect,
+            }
+        )
         return {
             "mode": self.mode,
             "settings": {c.field: {"value": c.value, "by": c.by, "why": c.why} for c in self.choices},
-            "machine": {"available_mib": self.machine.available // MIB,
-                        "limit_mib": None if self.machine.limit is None else self.machine.limit // MIB,
-                        "cores": self.machine.cores},
-            "model": {"file_mib": round(self.model.file_bytes / MIB, 1), "dense_mib": round(self.model.dense_bytes / MIB, 1),
-                      "expert_mib": round(self.model.expert_bytes / MIB, 1), "mmproj_mib": round(self.model.mmproj_bytes / MIB, 1),
-                      "token_mib": round(self.model.token_bytes / MIB, 2), "kv_mib": round(self.model.kv_bytes / MIB, 1)},
+            "machine": {
+                "available_mib": self.machine.available // MIB,
+                "limit_mib": None if self.machine.limit is None else self.machine.limit // MIB,
+                "cores": self.machine.cores,
+            },
+            "model": {
+                "file_mib": round(self.model.file_bytes / MIB, 1),
+                "dense_mib": round(self.model.dense_bytes / MIB, 1),
+                "expert_mib": round(self.model.expert_bytes / MIB, 1),
+                "mmproj_mib": round(self.model.mmproj_bytes / MIB, 1),
+                "token_mib": round(self.model.token_bytes / MIB, 2),
+                "kv_mib": round(self.model.kv_bytes / MIB, 1),
+            },
             "disk": disk,
         }
 
     def table(self) -> str:
         """The plan for people: one line per setting, its value, who chose it and why."""
         m, d = self.machine, self.model
-        head = (f"plan: {self.mode}  (memory {m.available // MIB} MiB free"
-                + (f", limit {m.limit // MIB} MiB" if m.limit is not None else "")
-                + f", {m.cores} cores; model {d.file_bytes / MIB:.0f} MiB, experts {d.expert_bytes / MIB:.0f} MiB"
-                + (f"; disk {self.disk.mib_s:.0f} MiB/s {self.disk.source}" if self.disk else "") + ")")
+        head = (
+            f"plan: {self.mode}  (memory {m.available // MIB} MiB free"
+            + (f", limit {m.limit // MIB} MiB" if m.limit is not None else "")
+            + f", {m.cores} cores; model {d.file_bytes / MIB:.0f} MiB, experts {d.expert_bytes / MIB:.0f} MiB"
+            + (f"; disk {self.disk.mib_s:.0f} MiB/s {self.disk.source}" if self.disk else "")
+            + ")"
+        )
         rows = [f"  {c.field:<14} {_show(c.value):<8} {c.by:<4}  {c.why}" for c in self.choices]
         return "\n".join([head, *rows])
 
@@ -181,15 +199,28 @@ def model_facts(config: SessionConfig) -> ModelFacts:
         why_not_streamed = f"expert streaming does not support architecture '{arch}'"
     mmproj = Path(config.mmproj).stat().st_size if config.mmproj is not None else 0
     return ModelFacts(
-        mmproj_bytes=mmproj, file_bytes=file_bytes, dense_bytes=layout.dense_nbytes if layout else file_bytes,
-        expert_bytes=layout.expert_nbytes if layout else 0, token_bytes=layout.floor_bytes() if layout else 0,
+        mmproj_bytes=mmproj,
+        file_bytes=file_bytes,
+        dense_bytes=layout.dense_nbytes if layout else file_bytes,
+        expert_bytes=layout.expert_nbytes if layout else 0,
+        token_bytes=layout.floor_bytes() if layout else 0,
         layer_bytes=max((layout.n_expert * layout.expert_nbytes_in_layer(il) for il in layout.layers), default=0)
-        if layout else 0,
-        kv_bytes=kv, n_vocab=n_vocab, n_embd=n_embd, n_head=_int(fields_, f"{arch}.attention.head_count"),
-        n_ff_active=(layout.n_expert_used * (_int(fields_, f"{arch}.expert_feed_forward_length") or n_embd)
-                     if layout else _int(fields_, f"{arch}.feed_forward_length") or 4 * n_embd),
+        if layout
+        else 0,
+        kv_bytes=kv,
+        n_vocab=n_vocab,
+        n_embd=n_embd,
+        n_head=_int(fields_, f"{arch}.attention.head_count"),
+        n_ff_active=(
+            layout.n_expert_used * (_int(fields_, f"{arch}.expert_feed_forward_length") or n_embd)
+            if layout
+            else _int(fields_, f"{arch}.feed_forward_length") or 4 * n_embd
+        ),
         n_outputs=config.n_seq_max,
-        why_not_streamed=why_not_streamed, can_prefetch=can_prefetch, layout=layout)
+        why_not_streamed=why_not_streamed,
+        can_prefetch=can_prefetch,
+        layout=layout,
+    )
 
 
 def compute_bytes(m: ModelFacts, n_ubatch: int, n_ctx: int, flash_attn: bool | None = None) -> int:
@@ -224,7 +255,7 @@ class StreamChoice:
     dense_weights: Chosen
     cache_mb: Chosen
     prefetch: Chosen
-    n_ubatch: Chosen   # its value also sets n_batch (at least the config's)
+    n_ubatch: Chosen  # its value also sets n_batch (at least the config's)
 
 
 def choose_mode(config: SessionConfig, m: ModelFacts, room: int) -> Chosen:
@@ -237,15 +268,23 @@ def choose_mode(config: SessionConfig, m: ModelFacts, room: int) -> Chosen:
     if stream_given:
         return Chosen(config.moe_stream, f"streaming settings given ({', '.join(stream_given)})")
     if resident_need <= room:
-        return Chosen(False, f"the whole model ({m.file_bytes / MIB:.0f} MiB), its KV and buffers "
-                             f"({(m.kv_bytes + base_compute) / MIB:.0f} MiB) fit in {room / MIB:.0f} MiB")
+        return Chosen(
+            False,
+            f"the whole model ({m.file_bytes / MIB:.0f} MiB), its KV and buffers "
+            f"({(m.kv_bytes + base_compute) / MIB:.0f} MiB) fit in {room / MIB:.0f} MiB",
+        )
     if m.why_not_streamed:
         return Chosen(False, f"does not fit in {room / MIB:.0f} MiB, but {m.why_not_streamed}: llama.cpp maps it")
-    return Chosen(True, f"the model needs {resident_need / MIB:.0f} MiB with its KV and buffers, {room / MIB:.0f} MiB "
-                        "usable: its experts stream from the disk")
+    return Chosen(
+        True,
+        f"the model needs {resident_need / MIB:.0f} MiB with its KV and buffers, {room / MIB:.0f} MiB "
+        "usable: its experts stream from the disk",
+    )
 
 
-def choose_stream(config: SessionConfig, m: ModelFacts, machine: Machine, room: int, disk_rate: DiskRate) -> StreamChoice:
+def choose_stream(
+    config: SessionConfig, m: ModelFacts, machine: Machine, room: int, disk_rate: DiskRate
+) -> StreamChoice:
     """A streamed model's dense weights, expert cache, read-ahead and prefill ubatch in ``room``
     bytes; PlanMemoryError where not even the smallest configuration fits."""
     assert m.layout is not None  # streamed only where the experts can stream
@@ -276,27 +315,41 @@ def choose_stream(config: SessionConfig, m: ModelFacts, machine: Machine, room: 
         raise PlanMemoryError(_too_little(config, m, machine, need, compute))
     passes = m.expert_bytes / MIB / max(disk_rate.mib_s, 1e-6)
     return StreamChoice(
-        dense_weights=Chosen(dense, f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) held where the kernel cannot "
-                                    "drop them" if dense == "anon" else
-                                    f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) do not fit beside the KV and "
-                                    "buffers: mapped"),
-        cache_mb=Chosen(int(cache),
-                        f"what is left after dense weights, KV ({m.kv_bytes / MIB:.0f} MiB), buffers "
-                        f"({(compute + HEAP + lanes) / MIB:.0f} MiB)"
-                        + (f" and read-ahead's staging ({ahead / MIB:.0f} MiB)" if ahead else "")
-                        + ", at most every expert" if cache else
-                        f"less than one token's experts ({m.token_bytes / MIB:.1f} MiB) left after dense weights, KV "
-                        f"and buffers: cache off, {sets} layer{'s' if sets > 1 else ''} of expert buffers "
-                        f"({sets * m.layer_bytes / MIB:.0f} MiB)"),
-        prefetch=Chosen(prefetch,
-                        "read the next layer's guessed experts while this one computes" if prefetch else
-                        "a prefill device is given" if m.can_prefetch and config.prefill_device is not None else
-                        f"its staging, one layer of experts ({m.layer_bytes / MIB:.0f} MiB), does not fit beside "
-                        + ("one token's experts in the cache" if cache else "the cache-off buffers")
-                        if m.can_prefetch else f"refused for {m.layout.arch} (bmoe-cli --list-archs)"),
-        n_ubatch=Chosen(n_ub, f"a prefill reads each expert once per ubatch ({passes:.1f} s for all of them at "
-                              f"{disk_rate.mib_s:.0f} MiB/s): {n_ub} tokens per read" if n_ub > config.n_ubatch else
-                              "wider compute buffers would leave no cache"),
+        dense_weights=Chosen(
+            dense,
+            f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) held where the kernel cannot drop them"
+            if dense == "anon"
+            else f"the dense weights ({m.dense_bytes / MIB:.0f} MiB) do not fit beside the KV and buffers: mapped",
+        ),
+        cache_mb=Chosen(
+            int(cache),
+            f"what is left after dense weights, KV ({m.kv_bytes / MIB:.0f} MiB), buffers "
+            f"({(compute + HEAP + lanes) / MIB:.0f} MiB)"
+            + (f" and read-ahead's staging ({ahead / MIB:.0f} MiB)" if ahead else "")
+            + ", at most every expert"
+            if cache
+            else f"less than one token's experts ({m.token_bytes / MIB:.1f} MiB) left after dense weights, KV "
+            f"and buffers: cache off, {sets} layer{'s' if sets > 1 else ''} of expert buffers "
+            f"({sets * m.layer_bytes / MIB:.0f} MiB)",
+        ),
+        prefetch=Chosen(
+            prefetch,
+            "read the next layer's guessed experts while this one computes"
+            if prefetch
+            else "a prefill device is given"
+            if m.can_prefetch and config.prefill_device is not None
+            else f"its staging, one layer of experts ({m.layer_bytes / MIB:.0f} MiB), does not fit beside "
+            + ("one token's experts in the cache" if cache else "the cache-off buffers")
+            if m.can_prefetch
+            else f"refused for {m.layout.arch} (bmoe-cli --list-archs)",
+        ),
+        n_ubatch=Chosen(
+            n_ub,
+            f"a prefill reads each expert once per ubatch ({passes:.1f} s for all of them at "
+            f"{disk_rate.mib_s:.0f} MiB/s): {n_ub} tokens per read"
+            if n_ub > config.n_ubatch
+            else "wider compute buffers would leave no cache",
+        ),
     )
 
 
@@ -304,8 +357,9 @@ def choose_threads(machine: Machine) -> Chosen:
     return Chosen(machine.cores, f"the cores this process may use ({machine.cores})")
 
 
-def make_plan(config: SessionConfig, machine: Machine | None = None,
-              disk: Callable[[ModelLayout], DiskRate] | None = None) -> Plan:
+def make_plan(
+    config: SessionConfig, machine: Machine | None = None, disk: Callable[[ModelLayout], DiskRate] | None = None
+) -> Plan:
     """The plan for ``config`` on this machine (or ``machine``); ``disk`` measures the read rate of
     a streamed model's file system (default: remembered, or probed once, in the cache folder).
     Each choice is its own function (``choose_*``); this keeps what the user gave and shows who
@@ -328,16 +382,20 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
     disk_rate = None
     if mode.value and not stream_given:
         assert m.layout is not None
-        disk_rate = (disk or (lambda lay: read_rate(lay, _rates_dir(config), odirect=config.odirect,
-                                                   io_threads=config.io_threads)))(m.layout)
+        disk_rate = (
+            disk
+            or (lambda lay: read_rate(lay, _rates_dir(config), odirect=config.odirect, io_threads=config.io_threads))
+        )(m.layout)
         st = choose_stream(config, m, machine, room, disk_rate)
         choose("moe_stream", mode)
         choose("dense_weights", st.dense_weights)
         choose("cache_mb", st.cache_mb)
         choose("prefetch", st.prefetch)
         if any(is_fixed(config, f) for f in BATCH_FIELDS):  # the two sizes go together
-            choices.extend(Choice(f, getattr(config, f), "you", "given" if is_fixed(config, f) else "the other size is given")
-                           for f in BATCH_FIELDS)
+            choices.extend(
+                Choice(f, getattr(config, f), "you", "given" if is_fixed(config, f) else "the other size is given")
+                for f in BATCH_FIELDS
+            )
         else:
             choose("n_batch", Chosen(max(config.n_batch, st.n_ubatch.value), st.n_ubatch.why))
             choose("n_ubatch", st.n_ubatch)
@@ -345,8 +403,14 @@ def make_plan(config: SessionConfig, machine: Machine | None = None,
         choices.append(Choice("moe_stream", config.moe_stream, "you" if stream_given else "plan", mode.why))
     choose("n_threads", choose_threads(machine))
     planned_config = replace(config, **planned) if planned else config
-    return Plan(mode="streamed" if planned_config.moe_stream else "resident", choices=tuple(choices),
-                machine=machine, model=m, disk=disk_rate, config=planned_config)
+    return Plan(
+        mode="streamed" if planned_config.moe_stream else "resident",
+        choices=tuple(choices),
+        machine=machine,
+        model=m,
+        disk=disk_rate,
+        config=planned_config,
+    )
 
 
 def checked_plan(config: SessionConfig) -> Plan:
@@ -374,12 +438,14 @@ def _too_little(config: SessionConfig, m: ModelFacts, machine: Machine, need: in
     memory the process would need free at open (``need`` spent plus the reserve), and what it has."""
     free = math.ceil((need + RESERVE_MIN) / (1 - RESERVE_FRAC) / MIB)
     limit = f", limit {machine.limit // MIB} MiB" if machine.limit is not None else ""
-    return (f"memory: {Path(config.model).name} needs {free} MiB free to open, and this process may use "
-            f"{machine.available // MIB} MiB{limit}: streamed with the cache off and the dense weights mapped, "
-            f"it holds one layer of expert buffers ({m.layer_bytes / MIB:.0f} MiB), the KV ({m.kv_bytes / MIB:.0f} MiB), "
-            f"compute buffers ({compute / MIB:.0f} MiB) and bmoe's own ({(HEAP + config.io_threads * LANE_BYTES) / MIB:.0f} "
-            f"MiB), plus a reserve of {RESERVE_MIN // MIB} MiB and {RESERVE_FRAC:.0%}; give it more memory or a "
-            "smaller --ctx-size")
+    return (
+        f"memory: {Path(config.model).name} needs {free} MiB free to open, and this process may use "
+        f"{machine.available // MIB} MiB{limit}: streamed with the cache off and the dense weights mapped, "
+        f"it holds one layer of expert buffers ({m.layer_bytes / MIB:.0f} MiB), the KV ({m.kv_bytes / MIB:.0f} MiB), "
+        f"compute buffers ({compute / MIB:.0f} MiB) and bmoe's own ({(HEAP + config.io_threads * LANE_BYTES) / MIB:.0f} "
+        f"MiB), plus a reserve of {RESERVE_MIN // MIB} MiB and {RESERVE_FRAC:.0%}; give it more memory or a "
+        "smaller --ctx-size"
+    )
 
 
 def _rates_dir(config: SessionConfig) -> Path:

@@ -1,14 +1,15 @@
 """Typed requests and results at the session's public seam."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from typing import Any
-from ..image_refs import ImageSource
-from .. import rules
-from ..stream.stats import StreamStats
+from bmoe import rules
+from bmoe.image_refs import ImageSource
+from bmoe.stream.stats import StreamStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +34,23 @@ class GenerateRequest:
 # it (a test compares). GenerateRequest keeps the same names and defaults (a test holds it to them).
 GENERATE_TABLE: rules.Table = (
     rules.Field("id", rules.INT, 0, "echoed in the answer; what `cancel` names"),
-    rules.Field("prompt", rules.STR, rules.REQUIRED, "the user message (a new chat, or the next turn with "
-                                                     "`clear_kv` false)"),
+    rules.Field(
+        "prompt", rules.STR, rules.REQUIRED, "the user message (a new chat, or the next turn with `clear_kv` false)"
+    ),
     rules.Field("n_predict", rules.POS_INT, None, "tokens to generate at most", default_doc="`-n`"),
     rules.Field("think", rules.BOOL, None, "reasoning on or off for this turn", default_doc="not `--no-think`"),
     rules.Field("clear_kv", rules.BOOL, True, "`true`: a new chat; `false`: continue the conversation"),
-    rules.Field("temperature", rules.TEMPERATURE, None, "sampling temperature; 0 is greedy",
-                default_doc="`--temp`"),
+    rules.Field("temperature", rules.TEMPERATURE, None, "sampling temperature; 0 is greedy", default_doc="`--temp`"),
     rules.Field("top_p", rules.TOP_P, None, "nucleus sampling's mass", default_doc="`--top-p`"),
     rules.Field("seed", rules.SEED, None, "the sampler's seed", default_doc="`--seed`"),
-    rules.Field("images", rules.IMAGES, (), "image file paths or `data:` URLs, at the prompt's `<__media__>` "
-                                            "markers or in front of it; needs `--mmproj` "
-                                            "([decide.md](decide.md#images))"),
+    rules.Field(
+        "images",
+        rules.IMAGES,
+        (),
+        "image file paths or `data:` URLs, at the prompt's `<__media__>` "
+        "markers or in front of it; needs `--mmproj` "
+        "([decide.md](decide.md#images))",
+    ),
 )
 GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
 
@@ -58,8 +64,9 @@ def generate_request(fields: dict) -> GenerateRequest:
 
 def check_generate(req: GenerateRequest) -> None:
     """Refuse (``rules.FieldError``, a RequestError) a request whose fields break GENERATE_TABLE."""
-    rules.check_fields({k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None},
-                       GENERATE_FIELDS, "generate")
+    rules.check_fields(
+        {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}, GENERATE_FIELDS, "generate"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ Side sequences (decide's batches and full scoring) are opened with the context w
 ``open_side_sequences`` then re-creates the context with more sequences, as many as fit in half
 of the memory the process may still allocate (``side_room``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,28 +22,36 @@ from typing import Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
 
-from .. import rules
-from ..config import SessionConfig
-from ..errors import BmoeError, ContextOverflowError, EngineFailure, RequestError
-from ..image_refs import ImageSource
-from ..llama.context import ContextParams, LlamaContext
-from ..llama.devices import open_prefill_device
-from ..llama.model import LlamaModel, ModelLoadParams
-from ..llama.mtmd import Image, ImageError, Projector
-from ..numerics import log_softmax
-from ..stream.budget import available_bytes
-from ..stream.stats import StreamStats
-from .chat import ChatRenderer, Message, Prompt
-from .footprint import kv_bytes_per_sequence
-from .opening import check_opening
-from .images import ImageRuns, split_at_markers
-from .kv import KvSequence
-from .perplexity import perplexity as _perplexity
-from .results import GenerateRequest, GenerateResult, PerplexityResult, ScoreRequest, ScoreResult, Step, TimeSplit
-from .sampling import Sampler
-from .scoring import PromptScorer, check_token_ids
-from .expert_streaming import ExpertStreaming, open_streaming
-from .detokenize import Detokenizer
+from bmoe import rules
+from bmoe.config import SessionConfig
+from bmoe.errors import BmoeError, ContextOverflowError, EngineFailure, RequestError
+from bmoe.image_refs import ImageSource
+from bmoe.llama.context import ContextParams, LlamaContext
+from bmoe.llama.devices import open_prefill_device
+from bmoe.llama.model import LlamaModel, ModelLoadParams
+from bmoe.llama.mtmd import Image, ImageError, Projector
+from bmoe.numerics import log_softmax
+from bmoe.runtime.chat import ChatRenderer, Message, Prompt
+from bmoe.runtime.detokenize import Detokenizer
+from bmoe.runtime.expert_streaming import ExpertStreaming, open_streaming
+from bmoe.runtime.footprint import kv_bytes_per_sequence
+from bmoe.runtime.images import ImageRuns, split_at_markers
+from bmoe.runtime.kv import KvSequence
+from bmoe.runtime.opening import check_opening
+from bmoe.runtime.perplexity import perplexity as _perplexity
+from bmoe.runtime.results import (
+    GenerateRequest,
+    GenerateResult,
+    PerplexityResult,
+    ScoreRequest,
+    ScoreResult,
+    Step,
+    TimeSplit,
+)
+from bmoe.runtime.sampling import Sampler
+from bmoe.runtime.scoring import PromptScorer, check_token_ids
+from bmoe.stream.budget import available_bytes
+from bmoe.stream.stats import StreamStats
 
 
 def _storage_read_bytes() -> int:
@@ -104,16 +113,23 @@ class Runtime:
         # refused here, before anything is opened or written (open_streaming runs the streaming checks)
         overrides = check_opening(config, streaming=False)
         # First: the device backends fix their offload threshold when the registry is first read.
-        self.prefill_device = open_prefill_device(config.prefill_device, config.prefill_min_tokens) \
-            if config.prefill_device is not None else None
+        self.prefill_device = (
+            open_prefill_device(config.prefill_device, config.prefill_min_tokens)
+            if config.prefill_device is not None
+            else None
+        )
         self.stream: ExpertStreaming | None = open_streaming(config) if config.moe_stream else None
         try:
-            self.model = LlamaModel(ModelLoadParams(
-                path=self.stream.load_path if self.stream is not None else config.model,
-                prefill_device=self.prefill_device, user_path=config.model,
-                anon_ranges=self.stream.anon_ranges if self.stream is not None else (),
-                unused_ranges=self.stream.expert_files if self.stream is not None else (),
-                int_overrides=overrides))
+            self.model = LlamaModel(
+                ModelLoadParams(
+                    path=self.stream.load_path if self.stream is not None else config.model,
+                    prefill_device=self.prefill_device,
+                    user_path=config.model,
+                    anon_ranges=self.stream.anon_ranges if self.stream is not None else (),
+                    unused_ranges=self.stream.expert_files if self.stream is not None else (),
+                    int_overrides=overrides,
+                )
+            )
         except BaseException:
             if self.stream is not None:
                 self.stream.close()
@@ -139,8 +155,9 @@ class Runtime:
         """The context, the warm-up a prefill device needs, and the chat template: what opening
         does after the model loaded (``__init__`` frees everything if any of it fails)."""
         if config.mmproj is not None:  # resident, beside a streamed or resident language model
-            self.images = ImageRuns(Projector(Path(config.mmproj), self.model, n_threads=config.threads,
-                                              flash_attn=config.flash_attn))
+            self.images = ImageRuns(
+                Projector(Path(config.mmproj), self.model, n_threads=config.threads, flash_attn=config.flash_attn)
+            )
         self._open_context(config.n_seq_at_open)
         self._bos_text = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
         eos_text = self.model.token_bytes(self.model.eos, special=True).decode("utf-8", "replace")
@@ -213,7 +230,9 @@ class Runtime:
         context, the old shape is re-created and ``SideSequencesError`` raised; if that fails
         too, ``ContextLostError`` (the session cannot go on)."""
         if n < 1 or self.side_sequences:
-            raise ValueError(f"open_side_sequences: {n} side sequences on a context holding {self.live_ctx.n_seq} sequences")
+            raise ValueError(
+                f"open_side_sequences: {n} side sequences on a context holding {self.live_ctx.n_seq} sequences"
+            )
         old_n_seq = self.live_ctx.n_seq
         self.kv.reset()
         self.live_ctx.close()
@@ -223,10 +242,12 @@ class Runtime:
             try:
                 self._open_context(old_n_seq)
             except Exception as again:
-                raise ContextLostError(f"the context could not be re-created after opening {n} side sequences "
-                                       f"failed ({exc}): {again}") from again
-            raise SideSequencesError(f"llama.cpp could not create a context of {n + 1} sequences of "
-                                     f"{self.config.n_ctx} tokens: {exc}") from exc
+                raise ContextLostError(
+                    f"the context could not be re-created after opening {n} side sequences failed ({exc}): {again}"
+                ) from again
+            raise SideSequencesError(
+                f"llama.cpp could not create a context of {n + 1} sequences of {self.config.n_ctx} tokens: {exc}"
+            ) from exc
 
     # --- facts ------------------------------------------------------------------------
     @property
@@ -256,8 +277,10 @@ class Runtime:
         if not sources:
             return []
         if self.images is None:
-            raise ImageError("images: this session has no vision projector; open it with --mmproj FILE "
-                               "(SessionConfig.mmproj), the model's projector GGUF")
+            raise ImageError(
+                "images: this session has no vision projector; open it with --mmproj FILE "
+                "(SessionConfig.mmproj), the model's projector GGUF"
+            )
         return self.images.read(sources, self.n_ctx)
 
     def tokenize_prompt(self, text: str, images: Sequence[Image] = ()) -> list[int]:
@@ -269,9 +292,11 @@ class Runtime:
         if isinstance(text, Prompt):
             for content in text.unplaced:
                 if self.model.holds_control_text(content):
-                    raise RequestError("a message holds a special token's text, and this model's chat template "
-                                       "renders messages in a way bmoe cannot tell apart from its own markup, so it "
-                                       "could not keep that text plain; remove it, or run with --chatml")
+                    raise RequestError(
+                        "a message holds a special token's text, and this model's chat template "
+                        "renders messages in a way bmoe cannot tell apart from its own markup, so it "
+                        "could not keep that text plain; remove it, or run with --chatml"
+                    )
             parts = text.parts
         else:
             parts = ((text, False),)
@@ -286,16 +311,19 @@ class Runtime:
             starts = toks[:1] == [self.model.bos]
         return [self.model.bos] + toks if self.model.add_bos and not starts else toks
 
-    def _tokens_with_images(self, parts: Sequence[tuple[str, bool]], images: Sequence[Image], *,
-                            raw: bool = False) -> list[int]:
+    def _tokens_with_images(
+        self, parts: Sequence[tuple[str, bool]], images: Sequence[Image], *, raw: bool = False
+    ) -> list[int]:
         """The parts' tokens with ``images`` in place of the image markers, in order; the text
         between two markers is tokenized on its own (nothing merges across an image)."""
         assert self.images is not None
         pieces = split_at_markers(parts, raw=raw)
         if len(pieces) - 1 != len(images):
-            raise ImageError(f"images: {len(images)} image(s) but the prompt has {len(pieces) - 1} image marker(s) "
-                               f"{rules.IMAGE_MARKER}; put one marker where each image goes, or none (then the "
-                               "images go in front of the text)")
+            raise ImageError(
+                f"images: {len(images)} image(s) but the prompt has {len(pieces) - 1} image marker(s) "
+                f"{rules.IMAGE_MARKER}; put one marker where each image goes, or none (then the "
+                "images go in front of the text)"
+            )
         toks: list[int] = []
         for k, piece in enumerate(pieces):
             if piece:
@@ -318,9 +346,11 @@ class Runtime:
         for i, m in enumerate(history):  # the last message's markers are checked as a request's
             n = m.content.count(rules.IMAGE_MARKER)
             if n != len(m.images):
-                raise ImageError(f"images: message {i} ({m.role}) holds {n} image marker(s) "
-                                 f"{rules.IMAGE_MARKER} but {len(m.images)} image(s); in a conversation with "
-                                 "images each marker takes one image of its own message")
+                raise ImageError(
+                    f"images: message {i} ({m.role}) holds {n} image marker(s) "
+                    f"{rules.IMAGE_MARKER} but {len(m.images)} image(s); in a conversation with "
+                    "images each marker takes one image of its own message"
+                )
         if not old:
             return images
         try:
@@ -348,8 +378,9 @@ class Runtime:
         rendered = turn_text.text
         prompt = self.tokenize_prompt(rendered, images) if images else self.tokenize_prompt(rendered)
         if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
-            raise RequestError("prompt: renders to no tokens (no chat template, and the model adds no BOS); "
-                               "give a non-empty prompt")
+            raise RequestError(
+                "prompt: renders to no tokens (no chat template, and the model adds no BOS); give a non-empty prompt"
+            )
         if len(prompt) + n_predict > self.n_ctx:
             of_images = f", {self.image_tokens(prompt)} of them its images'" if images else ""
             raise ContextOverflowError(
@@ -368,15 +399,30 @@ class Runtime:
         before each token, and a cancelled turn is rolled back as if it never happened."""
         return (yield from self._run_turn(*turn, cancel))
 
-    def _run_turn(self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning,
-                  cancel) -> Generator[Step, None, GenerateResult]:
+    def _run_turn(
+        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, cancel
+    ) -> Generator[Step, None, GenerateResult]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
             return GenerateResult(
-                id=req.id, text="", reasoning="", tokens=(), cancelled=True, stop="cancelled", n_prompt=0,
-                n_reused=0, n_past=self.kv.n_past, prefill_fallback="", prefill_s=0.0, decode_s=0.0,
-                load_s=self.load_s, io=now.minus(now), majflt=0, cpu_s=0.0,
-                prefill_dev_tokens=0 if self.prefill_device is not None else None)
+                id=req.id,
+                text="",
+                reasoning="",
+                tokens=(),
+                cancelled=True,
+                stop="cancelled",
+                n_prompt=0,
+                n_reused=0,
+                n_past=self.kv.n_past,
+                prefill_fallback="",
+                prefill_s=0.0,
+                decode_s=0.0,
+                load_s=self.load_s,
+                io=now.minus(now),
+                majflt=0,
+                cpu_s=0.0,
+                prefill_dev_tokens=0 if self.prefill_device is not None else None,
+            )
         io0, (flt0, cpu0) = self.stream_stats(), _rusage()
         plan = self.kv.align(prompt, reuse=not req.clear_kv)
         n_keep_on_cancel = plan.n_reused
@@ -413,7 +459,9 @@ class Runtime:
                 d_text, d_reason = d_text + t_text, d_reason + t_reason
             else:
                 logits = self.kv.append([tok])
-            yield self._step(len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None)
+            yield self._step(
+                len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None
+            )
             if stop == "ctx":
                 break
         # Stopped by an end-of-generation token or a cancel: what the stream still held back (a
@@ -432,11 +480,24 @@ class Runtime:
         flt1, cpu1 = _rusage()
         io_end = self.stream_stats()
         return GenerateResult(
-            id=req.id, text=stream.text, reasoning=stream.reasoning, tokens=tuple(out), cancelled=cancelled,
-            stop=stop, n_prompt=len(prompt) - plan.n_reused, n_reused=plan.n_reused, n_past=self.kv.n_past,
-            prefill_fallback=plan.fallback, prefill_s=prefill_s, decode_s=decode_s, load_s=self.load_s,
+            id=req.id,
+            text=stream.text,
+            reasoning=stream.reasoning,
+            tokens=tuple(out),
+            cancelled=cancelled,
+            stop=stop,
+            n_prompt=len(prompt) - plan.n_reused,
+            n_reused=plan.n_reused,
+            n_past=self.kv.n_past,
+            prefill_fallback=plan.fallback,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            load_s=self.load_s,
             prefill_dev_tokens=prefill_dev_tokens,
-            io=io_end.minus(io0), decode_io=io_end.minus(io_dec), majflt=flt1 - flt0, cpu_s=cpu1 - cpu0,
+            io=io_end.minus(io0),
+            decode_io=io_end.minus(io_dec),
+            majflt=flt1 - flt0,
+            cpu_s=cpu1 - cpu0,
             logits=tuple(kept),
         )
 
@@ -448,10 +509,20 @@ class Runtime:
         split = TimeSplit.of(wall_ms / 1000.0, io)  # mgmt and stall capped so that they fit the wall time
         io_ms, mgmt_ms = io.io_s * 1000.0, split.mgmt_s * 1000.0
         return Step(
-            index=i, token=tok, delta_text=d_text, delta_reasoning=d_reason, wall_ms=wall_ms, io_ms=io_ms,
-            mgmt_ms=mgmt_ms, stall_ms=split.stall_s * 1000.0, compute_ms=max(0.0, wall_ms - io_ms - mgmt_ms),
-            read_mb=io.read_bytes / 1e6, cache_hit_pct=now.hit_pct, majflt=flt - flt_before,
-            cpu_ms=(cpu - cpu_before) * 1000.0, logits=logits,
+            index=i,
+            token=tok,
+            delta_text=d_text,
+            delta_reasoning=d_reason,
+            wall_ms=wall_ms,
+            io_ms=io_ms,
+            mgmt_ms=mgmt_ms,
+            stall_ms=split.stall_s * 1000.0,
+            compute_ms=max(0.0, wall_ms - io_ms - mgmt_ms),
+            read_mb=io.read_bytes / 1e6,
+            cache_hit_pct=now.hit_pct,
+            majflt=flt - flt_before,
+            cpu_ms=(cpu - cpu_before) * 1000.0,
+            logits=logits,
         )
 
     # --- scoring ----------------------------------------------------------------------
@@ -465,8 +536,9 @@ class Runtime:
         assert last is not None  # append keeps the last row by default
         return log_softmax(last)
 
-    def perplexity(self, text: str | None, tokens: list[int] | None, n_window: int | None,
-                   keep_logits: bool) -> PerplexityResult:
+    def perplexity(
+        self, text: str | None, tokens: list[int] | None, n_window: int | None, keep_logits: bool
+    ) -> PerplexityResult:
         if (text is None) == (tokens is None):
             raise RequestError("perplexity: give exactly one of text or tokens")
         ids = self.tokenize_prompt(text) if text is not None else list(tokens or [])

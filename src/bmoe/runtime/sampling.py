@@ -1,9 +1,10 @@
 """Token choice from one logit row: greedy (argmax) or temperature + top-p with a seed."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from ..numerics import log_softmax
+from bmoe.numerics import log_softmax
 
 
 class Sampler:

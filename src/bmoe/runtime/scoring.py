@@ -16,6 +16,7 @@ Rows are reduced to scores ``ROW_BLOCK`` at a time, so memory stays a few rows o
 wide whatever the prompt's length; the prefill itself runs in the same pieces (``n_batch``) as one
 ``KvSequence.append`` of the whole tail would.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,12 +24,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, RequestError
-from ..llama.model import LlamaModel
-from ..numerics import common_prefix_len, log_softmax
-from .kv import KvSequence
-from .results import ScoreRequest, ScoreResult
-from .sampling import Sampler
+from bmoe.errors import ContextOverflowError, RequestError
+from bmoe.llama.model import LlamaModel
+from bmoe.numerics import common_prefix_len, log_softmax
+from bmoe.runtime.kv import KvSequence
+from bmoe.runtime.results import ScoreRequest, ScoreResult
+from bmoe.runtime.sampling import Sampler
 
 TOP_CAP = 20  # most alternatives per position a request may ask for (and what is kept)
 ROW_BLOCK = 32  # logit rows turned into float64 log-probabilities at a time
@@ -63,8 +64,14 @@ def row_logprobs(logits: np.ndarray, targets: np.ndarray, top_k: int = 0) -> tup
 def check_token_ids(tokens: Sequence[int], n_vocab: int, field: str = "tokens") -> None:
     """RequestError naming the first id that is not one of the model's (a larger one would wrap in
     llama.cpp's int32 batch and score another token)."""
-    bad = next((i for i, t in enumerate(tokens) if isinstance(t, bool) or not isinstance(t, (int, np.integer))
-                or not 0 <= t < n_vocab), None)
+    bad = next(
+        (
+            i
+            for i, t in enumerate(tokens)
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab
+        ),
+        None,
+    )
     if bad is not None:
         raise RequestError(f"{field}.{bad}: {tokens[bad]!r} is not a token id of this model (0..{n_vocab - 1})")
 
@@ -92,8 +99,9 @@ class PromptScorer:
         if not 0 <= req.top_n <= TOP_CAP:  # a row keeps TOP_CAP alternatives
             raise RequestError(f"top_n: at most {TOP_CAP} alternatives per position, got {req.top_n}")
         if n + req.n_predict > self.kv.ctx.n_ctx:
-            raise ContextOverflowError(f"tokens: {n} tokens, plus {req.n_predict} to pick, do not fit the context "
-                                       f"(n_ctx {self.kv.ctx.n_ctx})")
+            raise ContextOverflowError(
+                f"tokens: {n} tokens, plus {req.n_predict} to pick, do not fit the context (n_ctx {self.kv.ctx.n_ctx})"
+            )
 
     def score(self, req: ScoreRequest) -> ScoreResult:
         self.check(req)
@@ -125,8 +133,9 @@ class PromptScorer:
         # Keep what is now known: every position after an echo, else the still valid prefix.
         n_keep = n_tok if req.echo else min(kept, len(self._tokens))
         self._tokens = toks[:n_keep]
-        self._lp, self._top_ids, self._top_lp = (lp, top_ids, top_lp) if req.echo else \
-            (self._lp[:n_keep], self._top_ids[:n_keep], self._top_lp[:n_keep])
+        self._lp, self._top_ids, self._top_lp = (
+            (lp, top_ids, top_lp) if req.echo else (self._lp[:n_keep], self._top_ids[:n_keep], self._top_lp[:n_keep])
+        )
         generated: tuple[int, ...] = ()
         gen_lp = np.zeros(0)
         gen_ids, gen_top = np.zeros((0, req.top_n), dtype=np.int64), np.zeros((0, req.top_n))
@@ -136,16 +145,22 @@ class PromptScorer:
             g_lp, g_ids, g_top = row_logprobs(last[None, :], np.array([tok]), req.top_n)
             generated, gen_lp, gen_ids, gen_top = (tok,), g_lp, g_ids, g_top
         return ScoreResult(
-            tokens=tuple(toks) + generated, n_prompt=n_tok,
+            tokens=tuple(toks) + generated,
+            n_prompt=n_tok,
             token_logprobs=np.concatenate([lp if req.echo else np.full(n_tok, np.nan), gen_lp]),
             top_ids=np.concatenate([top_ids[:, : req.top_n], gen_ids]),
             top_logprobs=np.concatenate([top_lp[:, : req.top_n], gen_top]),
-            generated=generated, eog=bool(generated) and self.model.is_eog(generated[0]),
-            n_reused=n_reused, n_prefilled=n_tok - n_reused, prefill_s=prefill_s, prefill_fallback=fallback,
+            generated=generated,
+            eog=bool(generated) and self.model.is_eog(generated[0]),
+            n_reused=n_reused,
+            n_prefilled=n_tok - n_reused,
+            prefill_s=prefill_s,
+            prefill_fallback=fallback,
         )
 
-    def _prefill_scored(self, toks: list[int], start: int, lp: np.ndarray, top_ids: np.ndarray,
-                        top_lp: np.ndarray) -> np.ndarray:
+    def _prefill_scored(
+        self, toks: list[int], start: int, lp: np.ndarray, top_ids: np.ndarray, top_lp: np.ndarray
+    ) -> np.ndarray:
         """Prefill ``toks[start:]`` (n_batch tokens per call, as one append would) and fill in the
         scores of positions start+1..; returns the last row's logits ``# [n_vocab]``."""
         n_batch = self.kv.ctx.n_batch

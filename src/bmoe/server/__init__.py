@@ -2,6 +2,7 @@
 
 The app is loaded on first use, not with the package: ``bmoe-server`` (bmoe.server.main) checks its
 flags and opens the model before it needs FastAPI, so a missing server extra is one clear line."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

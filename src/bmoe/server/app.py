@@ -3,6 +3,7 @@
 The caller owns the session (opens it before, closes it after); the app owns the worker thread
 that feeds it (``app.state.queue``; ``close_app`` stops it).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -17,24 +18,40 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from bmoe.server.chat_route import ChatRoute
+from bmoe.server.completions_route import CompletionsRoute
+from bmoe.server.decide_route import DecideRoute
+from bmoe.server.errors import ApiError, error_response, install_handlers
+from bmoe.server.job_queue import JobQueue, QueueFull
+from bmoe.server.metrics import Metrics
+from bmoe.server.middleware import AllowedHosts, BodyLimit, CountRequests
+from bmoe.server.tokenizer_route import tokenizer_router
 from bmoe.session import Session
 
-from .chat_route import ChatRoute
-from .completions_route import CompletionsRoute
-from .decide_route import DecideRoute
-from .job_queue import JobQueue, QueueFull
-from .errors import ApiError, error_response, install_handlers
-from .metrics import Metrics
-from .middleware import AllowedHosts, BodyLimit, CountRequests
-from .tokenizer_route import tokenizer_router
-
 # The page's files; a fixed list, so no request path ever reaches the filesystem.
-STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-          "style.css": "text/css; charset=utf-8"}
+STATIC = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
 # Paths the request counter names; anything else counts as "other" (a fuzzer makes many).
-ROUTES = frozenset({"/", "/health", "/metrics", "/v1/models", "/v1/session", "/v1/chat/completions",
-                    "/v1/decide", "/openapi.json", "/v1/completions", "/tokenize", "/detokenize",
-                    "/tokenizer_info", *(f"/static/{name}" for name in STATIC)})
+ROUTES = frozenset(
+    {
+        "/",
+        "/health",
+        "/metrics",
+        "/v1/models",
+        "/v1/session",
+        "/v1/chat/completions",
+        "/v1/decide",
+        "/openapi.json",
+        "/v1/completions",
+        "/tokenize",
+        "/detokenize",
+        "/tokenizer_info",
+        *(f"/static/{name}" for name in STATIC),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +75,19 @@ def session_info(session: Session, settings: ServerSettings, queue: JobQueue) ->
     conf = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "model"}
     conf = {k: (Path(v).name if isinstance(v, Path) else v) for k, v in conf.items()}  # no paths
     return {
-        "model": model_id(session), "arch": session.model.arch, "n_ctx": session.n_ctx,
-        "n_expert_used": session.model.n_expert_used, "think_ctl": session.chat.think_ctl,
-        "decide": session.decider is not None, "streaming": cfg.moe_stream, "config": conf,
-        "server": {"max_queue": settings.max_queue, "max_body_bytes": settings.max_body_bytes,
-                   "auth": settings.api_key is not None},
+        "model": model_id(session),
+        "arch": session.model.arch,
+        "n_ctx": session.n_ctx,
+        "n_expert_used": session.model.n_expert_used,
+        "think_ctl": session.chat.think_ctl,
+        "decide": session.decider is not None,
+        "streaming": cfg.moe_stream,
+        "config": conf,
+        "server": {
+            "max_queue": settings.max_queue,
+            "max_body_bytes": settings.max_body_bytes,
+            "auth": settings.api_key is not None,
+        },
         "stats": queue.last_stats,
     }
 
@@ -74,8 +99,14 @@ def _auth(settings: ServerSettings):
         if settings.api_key is None:
             return
         if creds is None or not secrets.compare_digest(creds.credentials.encode(), settings.api_key.encode()):
-            raise ApiError(401, "a valid API key is required: send Authorization: Bearer <key>", None,
-                           "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "a valid API key is required: send Authorization: Bearer <key>",
+                None,
+                "invalid_api_key",
+                {"WWW-Authenticate": "Bearer"},
+            )
+
     return check
 
 
@@ -84,8 +115,14 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
     queue = JobQueue(session, settings.max_queue, on_drop=metrics.cancelled.inc)  # a waiter whose client left
     # No /docs or /redoc: their pages load their scripts from a CDN, blank on an offline machine.
     # The schema itself is an API route below, behind the key like the others.
-    app = FastAPI(title="bmoe-server", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None,
-                  description="OpenAI-compatible chat and bmoe decisions over one bmoe session.")
+    app = FastAPI(
+        title="bmoe-server",
+        version="0.1.0",
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        description="OpenAI-compatible chat and bmoe decisions over one bmoe session.",
+    )
     app.state.queue, app.state.metrics, app.state.session = queue, metrics, session
     install_handlers(app)
 
@@ -96,19 +133,43 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
 
     api = APIRouter(dependencies=[Depends(_auth(settings))])
     busy: dict[int | str, dict[str, Any]] = {503: {"description": "the queue is full (Retry-After says when to retry)"}}
-    api.add_api_route("/v1/chat/completions", ChatRoute(queue, metrics, model_id(session)), methods=["POST"],
-                      summary="OpenAI chat completion (stream=true for SSE)", responses=busy)
-    api.add_api_route("/v1/decide", DecideRoute(queue, metrics, settings.max_request_decisions), methods=["POST"],
-                      summary="One decision, or a list answered in order", responses=busy)
-    api.add_api_route("/v1/completions", CompletionsRoute(queue, metrics, model_id(session)), methods=["POST"],
-                      summary="OpenAI legacy completion for scoring prompts: echo, logprobs, max_tokens 0 or 1",
-                      responses=busy)
+    api.add_api_route(
+        "/v1/chat/completions",
+        ChatRoute(queue, metrics, model_id(session)),
+        methods=["POST"],
+        summary="OpenAI chat completion (stream=true for SSE)",
+        responses=busy,
+    )
+    api.add_api_route(
+        "/v1/decide",
+        DecideRoute(queue, metrics, settings.max_request_decisions),
+        methods=["POST"],
+        summary="One decision, or a list answered in order",
+        responses=busy,
+    )
+    api.add_api_route(
+        "/v1/completions",
+        CompletionsRoute(queue, metrics, model_id(session)),
+        methods=["POST"],
+        summary="OpenAI legacy completion for scoring prompts: echo, logprobs, max_tokens 0 or 1",
+        responses=busy,
+    )
     api.include_router(tokenizer_router(queue))
 
     @api.get("/v1/models", summary="The one model this server serves")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_id(session), "object": "model", "created": int(started),
-                                            "owned_by": "bmoe", "meta": session_info(session, settings, queue)}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_id(session),
+                    "object": "model",
+                    "created": int(started),
+                    "owned_by": "bmoe",
+                    "meta": session_info(session, settings, queue),
+                }
+            ],
+        }
 
     @api.get("/v1/session", summary="Model and session settings, read-only, and the latest stats")
     async def info() -> dict[str, Any]:
@@ -142,8 +203,11 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
     started = time.time()
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(AllowedHosts, allowed=settings.allowed_hosts)  # before the body is read; counted
-    app.add_middleware(CountRequests, routes=lambda: ROUTES,
-                       count=lambda route, status: metrics.requests.labels(route, str(status)).inc())
+    app.add_middleware(
+        CountRequests,
+        routes=lambda: ROUTES,
+        count=lambda route, status: metrics.requests.labels(route, str(status)).inc(),
+    )
     return app
 
 

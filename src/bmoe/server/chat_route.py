@@ -3,6 +3,7 @@
 A refusal (bad messages, context overflow, full queue) is answered before any token, with a
 JSON error, even for stream=true: the SSE response starts only once the first token exists.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,16 +18,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from bmoe.rules import IMAGE_MARKER
+from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, run_turn
+from bmoe.server.errors import ApiError, error_body, from_request_error
+from bmoe.server.images import inline_bytes
+from bmoe.server.job_queue import ERROR, RESULT, Event, Job, JobQueue
+from bmoe.server.metrics import Metrics
+from bmoe.server.run_job import cancel_on_disconnect, job_error
+from bmoe.server.schemas import ChatCompletionRequest, ImagePart
 from bmoe.session import Message
 from bmoe.wire.records import done_fields
-
-from .conversation import ChatTurn, Delta, TurnOutcome, run_turn
-from .job_queue import ERROR, RESULT, JobQueue, Event, Job
-from .errors import ApiError, error_body, from_request_error
-from .run_job import cancel_on_disconnect, job_error
-from .images import inline_bytes
-from .metrics import Metrics
-from .schemas import ChatCompletionRequest, ImagePart
 
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -40,31 +40,52 @@ def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
     images: list[list[bytes]] = [[] for _ in body.messages]
     for i, (m, u) in enumerate(zip(body.messages, urls)):
         if u and m.role != "user":
-            raise ApiError(400, f"messages.{i}: image parts are taken in user messages only, got one in a "
-                           f"{m.role} message", f"messages.{i}.content")
+            raise ApiError(
+                400,
+                f"messages.{i}: image parts are taken in user messages only, got one in a {m.role} message",
+                f"messages.{i}.content",
+            )
         parts = m.content if isinstance(m.content, list) else [m.content]
         for j, p in enumerate(parts):
             if isinstance(p, ImagePart):
                 images[i].extend(inline_bytes([p.image_url.url], f"messages.{i}.content.{j}.image_url.url"))
             elif with_images and IMAGE_MARKER in (p if isinstance(p, str) else p.text):
                 where = f"messages.{i}.content" + (f".{j}.text" if isinstance(m.content, list) else "")
-                raise ApiError(400, f"{where}: holds {IMAGE_MARKER}, the text that marks where an image goes; in "
-                               "a conversation with images it cannot be text (send images as image_url parts)", where)
-    return tuple(Message(_ROLES.get(m.role, m.role), m.text(IMAGE_MARKER), tuple(b))  # type: ignore[arg-type]
-                 for m, b in zip(body.messages, images))
+                raise ApiError(
+                    400,
+                    f"{where}: holds {IMAGE_MARKER}, the text that marks where an image goes; in "
+                    "a conversation with images it cannot be text (send images as image_url parts)",
+                    where,
+                )
+    return tuple(
+        Message(_ROLES.get(m.role, m.role), m.text(IMAGE_MARKER), tuple(b))  # type: ignore[arg-type]
+        for m, b in zip(body.messages, images)
+    )
 
 
 def to_turn(body: ChatCompletionRequest) -> ChatTurn:
     msgs = _messages(body)
     if msgs[-1].role != "user":
-        raise ApiError(400, f"messages: the last message must come from the user, got {msgs[-1].role!r}",
-                       f"messages.{len(msgs) - 1}.role")
-    if body.max_tokens is not None and body.max_completion_tokens is not None \
-            and body.max_tokens != body.max_completion_tokens:
+        raise ApiError(
+            400,
+            f"messages: the last message must come from the user, got {msgs[-1].role!r}",
+            f"messages.{len(msgs) - 1}.role",
+        )
+    if (
+        body.max_tokens is not None
+        and body.max_completion_tokens is not None
+        and body.max_tokens != body.max_completion_tokens
+    ):
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", "max_completion_tokens")
-    return ChatTurn(messages=msgs, max_tokens=body.max_tokens or body.max_completion_tokens,
-                    temperature=body.temperature, top_p=body.top_p, seed=body.seed, stops=body.stop_list(),
-                    think=body.think)
+    return ChatTurn(
+        messages=msgs,
+        max_tokens=body.max_tokens or body.max_completion_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stops=body.stop_list(),
+        think=body.think,
+    )
 
 
 def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
@@ -78,8 +99,12 @@ def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
 def usage(outcome: TurnOutcome) -> dict[str, Any]:
     r = outcome.result
     prompt = r.n_prompt + r.n_reused
-    return {"prompt_tokens": prompt, "completion_tokens": r.n_tokens, "total_tokens": prompt + r.n_tokens,
-            "prompt_tokens_details": {"cached_tokens": r.n_reused}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": r.n_tokens,
+        "total_tokens": prompt + r.n_tokens,
+        "prompt_tokens_details": {"cached_tokens": r.n_reused},
+    }
 
 
 def raise_for(ev: Event) -> None:
@@ -104,6 +129,7 @@ class ChatRoute:
                 self.metrics.cancelled.inc()
             self.metrics.chat_turn(outcome.result, outcome.finish_reason)
             return outcome
+
         return fn
 
     async def __call__(self, body: ChatCompletionRequest, request: Request):
@@ -118,8 +144,11 @@ class ChatRoute:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 handed_over = True
-                return StreamingResponse(self._sse(first, job, watcher, cid, created, include_usage),
-                                         media_type="text/event-stream", headers=SSE_HEADERS)
+                return StreamingResponse(
+                    self._sse(first, job, watcher, cid, created, include_usage),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
+                )
             ev = first if first.kind == RESULT else await job.outcome()
             raise_for(ev)
             outcome: TurnOutcome = ev.value
@@ -129,9 +158,13 @@ class ChatRoute:
             if outcome.result.reasoning:
                 message["reasoning_content"] = outcome.result.reasoning
             return {
-                "id": cid, "object": "chat.completion", "created": created, "model": self.model_id,
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.model_id,
                 "choices": [{"index": 0, "message": message, "finish_reason": outcome.finish_reason, "logprobs": None}],
-                "usage": usage(outcome), "bmoe": telemetry(outcome),
+                "usage": usage(outcome),
+                "bmoe": telemetry(outcome),
             }
         finally:
             if not handed_over:
@@ -140,12 +173,19 @@ class ChatRoute:
                     job.cancel()
 
     def _chunk(self, cid: str, created: int, delta: dict[str, Any], finish: str | None, **extra: Any) -> str:
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.model_id,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            **extra,
+        }
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    async def _sse(self, first: Event, job: Job, watcher: asyncio.Task, cid: str, created: int,
-                   include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(
+        self, first: Event, job: Job, watcher: asyncio.Task, cid: str, created: int, include_usage: bool
+    ) -> AsyncIterator[str]:
         chunk = partial(self._chunk, cid, created)
         try:
             yield chunk({"role": "assistant", "content": ""}, None)
@@ -162,8 +202,14 @@ class ChatRoute:
                         return
                     yield chunk({}, outcome.finish_reason, bmoe=telemetry(outcome))
                     if include_usage:  # OpenAI's shape: a chunk with no choices, only usage
-                        obj = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": self.model_id, "choices": [], "usage": usage(outcome)}
+                        obj = {
+                            "id": cid,
+                            "object": "chat.completion.chunk",
+                            "created": created,
+                            "model": self.model_id,
+                            "choices": [],
+                            "usage": usage(outcome),
+                        }
                         yield f"data: {json.dumps(obj)}\n\n"
                     break
                 d: Delta = ev.value

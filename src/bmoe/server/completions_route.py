@@ -7,6 +7,7 @@ request is scored in order in one job on the worker, and each reuses what the on
 this request or the previous one) left in the KV: only the tail past the common prefix is
 prefilled (``bmoe.n_reused``). docs/server.md has the fields, the answer and every refusal.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -19,13 +20,12 @@ from typing import Any
 from fastapi import Request
 
 from bmoe.errors import RequestError
+from bmoe.server.errors import ApiError, from_request_error
+from bmoe.server.job_queue import Cancelled, Job, JobQueue
+from bmoe.server.metrics import Metrics
+from bmoe.server.run_job import run_job
+from bmoe.server.schemas import CompletionRequest
 from bmoe.session import ScoreRequest, ScoreResult, Session
-
-from .job_queue import Cancelled, JobQueue, Job
-from .errors import ApiError, from_request_error
-from .run_job import run_job
-from .metrics import Metrics
-from .schemas import CompletionRequest
 
 MAX_TOKENS_DEFAULT = 1  # OpenAI's default (16) is more than this route generates
 # The session's field names in a refusal, as the API calls them.
@@ -34,11 +34,16 @@ _FIELD = {"tokens": "prompt", "n_predict": "max_tokens", "top_n": "logprobs"}
 
 def _unsupported(body: CompletionRequest) -> None:
     """Refuse OpenAI fields this route does not implement, when they would change the answer."""
+
     def no(field: str, why: str) -> None:
         raise ApiError(400, f"{field}: {why}", field, "unsupported_field")
+
     if body.max_tokens is not None and body.max_tokens > 1:
-        no("max_tokens", f"/v1/completions scores prompts and generates at most 1 token, got {body.max_tokens} "
-                         "(use /v1/chat/completions to generate text)")
+        no(
+            "max_tokens",
+            f"/v1/completions scores prompts and generates at most 1 token, got {body.max_tokens} "
+            "(use /v1/chat/completions to generate text)",
+        )
     if body.stream:
         no("stream", "streaming is not supported on /v1/completions")
     if body.n not in (None, 1):
@@ -102,7 +107,9 @@ def choice(session: Session, index: int, r: ScoreResult, echo: bool, top_n: int 
     gen = [] if r.eog else list(r.generated)  # an end-of-generation token adds no text
     gen_text, gen_offsets = _texts(session, tuple(gen))
     text = (prompt_text if echo else "") + gen_text
-    offsets = offsets + [len(prompt_text) + o for o in gen_offsets] + ([len(prompt_text) + len(gen_text)] if r.eog else [])
+    offsets = (
+        offsets + [len(prompt_text) + o for o in gen_offsets] + ([len(prompt_text) + len(gen_text)] if r.eog else [])
+    )
     logprobs = None
     if top_n is not None:
         first = 0 if echo else r.n_prompt
@@ -110,9 +117,12 @@ def choice(session: Session, index: int, r: ScoreResult, echo: bool, top_n: int 
         logprobs = {
             "tokens": [token_str(session, r.tokens[j]) for j in pos],
             "token_logprobs": [_lp(r.token_logprobs[j]) for j in pos],
-            "top_logprobs": [None if math.isnan(r.token_logprobs[j]) else
-                             {token_str(session, int(t)): float(v) for t, v in zip(r.top_ids[j], r.top_logprobs[j])}
-                             for j in pos],
+            "top_logprobs": [
+                None
+                if math.isnan(r.token_logprobs[j])
+                else {token_str(session, int(t)): float(v) for t, v in zip(r.top_ids[j], r.top_logprobs[j])}
+                for j in pos
+            ],
             "text_offset": [offsets[j] for j in pos],
         }
     finish = "stop" if r.eog else "length"
@@ -121,12 +131,21 @@ def choice(session: Session, index: int, r: ScoreResult, echo: bool, top_n: int 
 
 def telemetry(results: list[ScoreResult]) -> dict[str, Any]:
     """The ``bmoe`` object: what was reused and prefilled, in total and per prompt."""
-    per = [{"n_reused": r.n_reused, "n_prefilled": r.n_prefilled, "prefill_s": r.prefill_s,
-            "prefill_fallback": r.prefill_fallback} for r in results]
-    return {"n_reused": sum(r.n_reused for r in results), "n_prefilled": sum(r.n_prefilled for r in results),
-            "prefill_s": sum(r.prefill_s for r in results), "prompts": per}
-
-
+    per = [
+        {
+            "n_reused": r.n_reused,
+            "n_prefilled": r.n_prefilled,
+            "prefill_s": r.prefill_s,
+            "prefill_fallback": r.prefill_fallback,
+        }
+        for r in results
+    ]
+    return {
+        "n_reused": sum(r.n_reused for r in results),
+        "n_prefilled": sum(r.n_prefilled for r in results),
+        "prefill_s": sum(r.prefill_s for r in results),
+        "prompts": per,
+    }
 
 
 def refusal(e: RequestError, param: str) -> ApiError:
@@ -152,8 +171,15 @@ class CompletionsRoute:
             for i, p in enumerate(prompts):
                 param = f"prompt.{i}" if many else "prompt"
                 toks = session.model.tokenize(p, add_special=True, parse_special=True) if isinstance(p, str) else p
-                req = ScoreRequest(tokens=tuple(toks), echo=echo, top_n=top_n or 0, n_predict=n_predict,
-                                   temperature=body.temperature or 0.0, top_p=body.top_p or 1.0, seed=body.seed)
+                req = ScoreRequest(
+                    tokens=tuple(toks),
+                    echo=echo,
+                    top_n=top_n or 0,
+                    n_predict=n_predict,
+                    temperature=body.temperature or 0.0,
+                    top_p=body.top_p or 1.0,
+                    seed=body.seed,
+                )
                 try:
                     session.check_score(req)  # every prompt is checked before any is scored
                 except RequestError as e:
@@ -171,14 +197,24 @@ class CompletionsRoute:
             n_gen = sum(len(r.generated) for r in results)
             return {
                 "choices": [choice(session, i, r, echo, top_n) for i, r in enumerate(results)],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen,
-                          "prompt_tokens_details": {"cached_tokens": sum(r.n_reused for r in results)}},
+                "usage": {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": n_gen,
+                    "total_tokens": n_prompt + n_gen,
+                    "prompt_tokens_details": {"cached_tokens": sum(r.n_reused for r in results)},
+                },
                 "bmoe": telemetry(results),
             }
+
         return fn
 
     async def __call__(self, body: CompletionRequest, request: Request) -> dict[str, Any]:
         _unsupported(body)
         answer = await run_job(self.queue, request, self._fn(body))
-        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_id, **answer}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_id,
+            **answer,
+        }

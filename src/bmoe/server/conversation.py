@@ -5,17 +5,17 @@ message equals the session's history, the turn simply continues the session (its
 reused); otherwise the session's history is replaced first. Context checks run before anything
 in the session changes, so a refused turn leaves it as it was.
 """
+
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 
 from bmoe.errors import ContextOverflowError
+from bmoe.server.errors import ApiError
+from bmoe.server.job_queue import STEP, Job
+from bmoe.server.stops import StopMatcher
 from bmoe.session import GenerateRequest, GenerateResult, Message, Session
-
-from .job_queue import STEP, Job
-from .errors import ApiError
-from .stops import StopMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +49,21 @@ def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
     room = session.n_ctx - n_prompt
     if turn.max_tokens is not None:
         if turn.max_tokens > room:
-            raise ApiError(400, f"the conversation ({n_prompt} tokens) plus max_tokens ({turn.max_tokens}) "
-                           f"exceeds the context (n_ctx {session.n_ctx})", "max_tokens", "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the conversation ({n_prompt} tokens) plus max_tokens ({turn.max_tokens}) "
+                f"exceeds the context (n_ctx {session.n_ctx})",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         return turn.max_tokens
     if room < 1:
-        raise ApiError(400, f"the conversation ({n_prompt} tokens) does not fit the context "
-                       f"(n_ctx {session.n_ctx})", "messages", "context_length_exceeded")
+        raise ApiError(
+            400,
+            f"the conversation ({n_prompt} tokens) does not fit the context (n_ctx {session.n_ctx})",
+            "messages",
+            "context_length_exceeded",
+        )
     return min(session.config.n_predict, room)
 
 
@@ -71,10 +80,19 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     if prior != session.history:
         session.set_history(prior)
     cancel = threading.Event()  # this turn's own: set before it starts, it still takes effect
-    it = session.generate_iter(GenerateRequest(
-        prompt=user.content, images=user.images, n_predict=n_predict, think=think, clear_kv=False,
-        temperature=turn.temperature, top_p=turn.top_p, seed=turn.seed,
-    ), cancel=cancel)
+    it = session.generate_iter(
+        GenerateRequest(
+            prompt=user.content,
+            images=user.images,
+            n_predict=n_predict,
+            think=think,
+            clear_kv=False,
+            temperature=turn.temperature,
+            top_p=turn.top_p,
+            seed=turn.seed,
+        ),
+        cancel=cancel,
+    )
     stops = StopMatcher(turn.stops)
     while True:
         if job.cancelled.is_set():

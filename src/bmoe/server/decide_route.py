@@ -4,6 +4,7 @@ A list is answered like the protocol's decide_batch: every item gets its own BMO
 a refused one ``{"id", "error"}``, and the status is 200. A single refused request is a 400 whose
 error names the field that made it unanswerable.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,24 +12,29 @@ from typing import Any
 from fastapi import Request
 
 from bmoe.decide import errors as derr
-from bmoe.decide.errors import DecideCancelled
 from bmoe.decide.debias import NoPriorError, decisions_needed
-from bmoe.decide.types import DecideRequest, DecideResult
+from bmoe.decide.errors import DecideCancelled
 from bmoe.decide.fields import decide_request
+from bmoe.decide.types import DecideRequest, DecideResult
+from bmoe.server.errors import ApiError
+from bmoe.server.images import inline_bytes
+from bmoe.server.job_queue import Cancelled, Job, JobQueue
+from bmoe.server.metrics import Metrics
+from bmoe.server.run_job import run_job
+from bmoe.server.schemas import DecideBatch, DecideBody
 from bmoe.wire.records import decide_fields
-
-from .job_queue import Cancelled, Job, JobQueue
-from .errors import ApiError
-from .run_job import run_job
-from .images import inline_bytes
-from .metrics import Metrics
-from .schemas import DecideBatch, DecideBody
 
 # Which request field each up-front refusal is about.
 _PARAM: dict[type, str] = {
-    derr.NoChoicesError: "choices", derr.EmptyChoiceError: "choices", derr.ChoiceCollisionError: "choices",
-    derr.EmptyPromptError: "suffix", derr.PromptTooLongError: "prefix", derr.DecideRequestError: "abstain_below",
-    derr.ChoiceTooLongError: "choices", derr.NoSideSequenceError: "scoring", NoPriorError: "debias",
+    derr.NoChoicesError: "choices",
+    derr.EmptyChoiceError: "choices",
+    derr.ChoiceCollisionError: "choices",
+    derr.EmptyPromptError: "suffix",
+    derr.PromptTooLongError: "prefix",
+    derr.DecideRequestError: "abstain_below",
+    derr.ChoiceTooLongError: "choices",
+    derr.NoSideSequenceError: "scoring",
+    NoPriorError: "debias",
 }
 
 
@@ -59,6 +65,7 @@ class DecideRoute:
                 self.metrics.cancelled.inc()
                 raise Cancelled("the client closed the request")
             return results
+
         return fn
 
     def _check_work(self, requests: list[DecideRequest]) -> None:
@@ -66,10 +73,15 @@ class DecideRoute:
         than the server allows one request."""
         need = decisions_needed(requests)
         if need > self.max_decisions:
-            raise ApiError(400, f"decide: this request may run {need} decisions (each debias permutation, pride "
-                                f"sample and choice scored in full counts one), over this server's limit of "
-                                f"{self.max_decisions} a request (--max-request-decisions); send it in smaller "
-                                "requests", None, "too_much_work")
+            raise ApiError(
+                400,
+                f"decide: this request may run {need} decisions (each debias permutation, pride "
+                f"sample and choice scored in full counts one), over this server's limit of "
+                f"{self.max_decisions} a request (--max-request-decisions); send it in smaller "
+                "requests",
+                None,
+                "too_much_work",
+            )
 
     async def __call__(self, body: DecideBody | DecideBatch, request: Request) -> Any:
         batch = isinstance(body, list)
@@ -80,13 +92,14 @@ class DecideRoute:
         # One whose client left while it waited is dropped; a running one stops at the next decision.
         # A RequestError from the session: decide is off in it.
         results: list[DecideResult] = await run_job(
-            self.queue, request, self._fn(requests),
-            request_error=lambda e: ApiError(400, str(e), None, "decide_off"))
+            self.queue, request, self._fn(requests), request_error=lambda e: ApiError(400, str(e), None, "decide_off")
+        )
         if batch:
             return [decide_fields(r) for r in results]
         r = results[0]
         if r.error is not None:
             status = 400 if r.refused else 500
-            raise ApiError(status, r.error, _param(r) if r.refused else None,
-                           "decide_refused" if r.refused else "engine_error")
+            raise ApiError(
+                status, r.error, _param(r) if r.refused else None, "decide_refused" if r.refused else "engine_error"
+            )
         return decide_fields(r)

@@ -7,6 +7,7 @@ message is "<field>: <rule>", the rule of the most specific error (``_rule``). A
 JSON at all (bad syntax, bytes that are not UTF-8, nesting past the parser's depth, an integer past
 Python's digit limit) is a 400 ``invalid_json`` saying which (``not_json``).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from bmoe.errors import RequestError
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
@@ -59,7 +66,7 @@ def not_json(e: BaseException | None) -> str | None:
     if isinstance(e, json.JSONDecodeError):
         return str(e)  # "Expecting value: line 1 column 8 (char 7)"
     if isinstance(e, UnicodeDecodeError):
-        bad = e.object[e.start:e.start + 1].hex()
+        bad = e.object[e.start : e.start + 1].hex()
         return f"not {e.encoding.upper()} text (byte 0x{bad} at offset {e.start}: {e.reason})"
     if isinstance(e, RecursionError):
         return "its arrays and objects nest deeper than the parser goes"
@@ -113,15 +120,28 @@ def install_handlers(app: FastAPI) -> None:
         if request.method == "POST" and media != "application/json" and not media.endswith("+json"):
             # FastAPI reads a body as JSON only when it says so; which also keeps other web
             # pages, which can send only form or text bodies without asking, from driving the model.
-            return JSONResponse(error_body(415, f"the body must be JSON sent with Content-Type: application/json, "
-                                           f"got {ctype[:60]!r}", "body", "unsupported_media_type"), 415)
+            return JSONResponse(
+                error_body(
+                    415,
+                    f"the body must be JSON sent with Content-Type: application/json, got {ctype[:60]!r}",
+                    "body",
+                    "unsupported_media_type",
+                ),
+                415,
+            )
         why = not_json(e.__cause__)  # FastAPI raises it from the parser's JSONDecodeError
         if why is not None:
             return invalid_json(why)
         # "input" and "ctx" can hold values that are not JSON (or are huge); the field and
         # the rule are what a client needs.
-        detail = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
-                   "type": str(err.get("type", ""))} for err in e.errors()]
+        detail = [
+            {
+                "loc": [str(p) for p in err.get("loc", ())],
+                "msg": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+            for err in e.errors()
+        ]
         # With a union (one decision or a list, a string or a list) the most specific error is
         # the deepest one, and at one depth one that is not "not this member's type".
         errors = e.errors()
@@ -140,5 +160,8 @@ def install_handlers(app: FastAPI) -> None:
         why = not_json(e.__cause__) if e.status_code == 400 else None
         if why is not None:
             return invalid_json(why)
-        return JSONResponse(error_body(e.status_code, str(e.detail), None, _HTTP_CODES.get(e.status_code)),
-                            status_code=e.status_code, headers=dict(e.headers or {}))
+        return JSONResponse(
+            error_body(e.status_code, str(e.detail), None, _HTTP_CODES.get(e.status_code)),
+            status_code=e.status_code,
+            headers=dict(e.headers or {}),
+        )

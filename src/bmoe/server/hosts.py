@@ -6,6 +6,7 @@ answers only the names it is really reached by: localhost and loopback addresses
 cannot make a browser send those for its own name), its --host when that is a specific name or
 address, and the names in --allowed-hosts; ``*`` answers every Host.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -42,7 +43,7 @@ def host_of(header: str) -> str | None:
     header is not one of those."""
     if header.startswith("["):
         end = header.find("]")
-        host, rest = header[:end + 1], header[end + 1:]
+        host, rest = header[: end + 1], header[end + 1 :]
         if end < 0 or (rest and not (rest[:1] == ":" and _PORT.fullmatch(rest[1:]))):
             return None
         return normalize(host)
@@ -66,8 +67,10 @@ def parse_allowed(value: str) -> tuple[str, ...]:
             return (ANY,)
         name = normalize(entry) if entry else None
         if name is None:
-            raise ValueError(f"{entry!r} is not a host name or address (give names without a scheme or port, "
-                             f"separated by commas, or * for every host)")
+            raise ValueError(
+                f"{entry!r} is not a host name or address (give names without a scheme or port, "
+                f"separated by commas, or * for every host)"
+            )
         if name not in out:
             out.append(name)
     return tuple(out)

@@ -6,13 +6,13 @@ nothing and reads no file a request names: it decodes each URL here, with the pa
 uses (``bmoe.image_refs``), and passes the session the bytes, never a string that could be a path.
 Whether the bytes are an image the projector can read is the session's question.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from bmoe.image_refs import ImageError, image_bytes
-
-from .errors import ApiError
+from bmoe.server.errors import ApiError
 
 
 def inline_bytes(urls: Sequence[str], param: str) -> tuple[bytes, ...]:

@@ -6,6 +6,7 @@ the session and sends events back to the handler's event loop. A job beyond the 
 refused at once (503), and a job whose client left is dropped before it starts or cancelled at its
 next token while it runs.
 """
+
 from __future__ import annotations
 
 import asyncio

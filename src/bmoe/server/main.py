@@ -1,16 +1,22 @@
 """bmoe-server: every session flag (bmoe.flags.SESSION_FLAGS, as bmoe-cli), plus where to listen
 and how to guard it."""
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from bmoe.flags import PLAN_ONLY_HELP, add_session_flags, config_from_flags, model_from_flags, opening_failure, plan_only
 from bmoe.errors import ConfigError
-
-from .hosts import bound_name, normalize, parse_allowed
-
+from bmoe.flags import (
+    PLAN_ONLY_HELP,
+    add_session_flags,
+    config_from_flags,
+    model_from_flags,
+    opening_failure,
+    plan_only,
+)
+from bmoe.server.hosts import bound_name, normalize, parse_allowed
 
 # bmoe-cli's modes mean nothing to a server: accepted by the parser only to be refused by name.
 _CLI_MODES = (("-p", "--prompt"), ("--session",), ("--progress",), ("--json",), ("--list-archs",), ("--list-devices",))
@@ -19,24 +25,42 @@ _CLI_MODES = (("-p", "--prompt"), ("--session",), ("--progress",), ("--json",), 
 def build_server_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bmoe-server",
-        description="Serve a GGUF model over HTTP (OpenAI chat API, decisions, a web page); docs/server.md.")
+        description="Serve a GGUF model over HTTP (OpenAI chat API, decisions, a web page); docs/server.md.",
+    )
     add_session_flags(p, skip=("--decide",))  # on by default here; --no-decide below turns it off
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
-    g.add_argument("--allowed-hosts", metavar="H,H",
-                   help="Host header names answered besides localhost, loopback addresses and --host "
-                        "(names or addresses separated by commas, any port; * answers every host); "
-                        "other hosts get 400, against DNS rebinding (default: none)")
-    g.add_argument("--api-key", default=os.environ.get("BMOE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every route but /health and the page "
-                        "(default: $BMOE_API_KEY, else no auth)")
-    g.add_argument("--max-queue", type=int, default=8,
-                   help="requests that may wait behind the running one; more get 503 (default 8)")
-    g.add_argument("--max-body-kb", type=int, default=1024, help="largest request body in KiB; more get 413 (default 1024)")
-    g.add_argument("--max-request-decisions", type=int, default=32, metavar="N",
-                   help="the most decisions one /v1/decide request may run (a debias permutation, a pride sample "
-                        "and a choice scored in full count one each); more get 400 before any work (default 32)")
+    g.add_argument(
+        "--allowed-hosts",
+        metavar="H,H",
+        help="Host header names answered besides localhost, loopback addresses and --host "
+        "(names or addresses separated by commas, any port; * answers every host); "
+        "other hosts get 400, against DNS rebinding (default: none)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("BMOE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health and the page "
+        "(default: $BMOE_API_KEY, else no auth)",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        default=8,
+        help="requests that may wait behind the running one; more get 503 (default 8)",
+    )
+    g.add_argument(
+        "--max-body-kb", type=int, default=1024, help="largest request body in KiB; more get 413 (default 1024)"
+    )
+    g.add_argument(
+        "--max-request-decisions",
+        type=int,
+        default=32,
+        metavar="N",
+        help="the most decisions one /v1/decide request may run (a debias permutation, a pride sample "
+        "and a choice scored in full count one each); more get 400 before any work (default 32)",
+    )
     d = p.add_mutually_exclusive_group()
     d.add_argument("--decide", action="store_true", help="accept /v1/decide (the default)")
     d.add_argument("--no-decide", action="store_true", help="refuse /v1/decide (decide is on by default in the server)")
@@ -44,8 +68,12 @@ def build_server_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan-only", action="store_true", help=PLAN_ONLY_HELP)
     for names in _CLI_MODES:
         p.add_argument(*names, dest="cli_mode", action="append_const", const="/".join(names), help=argparse.SUPPRESS)
-    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (default info)")
+    g.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default info)",
+    )
     return p
 
 
@@ -75,8 +103,13 @@ def server_settings(args: argparse.Namespace, extra: list[str]) -> dict:
         hosts = allowed_hosts(args)
     except ValueError as e:
         raise ConfigError(f"--allowed-hosts: {e}") from None
-    return {"api_key": args.api_key or None, "max_queue": args.max_queue, "max_body_bytes": args.max_body_kb * 1024,
-            "max_request_decisions": args.max_request_decisions, "allowed_hosts": hosts}
+    return {
+        "api_key": args.api_key or None,
+        "max_queue": args.max_queue,
+        "max_body_bytes": args.max_body_kb * 1024,
+        "max_request_decisions": args.max_request_decisions,
+        "allowed_hosts": hosts,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     hosts = settings["allowed_hosts"]
     if args.plan_only:
         try:
-            return plan_only(config_from_flags(args, model_from_flags(args, "bmoe-server"), decide=not args.no_decide),
-                             "bmoe-server")
+            return plan_only(
+                config_from_flags(args, model_from_flags(args, "bmoe-server"), decide=not args.no_decide), "bmoe-server"
+            )
         except Exception as e:
             print(f"bmoe-server: {opening_failure(e)}", file=sys.stderr)
             return 1
@@ -98,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         import fastapi  # noqa: F401
         import uvicorn
     except ImportError as e:
-        print(f"bmoe-server: the server extra is not installed ({e.name} is missing): "
-              "pip install 'bmoe[server]'", file=sys.stderr)
+        print(
+            f"bmoe-server: the server extra is not installed ({e.name} is missing): pip install 'bmoe[server]'",
+            file=sys.stderr,
+        )
         return 1
     try:
         cfg = config_from_flags(args, model_from_flags(args, "bmoe-server"), decide=not args.no_decide)
@@ -119,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(session, ServerSettings(**settings))
     print(f"bmoe-server: {cfg.model} on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     if not hosts and normalize(args.host) in ("0.0.0.0", "::"):
-        print("bmoe-server: listening on every address, but answering only requests for localhost and loopback "
-              "addresses; name the others with --allowed-hosts", file=sys.stderr, flush=True)
+        print(
+            "bmoe-server: listening on every address, but answering only requests for localhost and loopback "
+            "addresses; name the others with --allowed-hosts",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:

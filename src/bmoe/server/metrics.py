@@ -3,6 +3,7 @@
 Counters move when the worker finishes a request, from the session's own result objects, so they
 count exactly what the BMOE_DONE / BMOE_DECIDE lines would report.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,21 +28,30 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("bmoe_http_requests", "HTTP requests answered", ["route", "status"], registry=r)
         self.chat = Counter("bmoe_chat_completions", "Chat turns finished", ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("bmoe_prompt_tokens", "Prompt tokens prefilled (chat, decide and completions)", registry=r)
-        self.reused_tokens = Counter("bmoe_reused_tokens", "Prompt tokens reused from the KV or a kept prefix state", registry=r)
+        self.prompt_tokens = Counter(
+            "bmoe_prompt_tokens", "Prompt tokens prefilled (chat, decide and completions)", registry=r
+        )
+        self.reused_tokens = Counter(
+            "bmoe_reused_tokens", "Prompt tokens reused from the KV or a kept prefix state", registry=r
+        )
         self.completion_tokens = Counter("bmoe_completion_tokens", "Tokens generated", registry=r)
         self.prefill_seconds = Counter("bmoe_prefill_seconds", "Seconds spent prefilling", registry=r)
         self.decode_seconds = Counter("bmoe_decode_seconds", "Seconds spent decoding", registry=r)
         self.read_mib = Counter("bmoe_flash_read_mib", "MiB of experts read from flash", registry=r)
-        self.decisions = Counter("bmoe_decisions", "Decisions answered, by what happened to the kept prefix state",
-                                 ["reuse"], registry=r)
+        self.decisions = Counter(
+            "bmoe_decisions", "Decisions answered, by what happened to the kept prefix state", ["reuse"], registry=r
+        )
         self.cancelled = Counter("bmoe_cancelled", "Requests cancelled because the client went away", registry=r)
-        self.rejected = Counter("bmoe_queue_rejected", "Requests refused with 503 because the queue was full", registry=r)
+        self.rejected = Counter(
+            "bmoe_queue_rejected", "Requests refused with 503 because the queue was full", registry=r
+        )
         Gauge("bmoe_queue_depth", "Requests waiting plus the one running", registry=r).set_function(queue_depth)
-        Gauge("bmoe_expert_cache_hit_percent", "Expert cache hit rate so far in the session; -1 with no cache",
-              registry=r).set_function(lambda: float(stats().get("cache_hit_pct", -1.0)))
+        Gauge(
+            "bmoe_expert_cache_hit_percent", "Expert cache hit rate so far in the session; -1 with no cache", registry=r
+        ).set_function(lambda: float(stats().get("cache_hit_pct", -1.0)))
         Gauge("bmoe_context_tokens", "Tokens in the session's context now", registry=r).set_function(
-            lambda: float(stats().get("n_past", 0)))
+            lambda: float(stats().get("n_past", 0))
+        )
 
     def chat_turn(self, r: GenerateResult, finish_reason: str) -> None:
         self.chat.labels(finish_reason).inc()

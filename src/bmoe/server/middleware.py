@@ -4,6 +4,7 @@ counter.
 The body is read up front (it is small by construction) so an oversize one is refused with 413
 before any handler, validation or queueing sees it, whether or not it announced its length.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,21 +12,31 @@ from collections.abc import Callable, Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_body
-from .hosts import HostCheck
+from bmoe.server.errors import error_body
+from bmoe.server.hosts import HostCheck
 
 
 async def _send_json(send: Send, status: int, body: dict) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
 def host_refusal(header: str | None) -> dict:
     shown = (header or "")[:100]
-    return error_body(400, f"Host {shown!r} is not allowed: bmoe-server answers only localhost, loopback addresses, "
-                           f"its --host and the names in --allowed-hosts", None, "host_not_allowed")
+    return error_body(
+        400,
+        f"Host {shown!r} is not allowed: bmoe-server answers only localhost, loopback addresses, "
+        f"its --host and the names in --allowed-hosts",
+        None,
+        "host_not_allowed",
+    )
 
 
 class AllowedHosts:
@@ -54,8 +65,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_big = error_body(413, f"the request body is over the server's limit of {self.max_bytes} bytes",
-                             None, "body_too_large")
+        too_big = error_body(
+            413, f"the request body is over the server's limit of {self.max_bytes} bytes", None, "body_too_large"
+        )
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await _send_json(send, 413, too_big)

@@ -1,5 +1,6 @@
 """A route's work on the one worker: queue it, drop it when its client leaves, and turn what went
 wrong into the HTTP error every route answers the same way."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,10 +10,9 @@ from typing import Any
 from fastapi import Request
 
 from bmoe.errors import RequestError
+from bmoe.server.errors import ApiError, from_request_error
+from bmoe.server.job_queue import Cancelled, Job, JobQueue, QueueFull
 from bmoe.session import Session
-
-from .job_queue import Cancelled, JobQueue, Job, QueueFull
-from .errors import ApiError, from_request_error
 
 
 async def cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2) -> None:
@@ -37,8 +37,12 @@ def job_error(e: BaseException, request_error: Callable[[RequestError], ApiError
     return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", None, "engine_error")
 
 
-async def run_job(queue: JobQueue, request: Request, fn: Callable[[Session, Job], Any],
-                  request_error: Callable[[RequestError], ApiError] = lambda e: from_request_error(e, None)) -> Any:
+async def run_job(
+    queue: JobQueue,
+    request: Request,
+    fn: Callable[[Session, Job], Any],
+    request_error: Callable[[RequestError], ApiError] = lambda e: from_request_error(e, None),
+) -> Any:
     """Queue ``fn`` on the worker and return its result; a client that leaves while it waits
     drops it. A failure is raised as ``job_error`` maps it."""
     job = queue.submit(fn)

@@ -6,13 +6,24 @@ refuses unknown fields, as the protocol does, since a typo would silently change
 No field names a file: the model is the one the server was started with. Numbers must be finite
 (JSON's NaN and Infinity, which Python's json reads, are refused as such, not as out of range).
 """
+
 from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Strict, Tag, ValidationInfo,
-                      create_model, field_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    Tag,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from bmoe import rules
@@ -62,8 +73,11 @@ def _part_tag(part: object) -> str | None:
 
 ContentPart = Annotated[
     Annotated[TextPart, Tag("TextPart")] | Annotated[ImagePart, Tag("ImagePart")],
-    Discriminator(_part_tag, custom_error_type="content_part_type",
-                  custom_error_message="a content part's type must be 'text' or 'image_url'"),
+    Discriminator(
+        _part_tag,
+        custom_error_type="content_part_type",
+        custom_error_message="a content part's type must be 'text' or 'image_url'",
+    ),
 ]
 
 
@@ -79,8 +93,9 @@ class ChatMessage(BaseModel):
         return "".join(p.text if isinstance(p, TextPart) else marker for p in self.content)
 
     def image_urls(self) -> list[str]:
-        return [] if isinstance(self.content, str) else \
-            [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
+        return (
+            [] if isinstance(self.content, str) else [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
+        )
 
 
 class StreamOptions(BaseModel):
@@ -121,8 +136,10 @@ _TYPES: dict[rules.Rule, object] = {
     rules.STR_LIST: Annotated[list[Text], Field(max_length=MAX_LIST)],
     rules.IMAGES: Annotated[list[Text], Field(max_length=MAX_IMAGES)],
 }
-_IMAGES_DOC = ("data: URLs of images, placed at the <__media__> markers of prefix + suffix, or in front of the "
-               "prefix (docs/decide.md \"Images\"); the server reads no files")
+_IMAGES_DOC = (
+    "data: URLs of images, placed at the <__media__> markers of prefix + suffix, or in front of the "
+    "prefix (docs/decide.md \"Images\"); the server reads no files"
+)
 
 
 def _body_fields(table: rules.Table, nested: dict[str, type[BaseModel]]) -> dict[str, Any]:
@@ -141,8 +158,9 @@ def _body_fields(table: rules.Table, nested: dict[str, type[BaseModel]]) -> dict
 
 
 # The structured form's rendering rule (docs/decide.md "Order debiasing"); left out: defaults.
-RenderBody = create_model("RenderBody", __config__=ConfigDict(extra="forbid", strict=True),
-                          **_body_fields(RENDER_TABLE, {}))
+RenderBody = create_model(
+    "RenderBody", __config__=ConfigDict(extra="forbid", strict=True), **_body_fields(RENDER_TABLE, {})
+)
 
 
 def _choices_or_options(v: list[str] | None, info: ValidationInfo) -> list[str] | None:
@@ -163,11 +181,17 @@ def _decide_fields() -> dict[str, Any]:
 # One decision; the fields and rules of the session protocol's decide request. The schema says what
 # the choices check enforces: choices, or options with question.
 DecideBody = create_model(
-    "DecideBody", __doc__="One decision: the fields and rules of the session protocol's decide request.",
-    __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={
-        "anyOf": [{"required": ["choices"]}, {"required": ["question", "options"]}]}),
+    "DecideBody",
+    __doc__="One decision: the fields and rules of the session protocol's decide request.",
+    __config__=ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={"anyOf": [{"required": ["choices"]}, {"required": ["question", "options"]}]},
+    ),
     __validators__={"_choices_or_options": field_validator("choices")(_choices_or_options)},
-    **_decide_fields())
+    **_decide_fields(),
+)
 
 
 def _ids_tell_answers_apart(v: list[DecideBody]) -> list[DecideBody]:  # type: ignore[valid-type]  # made by create_model
@@ -177,8 +201,11 @@ def _ids_tell_answers_apart(v: list[DecideBody]) -> list[DecideBody]:  # type: i
     return v
 
 
-DecideBatch = Annotated[list[DecideBody], Field(min_length=1, max_length=256),  # type: ignore[valid-type]
-                        AfterValidator(_ids_tell_answers_apart)]
+DecideBatch = Annotated[
+    list[DecideBody],  # type: ignore[valid-type]
+    Field(min_length=1, max_length=256),
+    AfterValidator(_ids_tell_answers_apart),
+]
 
 
 # --- /v1/completions and the tokenizer routes (completions_route.py, tokenizer_route.py) ---------
@@ -198,9 +225,12 @@ class CompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = Field(None, description="ignored: the server serves the model it was started with")
-    prompt: (Text | Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)]
-             | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
-             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    prompt: (
+        Text
+        | Annotated[list[TokenId], Field(min_length=1, max_length=1 << 20)]
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
     max_tokens: int | None = Field(None, ge=0, le=1 << 20, description="0 or 1 here (default 1)")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=TOP_CAP)
@@ -223,8 +253,11 @@ class CompletionRequest(BaseModel):
         # before the union is tried: otherwise the deepest error wins, and that is the list of
         # token ids' "prompt.0: Input should be a valid integer".
         if isinstance(v, list) and len(v) > MAX_PROMPTS and isinstance(v[0], (str, list)):
-            raise PydanticCustomError("too_long", "List should have at most {max_length} items, not {actual_length}",
-                                      {"max_length": MAX_PROMPTS, "actual_length": len(v)})
+            raise PydanticCustomError(
+                "too_long",
+                "List should have at most {max_length} items, not {actual_length}",
+                {"max_length": MAX_PROMPTS, "actual_length": len(v)},
+            )
         return v
 
 

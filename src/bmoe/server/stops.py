@@ -4,6 +4,7 @@ The session has no stop strings, so the server watches the answer as it streams:
 only the tail that could still grow into a stop string, and at the first full match it keeps
 the text before it and tells the caller to cancel the generation.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

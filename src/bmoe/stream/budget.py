@@ -3,15 +3,16 @@
 StreamSettings is built from a SessionConfig that was already checked (bmoe.config): nothing here
 checks a value again. What only the model can tell (the budget's floor) is checked here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from .layout import ModelLayout
-from .policy import DEFAULT_POLICY_NAME
 from bmoe.errors import ConfigError
+from bmoe.stream.layout import ModelLayout
+from bmoe.stream.policy import DEFAULT_POLICY_NAME
 
 MIB = 1 << 20
 # auto: this share of what the process may still allocate; the rest is left for the KV cache,
@@ -25,20 +26,20 @@ class CacheBudgetError(ConfigError):
 
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
-    cache_mb: int | Literal["auto"] = 0   # 0 = cache off (shared buffers, re-read every token)
-    cache_ceil_mb: int | None = None      # cap for "auto"
-    cache_force: bool = False             # accept a budget below the floor (it will churn)
-    odirect: bool = True                  # --no-odirect sets False
-    io_threads: int = 4                   # parallel read lanes
-    read_all: bool = False                # verification: read every expert at every route (gate G3)
-    policy: str = DEFAULT_POLICY_NAME     # which resident experts stay: policy.POLICIES
+    cache_mb: int | Literal["auto"] = 0  # 0 = cache off (shared buffers, re-read every token)
+    cache_ceil_mb: int | None = None  # cap for "auto"
+    cache_force: bool = False  # accept a budget below the floor (it will churn)
+    odirect: bool = True  # --no-odirect sets False
+    io_threads: int = 4  # parallel read lanes
+    read_all: bool = False  # verification: read every expert at every route (gate G3)
+    policy: str = DEFAULT_POLICY_NAME  # which resident experts stay: policy.POLICIES
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    budget_bytes: int    # 0 = cache off
-    floor_bytes: int     # one token's routed working set
-    source: str          # "off", "fixed", "auto", "auto-below-floor"
+    budget_bytes: int  # 0 = cache off
+    floor_bytes: int  # one token's routed working set
+    source: str  # "off", "fixed", "auto", "auto-below-floor"
 
 
 def _read_int(path: Path) -> int | None:
@@ -61,8 +62,9 @@ def _stat(path: Path, *keys: str) -> int:
     return 0
 
 
-def cgroup_memory(proc_cgroup: Path = Path("/proc/self/cgroup"),
-                  root: Path = Path("/sys/fs/cgroup")) -> tuple[int, int] | None:
+def cgroup_memory(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> tuple[int, int] | None:
     """(limit, usage) in bytes of the process's memory cgroup (v2, then v1), or None without a limit.
 
     Usage leaves out the cgroup's inactive file pages (``memory.stat``): clean page cache that the
@@ -119,9 +121,12 @@ def most_cache_bytes(settings: StreamSettings, layout: ModelLayout) -> int | Non
     return min(int(settings.cache_mb) * MIB, layout.expert_nbytes)
 
 
-def resolve_budget(settings: StreamSettings, layout: ModelLayout,
-                   available: Callable[[], int] = available_bytes,
-                   warn: Callable[[str], None] = lambda m: None) -> Budget:
+def resolve_budget(
+    settings: StreamSettings,
+    layout: ModelLayout,
+    available: Callable[[], int] = available_bytes,
+    warn: Callable[[str], None] = lambda m: None,
+) -> Budget:
     """Turn cache_mb / cache_ceil_mb / cache_force into bytes, or raise CacheBudgetError."""
     floor = layout.floor_bytes()
     floor_mib = -(-floor // MIB)

@@ -22,6 +22,7 @@ committed only when first written, so a full-size mapping costs address space, n
   neighbour still uses them). Victims nobody takes over, or every victim without a mover, are
   released whole. Either way the physical memory the cache holds is its resident experts' pages.
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,11 +33,11 @@ from typing import Callable, Collection, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from .layout import ExpertTensor, ModelLayout
-from .page_mover import PageMover
-from .policy import DEFAULT_POLICY, CachePolicy, ExpertKey, PolicyFactory, Uses
-from .reader import ALIGN, ReadOp, Window
-from .stats import StreamStats
+from bmoe.stream.layout import ExpertTensor, ModelLayout
+from bmoe.stream.page_mover import PageMover
+from bmoe.stream.policy import DEFAULT_POLICY, CachePolicy, ExpertKey, PolicyFactory, Uses
+from bmoe.stream.reader import ALIGN, ReadOp, Window
+from bmoe.stream.stats import StreamStats
 
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = 0x4000  # Linux; not exported by Python's mmap module
@@ -48,6 +49,7 @@ class ReadPlan:
 
     ``projs[i]`` is the projection (``gate``, ``up``, ``down``, ...) whose buffer ``ops[i]`` fills,
     so the streamer can queue and wait for each projection on its own."""
+
     ops: tuple[ReadOp, ...]
     hits: int
     misses: tuple[ExpertKey, ...]
@@ -77,6 +79,7 @@ class _Pages:
     i_hi``, for a slice that fills no page of its own). ``left``/``right``: the other experts
     whose slices touch the partial page at ``lo``/``hi - PAGE`` (empty where the slice starts
     or ends on a page boundary)."""
+
     lo: int
     i_lo: int
     i_hi: int
@@ -89,14 +92,16 @@ class _Pages:
 class _Slices:
     """Where the expert slices of one tensor lie in its buffer. The cache's bookkeeping reads them
     at every eviction, so each expert's pages are computed once (``pages[e]``)."""
+
     proj: str
     buf: "TensorBuffer"
-    size: int   # bytes of one expert's slice
+    size: int  # bytes of one expert's slice
     pages: tuple[_Pages, ...]
 
     @staticmethod
     def of(proj: str, buf: "TensorBuffer", pad: int, size: int, n: int) -> "_Slices":
         """``n`` slices of ``size`` bytes, expert 0 at ``pad``."""
+
         def touching(page: int) -> range:  # the experts whose slices touch the page at ``page``
             return range(max(0, (page - pad) // size), min(n - 1, (page + PAGE - 1 - pad) // size) + 1)
 
@@ -130,8 +135,9 @@ class TensorBuffer:
         return self.window.addr + _pad(t)
 
     def read_op(self, t: ExpertTensor, expert: int) -> ReadOp:
-        return ReadOp(t.file_index, t.slice_offset(expert), t.slice_nbytes, self.window,
-                      _pad(t) + expert * t.slice_nbytes)
+        return ReadOp(
+            t.file_index, t.slice_offset(expert), t.slice_nbytes, self.window, _pad(t) + expert * t.slice_nbytes
+        )
 
     def release(self, start: int, end: int) -> int:
         """DONTNEED the whole pages inside [start, end) of the buffer; returns bytes released."""
@@ -171,12 +177,16 @@ def _map_buffers(sizes: Mapping[_K, int]) -> dict[_K, TensorBuffer]:
 _ReadOps = dict[int, tuple[tuple[str, tuple[ReadOp, ...]], ...]]
 
 
-def _read_ops(tensors: Mapping[int, Sequence[ExpertTensor]], buffer: Callable[[ExpertTensor], TensorBuffer]) -> _ReadOps:
+def _read_ops(
+    tensors: Mapping[int, Sequence[ExpertTensor]], buffer: Callable[[ExpertTensor], TensorBuffer]
+) -> _ReadOps:
     """Every (layer, projection, expert) read, built once: per layer, per tensor, its projection and
     the read of each expert into ``buffer(tensor)``. A route only looks them up: an expert's place
     in its buffer never changes."""
-    return {il: tuple((t.proj, tuple(buffer(t).read_op(t, e) for e in range(t.n_expert))) for t in ts)
-            for il, ts in tensors.items()}
+    return {
+        il: tuple((t.proj, tuple(buffer(t).read_op(t, e) for e in range(t.n_expert))) for t in ts)
+        for il, ts in tensors.items()
+    }
 
 
 class SharedBuffers:
@@ -251,8 +261,15 @@ class _PolicyCache:
         """Every layer's experts have memory of their own: ``a``'s reads never land where ``b``'s matmuls read."""
         return a == b
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
-             prefetched: Collection[int] = (), pinned: Collection[int] = ()) -> ReadPlan:
+    def plan(
+        self,
+        il: int,
+        experts: Sequence[int],
+        uses: Uses | None = None,
+        *,
+        prefetched: Collection[int] = (),
+        pinned: Collection[int] = (),
+    ) -> ReadPlan:
         """Count hits, evict to make room (never this route's experts), return reads for misses.
         ``uses``: how the ubatch's tokens used ``experts`` (None: one token). A prefill ubatch may
         route more of one layer than the budget holds: those experts still have to be present for
@@ -279,8 +296,13 @@ class _PolicyCache:
     def stats(self) -> StreamStats:
         """The cache's part of the stream's counters: hits, misses, evictions, residency, budget."""
         p = self.policy
-        return StreamStats(hits=p.hits, misses=p.misses, evictions=p.evictions,
-                           resident_bytes=p.resident_bytes, budget_bytes=self.budget_bytes)
+        return StreamStats(
+            hits=p.hits,
+            misses=p.misses,
+            evictions=p.evictions,
+            resident_bytes=p.resident_bytes,
+            budget_bytes=self.budget_bytes,
+        )
 
     def close(self) -> None:
         for b in self._buffers.values():
@@ -298,15 +320,24 @@ class ExpertCache(_PolicyCache):
     """Cache on, with page moves: one buffer per (layer, projection) laid out like the file, an
     expert at its own place in it; see the module."""
 
-    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY,
-                 pages: PageMover | None = None) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout,
+        budget_bytes: int,
+        policy: PolicyFactory = DEFAULT_POLICY,
+        pages: PageMover | None = None,
+    ) -> None:
         super().__init__(layout, budget_bytes, policy)
         self.pages = pages
         self._buffers = _map_buffers({(t.il, t.proj): _buffer_size([t]) for t in layout.experts})
-        self._slices_of = {il: tuple(_Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert)
-                                     for t in ts) for il, ts in self._tensors.items()}
+        self._slices_of = {
+            il: tuple(
+                _Slices.of(t.proj, self._buffers[(t.il, t.proj)], _pad(t), t.slice_nbytes, t.n_expert) for t in ts
+            )
+            for il, ts in self._tensors.items()
+        }
         self._ops = _read_ops(self._tensors, self._buffer)
-        self.moved_bytes = 0     # pages handed from a victim to an incoming expert (no release, no refault)
+        self.moved_bytes = 0  # pages handed from a victim to an incoming expert (no release, no refault)
 
     def _buffer(self, t: ExpertTensor) -> TensorBuffer:
         return self._buffers[(t.il, t.proj)]
@@ -382,8 +413,11 @@ def slots_refusal(layout: ModelLayout) -> str:
     """Why ``layout`` cannot run a SlotCache ("" where it can): the slots renumber the routed ids
     the expert matmuls read, so nothing else in the graph may gather by them."""
     if layout.expert_side:
-        return (f"resident tensors indexed by expert ({', '.join(layout.expert_side[:3])}"
-                + (", ..." if len(layout.expert_side) > 3 else "") + ") are gathered by the routed ids")
+        return (
+            f"resident tensors indexed by expert ({', '.join(layout.expert_side[:3])}"
+            + (", ..." if len(layout.expert_side) > 3 else "")
+            + ") are gathered by the routed ids"
+        )
     return ""
 
 
@@ -406,8 +440,9 @@ class SlotCache(_PolicyCache):
     are released. ``n_slots`` covers the budget plus two layers' experts (a wide route over
     budget, and a guess for the next layer), the most the policies ever hold at once."""
 
-    def __init__(self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY,
-                 n_slots: int | None = None) -> None:
+    def __init__(
+        self, layout: ModelLayout, budget_bytes: int, policy: PolicyFactory = DEFAULT_POLICY, n_slots: int | None = None
+    ) -> None:
         why = slots_refusal(layout)
         if why:
             raise ValueError(f"SlotCache: {why}")
@@ -427,7 +462,7 @@ class SlotCache(_PolicyCache):
         self._free = list(range(self.n_slots))  # a heap: the lowest free slot first
         self._map = {il: np.full(layout.n_expert, -1, dtype=np.int32) for il in layout.layers}
         self.reused_bytes = 0  # slot bytes handed from a victim to an incoming expert
-        self.high_water = 0    # most slots in use at once
+        self.high_water = 0  # most slots in use at once
 
     def data_addr(self, t: ExpertTensor) -> int:
         return self._buffers[_pool_of(t)].data_addr(t)
@@ -448,8 +483,15 @@ class SlotCache(_PolicyCache):
         for key in misses:
             k = self._slot[key]
             for t, pool in self._pools[il]:
-                ops.append(ReadOp(t.file_index, t.slice_offset(key.expert), t.slice_nbytes,
-                                  self._buffers[pool].window, _pad(t) + k * self.stride[pool]))
+                ops.append(
+                    ReadOp(
+                        t.file_index,
+                        t.slice_offset(key.expert),
+                        t.slice_nbytes,
+                        self._buffers[pool].window,
+                        _pad(t) + k * self.stride[pool],
+                    )
+                )
                 projs.append(t.proj)
         return ReadPlan(tuple(ops), hits, tuple(misses), tuple(projs))
 

@@ -13,6 +13,7 @@ when the file's sample differs at the next open), and ``ExpertReader`` checks it
 schedule while it streams (``CHECK_EVERY_S``). The blocks are read through the page cache with
 readahead off, so a check costs a few hundred small reads the first time and memory copies after.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,20 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .layout import ModelLayout
+from bmoe.stream.layout import ModelLayout
 
-BLOCK = 4096       # bytes per sampled block (one page when the region allows an aligned one)
-PER_REGION = 2     # blocks per region
+BLOCK = 4096  # bytes per sampled block (one page when the region allows an aligned one)
+PER_REGION = 2  # blocks per region
 CHECK_EVERY_S = 1.0  # a streaming session re-checks at most this often ...
-COST_SHARE = 0.005   # ... and never more than this share of the time (interval >= cost / share)
+COST_SHARE = 0.005  # ... and never more than this share of the time (interval >= cost / share)
 SCHEME = f"blake2b-16/{BLOCK}x{PER_REGION}"  # what a recorded sample was taken with
 
 
 def expert_ranges(layout: ModelLayout, file_index: int) -> list[tuple[int, int]]:
     """The shard's byte ranges the twin leaves as holes, adjacent ones merged: its expert tensors
     and the tensors llama.cpp does not load (``ModelLayout.unloaded``, NextN blocks)."""
-    ranges = sorted([(t.offset, t.offset + t.nbytes) for t in layout.experts if t.file_index == file_index]
-                    + [(off, off + n) for fi, off, n in layout.unloaded if fi == file_index])
+    ranges = sorted(
+        [(t.offset, t.offset + t.nbytes) for t in layout.experts if t.file_index == file_index]
+        + [(off, off + n) for fi, off, n in layout.unloaded if fi == file_index]
+    )
     merged: list[tuple[int, int]] = []
     for a, b in ranges:
         if merged and a <= merged[-1][1]:
@@ -78,14 +81,17 @@ def _blocks(file_index: int, a: int, b: int) -> list[tuple[int, int]]:
 @dataclass(frozen=True, slots=True)
 class ContentSample:
     """Which blocks of each shard were sampled, and their hash (per shard, hex)."""
+
     blocks: tuple[tuple[tuple[int, int], ...], ...]  # per shard: (offset, nbytes), ascending
     digests: tuple[str, ...]
 
     @staticmethod
     def take(layout: ModelLayout) -> "ContentSample":
         """Sample every shard of ``layout`` now. Raises OSError if a shard cannot be read."""
-        blocks = tuple(tuple(sorted({blk for a, b in _regions(layout, i) for blk in _blocks(i, a, b)}))
-                       for i in range(len(layout.files)))
+        blocks = tuple(
+            tuple(sorted({blk for a, b in _regions(layout, i) for blk in _blocks(i, a, b)}))
+            for i in range(len(layout.files))
+        )
         return ContentSample(blocks, digests([f.path for f in layout.files], blocks))
 
     @property

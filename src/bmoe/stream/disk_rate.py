@@ -5,6 +5,7 @@ The probe reads expert slices of the model itself, spread over its experts as ro
 with the reader the session streams with (O_DIRECT where the file system allows it, so the page
 cache does not flatter the figure), ``PROBE_BYTES`` in all, and times the whole batch.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .layout import ModelLayout
-from .reader import ALIGN, ExpertReader, ReadOp, Window
+from bmoe.stream.layout import ModelLayout
+from bmoe.stream.reader import ALIGN, ExpertReader, ReadOp, Window
 
 MIB = 1 << 20
 PROBE_BYTES = 64 * MIB
@@ -25,11 +26,11 @@ RATES_FILE = "disk-rates.json"
 
 @dataclass(frozen=True, slots=True)
 class DiskRate:
-    mib_s: float        # MiB read per second
-    source: str         # "probed" (just now) or "remembered" (an earlier probe on this file system)
-    file_system: str    # the key it is remembered under: device and mount point
-    probe_mib: float    # what the probe read
-    odirect: bool       # whether it read around the page cache
+    mib_s: float  # MiB read per second
+    source: str  # "probed" (just now) or "remembered" (an earlier probe on this file system)
+    file_system: str  # the key it is remembered under: device and mount point
+    probe_mib: float  # what the probe read
+    odirect: bool  # whether it read around the page cache
 
 
 def _mount_point(path: Path) -> str:
@@ -74,8 +75,9 @@ def remembered(layout: ModelLayout, cache_dir: Path) -> DiskRate | None:
         return None
 
 
-def probe(layout: ModelLayout, *, odirect: bool = True, io_threads: int = 4, nbytes: int = PROBE_BYTES,
-          seed: int = 0) -> DiskRate:
+def probe(
+    layout: ModelLayout, *, odirect: bool = True, io_threads: int = 4, nbytes: int = PROBE_BYTES, seed: int = 0
+) -> DiskRate:
     """Read about ``nbytes`` of expert slices (seeded choice of layer, projection and expert) and time it."""
     rng = random.Random(seed)
     biggest = max(t.slice_nbytes for t in layout.experts)

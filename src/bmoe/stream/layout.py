@@ -4,6 +4,7 @@ A stacked expert tensor is ``[.., .., n_expert]`` in ggml order, so expert ``e``
 contiguous byte range ``offset + e * nbytes / n_expert`` of length ``nbytes / n_expert``.
 Split GGUFs (``name-00001-of-00003.gguf``) are read shard by shard; each tensor records its shard.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import gguf
 
-from .archs import ArchEntry, NothingToStreamError, lookup
 from bmoe.errors import ModelFileError
+from bmoe.stream.archs import ArchEntry, NothingToStreamError, lookup
 
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
@@ -29,6 +30,7 @@ class LayoutError(ModelFileError, ValueError):
 @dataclass(frozen=True, slots=True)
 class FileId:
     """What a shard looked like when the layout was read; a mismatch later means it changed."""
+
     path: Path
     size: int
     mtime_ns: int
@@ -43,12 +45,12 @@ class FileId:
 
 @dataclass(frozen=True, slots=True)
 class ExpertTensor:
-    name: str          # full GGUF name, e.g. "blk.3.ffn_up_exps.weight"
-    il: int            # layer index
-    proj: str          # projection: the suffix without ".weight", e.g. "ffn_up_exps"
-    file_index: int    # shard index into ModelLayout.files
-    offset: int        # absolute byte offset of expert 0 in its shard
-    nbytes: int        # bytes of the whole stacked tensor
+    name: str  # full GGUF name, e.g. "blk.3.ffn_up_exps.weight"
+    il: int  # layer index
+    proj: str  # projection: the suffix without ".weight", e.g. "ffn_up_exps"
+    file_index: int  # shard index into ModelLayout.files
+    offset: int  # absolute byte offset of expert 0 in its shard
+    nbytes: int  # bytes of the whole stacked tensor
     n_expert: int
 
     @property
@@ -64,11 +66,11 @@ class ExpertTensor:
 class ModelLayout:
     arch: str
     files: tuple[FileId, ...]
-    experts: tuple[ExpertTensor, ...]   # sorted by (il, proj)
+    experts: tuple[ExpertTensor, ...]  # sorted by (il, proj)
     n_expert: int
-    n_expert_used: int                  # routed per token: the file's, or --n-expert-used's (with_n_expert_used)
-    dense_nbytes: int                   # every non-expert tensor: what a streamed load reads
-    expert_nbytes: int                  # every expert tensor, all layers
+    n_expert_used: int  # routed per token: the file's, or --n-expert-used's (with_n_expert_used)
+    dense_nbytes: int  # every non-expert tensor: what a streamed load reads
+    expert_nbytes: int  # every expert tensor, all layers
     # Tensors of the multi-token-prediction (NextN) blocks after the trunk, experts included, as
     # (file index, offset, nbytes): llama.cpp skips them unless it is asked to load them, and its
     # trunk never computes them, so they neither stream nor count as dense; the twin holes them.
@@ -134,10 +136,10 @@ _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     name: str
-    offset: int                # absolute byte offset in the shard
+    offset: int  # absolute byte offset in the shard
     nbytes: int
-    ne: tuple[int, ...]        # ggml order: ne[0] is the row length
-    ggml_type: int = 0         # gguf.GGMLQuantizationType value (0 = F32)
+    ne: tuple[int, ...]  # ggml order: ne[0] is the row length
+    ggml_type: int = 0  # gguf.GGMLQuantizationType value (0 = F32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,7 @@ class _Cursor:
         n = self.u64()
         if self.pos + n > len(self.buf):
             raise ValueError(f"string of {n} bytes runs past the end of the file")
-        v = self.buf[self.pos:self.pos + n].decode("utf-8", "replace")
+        v = self.buf[self.pos : self.pos + n].decode("utf-8", "replace")
         self.pos += n
         return v
 
@@ -236,8 +238,9 @@ def read_header(path: Path) -> GgufHeader:
                     ne = tuple(c.u64() for _ in range(c.u32()))
                     infos.append((name, ne, c.u32(), c.u64()))
             except (struct.error, IndexError, OverflowError):
-                raise ValueError(f"the header runs past the end of the file ({len(buf)} bytes): "
-                                 "the file is truncated or damaged") from None
+                raise ValueError(
+                    f"the header runs past the end of the file ({len(buf)} bytes): the file is truncated or damaged"
+                ) from None
             align = fields.get("general.alignment", 32)
             if not isinstance(align, int) or isinstance(align, bool) or align <= 0:
                 raise ValueError(f"general.alignment is {align!r}, not a positive integer")
@@ -249,8 +252,9 @@ def read_header(path: Path) -> GgufHeader:
         except (KeyError, ValueError):
             raise ValueError(f"tensor {name} has unknown ggml type {ggml_type}") from None
         if block > 1 and (not ne or ne[0] % block):
-            raise ValueError(f"tensor {name} has rows of {ne[0] if ne else 0} values, not a multiple of "
-                             f"its type's block of {block}")
+            raise ValueError(
+                f"tensor {name} has rows of {ne[0] if ne else 0} values, not a multiple of its type's block of {block}"
+            )
         n = 1
         for d in ne:
             n *= d
@@ -338,10 +342,17 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
         n_expert = ne[2] if len(ne) >= 3 else 0
         if n_expert <= 0 or nbytes <= 0 or nbytes % n_expert:
             raise LayoutError(f"{paths[idx]}: expert tensor {name} has shape {list(ne)}; expected [.., .., n_expert]")
-        experts.append(ExpertTensor(
-            name=name, il=int(m["il"]), proj=m["suffix"].removesuffix(".weight"),
-            file_index=idx, offset=offset, nbytes=nbytes, n_expert=n_expert,
-        ))
+        experts.append(
+            ExpertTensor(
+                name=name,
+                il=int(m["il"]),
+                proj=m["suffix"].removesuffix(".weight"),
+                file_index=idx,
+                offset=offset,
+                nbytes=nbytes,
+                n_expert=n_expert,
+            )
+        )
     if not experts:
         raise LayoutError(f"{paths[0]} names no tensor of {entry.expert_tensors} although it has experts")
     experts.sort(key=lambda t: (t.il, t.proj))
@@ -352,9 +363,15 @@ def read_layout(path: Path | str, entry: ArchEntry | None = None) -> ModelLayout
     if not 0 < n_expert_used <= n_expert:
         raise LayoutError(f"{paths[0]}: {arch}.expert_used_count={n_expert_used} is not in 1..{n_expert}")
     return ModelLayout(
-        arch=arch, files=tuple(files), experts=tuple(experts), n_expert=n_expert,
-        n_expert_used=n_expert_used, dense_nbytes=dense,
-        expert_nbytes=sum(t.nbytes for t in experts), unloaded=tuple(unloaded), expert_side=tuple(side),
+        arch=arch,
+        files=tuple(files),
+        experts=tuple(experts),
+        n_expert=n_expert,
+        n_expert_used=n_expert_used,
+        dense_nbytes=dense,
+        expert_nbytes=sum(t.nbytes for t in experts),
+        unloaded=tuple(unloaded),
+        expert_side=tuple(side),
     )
 
 

@@ -17,6 +17,7 @@ This package imports no ctypes (layer contract): the adapter lives in ``bmoe.lla
 runtime hands it to the streamer. Without one (tests that drive the cache alone, a platform
 without ``mremap``) the cache releases and refaults as before; what it holds is the same.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

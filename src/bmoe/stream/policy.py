@@ -26,12 +26,12 @@ then everything else is evicted and the cache runs over budget by this route unt
   docs/streaming.md, "The cache policy").
 - ``LruPolicy``: one global LRU over (layer, expert), the policy before it; kept as the baseline.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Protocol, Sequence
-
 
 _NOTHING: frozenset[int] = frozenset()  # a layer's list that holds no expert back
 
@@ -47,6 +47,7 @@ class Uses:
     """How the tokens of a route's ubatch used its experts (same order as the route's experts):
     ``counts[i]`` tokens picked expert i, the last of them at row ``last[i]`` (0-based) of the
     ``n_tokens`` rows. A decode route is one token: ``Uses.single(n)``."""
+
     n_tokens: int
     counts: Sequence[int]
     last: Sequence[int]
@@ -63,14 +64,21 @@ class CachePolicy(Protocol):
     misses: int
     evictions: int
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
-             prefetched: Collection[int] = (), pinned: Collection[int] = ()
-             ) -> tuple[int, list[ExpertKey], list[ExpertKey]]: ...
+    def plan(
+        self,
+        il: int,
+        experts: Sequence[int],
+        uses: Uses | None = None,
+        *,
+        prefetched: Collection[int] = (),
+        pinned: Collection[int] = (),
+    ) -> tuple[int, list[ExpertKey], list[ExpertKey]]: ...
 
     def admit(self, il: int, misses: Sequence[ExpertKey]) -> None: ...
 
-    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
-                ) -> tuple[list[ExpertKey], list[ExpertKey]]: ...
+    def reserve(
+        self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
+    ) -> tuple[list[ExpertKey], list[ExpertKey]]: ...
 
     def is_resident(self, key: ExpertKey) -> bool: ...
 
@@ -100,9 +108,15 @@ class LruPolicy(_Sizes):
     def is_resident(self, key: ExpertKey) -> bool:
         return key in self._lru
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
-             prefetched: Collection[int] = (), pinned: Collection[int] = ()
-             ) -> tuple[int, list[ExpertKey], list[ExpertKey]]:
+    def plan(
+        self,
+        il: int,
+        experts: Sequence[int],
+        uses: Uses | None = None,
+        *,
+        prefetched: Collection[int] = (),
+        pinned: Collection[int] = (),
+    ) -> tuple[int, list[ExpertKey], list[ExpertKey]]:
         route = {ExpertKey(il, e) for e in experts}
         misses: list[ExpertKey] = []
         hits = 0
@@ -115,13 +129,15 @@ class LruPolicy(_Sizes):
                     hits += 1
             else:
                 misses.append(key)
-        victims = self._evict(route | {ExpertKey(il, e) for e in pinned},
-                              self.budget_bytes - len(misses) * self.expert_bytes[il])
+        victims = self._evict(
+            route | {ExpertKey(il, e) for e in pinned}, self.budget_bytes - len(misses) * self.expert_bytes[il]
+        )
         self.hits += hits
         return hits, misses, victims
 
-    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
-                ) -> tuple[list[ExpertKey], list[ExpertKey]]:
+    def reserve(
+        self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
+    ) -> tuple[list[ExpertKey], list[ExpertKey]]:
         keys = {ExpertKey(il, e) for e in experts}
         missing = sorted(k for k in keys if k not in self._lru)
         victims = self._evict(keys | set(busy), self.budget_bytes - len(missing) * self.expert_bytes[il])
@@ -181,11 +197,18 @@ class NextUsePolicy(_Sizes):
     cached, a budget not yet full) sorts nothing. An eviction then scans the layers.
     """
 
-    def __init__(self, expert_bytes: Mapping[int, int], budget_bytes: int, *, recency: float = 0.15,
-                 recency_power: float = 1.0, frequency: float = 0.7, decay: float = 0.05) -> None:
+    def __init__(
+        self,
+        expert_bytes: Mapping[int, int],
+        budget_bytes: int,
+        *,
+        recency: float = 0.15,
+        recency_power: float = 1.0,
+        frequency: float = 0.7,
+        decay: float = 0.05,
+    ) -> None:
         super().__init__(expert_bytes, budget_bytes)
-        if not (recency >= 0 and recency_power > 0 and frequency >= 0 and 0 < decay <= 1
-                and recency + frequency > 0):
+        if not (recency >= 0 and recency_power > 0 and frequency >= 0 and 0 < decay <= 1 and recency + frequency > 0):
             raise ValueError("NextUsePolicy: recency, frequency >= 0 (not both 0), recency_power > 0, 0 < decay <= 1")
         self.recency, self.recency_power, self.frequency, self.decay = recency, recency_power, frequency, decay
         self._layers = tuple(sorted(self.expert_bytes))
@@ -214,9 +237,15 @@ class NextUsePolicy(_Sizes):
         q = self.recency / (t + 1 - last) ** self.recency_power + self.frequency * f * (1 - self.decay) ** (t - at)
         return min(1.0, max(q, 1e-9))
 
-    def plan(self, il: int, experts: Sequence[int], uses: Uses | None = None, *,
-             prefetched: Collection[int] = (), pinned: Collection[int] = ()
-             ) -> tuple[int, list[ExpertKey], list[ExpertKey]]:
+    def plan(
+        self,
+        il: int,
+        experts: Sequence[int],
+        uses: Uses | None = None,
+        *,
+        prefetched: Collection[int] = (),
+        pinned: Collection[int] = (),
+    ) -> tuple[int, list[ExpertKey], list[ExpertKey]]:
         if il not in self._clock:
             raise KeyError(f"layer {il} has no expert bytes in this policy")
         if len(set(experts)) != len(experts):
@@ -245,8 +274,9 @@ class NextUsePolicy(_Sizes):
         self.evictions += len(victims)
         return hits, misses, victims
 
-    def reserve(self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
-                ) -> tuple[list[ExpertKey], list[ExpertKey]]:
+    def reserve(
+        self, il: int, experts: Sequence[int], busy: Collection[ExpertKey] = ()
+    ) -> tuple[list[ExpertKey], list[ExpertKey]]:
         if il not in self._clock:
             raise KeyError(f"layer {il} has no expert bytes in this policy")
         held: dict[int, list[int]] = {}
@@ -296,13 +326,15 @@ class NextUsePolicy(_Sizes):
 
     def _rebuild(self, il: int, pin: frozenset[int]) -> None:
         stats = self._stats[il]
-        self._cands[il] = sorted((e for e in self._resident[il] if e not in pin),
-                                 key=lambda e: (self.q(il, e), stats[e][2], e), reverse=True)
+        self._cands[il] = sorted(
+            (e for e in self._resident[il] if e not in pin), key=lambda e: (self.q(il, e), stats[e][2], e), reverse=True
+        )
         self._held[il] = pin
         self._far[il] = None
 
-    def _evict(self, il: int, target: int, held: Mapping[int, Collection[int]], *,
-               ahead: bool = False) -> list[ExpertKey]:
+    def _evict(
+        self, il: int, target: int, held: Mapping[int, Collection[int]], *, ahead: bool = False
+    ) -> list[ExpertKey]:
         """Evict the worst victims, none of ``held`` (per layer), until ``target`` bytes are held.
         Distances count from layer ``il``'s route (``ahead``: from the route just before it)."""
         victims: list[ExpertKey] = []

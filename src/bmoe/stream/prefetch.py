@@ -21,6 +21,7 @@ about 5% unpicked) reads every expert of layer l+1. docs/streaming.md ("Speculat
 The weights are read once, at open, from the GGUF (F32 and F16 as they are, other types through
 gguf-py's dequantizer), and kept as float32: n_expert x n_embd x 4 bytes per layer.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,13 +32,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .archs import ArchEntry
-from .layout import ModelLayout, TensorInfo, read_header
 from bmoe.errors import ConfigError
+from bmoe.stream.archs import ArchEntry
+from bmoe.stream.layout import ModelLayout, TensorInfo, read_header
 
 _BLK_RE = re.compile(r"^blk\.(?P<il>\d+)\.(?P<suffix>.+)$")
 GUESS_SHARE = 0.5  # experts guessed per layer, as a share of n_expert_used (rounded up)
-WIDE_COVER = 3.0   # default wide cut: WIDE_COVER * n_expert / n_expert_used tokens (docs/streaming.md)
+WIDE_COVER = 3.0  # default wide cut: WIDE_COVER * n_expert / n_expert_used tokens (docs/streaming.md)
 
 
 class PrefetchError(ConfigError):
@@ -63,14 +64,16 @@ def _as_f32(path: Path, t: TensorInfo) -> np.ndarray:
     except NotImplementedError:
         raise PrefetchError(f"{t.name} is {qtype.name}, which bmoe cannot dequantize for the router guess") from None
     except ValueError as exc:  # rows that do not fill whole blocks: a damaged or odd tensor
-        raise PrefetchError(f"{path}: tensor {t.name} of shape {list(t.ne)} cannot be read as {qtype.name}: "
-                            f"{exc}") from None
+        raise PrefetchError(
+            f"{path}: tensor {t.name} of shape {list(t.ne)} cannot be read as {qtype.name}: {exc}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
 class RouterGuess:
     """Per streamed layer ``il``: ``weights[il]`` = router rows scaled by the norm, [n_expert, n_embd].
     ``k`` experts are guessed per token; a ubatch of at least ``wide`` tokens guesses every expert."""
+
     weights: dict[int, np.ndarray]
     n_embd: int
     k: int
@@ -82,8 +85,9 @@ class RouterGuess:
         ``k``: experts guessed per token (default: GUESS_SHARE of n_expert_used, rounded up);
         ``wide``: ubatch width from which every expert is read (default: WIDE_COVER's rule)."""
         if not entry.can_prefetch:
-            raise PrefetchError(f"--prefetch cannot guess the routing of architecture '{layout.arch}': "
-                                f"{entry.why_no_prefetch}")
+            raise PrefetchError(
+                f"--prefetch cannot guess the routing of architecture '{layout.arch}': {entry.why_no_prefetch}"
+            )
         want = {entry.router: "router", entry.router_norm: "norm"}
         found: dict[tuple[int, str], tuple[Path, TensorInfo]] = {}
         for f in layout.files:
@@ -95,12 +99,15 @@ class RouterGuess:
         n_embd = 0
         for il in layout.layers:
             if (il, "router") not in found or (il, "norm") not in found:
-                raise PrefetchError(f"--prefetch needs blk.{il}.{entry.router} and blk.{il}.{entry.router_norm}, "
-                                    "which this GGUF lacks")
+                raise PrefetchError(
+                    f"--prefetch needs blk.{il}.{entry.router} and blk.{il}.{entry.router_norm}, which this GGUF lacks"
+                )
             router, norm = _as_f32(*found[(il, "router")]), _as_f32(*found[(il, "norm")])
             if norm.ndim != 1 or router.shape != (layout.n_expert, norm.shape[0]):
-                raise PrefetchError(f"blk.{il}: router {list(router.shape)} and norm {list(norm.shape)} do not fit "
-                                    f"{layout.n_expert} experts")
+                raise PrefetchError(
+                    f"blk.{il}: router {list(router.shape)} and norm {list(norm.shape)} do not fit "
+                    f"{layout.n_expert} experts"
+                )
             weights[il] = np.ascontiguousarray(router * norm[None, :], dtype=np.float32)
             n_embd = norm.shape[0]
         if k is None:
@@ -128,7 +135,7 @@ class RouterGuess:
         if self.k >= n_expert or n_tokens >= self.wide:
             return np.arange(n_expert, dtype=np.int64)
         s = self.scores(il, h).reshape(n_tokens, n_expert)
-        top = np.argpartition(-s, self.k - 1, axis=1)[:, :self.k]
+        top = np.argpartition(-s, self.k - 1, axis=1)[:, : self.k]
         return np.unique(top).astype(np.int64)
 
     def can_guess(self, il: int) -> bool:

@@ -12,13 +12,14 @@ their own positions. When the aligned range fits the window it is read in place;
 unaligned head/tail go through a per-lane aligned bounce buffer. Either way only file bytes at
 their file positions are ever written.
 """
+
 from __future__ import annotations
 
 import errno
 import mmap
 import os
-import sys
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -26,10 +27,10 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
-from .content import CHECK_EVERY_S, COST_SHARE, ContentSample
-from .layout import FileId
-from .stats import StreamStats
 from bmoe.errors import EngineFailure
+from bmoe.stream.content import CHECK_EVERY_S, COST_SHARE, ContentSample
+from bmoe.stream.layout import FileId
+from bmoe.stream.stats import StreamStats
 
 ALIGN = max(4096, mmap.PAGESIZE)
 _BOUNCE_BYTES = 1 << 20
@@ -47,6 +48,7 @@ class FileChangedError(StreamIOError):
 @dataclass(frozen=True, slots=True, eq=False)
 class Window:
     """Writable memory that mirrors a file region; ``addr`` is the address of ``view[0]``."""
+
     view: memoryview
     addr: int
 
@@ -59,16 +61,17 @@ class Window:
 @dataclass(frozen=True, slots=True)
 class ReadOp:
     file_index: int
-    offset: int      # absolute offset in the shard
+    offset: int  # absolute offset in the shard
     nbytes: int
     window: Window
-    at: int          # file byte ``offset`` lands at ``window.view[at]``
+    at: int  # file byte ``offset`` lands at ``window.view[at]``
 
 
 @dataclass(frozen=True, slots=True)
 class _Fds:
     """The shards' fds and whether they were opened with O_DIRECT: one value, swapped whole by the
     fallback, so a lane takes both from one snapshot (an unaligned read on an O_DIRECT fd is EINVAL)."""
+
     fds: tuple[int, ...]
     odirect: bool
 
@@ -85,8 +88,12 @@ def _merge(ops: Sequence[ReadOp]) -> list[ReadOp]:
             continue
         if out:
             last = out[-1]
-            if (last.file_index == op.file_index and last.window is op.window
-                    and last.offset + last.nbytes == op.offset and last.at + last.nbytes == op.at):
+            if (
+                last.file_index == op.file_index
+                and last.window is op.window
+                and last.offset + last.nbytes == op.offset
+                and last.at + last.nbytes == op.at
+            ):
                 out[-1] = ReadOp(last.file_index, last.offset, last.nbytes + op.nbytes, last.window, last.at)
                 continue
         out.append(op)
@@ -94,8 +101,15 @@ def _merge(ops: Sequence[ReadOp]) -> list[ReadOp]:
 
 
 class ExpertReader:
-    def __init__(self, files: Sequence[FileId], *, odirect: bool = True, io_threads: int = 4,
-                 chunk_bytes: int = 1 << 20, warn: Callable[[str], None] = stderr_warn) -> None:
+    def __init__(
+        self,
+        files: Sequence[FileId],
+        *,
+        odirect: bool = True,
+        io_threads: int = 4,
+        chunk_bytes: int = 1 << 20,
+        warn: Callable[[str], None] = stderr_warn,
+    ) -> None:
         if io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {io_threads}")
         self.files = tuple(files)
@@ -111,15 +125,17 @@ class ExpertReader:
         self._retired: list[int] = []
         self._content: ContentSample | None = None  # see watch_content
         self._content_due = 0.0
-        self.content_checks = 0    # content checks done, and the seconds they took
+        self.content_checks = 0  # content checks done, and the seconds they took
         self.content_s = 0.0
         self.verify_files()
         if odirect:
             try:
                 self._io = _Fds(self._open_all(os.O_RDONLY | os.O_DIRECT), True)
             except OSError as exc:
-                self._warn(f"bmoe: O_DIRECT refused by the filesystem of {self.files[0].path} ({exc.strerror}); "
-                           "reading experts through the page cache")
+                self._warn(
+                    f"bmoe: O_DIRECT refused by the filesystem of {self.files[0].path} ({exc.strerror}); "
+                    "reading experts through the page cache"
+                )
         if not self._io.fds:
             self._io = _Fds(self._open_all(os.O_RDONLY), False)
         self._queue: queue.SimpleQueue[tuple[Batch, int, ReadOp] | None] = queue.SimpleQueue()
@@ -136,8 +152,9 @@ class ExpertReader:
             started = len(self._lanes)
             self.close()  # nothing is queued: the lanes started stop at once, and the files close
             if isinstance(exc, RuntimeError):  # Thread.start: the process may start no more threads
-                raise OSError(errno.EAGAIN, f"cannot start read lane {started + 1} of {io_threads} ({exc}); "
-                                            "try fewer io_threads") from exc
+                raise OSError(
+                    errno.EAGAIN, f"cannot start read lane {started + 1} of {io_threads} ({exc}); try fewer io_threads"
+                ) from exc
             raise
 
     # --- public -------------------------------------------------------------------------
@@ -156,8 +173,11 @@ class ExpertReader:
         self.raise_if_failed()
         if not self._lanes:
             raise StreamIOError("the expert reader is closed")
-        batch = Batch(self, [[c for op in _merge(ops) for c in self._split(op)] for ops in groups],
-                      [sum(op.nbytes for op in ops) for ops in groups])
+        batch = Batch(
+            self,
+            [[c for op in _merge(ops) for c in self._split(op)] for ops in groups],
+            [sum(op.nbytes for op in ops) for ops in groups],
+        )
         for g, chunks in enumerate(batch.chunks):
             for c in chunks:
                 if g in urgent:
@@ -176,11 +196,18 @@ class ExpertReader:
             try:
                 now = FileId.of(f.path)
             except OSError as exc:
-                self.fail(FileChangedError(f"model file {f.path} vanished while streaming ({exc.strerror}); "
-                                            "reopen the session"))
+                self.fail(
+                    FileChangedError(
+                        f"model file {f.path} vanished while streaming ({exc.strerror}); reopen the session"
+                    )
+                )
             if now != f:
-                self.fail(FileChangedError(f"model file {f.path} changed while streaming (size/mtime/inode differ "
-                                            "from when it was opened); reopen the session"))
+                self.fail(
+                    FileChangedError(
+                        f"model file {f.path} changed while streaming (size/mtime/inode differ "
+                        "from when it was opened); reopen the session"
+                    )
+                )
         if self._content is not None and time.monotonic() >= self._content_due:
             self.check_content()
 
@@ -202,16 +229,23 @@ class ExpertReader:
         try:
             bad = self._content.changed([f.path for f in self.files])
         except OSError as exc:
-            self.fail(FileChangedError(f"model file {exc.filename or self.files[0].path} could not be read for its "
-                                        f"content check ({exc.strerror or exc}); reopen the session"))
+            self.fail(
+                FileChangedError(
+                    f"model file {exc.filename or self.files[0].path} could not be read for its "
+                    f"content check ({exc.strerror or exc}); reopen the session"
+                )
+            )
         cost = time.perf_counter() - t0
         self.content_checks += 1
         self.content_s += cost
         self._content_due = time.monotonic() + max(CHECK_EVERY_S, cost / COST_SHARE)
         if bad is not None:
-            self.fail(FileChangedError(
-                f"model file {self.files[bad].path} changed while streaming: its sampled bytes differ from when "
-                "it was opened although size, mtime and inode did not (overwritten in place); reopen the session"))
+            self.fail(
+                FileChangedError(
+                    f"model file {self.files[bad].path} changed while streaming: its sampled bytes differ from when "
+                    "it was opened although size, mtime and inode did not (overwritten in place); reopen the session"
+                )
+            )
 
     @property
     def odirect(self) -> bool:
@@ -231,8 +265,13 @@ class ExpertReader:
         ``io_s``: per batch, wall time from its submit to its last read done (and seen done by a
         waiter that was blocked on it); ``stall_s``: time callers spent blocked in Batch.wait."""
         with self._lock:
-            return StreamStats(read_bytes=self._read_bytes, device_bytes=self._device_bytes,
-                               n_syscalls=self._n_syscalls, io_s=self._io_s, stall_s=self._stall_s)
+            return StreamStats(
+                read_bytes=self._read_bytes,
+                device_bytes=self._device_bytes,
+                n_syscalls=self._n_syscalls,
+                io_s=self._io_s,
+                stall_s=self._stall_s,
+            )
 
     def close(self) -> None:
         """Stop the lanes once they have finished what is queued, then close the files."""
@@ -312,20 +351,24 @@ class ExpertReader:
                 n = os.preadv(fd, [buf[got:]], offset + got)
             except OSError as exc:
                 path = self.files[op.file_index].path
-                raise StreamIOError(f"reading {path} at offset {offset + got} failed: {exc.strerror or exc}; "
-                                    "streaming stopped for this session") from exc
+                raise StreamIOError(
+                    f"reading {path} at offset {offset + got} failed: {exc.strerror or exc}; "
+                    "streaming stopped for this session"
+                ) from exc
             self._count(len(buf) - got)
             if n == 0:
                 path = self.files[op.file_index].path
-                raise StreamIOError(f"{path} ended at offset {offset + got}, before the expert bytes at "
-                                    f"{op.offset}+{op.nbytes}: truncated or replaced file; reopen the session")
+                raise StreamIOError(
+                    f"{path} ended at offset {offset + got}, before the expert bytes at "
+                    f"{op.offset}+{op.nbytes}: truncated or replaced file; reopen the session"
+                )
             got += n
 
     def _read_one(self, op: ReadOp) -> None:
         io = self._io  # once: another lane's fallback may swap fds and mode at any point below
         fd = io.fds[op.file_index]
         if not io.odirect:
-            self._pread_exact(fd, op.window.view[op.at:op.at + op.nbytes], op.offset, op.nbytes, op)
+            self._pread_exact(fd, op.window.view[op.at : op.at + op.nbytes], op.offset, op.nbytes, op)
             return
         try:
             self._read_direct(fd, op)
@@ -346,8 +389,9 @@ class ExpertReader:
             # Other lanes may still be inside preadv on the old fds: retire them, close at close().
             self._retired += seen.fds
             self._io = _Fds(fds, False)
-        self._warn(f"bmoe: O_DIRECT reads refused on {self.files[refused].path}; reading experts through the page "
-                   "cache")
+        self._warn(
+            f"bmoe: O_DIRECT reads refused on {self.files[refused].path}; reading experts through the page cache"
+        )
 
     def _read_direct(self, fd: int, op: ReadOp) -> None:
         lo = op.offset - op.offset % ALIGN
@@ -366,7 +410,7 @@ class ExpertReader:
             take = min(op.nbytes - done, len(bounce) - (off - blk))
             span = -(-(off - blk + take) // ALIGN) * ALIGN
             self._pread_exact(fd, bounce[:span], blk, off - blk + take, op)
-            op.window.view[op.at + done:op.at + done + take] = bounce[off - blk:off - blk + take]
+            op.window.view[op.at + done : op.at + done + take] = bounce[off - blk : off - blk + take]
             done += take
 
     def _bounce(self) -> memoryview:
@@ -392,13 +436,13 @@ class Batch:
         self.t0 = time.perf_counter()
         self._nbytes = nbytes
         self._cond = threading.Condition(threading.Lock())
-        self._left = [len(c) for c in chunks]     # chunks of each group not yet done
-        self._bad = [False] * len(chunks)         # a chunk of the group failed or was skipped
+        self._left = [len(c) for c in chunks]  # chunks of each group not yet done
+        self._bad = [False] * len(chunks)  # a chunk of the group failed or was skipped
         self._waited = [False] * len(chunks)
-        self._end = self.t0                       # when the last chunk so far finished
+        self._end = self.t0  # when the last chunk so far finished
         self._error: BaseException | None = None  # the first failure
-        self.stopped = False                      # lanes skip this batch's remaining chunks
-        self._closed = False                      # io time booked; nothing of it in flight
+        self.stopped = False  # lanes skip this batch's remaining chunks
+        self._closed = False  # io time booked; nothing of it in flight
 
     @property
     def n_groups(self) -> int:

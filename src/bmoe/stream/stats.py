@@ -5,6 +5,7 @@ the tests and the benchmarks read it. It is cumulative since the session opened:
 (``later.minus(earlier)``) for a token's, a request's or a benchmark phase's figures. A resident
 model's is all zero.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -15,22 +16,22 @@ _GAUGE = {"gauge": True}
 
 @dataclass(frozen=True, slots=True)
 class StreamStats:
-    read_bytes: int = 0        # expert bytes read from the GGUF (sum of the slices read)
-    device_bytes: int = 0      # bytes asked of the kernel, O_DIRECT alignment included
-    n_syscalls: int = 0        # read calls made (adjacent experts are read in one)
-    io_s: float = 0.0          # read time: per route, wall time from queueing its reads to the last one done
-    stall_s: float = 0.0       # time the graph (so compute) waited for reads not yet done
-    mgmt_s: float = 0.0        # time in cache bookkeeping (plan, evict, commit), id handling, queueing reads
+    read_bytes: int = 0  # expert bytes read from the GGUF (sum of the slices read)
+    device_bytes: int = 0  # bytes asked of the kernel, O_DIRECT alignment included
+    n_syscalls: int = 0  # read calls made (adjacent experts are read in one)
+    io_s: float = 0.0  # read time: per route, wall time from queueing its reads to the last one done
+    stall_s: float = 0.0  # time the graph (so compute) waited for reads not yet done
+    mgmt_s: float = 0.0  # time in cache bookkeeping (plan, evict, commit), id handling, queueing reads
     hits: int = 0
     misses: int = 0
-    routed: int = 0            # distinct (layer, expert) per route, summed; hits + misses == routed
+    routed: int = 0  # distinct (layer, expert) per route, summed; hits + misses == routed
     evictions: int = 0
-    n_routes: int = 0          # routes served (one per MoE layer per ubatch)
-    guessed: int = 0           # --prefetch: experts read ahead of their route on a guess
-    guess_hits: int = 0        # ... of which the route really picked
-    wasted_bytes: int = 0      # ... bytes read for guesses the route did not pick (part of read_bytes)
+    n_routes: int = 0  # routes served (one per MoE layer per ubatch)
+    guessed: int = 0  # --prefetch: experts read ahead of their route on a guess
+    guess_hits: int = 0  # ... of which the route really picked
+    wasted_bytes: int = 0  # ... bytes read for guesses the route did not pick (part of read_bytes)
     resident_bytes: int = field(default=0, metadata=_GAUGE)  # expert bytes the cache holds now
-    budget_bytes: int = field(default=0, metadata=_GAUGE)    # the cache's budget; 0 = cache off
+    budget_bytes: int = field(default=0, metadata=_GAUGE)  # the cache's budget; 0 = cache off
 
     def plus(self, other: "StreamStats") -> "StreamStats":
         """Field-wise sum: how the streamer joins what its parts count (the reader counts bytes and
@@ -40,10 +41,14 @@ class StreamStats:
 
     def minus(self, before: "StreamStats") -> "StreamStats":
         """What happened between ``before`` and this snapshot (gauges keep this one's value)."""
-        return StreamStats(**{
-            f.name: getattr(self, f.name) if f.metadata.get("gauge") else getattr(self, f.name) - getattr(before, f.name)
-            for f in fields(self)
-        })
+        return StreamStats(
+            **{
+                f.name: getattr(self, f.name)
+                if f.metadata.get("gauge")
+                else getattr(self, f.name) - getattr(before, f.name)
+                for f in fields(self)
+            }
+        )
 
     @property
     def cache_on(self) -> bool:

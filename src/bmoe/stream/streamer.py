@@ -8,6 +8,7 @@ reads only what the guess missed, ``wasted_bytes`` counting wrong guesses so tha
 stays exact. docs/streaming.md ("Split-phase reads", "Speculative prefetch", "Read-ahead two
 layers deep") gives the rules and why.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,13 +17,13 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from .cache import ExpertCache, ExpertKey, ReadPlan, SharedBuffers, SlotCache, slots_refusal
-from .layout import ExpertTensor, ModelLayout
-from .page_mover import PageMover
-from .budget import Budget, StreamSettings, resolve_budget
-from .policy import POLICIES, Uses
-from .reader import Batch, ExpertReader, StreamIOError, stderr_warn
-from .stats import StreamStats
+from bmoe.stream.budget import Budget, StreamSettings, resolve_budget
+from bmoe.stream.cache import ExpertCache, ExpertKey, ReadPlan, SharedBuffers, SlotCache, slots_refusal
+from bmoe.stream.layout import ExpertTensor, ModelLayout
+from bmoe.stream.page_mover import PageMover
+from bmoe.stream.policy import POLICIES, Uses
+from bmoe.stream.reader import Batch, ExpertReader, StreamIOError, stderr_warn
+from bmoe.stream.stats import StreamStats
 
 
 class RouteError(StreamIOError):
@@ -32,6 +33,7 @@ class RouteError(StreamIOError):
 @dataclass(frozen=True, slots=True)
 class Binding:
     """Where a stacked expert tensor must point: its ggml ``->data``."""
+
     name: str
     il: int
     proj: str
@@ -44,9 +46,17 @@ class Binding:
 
 
 class Streamer:
-    def __init__(self, layout: ModelLayout, settings: StreamSettings = StreamSettings(), *,
-                 budget: Budget | None = None, warn: Callable[[str], None] = stderr_warn,
-                 pages: PageMover | None = None, buffer_sets: int = 1, slots: bool = False) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout,
+        settings: StreamSettings = StreamSettings(),
+        *,
+        budget: Budget | None = None,
+        warn: Callable[[str], None] = stderr_warn,
+        pages: PageMover | None = None,
+        buffer_sets: int = 1,
+        slots: bool = False,
+    ) -> None:
         """``buffer_sets``: with the cache off, 2 gives the layers two sets of buffers in turn, so
         a guess for the next layer can be read while this one computes (costs one more layer of
         expert bytes in RAM); the cache on has buffers per layer anyway. ``slots``: with the cache
@@ -64,7 +74,7 @@ class Streamer:
         self._projs = {il: tuple(dict.fromkeys(t.proj for t in layout.layer_tensors(il))) for il in layout.layers}
         self._schedule: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
         self._inflight: _Route | None = None
-        self._last: _Route | None = None   # the latest route, in flight or not (its matmuls may not have run)
+        self._last: _Route | None = None  # the latest route, in flight or not (its matmuls may not have run)
         self._ahead: _Ahead | None = None  # a prefetch no route has taken over yet
         self._expert_bytes = {il: layout.expert_nbytes_in_layer(il) for il in layout.layers}
         self._guessed = self._guess_hits = self._wasted = 0
@@ -78,8 +88,9 @@ class Streamer:
             self.cache = ExpertCache(layout, self.budget.budget_bytes, policy, pages=pages)
         # The reader comes last: its lanes and fds would outlive a constructor that raised after it.
         try:
-            self.reader = ExpertReader([f for f in layout.files], odirect=settings.odirect,
-                                       io_threads=settings.io_threads, warn=warn)
+            self.reader = ExpertReader(
+                [f for f in layout.files], odirect=settings.odirect, io_threads=settings.io_threads, warn=warn
+            )
         except BaseException:
             self.cache.close()
             raise
@@ -91,8 +102,9 @@ class Streamer:
         if t is None:
             return None
         if isinstance(self.cache, SlotCache):
-            return Binding(t.name, t.il, t.proj, t.nbytes, self.cache.data_addr(t), self.cache.n_slots,
-                           self.cache.expert_stride(t))
+            return Binding(
+                t.name, t.il, t.proj, t.nbytes, self.cache.data_addr(t), self.cache.n_slots, self.cache.expert_stride(t)
+            )
         return Binding(t.name, t.il, t.proj, t.nbytes, self.cache.data_addr(t))
 
     def bindings(self) -> tuple[Binding, ...]:
@@ -120,8 +132,10 @@ class Streamer:
         them) and leave ``deferred`` projections pending when ``on_route`` returns."""
         order, deferred = tuple(order), frozenset(deferred)
         if il not in self._projs or sorted(order) != sorted(self._projs[il]) or not deferred <= set(order):
-            raise ValueError(f"schedule {order} deferring {sorted(deferred)} does not fit layer {il}, "
-                             f"which streams {self._projs.get(il)}")
+            raise ValueError(
+                f"schedule {order} deferring {sorted(deferred)} does not fit layer {il}, "
+                f"which streams {self._projs.get(il)}"
+            )
         self._schedule[il] = (order, deferred)
 
     def on_route(self, il: int, expert_ids: np.ndarray) -> None:
@@ -137,8 +151,9 @@ class Streamer:
         else:  # cache off: only the union (the per-token uses cost ~1 ms a token for nothing)
             experts, uses = np.unique(np.asarray(expert_ids, dtype=np.int64)), None
         if experts.size and (experts[0] < 0 or experts[-1] >= self.layout.n_expert):
-            self._fail_route(f"router of layer {il} picked expert ids {experts.tolist()} outside "
-                             f"0..{self.layout.n_expert - 1}")
+            self._fail_route(
+                f"router of layer {il} picked expert ids {experts.tolist()} outside 0..{self.layout.n_expert - 1}"
+            )
         if il not in self._layers:
             self._fail_route(f"layer {il} routed experts but the GGUF has no expert tensors for it")
         if self.settings.read_all:  # verification mode: the routed subset must not matter
@@ -151,7 +166,8 @@ class Streamer:
             if ahead is None:
                 plan = self.cache.plan(il, experts.tolist(), uses)
                 parts: tuple[tuple[Batch, tuple[str, ...]], ...] = (
-                    ((self.reader.submit([plan.ops_of(p) for p in order]), order),) if plan.ops else ())
+                    ((self.reader.submit([plan.ops_of(p) for p in order]), order),) if plan.ops else ()
+                )
             else:
                 routed = experts.tolist()
                 fresh = [e for e in routed if e not in ahead.experts]
@@ -159,8 +175,9 @@ class Streamer:
                 self._guess_hits += len(routed) - len(fresh)
                 self._wasted += wrong * self._expert_bytes[il]
                 if not isinstance(self.cache, SharedBuffers):  # the guessed reads are cached already
-                    plan = new = self.cache.plan(il, routed, uses, prefetched=ahead.experts,
-                                                 pinned=ahead.experts.difference(routed))
+                    plan = new = self.cache.plan(
+                        il, routed, uses, prefetched=ahead.experts, pinned=ahead.experts.difference(routed)
+                    )
                 else:
                     new = self.cache.plan(il, fresh)
                     plan = ReadPlan(new.ops, 0, tuple(ExpertKey(il, e) for e in routed), new.projs)
@@ -196,8 +213,10 @@ class Streamer:
         r = self._last
         if early:
             if r is None or r.il == il or self.cache.shares_buffers(r.il, il):
-                raise ValueError(f"an early guess for layer {il} needs the route of another layer, with "
-                                 "buffers apart from it, just before it")
+                raise ValueError(
+                    f"an early guess for layer {il} needs the route of another layer, with "
+                    "buffers apart from it, just before it"
+                )
         else:
             self._drain_route()
             r = None
@@ -314,8 +333,14 @@ class Streamer:
     def stats(self) -> StreamStats:
         """Cumulative since open: the reader's and the cache's counts joined with the routes and
         guesses counted here."""
-        own = StreamStats(mgmt_s=self._mgmt_s, routed=self._routed, n_routes=self._n_routes, guessed=self._guessed,
-                          guess_hits=self._guess_hits, wasted_bytes=self._wasted)
+        own = StreamStats(
+            mgmt_s=self._mgmt_s,
+            routed=self._routed,
+            n_routes=self._n_routes,
+            guessed=self._guessed,
+            guess_hits=self._guess_hits,
+            wasted_bytes=self._wasted,
+        )
         return self.reader.stats().plus(self.cache.stats()).plus(own)
 
     @property
@@ -363,6 +388,7 @@ class _Route:
     ``parts``: the batches that fill it, each with its groups' projections (the prefetch it took
     over, then its own reads); a projection is in place once its group of every part is.
     ``busy``: the experts its matmuls read or its reads fill (routed and guessed)."""
+
     il: int
     plan: ReadPlan
     n_experts: int
@@ -383,6 +409,7 @@ class _Route:
 class _Ahead:
     """A speculative prefetch in flight: layer ``il``'s guessed experts, read by ``batches`` (one
     per guess that added experts), each with its groups in ``order``."""
+
     il: int
     experts: frozenset[int]
     order: tuple[str, ...]

@@ -18,6 +18,7 @@ mtime and inode). Writing a twin removes the other twins of the same source path
 ``gc_twins`` removes the twins of sources that are gone or changed, and the least recently used
 ones over a size budget (``bmoe-cli --gc-twins``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,12 +33,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .content import ContentSample, dense_ranges
-from .layout import FileId, ModelLayout
 from bmoe.errors import BmoeError
+from bmoe.stream.content import ContentSample, dense_ranges
+from bmoe.stream.layout import FileId, ModelLayout
 
-__all__ = ["FORMAT", "GcEntry", "GcReport", "Twin", "TwinError", "allocated_bytes", "default_twin_dir",
-           "dense_ranges", "dense_twin", "gc_twins", "open_twin", "twin_dir"]
+__all__ = [
+    "FORMAT",
+    "GcEntry",
+    "GcReport",
+    "Twin",
+    "TwinError",
+    "allocated_bytes",
+    "default_twin_dir",
+    "dense_ranges",
+    "dense_twin",
+    "gc_twins",
+    "open_twin",
+    "twin_dir",
+]
 
 _CHUNK = 8 << 20
 FORMAT = 2  # 1: a "<shard>.source.json" stamp per shard, no content sample, no source path
@@ -83,9 +96,9 @@ def twin_dir(layout: ModelLayout, cache_dir: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Twin:
-    path: Path               # the first shard of the twin: what llama.cpp loads
-    content: ContentSample   # the source's sample the twin was made from (and that it has now)
-    written: bool            # written by this call (False: an existing twin was reused)
+    path: Path  # the first shard of the twin: what llama.cpp loads
+    content: ContentSample  # the source's sample the twin was made from (and that it has now)
+    written: bool  # written by this call (False: an existing twin was reused)
 
 
 def _manifest(folder: Path) -> dict | None:
@@ -133,8 +146,12 @@ def open_twin(layout: ModelLayout, cache_dir: Path, content: ContentSample | Non
         tmp.mkdir()
         for idx, f in enumerate(layout.files):
             _write_shard(f, tmp / f.path.name, dense_ranges(layout, idx))
-        manifest = {"format": FORMAT, "sources": [_source(f) for f in layout.files], "content": content.to_json(),
-                    "written_unix": time.time()}
+        manifest = {
+            "format": FORMAT,
+            "sources": [_source(f) for f in layout.files],
+            "content": content.to_json(),
+            "written_unix": time.time(),
+        }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         _install(tmp, final, layout, content)
     except OSError as exc:
@@ -210,8 +227,12 @@ def _remove_stale(cache_dir: Path, keep: Path, layout: ModelLayout) -> None:
         m = _manifest(d)
         if m is not None:
             sources = m.get("sources")
-            stale = isinstance(sources, list) and bool(sources) and isinstance(sources[0], dict) \
+            stale = (
+                isinstance(sources, list)
+                and bool(sources)
+                and isinstance(sources[0], dict)
                 and sources[0].get("path") == path
+            )
         else:
             stale = ident in _legacy_idents(d)
         if stale:
@@ -267,9 +288,9 @@ def _folder_bytes(folder: Path) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GcEntry:
-    path: Path    # a twin's folder (or a temporary one)
-    why: str      # why it was removed, or "" when kept
-    nbytes: int   # bytes it took on disk
+    path: Path  # a twin's folder (or a temporary one)
+    why: str  # why it was removed, or "" when kept
+    nbytes: int  # bytes it took on disk
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +382,9 @@ def gc_twins(cache_dir: Path, max_bytes: int | None = None) -> GcReport:
             _, entry = kept.pop(0)
             _remove(entry.path)
             total -= entry.nbytes
-            removed.append(GcEntry(entry.path, f"least recently used, over the budget of {max_bytes / 2**20:.0f} MiB",
-                                   entry.nbytes))
+            removed.append(
+                GcEntry(
+                    entry.path, f"least recently used, over the budget of {max_bytes / 2**20:.0f} MiB", entry.nbytes
+                )
+            )
     return GcReport(tuple(removed), tuple(e for _, e in sorted(kept, key=lambda k: str(k[1].path))))

@@ -5,6 +5,7 @@ returns its cached file, whatever its variant. ``hf_weights_for(arch)`` gives a 
 model's weights in Hugging Face form for the transformers reference test. The command
 ``python -m bmoe.testing --all --out DIR`` writes the hand-written ones. See docs/tiny-models.md.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,17 @@ from pathlib import Path
 from bmoe.testing.hf_convert import hf_dir, load_reference, write_hf_arch, write_hf_mmproj
 from bmoe.testing.images import png_bytes, write_png
 from bmoe.testing.recipe import FAMILIES, VARIANTS, Fixups, Recipe
-from bmoe.testing.recipes import (ARCHS, HF_ARCHS, HF_KQUANT_ARCHS, HF_VL_ARCHS, RECIPES, VL_ARCHS, hf_arch, names,
-                                  recipe)
+from bmoe.testing.recipes import (
+    ARCHS,
+    HF_ARCHS,
+    HF_KQUANT_ARCHS,
+    HF_VL_ARCHS,
+    RECIPES,
+    VL_ARCHS,
+    hf_arch,
+    names,
+    recipe,
+)
 from bmoe.testing.smollm2 import SmolLM2NotInstalled, smollm2_gguf_path
 from bmoe.testing.spec import QUANTS, TinySpec, expert_slice_bytes, spec_for
 from bmoe.testing.weights import HfWeights, hf_weights

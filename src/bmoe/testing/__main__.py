@@ -1,4 +1,5 @@
 """``python -m bmoe.testing``: write tiny fixture GGUFs for benchmarks and users."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,14 @@ from bmoe.testing.writer import default_tiny_dir, write_tiny
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bmoe.testing",
-        description="Write deterministic tiny random-weight MoE GGUFs (reused when already current).")
+        description="Write deterministic tiny random-weight MoE GGUFs (reused when already current).",
+    )
     ap.add_argument("--arch", choices=ARCHS, help="architecture to write")
     ap.add_argument("--quant", choices=ALL_QUANTS, default="f32", help="variant (default: f32)")
     ap.add_argument("--all", action="store_true", help=f"write every arch in {', '.join(QUANTS)}")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="output folder (default: $BMOE_TINY_DIR or ~/.cache/bmoe/tiny)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: $BMOE_TINY_DIR or ~/.cache/bmoe/tiny)"
+    )
     args = ap.parse_args(argv)
     if args.all == (args.arch is not None):
         ap.error("give either --arch (with --quant) or --all")

@@ -5,6 +5,7 @@ Written from the loader's expectations (vendored llama.cpp: ``src/models/qwen3mo
 proves the result by comparing llama.cpp's logits with transformers' on the same weights.
 Arrays are returned in numpy order, i.e. ggml's ``ne`` reversed (``[out, in]`` for a matmul).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -103,8 +104,9 @@ def gguf_tensors(spec: TinySpec, sd: dict[str, np.ndarray]) -> Iterator[tuple[st
 
 
 # Tensors llama.cpp's converter keeps in F32 whatever the output type (besides vectors and norms).
-_KEEP_F32 = frozenset(gguf.TENSOR_NAMES[k].rsplit(".", 1)[-1]
-                      for k in (_T.FFN_GATE_INP, _T.FFN_GATE_INP_SHEXP, _T.SSM_CONV1D))
+_KEEP_F32 = frozenset(
+    gguf.TENSOR_NAMES[k].rsplit(".", 1)[-1] for k in (_T.FFN_GATE_INP, _T.FFN_GATE_INP_SHEXP, _T.SSM_CONV1D)
+)
 
 
 def storage_type(name: str, data: np.ndarray, quant: str) -> gguf.GGMLQuantizationType:

@@ -16,6 +16,7 @@ rounded so; with the weights themselves exact (on the MXFP4 grid), that rounding
 difference, 2e-2 to 0.9 on a tiny DeepSeek-V4 (it flips routing and indexer picks). EXPERTS_Q8_0
 is a transformers experts implementation that rounds both matmuls' inputs the same way.
 """
+
 from __future__ import annotations
 
 GELU_FP16 = "gelu_pytorch_tanh_ggml_fp16"

@@ -9,6 +9,7 @@ The converter is the one vendored in the pinned llama-cpp-python's source releas
 --test unpacks it into ``.venv/share/llama.cpp`` (or set ``BMOE_LLAMA_CONVERTER`` to a
 ``convert_hf_to_gguf.py``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,10 @@ def converter_path() -> Path:
     env = os.environ.get("BMOE_LLAMA_CONVERTER")
     path = Path(env) if env else Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
     if not path.is_file():
-        raise ConverterMissing(f"llama.cpp's converter is not at {path}: run `bash scripts/setup.sh --test` "
-                               "(it unpacks it from llama-cpp-python's source release) or set BMOE_LLAMA_CONVERTER")
+        raise ConverterMissing(
+            f"llama.cpp's converter is not at {path}: run `bash scripts/setup.sh --test` "
+            "(it unpacks it from llama-cpp-python's source release) or set BMOE_LLAMA_CONVERTER"
+        )
     return path
 
 
@@ -56,8 +59,10 @@ def hf_dir(arch: str, out_dir: Path) -> Path:
 def _toolchain() -> dict[str, object]:
     """What every recipe hash covers besides the recipe: the versions that build and convert the
     model, and the converter's bytes (read once per process: a test asks for models many times)."""
-    return {"versions": [version(p) for p in ("torch", "transformers", "tokenizers", "llama_cpp_python")],
-            "converter": hashlib.sha256(converter_path().read_bytes()).hexdigest()}
+    return {
+        "versions": [version(p) for p in ("torch", "transformers", "tokenizers", "llama_cpp_python")],
+        "converter": hashlib.sha256(converter_path().read_bytes()).hexdigest(),
+    }
 
 
 def _recipe(a: Recipe, quant: str) -> str:
@@ -78,8 +83,9 @@ def write_hf_model(a: Recipe, out: Path) -> Path:
     n_layer = int(cfg.get("num_hidden_layers") or 0)
     if a.fix.mtp_layers:  # built as ordinary trailing layers, then made NextN blocks (hf_mtp.py)
         cfg["num_hidden_layers"] = n_layer + a.fix.mtp_layers
-    config = AutoConfig.for_model(a.model_type, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                                  pad_token_id=ids["pad"], **cfg)
+    config = AutoConfig.for_model(
+        a.model_type, bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"], **cfg
+    )
     torch.manual_seed(a.seed)
     model = getattr(transformers, a.auto_class).from_config(config, dtype=torch.float32)
     std = getattr(config, "initializer_range", None) or config.get_text_config().initializer_range
@@ -206,8 +212,9 @@ def load_reference(arch: str, out_dir: Path):
         config = AutoConfig.from_pretrained(folder)
     for key, value in a.reference_config.items():
         setattr(config, key, value)
-    model = getattr(transformers, a.auto_class).from_pretrained(folder, config=config, dtype=torch.float32,
-                                                                attn_implementation="eager")
+    model = getattr(transformers, a.auto_class).from_pretrained(
+        folder, config=config, dtype=torch.float32, attn_implementation="eager"
+    )
     return model.eval()
 
 
@@ -237,8 +244,12 @@ def _write_hf_arch_locked(arch: str, a: Recipe, quant: str, out_dir: Path, path:
 
             # A real-layout checkpoint's converter output keeps its packed experts (DeepSeek-V4's
             # MXFP4) whatever the outtype: its Q8_0 file is llama.cpp's quantizer's, from them.
-            quantize_gguf(write_hf_arch(arch, "f32", out_dir), tmp, _QUANTIZER_TYPES.get(quant, "Q8_0"),
-                          allow_requantize=quant == "q8_0")
+            quantize_gguf(
+                write_hf_arch(arch, "f32", out_dir),
+                tmp,
+                _QUANTIZER_TYPES.get(quant, "Q8_0"),
+                allow_requantize=quant == "q8_0",
+            )
         elif a.fix.checkpoint:
             # The converter reads the real layout, written into a private folder of the HF
             # folder's own name (the converter names the model after its folder).
@@ -309,8 +320,7 @@ def _current_hf_folder_locked(a: Recipe, folder: Path) -> Path:
 
 
 def _convert(folder: Path, dst: Path, outtype: str, extra: tuple[str, ...] = ()) -> None:
-    cmd = [sys.executable, str(converter_path()), str(folder), "--outtype", outtype, "--outfile", str(dst),
-           *extra]
+    cmd = [sys.executable, str(converter_path()), str(folder), "--outtype", outtype, "--outfile", str(dst), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 or not dst.is_file():
         tail = "\n".join((r.stderr or r.stdout).splitlines()[-25:])

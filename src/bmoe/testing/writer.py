@@ -5,6 +5,7 @@ the K-quant gates, Q6_K and IQ4_XS) is made from the F32 file by llama.cpp's qua
 output is byte-identical from run to run, so a file is reused when a sidecar
 ``<name>.recipe.json`` records the same recipe hash and size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -169,8 +170,7 @@ def _add_metadata(w: gguf.GGUFWriter, spec: TinySpec, quant: str) -> None:
         w.add_ssm_time_step_rank(lin.n_v_heads)
         w.add_ssm_inner_size(lin.value_dim)
         # gguf 0.19 has no helper for this key; llama.cpp reads it before full_attention_interval.
-        w.add_array(f"{spec.arch}.attention.recurrent_layers",
-                    [t == "linear_attention" for t in spec.layer_types])
+        w.add_array(f"{spec.arch}.attention.recurrent_layers", [t == "linear_attention" for t in spec.layer_types])
         w.add_full_attention_interval(spec.layer_types.index("full_attention") + 1)
     for f in smollm2_tokenizer_fields():
         w.add_key_value(f.key, f.value, f.vtype, f.sub_type)

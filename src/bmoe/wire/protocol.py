@@ -6,6 +6,7 @@ A line is bytes: at most MAX_LINE_BYTES of them (decode_line refuses what is not
 then one JSON object whose fields are checked against its command's table (one rule for
 every command: a field not in the table is refused).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,11 @@ import sys
 from dataclasses import dataclass
 from typing import Union
 
+from bmoe import rules
 from bmoe.decide.fields import DECIDE_TABLE, MISSING_CHOICES, RENDER_TABLE, decide_request, lacks_choices
 from bmoe.decide.fields import request_fields as request_fields
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import RequestError
-from bmoe import rules
 from bmoe.rules import FieldError, Spec, check_fields
 from bmoe.runtime.results import GENERATE_TABLE, GenerateRequest, generate_request
 
@@ -47,7 +48,9 @@ def decode_line(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ProtocolError(f"request line is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} ({e.reason})") from None
+        raise ProtocolError(
+            f"request line is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} ({e.reason})"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ DECIDE_BATCH_FIELDS: Spec = {
     "requests": (("a list of decide objects", lambda v: isinstance(v, list) and len(v) > 0), True),
 }
 
+
 def _check(obj: dict, spec: Spec, what: str, rid: int | None) -> dict:
     """``obj`` (the request without its "cmd") against its command's table (``bmoe.rules``)."""
     try:
@@ -127,8 +131,10 @@ def repeated_id(ids: list[int], where: str = "requests[{}]") -> str | None:
     for rid, at in seen.items():
         if len(at) > 1:
             places = [where.format(i) for i in at]
-            return (f"id {rid} is given to {', '.join(places[:-1])} and {places[-1]}; give each request its "
-                    f"own id (or none: those answer as id 0, in the order of the requests)")
+            return (
+                f"id {rid} is given to {', '.join(places[:-1])} and {places[-1]}; give each request its "
+                f"own id (or none: those answer as id 0, in the order of the requests)"
+            )
     return None
 
 
@@ -151,8 +157,9 @@ def read_json(text: str) -> object:
     except (json.JSONDecodeError, RecursionError) as e:
         raise ProtocolError(f"not valid JSON: {e}") from None
     except ValueError:  # the one other ValueError json.loads raises: an integer over Python's digit limit
-        raise ProtocolError(f"not valid JSON: an integer of more than {sys.get_int_max_str_digits()} digits, "
-                            "more than Python reads") from None
+        raise ProtocolError(
+            f"not valid JSON: an integer of more than {sys.get_int_max_str_digits()} digits, more than Python reads"
+        ) from None
 
 
 def parse_line(line: str) -> Command:
@@ -193,4 +200,6 @@ def parse_line(line: str) -> Command:
         if repeated is not None:
             raise ProtocolError(f"decide_batch: {repeated}", rid)
         return DecideBatch(id=rid or 0, requests=tuple(items))
-    raise ProtocolError(f"unknown cmd {cmd[:40]!r} (expected generate, cancel, close, stats, decide, decide_batch)", rid)
+    raise ProtocolError(
+        f"unknown cmd {cmd[:40]!r} (expected generate, cancel, close, stats, decide, decide_batch)", rid
+    )

@@ -3,6 +3,7 @@
 docs/telemetry.md is the contract for every key here; keys kept from BigMoeOnEdge's
 protocol keep their names and meanings, added keys are documented as bmoe's own.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,18 +35,42 @@ def _r(x: float, nd: int = 4) -> float:
     return round(float(x), nd) if math.isfinite(x) else 0.0
 
 
-def ready(*, load_s: float, arch: str, n_ctx: int, think_ctl: str, n_expert_used: int, model: str,
-          streaming: bool, decide: bool, load_read_mib: float, dense_weights: str | None = None,
-          dense_anon_mib: float = 0.0, n_expert_used_gguf: int | None = None, plan: dict | None = None) -> str:
+def ready(
+    *,
+    load_s: float,
+    arch: str,
+    n_ctx: int,
+    think_ctl: str,
+    n_expert_used: int,
+    model: str,
+    streaming: bool,
+    decide: bool,
+    load_read_mib: float,
+    dense_weights: str | None = None,
+    dense_anon_mib: float = 0.0,
+    n_expert_used_gguf: int | None = None,
+    plan: dict | None = None,
+) -> str:
     """``n_expert_used`` is what llama.cpp routes (after --n-expert-used), ``n_expert_used_gguf``
     the model file's own number (None: the same); ``plan`` the plan's JSON (None: plan off)."""
-    return line("READY", {
-        "load_s": _r(load_s), "arch": arch, "n_ctx": n_ctx, "think_ctl": think_ctl,
-        "n_expert_used": n_expert_used, "model": model, "streaming": streaming, "decide": decide,
-        "load_read_mib": _r(load_read_mib, 2), "dense_weights": dense_weights, "dense_anon_mib": _r(dense_anon_mib, 2),
-        "n_expert_used_gguf": n_expert_used if n_expert_used_gguf is None else n_expert_used_gguf,
-        "plan": plan,
-    })
+    return line(
+        "READY",
+        {
+            "load_s": _r(load_s),
+            "arch": arch,
+            "n_ctx": n_ctx,
+            "think_ctl": think_ctl,
+            "n_expert_used": n_expert_used,
+            "model": model,
+            "streaming": streaming,
+            "decide": decide,
+            "load_read_mib": _r(load_read_mib, 2),
+            "dense_weights": dense_weights,
+            "dense_anon_mib": _r(dense_anon_mib, 2),
+            "n_expert_used_gguf": n_expert_used if n_expert_used_gguf is None else n_expert_used_gguf,
+            "plan": plan,
+        },
+    )
 
 
 def begin(rid: int) -> str:
@@ -62,13 +87,25 @@ def step_lines(step: Step, steps: int, dense_resident_frac: float) -> list[str]:
 
 
 def progress(step: Step, steps: int, dense_resident_frac: float) -> str:
-    return line("PROGRESS", {
-        "step": step.index + 1, "steps": steps, "wall_ms": _r(step.wall_ms, 3), "io_ms": _r(step.io_ms, 3),
-        "compute_ms": _r(step.compute_ms, 3), "mgmt_ms": _r(step.mgmt_ms, 3), "stall_ms": _r(step.stall_ms, 3),
-        "read_mb": _r(step.read_mb, 3), "cache_hit_pct": _r(step.cache_hit_pct, 2), "majflt": step.majflt,
-        "cpu_ms": _r(step.cpu_ms, 3), "dense_resident_frac": _r(dense_resident_frac, 4),
-        "delta_text": step.delta_text, "delta_reasoning": step.delta_reasoning,
-    })
+    return line(
+        "PROGRESS",
+        {
+            "step": step.index + 1,
+            "steps": steps,
+            "wall_ms": _r(step.wall_ms, 3),
+            "io_ms": _r(step.io_ms, 3),
+            "compute_ms": _r(step.compute_ms, 3),
+            "mgmt_ms": _r(step.mgmt_ms, 3),
+            "stall_ms": _r(step.stall_ms, 3),
+            "read_mb": _r(step.read_mb, 3),
+            "cache_hit_pct": _r(step.cache_hit_pct, 2),
+            "majflt": step.majflt,
+            "cpu_ms": _r(step.cpu_ms, 3),
+            "dense_resident_frac": _r(dense_resident_frac, 4),
+            "delta_text": step.delta_text,
+            "delta_reasoning": step.delta_reasoning,
+        },
+    )
 
 
 def done_fields(r: GenerateResult) -> dict:
@@ -76,21 +113,40 @@ def done_fields(r: GenerateResult) -> dict:
     io, dec = r.io, r.decode_io  # the request's counters; the decode steps' part of them
     tok = r.decode_split.per(n)  # mgmt and stall per token, capped as BMOE_PROGRESS caps them
     return {
-        "id": r.id, "cancelled": r.cancelled, "tokens": r.n_tokens, "tok_s": _r(r.tok_s, 3),
-        "prefill_s": _r(r.prefill_s), "prefill_tps": _r(r.prefill_tps, 2), "load_s": _r(r.load_s),
-        "cache_hit_pct": _r(io.hit_pct, 2), "n_prompt": r.n_prompt, "n_past": r.n_past,
-        "compute_s_tok": _r(max(0.0, tok.wall_s - dec.io_s / n - tok.mgmt_s), 6), "io_s_tok": _r(dec.io_s / n, 6),
-        "cache_resident_mib": _r(io.resident_bytes / MIB, 2), "cache_budget_mib": _r(io.budget_bytes / MIB, 2),
-        "read_mib": _r(io.read_bytes / MIB, 3), "stall_s_tok": _r(tok.stall_s, 6),
-        "mgmt_s_tok": _r(tok.mgmt_s, 6), "majflt_tok": _r(r.majflt / n, 3), "cpu_s_tok": _r(r.cpu_s / n, 6),
-        "reasoning": r.reasoning, "text": r.text,
+        "id": r.id,
+        "cancelled": r.cancelled,
+        "tokens": r.n_tokens,
+        "tok_s": _r(r.tok_s, 3),
+        "prefill_s": _r(r.prefill_s),
+        "prefill_tps": _r(r.prefill_tps, 2),
+        "load_s": _r(r.load_s),
+        "cache_hit_pct": _r(io.hit_pct, 2),
+        "n_prompt": r.n_prompt,
+        "n_past": r.n_past,
+        "compute_s_tok": _r(max(0.0, tok.wall_s - dec.io_s / n - tok.mgmt_s), 6),
+        "io_s_tok": _r(dec.io_s / n, 6),
+        "cache_resident_mib": _r(io.resident_bytes / MIB, 2),
+        "cache_budget_mib": _r(io.budget_bytes / MIB, 2),
+        "read_mib": _r(io.read_bytes / MIB, 3),
+        "stall_s_tok": _r(tok.stall_s, 6),
+        "mgmt_s_tok": _r(tok.mgmt_s, 6),
+        "majflt_tok": _r(r.majflt / n, 3),
+        "cpu_s_tok": _r(r.cpu_s / n, 6),
+        "reasoning": r.reasoning,
+        "text": r.text,
         # bmoe's own keys
-        "n_reused": r.n_reused, "prefill_fallback": r.prefill_fallback, "stop": r.stop,
-        "experts_routed": io.routed, "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
+        "n_reused": r.n_reused,
+        "prefill_fallback": r.prefill_fallback,
+        "stop": r.stop,
+        "experts_routed": io.routed,
+        "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
         "read_gbps": _r(io.read_bytes / io.io_s / 1e9, 3) if io.io_s > 0 else 0.0,
         # only with --prefetch, once something was guessed
-        **({"prefetch_hit_pct": _r(io.prefetch_hit_pct, 2), "wasted_mib": _r(io.wasted_bytes / MIB, 3)}
-           if io.prefetch_hit_pct is not None else {}),
+        **(
+            {"prefetch_hit_pct": _r(io.prefetch_hit_pct, 2), "wasted_mib": _r(io.wasted_bytes / MIB, 3)}
+            if io.prefetch_hit_pct is not None
+            else {}
+        ),
         # only with a prefill device, as BMOE_DECIDE reports it
         **({"prefill_dev_tokens": r.prefill_dev_tokens} if r.prefill_dev_tokens is not None else {}),
     }
@@ -204,18 +260,26 @@ def summary(r: GenerateResult) -> str:
     ]
     if io.routed or io.read_bytes:
         bw = io.read_bytes / io.io_s / 1e9 if io.io_s > 0 else 0.0
-        out.append(f"flash read: {io.read_bytes / MIB:.1f} MiB ({dec.read_bytes / MIB / n:.2f} MiB per decode token), "
-                   f"{io.routed} experts routed")
+        out.append(
+            f"flash read: {io.read_bytes / MIB:.1f} MiB ({dec.read_bytes / MIB / n:.2f} MiB per decode token), "
+            f"{io.routed} experts routed"
+        )
         # per decode token: the decode steps' own counters (the prefill's reads and waits are not
         # per-token figures; counting them here made "waiting" exceed the token's wall time), and
         # compute + cache mgmt + waiting add up to the token's wall time (TimeSplit)
-        out.append(f"per token: {tok.wall_s * 1e3:.2f} ms = compute {tok.compute_s * 1e3:.2f} ms + "
-                   f"cache mgmt {tok.mgmt_s * 1e3:.2f} ms + waiting for flash {tok.stall_s * 1e3:.2f} ms; "
-                   f"flash I/O in flight {dec.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s)")
+        out.append(
+            f"per token: {tok.wall_s * 1e3:.2f} ms = compute {tok.compute_s * 1e3:.2f} ms + "
+            f"cache mgmt {tok.mgmt_s * 1e3:.2f} ms + waiting for flash {tok.stall_s * 1e3:.2f} ms; "
+            f"flash I/O in flight {dec.io_s / n * 1e3:.2f} ms ({bw:.2f} GB/s)"
+        )
         if io.guessed:
-            out.append(f"prefetch: {io.guessed} experts guessed, {100.0 * io.guess_hits / io.guessed:.1f}% picked by "
-                       f"the router, {io.wasted_bytes / MIB:.1f} MiB read for wrong guesses (in the flash read)")
+            out.append(
+                f"prefetch: {io.guessed} experts guessed, {100.0 * io.guess_hits / io.guessed:.1f}% picked by "
+                f"the router, {io.wasted_bytes / MIB:.1f} MiB read for wrong guesses (in the flash read)"
+            )
         hit = f"{io.hit_pct:.1f}%" if io.cache_on else "off"
-        out.append(f"expert cache: hit rate {hit}, resident {io.resident_bytes / MIB:.1f} MiB "
-                   f"of {io.budget_bytes / MIB:.1f} MiB")
+        out.append(
+            f"expert cache: hit rate {hit}, resident {io.resident_bytes / MIB:.1f} MiB "
+            f"of {io.budget_bytes / MIB:.1f} MiB"
+        )
     return "\n".join(out)

@@ -9,6 +9,7 @@ arithmetic, ordering and units rows are in decide's structured form (``prefix``,
 ``options``, ``render``: bmoe writes the lettered option list); the phone agent's are plain
 (``prefix``, ``suffix``, ``choices``: letters), its screen text written here.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,15 @@ RENDER = {"template": " {question} Options: {options}. {cue}", "joiner": " "}
 def _row(name: str, i: int, prefix: str, question: str, options: list[str], gold: int, split: str) -> dict:
     """A row in the structured form: bmoe renders the options (labels A, B, ...), so --debias can
     reorder them; gold indexes the options in this order."""
-    return {"id": f"{name}-{i:03d}", "split": split, "prefix": prefix, "question": question,
-            "options": options, "render": RENDER, "gold": gold}
+    return {
+        "id": f"{name}-{i:03d}",
+        "split": split,
+        "prefix": prefix,
+        "question": question,
+        "options": options,
+        "render": RENDER,
+        "gold": gold,
+    }
 
 
 def arithmetic(n: int = 120) -> list[dict]:
@@ -56,12 +64,34 @@ def arithmetic(n: int = 120) -> list[dict]:
             continue
         gold = 0 if exprs[0][1] > exprs[1][1] else 1
         i = len(rows)
-        rows.append(_row("arithmetic", i, prefix, "Which expression is larger?", [e for e, _ in exprs], gold, _split(i)))
+        rows.append(
+            _row("arithmetic", i, prefix, "Which expression is larger?", [e for e, _ in exprs], gold, _split(i))
+        )
     return rows
 
 
-WORDS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "melon", "olive", "peach", "pear", "plum",
-         "kiwi", "lime", "date", "fig", "orange", "papaya", "quince", "raisin", "tomato"]
+WORDS = [
+    "apple",
+    "banana",
+    "cherry",
+    "grape",
+    "lemon",
+    "mango",
+    "melon",
+    "olive",
+    "peach",
+    "pear",
+    "plum",
+    "kiwi",
+    "lime",
+    "date",
+    "fig",
+    "orange",
+    "papaya",
+    "quince",
+    "raisin",
+    "tomato",
+]
 
 
 def ordering(n: int = 120) -> list[dict]:
@@ -85,9 +115,18 @@ def ordering(n: int = 120) -> list[dict]:
 
 
 # (big unit, small unit, how many small units in one big one)
-CONVERSIONS = [("metres", "centimetres", 100), ("kilometres", "metres", 1000), ("kilograms", "grams", 1000),
-               ("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24), ("weeks", "days", 7),
-               ("litres", "millilitres", 1000), ("feet", "inches", 12), ("years", "months", 12)]
+CONVERSIONS = [
+    ("metres", "centimetres", 100),
+    ("kilometres", "metres", 1000),
+    ("kilograms", "grams", 1000),
+    ("hours", "minutes", 60),
+    ("minutes", "seconds", 60),
+    ("days", "hours", 24),
+    ("weeks", "days", 7),
+    ("litres", "millilitres", 1000),
+    ("feet", "inches", 12),
+    ("years", "months", 12),
+]
 
 
 def units(n: int = 120) -> list[dict]:
@@ -104,18 +143,29 @@ def units(n: int = 120) -> list[dict]:
         wrong = rng.sample([right * 10, (k + 1) * f, (k - 1) * f, k * f * 100, k + f], 3)
         options = [right, *wrong]
         rng.shuffle(options)
-        rows.append(_row("units", i, prefix, f"How many {small} are in {k} {big}?", [str(x) for x in options],
-                         options.index(right), _split(i)))
+        rows.append(
+            _row(
+                "units",
+                i,
+                prefix,
+                f"How many {small} are in {k} {big}?",
+                [str(x) for x in options],
+                options.index(right),
+                _split(i),
+            )
+        )
     return rows
 
 
 # Settings section -> the switches on its screen
-SECTIONS = {"Network & internet": ["Wi-Fi", "Mobile data", "Airplane mode", "Hotspot"],
-            "Connected devices": ["Bluetooth", "NFC"],
-            "Display": ["Dark theme", "Auto-rotate"],
-            "Sound": ["Do not disturb", "Vibrate"],
-            "Battery": ["Battery saver"],
-            "Location": ["Use location"]}
+SECTIONS = {
+    "Network & internet": ["Wi-Fi", "Mobile data", "Airplane mode", "Hotspot"],
+    "Connected devices": ["Bluetooth", "NFC"],
+    "Display": ["Dark theme", "Auto-rotate"],
+    "Sound": ["Do not disturb", "Vibrate"],
+    "Battery": ["Battery saver"],
+    "Location": ["Use location"],
+}
 APPS = ["Camera", "Messages", "Clock", "Photos", "Phone", "Calendar", "Maps"]
 
 
@@ -125,8 +175,12 @@ def phone_agent() -> list[dict]:
     always in the state the task changes, so the last step's answer is the task's verb."""
     rng = random.Random(4)
     rows: list[dict] = []
-    tasks = [(section, switch, verb) for section, switches in SECTIONS.items() for switch in switches
-             for verb in ("on", "off")]
+    tasks = [
+        (section, switch, verb)
+        for section, switches in SECTIONS.items()
+        for switch in switches
+        for verb in ("on", "off")
+    ]
     for t, (section, switch, verb) in enumerate(tasks):
         split = _split(t)
         head = f"You control a phone. Task: turn {verb} {switch}. History:"
@@ -146,8 +200,16 @@ def phone_agent() -> list[dict]:
             i = len(rows)
             prefix = head + ("".join(f" {h}," for h in history)[:-1] + "." if history else "")
             suffix = f"{'' if history else ' none.'} Screen: {name}. Options: {_options(options)}.{ASK}"
-            rows.append({"id": f"phone_agent-{i:03d}", "split": split, "prefix": prefix, "suffix": suffix,
-                         "choices": list(LETTERS[: len(options)]), "gold": options.index(right)})
+            rows.append(
+                {
+                    "id": f"phone_agent-{i:03d}",
+                    "split": split,
+                    "prefix": prefix,
+                    "suffix": suffix,
+                    "choices": list(LETTERS[: len(options)]),
+                    "gold": options.index(right),
+                }
+            )
             if done:
                 history.append(done)
     return rows
@@ -160,8 +222,9 @@ def write(out_dir: Path) -> list[Path]:
     paths = []
     for name, make in SETS.items():
         path = out_dir / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in make()),
-                        encoding="utf-8")
+        path.write_text(
+            "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in make()), encoding="utf-8"
+        )
         paths.append(path)
     return paths
 

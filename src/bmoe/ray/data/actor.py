@@ -6,6 +6,7 @@ streaming read error) cannot answer the batch or any later one, so the actor end
 Ray counts that as an actor failure, restarts the actor (a new process, a fresh session) and
 retries the batch there, up to ``max_restarts`` times.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from bmoe.config import SessionConfig
+from bmoe.ray.data.rows import STICKY, answer_lines
 from bmoe.session import Session
-
-from .rows import STICKY, answer_lines
 
 EXIT_BROKEN = 75  # the exit status of an actor whose session broke (EX_TEMPFAIL: retry elsewhere)
 
@@ -33,8 +33,11 @@ class SessionActor:
         try:
             results = answer_lines(self.session, lines)
         except STICKY as e:
-            print(f"bmoe actor {os.getpid()}: {e}; ending this actor so Ray retries the batch on a new one",
-                  file=sys.stderr, flush=True)
+            print(
+                f"bmoe actor {os.getpid()}: {e}; ending this actor so Ray retries the batch on a new one",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(EXIT_BROKEN)
         text = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in results]
         return {"index": np.asarray(batch["index"], dtype=np.int64), "result": np.asarray(text, dtype=object)}

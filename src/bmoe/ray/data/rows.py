@@ -15,6 +15,7 @@ state is hit and, with ``decide_batch`` > 1, a group's suffixes are prefilled to
 rows it answers, so they are answered in input order (a run of them with the same prefix in one
 call), and which rows form the prior does not depend on how the others are grouped.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,11 @@ def _parse(line: str) -> Decide | GenerateRequest | ProtocolError:
     if isinstance(cmd, (Decide, GenerateRequest)):
         return cmd
     name = type(cmd).__name__.lower().replace("decidebatch", "decide_batch")
-    return ProtocolError(f"a row is one decide or generate request; {name} is not answered here "
-                         "(give a decide_batch's requests one per row)", getattr(cmd, "id", None))
+    return ProtocolError(
+        f"a row is one decide or generate request; {name} is not answered here "
+        "(give a decide_batch's requests one per row)",
+        getattr(cmd, "id", None),
+    )
 
 
 def prefix_key(line: str) -> str:

@@ -7,6 +7,7 @@ answers them in, and on Ray they are refused); every row carries its
 input index, and the results are put back in input order and checked: exactly one result per
 index, or ``RowsLost`` says which were missing or duplicated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,10 +19,9 @@ from typing import Any
 
 from bmoe.config import SessionConfig
 from bmoe.errors import BmoeError, ConfigError
+from bmoe.ray.data.rows import answer_lines, is_pride, order_key
+from bmoe.ray.data.sizing import ActorSizing, actor_sizing
 from bmoe.session import Session
-
-from .rows import answer_lines, is_pride, order_key
-from .sizing import ActorSizing, actor_sizing
 
 LOCAL = "local"
 
@@ -64,8 +64,10 @@ def in_order(pairs: Iterable[tuple[int, dict]], n: int) -> list[dict]:
         got[index] = result
     missing = [i for i in range(n) if i not in got]
     if missing or duplicated:
-        raise RowsLost(f"{len(missing)} row(s) missing {missing[:10]}, {len(duplicated)} duplicated or unknown "
-                       f"{duplicated[:10]} of {n}")
+        raise RowsLost(
+            f"{len(missing)} row(s) missing {missing[:10]}, {len(duplicated)} duplicated or unknown "
+            f"{duplicated[:10]} of {n}"
+        )
     return [got[i] for i in range(n)]
 
 
@@ -81,9 +83,11 @@ def pride_refusal(lines: Sequence[str]) -> str | None:
     n = sum(map(is_pride, lines))
     if not n:
         return None
-    return (f'--ray: {n} rows use "debias": "pride", whose prior a session estimates from the first rows it '
-            f'answers; each Ray actor has its own session and gets the rows in another order, so the answers '
-            f'would not be those of one process; run them without --ray')
+    return (
+        f'--ray: {n} rows use "debias": "pride", whose prior a session estimates from the first rows it '
+        f'answers; each Ray actor has its own session and gets the rows in another order, so the answers '
+        f'would not be those of one process; run them without --ray'
+    )
 
 
 def answer_local(lines: Sequence[str], config: SessionConfig) -> list[dict]:
@@ -116,8 +120,9 @@ def connect(address: str) -> None:
 
 
 def sizing(config: SessionConfig, options: RayOptions) -> ActorSizing:
-    return actor_sizing(config, num_cpus=options.num_cpus, memory_mb=options.memory_mb,
-                        flash_resource=options.flash_resource)
+    return actor_sizing(
+        config, num_cpus=options.num_cpus, memory_mb=options.memory_mb, flash_resource=options.flash_resource
+    )
 
 
 def decide_dataset(ds: Any, config: SessionConfig, options: RayOptions) -> Any:
@@ -126,17 +131,23 @@ def decide_dataset(ds: Any, config: SessionConfig, options: RayOptions) -> Any:
     Datasets are."""
     from ray.data import ActorPoolStrategy
 
-    from .actor import SessionActor
+    from bmoe.ray.data.actor import SessionActor
 
     size = sizing(config, options)
     # Ray Data restarts a dead actor and retries its batch without end by default; bounded here,
     # so a model that kills every actor that opens it fails the run instead of looping.
     retries = {"max_restarts": options.max_restarts, "max_task_retries": options.max_restarts}
     return ds.map_batches(
-        SessionActor, fn_constructor_kwargs={"config": actor_config(config, options)},
-        batch_size=options.batch_rows, batch_format="numpy", compute=ActorPoolStrategy(size=options.actors),
-        num_cpus=size.num_cpus, memory=size.memory, resources=size.resources or None,
-        ray_remote_args_fn=lambda: dict(retries))
+        SessionActor,
+        fn_constructor_kwargs={"config": actor_config(config, options)},
+        batch_size=options.batch_rows,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=options.actors),
+        num_cpus=size.num_cpus,
+        memory=size.memory,
+        resources=size.resources or None,
+        ray_remote_args_fn=lambda: dict(retries),
+    )
 
 
 class RayRun:
@@ -147,8 +158,9 @@ class RayRun:
         refusal = pride_refusal(lines)
         if refusal is not None:
             raise ConfigError(refusal)
-        import ray
         import ray.data
+
+        import ray
 
         self.sizing = sizing(config, options)  # a refusal before Ray starts
         connect(options.address)
