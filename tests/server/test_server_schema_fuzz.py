@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+import schemathesis.specs.openapi.schemas  # noqa: F401
 from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from bmoe.server import ServerSettings  # noqa: E402
+
+# ``from_asgi`` imports schemathesis' OpenAPI modules on first use; imported here, at collection,
+# they are compiled before any test runs. In CI they were first imported after a test of deeply
+# nested JSON bodies in the same worker, and Python 3.11's AST constructor then failed with
+# "recursion depth mismatch" (a CPython bug that bodies nested past the recursion limit trigger).
 
 
 @pytest.fixture(scope="module")
