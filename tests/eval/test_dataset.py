@@ -221,15 +221,20 @@ def test_an_over_long_line_is_skipped_without_being_held(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("size", [1, 2, 7])
 def test_lines_read_in_small_chunks_are_the_lines(tmp_path: Path, monkeypatch, size: int) -> None:
-    """Lines that cross the read chunks come out whole (a line of exactly the limit is kept)."""
+    """Lines come out whole through the protocol's reader, whose over-long lines are dropped a few
+    bytes at a time (a line of exactly the limit is kept), and every byte is hashed."""
     import hashlib
+    import io
 
-    from bmoe.wire.protocol import MAX_LINE_BYTES
+    import bmoe.wire.protocol as protocol
+    from bmoe.wire.protocol import MAX_LINE_BYTES, read_lines
 
-    monkeypatch.setattr(dataset, "READ_CHUNK", size)
-    monkeypatch.setattr(dataset, "MAX_LINE_BYTES", 100)
-    lines = [_line().encode(), b"", b"a" * 100, b"b" * 100 + b"\r", b"c" * 101, _line(gold=0).encode()]
+    monkeypatch.setattr(protocol, "SKIP_CHUNK", size)
+    monkeypatch.setattr(protocol, "MAX_LINE_BYTES", 100)
+    lines = [_line().encode(), b"", b"a" * 100, b"b" * 100 + b"\r", b"c" * 101 + b"x" * 300, _line(gold=0).encode()]
     data = b"\n".join(lines)
-    got = list(dataset._lines(__import__("io").BytesIO(data), hashlib.sha256()))
+    digest = hashlib.sha256()
+    got = list(enumerate(read_lines(dataset._Hashed(io.BytesIO(data), digest)), start=1))
     assert got == [(1, lines[0]), (2, b""), (3, lines[2]), (4, lines[3]), (5, None), (6, lines[5])]
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
     assert MAX_LINE_BYTES > 100

@@ -13,13 +13,12 @@ import queue
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterator, TextIO
+from typing import BinaryIO, TextIO
 
 from bmoe.errors import BmoeError, SessionClosedError, StreamFailedError
 from bmoe.session import DecideOffError, GenerateRequest, Session
 from bmoe.wire import records
 from bmoe.wire.protocol import (
-    MAX_LINE_BYTES,
     Cancel,
     Close,
     Decide,
@@ -29,9 +28,9 @@ from bmoe.wire.protocol import (
     decode_line,
     line_too_long,
     parse_line,
+    read_lines,
 )
 
-SKIP_CHUNK = 1 << 16  # the rest of an over-long line is read and dropped this many bytes at a time
 JSON_SPACE = " \t\r\n"  # a line of only these is skipped unanswered
 
 _EOF = object()
@@ -86,29 +85,6 @@ class _ReadFailed:
     exc: BaseException
 
 
-def _lines(stream: TextIO | BinaryIO) -> Iterator[bytes | None]:
-    """Each line's bytes without its newline, or None for a line over MAX_LINE_BYTES (of which
-    no more than MAX_LINE_BYTES + SKIP_CHUNK bytes are held). Reads stdin's bytes where it has
-    them; a text stream without (io.StringIO) is read as text and encoded back."""
-    src = getattr(stream, "buffer", stream)
-    while True:
-        chunk = src.readline(MAX_LINE_BYTES + 2)  # a line at the limit, with its "\r\n"
-        if not chunk:
-            return
-        nl: Any = "\n" if isinstance(chunk, str) else b"\n"  # the stream's own kind: text or bytes
-        if not chunk.endswith(nl) and len(chunk) > MAX_LINE_BYTES + 1:
-            yield None
-            while True:
-                rest = src.readline(SKIP_CHUNK)
-                if not rest or rest.endswith(nl):
-                    break
-            continue
-        chunk = chunk.removesuffix(nl)
-        raw = chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else bytes(chunk)
-        limit = MAX_LINE_BYTES + (1 if raw.endswith(b"\r") else 0)  # a "\r" before the newline is not counted
-        yield raw if len(raw) <= limit else None
-
-
 def _read_one(raw: bytes | None, live: _Live) -> object | None:
     """One line -> what the main thread serves (None: nothing to answer)."""
     try:
@@ -130,7 +106,7 @@ def _read_one(raw: bytes | None, live: _Live) -> object | None:
 
 def _reader(stream: TextIO | BinaryIO, live: _Live, q: "queue.Queue[object]") -> None:
     try:
-        for raw in _lines(stream):
+        for raw in read_lines(stream):
             item = _read_one(raw, live)
             if item is not None:
                 q.put(item)

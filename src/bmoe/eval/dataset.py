@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import BinaryIO
 
 from bmoe.decide.types import DecideRequest
 from bmoe.errors import ConfigError
-from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decide_object, decode_line, read_json
+from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decide_object, decode_line, read_json, read_lines
 
 EVAL_FIELDS = ("gold", "id", "split")
 
@@ -78,26 +77,16 @@ def parse_row(text: str, line: int, defaults: dict | None = None) -> Row:
     return Row(line=line, request=request, gold=gold, data_id=data_id, split=split)
 
 
-READ_CHUNK = 1 << 20  # bytes read at a time: memory stays near one line's limit, whatever the file holds
+class _Hashed:
+    """A binary file read line by line whose every byte read also goes into ``digest``."""
 
+    def __init__(self, f: BinaryIO, digest: "hashlib._Hash") -> None:
+        self._f, self._digest = f, digest
 
-def _lines(f: BinaryIO, digest: "hashlib._Hash") -> Iterator[tuple[int, bytes | None]]:
-    """``(line number, bytes)`` of each line of ``f``, ``None`` for a line over the protocol's
-    limit (dropped as it is read, never held whole); every byte also goes into ``digest``."""
-    n, buf, over = 1, bytearray(), False
-    while chunk := f.read(READ_CHUNK):
-        digest.update(chunk)
-        start = 0
-        while (end := chunk.find(b"\n", start)) != -1:
-            if not over:
-                buf += chunk[start:end]
-            yield n, None if over or len(buf.rstrip(b"\r")) > MAX_LINE_BYTES else bytes(buf)
-            n, buf, over, start = n + 1, bytearray(), False, end + 1
-        if not over:
-            buf += chunk[start:]
-            if len(buf) > MAX_LINE_BYTES + 1:  # + 1: a line may end in "\r"
-                over, buf = True, bytearray()
-    yield n, None if over or len(buf.rstrip(b"\r")) > MAX_LINE_BYTES else bytes(buf)
+    def readline(self, size: int = -1, /) -> bytes:
+        chunk = self._f.readline(size)
+        self._digest.update(chunk)
+        return chunk
 
 
 def load(path: Path, defaults: dict | None = None) -> Dataset:
@@ -108,7 +97,7 @@ def load(path: Path, defaults: dict | None = None) -> Dataset:
     digest = hashlib.sha256()
     try:
         with path.open("rb") as f:
-            for n, chunk in _lines(f, digest):
+            for n, chunk in enumerate(read_lines(_Hashed(f, digest)), start=1):
                 try:
                     if chunk is None:
                         raise BadRow(f"longer than the protocol's limit of {MAX_LINE_BYTES} bytes")

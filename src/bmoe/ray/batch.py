@@ -20,7 +20,7 @@ from bmoe.flags import add_session_flags, config_from_flags, int_at_least, model
 from bmoe.out_paths import not_regular
 from bmoe.ray.data.run import LOCAL, RayOptions, answer, pride_refusal
 from bmoe.ray.flags import add_actor_flags, run_failure
-from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long
+from bmoe.wire.protocol import MAX_LINE_BYTES, ProtocolError, decode_line, line_too_long, read_lines
 
 JSON_SPACE = " \t\r\n"
 
@@ -71,10 +71,9 @@ def read_rows(path: Path) -> tuple[list[str], dict[int, dict]]:
     rows: list[str] = []
     refused: dict[int, dict] = {}
     with open(path, "rb") as f:
-        for raw in f:
-            raw = raw.removesuffix(b"\n")
+        for raw in read_lines(f):  # an over-long line is dropped as it is read, never held whole
             try:
-                if len(raw) > MAX_LINE_BYTES:
+                if raw is None or len(raw) > MAX_LINE_BYTES:  # here a "\r" counts toward the limit
                     raise line_too_long()
                 text = decode_line(raw)
             except ProtocolError as e:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, BinaryIO, Iterator, Protocol, TextIO, Union
 
 from bmoe import rules
 from bmoe.decide.fields import DECIDE_TABLE, MISSING_CHOICES, RENDER_TABLE, decide_request, lacks_choices
@@ -41,6 +41,39 @@ MAX_LINE_BYTES = 1 << 20
 
 def line_too_long() -> ProtocolError:
     return ProtocolError(f"request line is longer than the limit of {MAX_LINE_BYTES} bytes (1 MiB); it was skipped")
+
+
+SKIP_CHUNK = 1 << 16  # the rest of an over-long line is read and dropped this many bytes at a time
+
+
+class LineSource(Protocol):
+    """What read_lines reads: anything with ``readline(size)`` (a file, stdin, a wrapper)."""
+
+    def readline(self, size: int = -1, /) -> bytes | str: ...
+
+
+def read_lines(stream: TextIO | BinaryIO | LineSource) -> Iterator[bytes | None]:
+    """Each line's bytes without its newline, or None for a line over MAX_LINE_BYTES (of which
+    no more than MAX_LINE_BYTES + SKIP_CHUNK bytes are held): the one reader of request lines
+    (the --session loop, bmoe-batch's and bmoe-eval's data files). Reads a text stream's bytes
+    where it has them (stdin); one without (io.StringIO) is read as text and encoded back."""
+    src = getattr(stream, "buffer", stream)
+    while True:
+        chunk = src.readline(MAX_LINE_BYTES + 2)  # a line at the limit, with its "\r\n"
+        if not chunk:
+            return
+        nl: Any = "\n" if isinstance(chunk, str) else b"\n"  # the stream's own kind: text or bytes
+        if not chunk.endswith(nl) and len(chunk) > MAX_LINE_BYTES + 1:
+            yield None
+            while True:
+                rest = src.readline(SKIP_CHUNK)
+                if not rest or rest.endswith(nl):
+                    break
+            continue
+        chunk = chunk.removesuffix(nl)
+        raw = chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else bytes(chunk)
+        limit = MAX_LINE_BYTES + (1 if raw.endswith(b"\r") else 0)  # a "\r" before the newline is not counted
+        yield raw if len(raw) <= limit else None
 
 
 def decode_line(raw: bytes) -> str:
