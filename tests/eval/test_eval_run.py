@@ -461,3 +461,52 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_runs(
         os.close(fd)
     assert main([str(data), "--out", str(out), *FAST]) == 0
     assert main([str(data), "--out", str(out), *FAST]) == 0  # the lock went with the run that held it
+
+
+@pytest.mark.parametrize("name", ["run.json", "metrics.json", "report.md", "reliability.png", "coverage.png"])
+def test_a_full_disk_names_the_output_file_that_failed(
+    data: Path, tmp_path: Path, monkeypatch, calls, capsys, name: str
+) -> None:
+    """A write that fails once the file is open (a full disk) carries no file name in its OSError:
+    the refusal still names the file that failed, not the folder (it said "cannot write runs/x"
+    for metrics.json, and "internal error: OSError" for run.json); a rerun then completes."""
+    import errno
+
+    from bmoe.eval import plots
+
+    out = tmp_path / "out"
+    full = OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no filename
+    disk_full = [True]  # the first run only
+    if name.endswith(".png"):
+        func = name.split(".")[0]
+        real = getattr(plots, func)
+
+        def fail_picture(path: Path, *a, **k) -> None:  # type: ignore[no-untyped-def]
+            path.write_bytes(b"\x89PNG")  # the picture cut short
+            if disk_full[0]:
+                raise full
+            real(path, *a, **k)
+
+        monkeypatch.setattr(plots, func, fail_picture)
+    else:
+        real_write = Path.write_text
+
+        def fail_text(self: Path, *a, **k):  # type: ignore[no-untyped-def]
+            if self.name == name and disk_full[0]:
+                raise full
+            return real_write(self, *a, **k)
+
+        monkeypatch.setattr(Path, "write_text", fail_text)
+    assert main([str(data), "--out", str(out), *FAST]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        f"bmoe-eval: cannot write {out / name}: No space left on device; the rows answered so far are "
+        f"kept in {out / 'results.jsonl'}: make room and rerun the same command to resume"
+    )
+    disk_full[0] = False
+    calls.clear()
+    assert main([str(data), "--out", str(out), *FAST]) == 0
+    answered = 0 if name == "run.json" else 8  # run.json is written before any row is answered
+    assert sorted(i for c in calls for i in c) == list(range(1, 9))[answered:]
+    assert [r["line"] for r in _results(out)] == list(range(1, 9))
+    assert all((out / n).stat().st_size > 100 for n in ("metrics.json", "report.md", "reliability.png", "coverage.png"))

@@ -215,8 +215,6 @@ def _run(
     ident: dict,
 ) -> int:
     """Open the output folder (its lock held until the caller lets it go), answer what is left, write."""
-    from bmoe.eval.store import cannot_write
-
     done = store.open(ident, {"data": str(path), "rows": len(ds.rows)}, OUTPUT_FILES)
     # a refused row is asked again: a refusal costs nothing, and it may have come from the
     # session's settings (scoring "full" with --decide-batch 1) rather than the row
@@ -238,10 +236,7 @@ def _run(
         store.close()
     ordered = [done[r.line] for r in ds.rows if r.line in done]
     store.finish(ordered)
-    try:
-        return _write_outputs(args, ds, cfg.model, path, ordered, len(ds.rows) - len(todo), counts)
-    except OSError as e:  # metrics.json, report.md, the pictures: a full disk names the file
-        raise cannot_write(Path(e.filename) if e.filename else args.out, e, store.results) from None
+    return _write_outputs(args, ds, cfg.model, path, ordered, len(ds.rows) - len(todo), counts)
 
 
 def _answer(
@@ -366,6 +361,7 @@ def _write_outputs(
     from bmoe.eval import plots
     from bmoe.eval.metrics import curves
     from bmoe.eval.report import compute, markdown, scored
+    from bmoe.eval.store import RESULTS, writing
 
     refused = [{"line": r["line"], "error": r["error"]} for r in ordered if "error" in r]
     answered = [r for r in ordered if "error" not in r]
@@ -395,9 +391,12 @@ def _write_outputs(
         "kept_state_hits": sum(r["n_reused"] > 0 for r in answered),
     }
     out = args.out
-    (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
+    results = out / RESULTS  # a full disk names the file that failed, and where the answers are
+    with writing(out / "metrics.json", results):
+        (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
     report = markdown(doc)
-    (out / "report.md").write_text(report)
+    with writing(out / "report.md", results):
+        (out / "report.md").write_text(report)
     t = doc["temperature"]
     fitted = t is not None and "after" in t
     evaluated = [r for r in answered if not fitted or r.get("split") != args.calib_split]
@@ -405,14 +404,16 @@ def _write_outputs(
     series = [("T = 1", doc["metrics"]["ece_bins"])]
     if fitted:
         series.append((f"T = {t['temperature']:.3f}", t["after"]["ece_bins"]))
-    plots.reliability(out / "reliability.png", series, title)
+    with writing(out / "reliability.png", results):
+        plots.reliability(out / "reliability.png", series, title)
     a = doc["abstention"]
     mark = (
         (a["abstain_below"], a["coverage"], a["accuracy_answered"])
         if a is not None and a["accuracy_answered"] is not None
         else None
     )
-    plots.coverage(out / "coverage.png", curves(scored(evaluated)), title, mark)
+    with writing(out / "coverage.png", results):
+        plots.coverage(out / "coverage.png", curves(scored(evaluated)), title, mark)
     print(report, end="")
     if missing:
         _say(f"{missing} rows failed and are not in the metrics; rerun the same command to retry them")

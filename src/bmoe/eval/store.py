@@ -12,7 +12,8 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +34,16 @@ def cannot_write(path: Path, e: OSError, results: Path) -> OutputError:
         f"cannot write {path}: {e.strerror or e}; the rows answered so far are kept in {results}: "
         "make room and rerun the same command to resume"
     )
+
+
+@contextmanager
+def writing(path: Path, results: Path) -> Iterator[None]:
+    """Turn an OSError while ``path`` is written into the refusal naming it: a write that fails once
+    the file is open (a full disk) carries no file name of its own."""
+    try:
+        yield
+    except OSError as e:
+        raise cannot_write(path, e, results) from None
 
 
 # run.json keys that must be equal for a rerun to resume, and how a mismatch is named
@@ -107,7 +118,8 @@ class ResultStore:
         if self.results.exists() and self.results.read_text(encoding="utf-8", errors="replace").strip():
             self._check_identity(ident)
             done = self._read()
-        self.run.write_text(json.dumps({**ident, **info}, indent=1) + "\n")
+        with writing(self.run, self.results):
+            self.run.write_text(json.dumps({**ident, **info}, indent=1) + "\n")
         return done
 
     def _check_writable(self, names: Iterable[str]) -> None:
@@ -182,7 +194,10 @@ class ResultStore:
                 key = row["line"]
             except (ValueError, KeyError, TypeError):
                 if i == len(lines) - 1:  # no newline after it: the write was interrupted
-                    self.results.write_text("\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""), encoding="utf-8")
+                    with writing(self.results, self.results):
+                        self.results.write_text(
+                            "\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""), encoding="utf-8"
+                        )
                     break
                 raise ConfigError(
                     f"--out: {self.results} line {i + 1} is not a result row; delete the file to start over"
@@ -190,7 +205,7 @@ class ResultStore:
             done[key] = row  # a row asked again (a refusal) replaces the earlier one
         else:
             if lines[-1].strip():  # a whole row without its newline: end the file before appending
-                with self.results.open("a", encoding="utf-8") as fh:
+                with writing(self.results, self.results), self.results.open("a", encoding="utf-8") as fh:
                     fh.write("\n")
         return done
 
