@@ -737,3 +737,22 @@ def test_no_batching_without_the_prefix_cache_or_a_batching_backend() -> None:
     for backend, policy in ((ScriptedBackend(batch=1), ON), (ScriptedBackend(batch=8), OFF)):
         decide_service(backend, keep_prefix=policy.keep_prefix).answer(BATCH)
         assert "prefill_batch" not in backend.touched()
+
+
+def test_the_sequence_is_told_what_is_kept_whenever_it_changes() -> None:
+    """The kept state goes down as an argument (``SequencePort.keep``): stored, extended, dropped
+    on a miss before the sequence is cleared (a state that left the store is not worth a copy),
+    and dropped with the decider's state."""
+    b, svc = primed()
+    store = svc.decider.store
+    assert store.kept is not None and b.kept == (store.kept,)
+    first = store.kept
+    assert svc.answer([req("Task: x. More. ")])[0].reuse == REUSE_RESTORED_STORED
+    assert store.kept is not first and b.kept == (store.kept,)
+    seen: list[tuple] = []
+    clear = b.clear
+    b.clear = lambda: (seen.append(b.kept), clear())[1]  # type: ignore[method-assign]
+    assert svc.answer([req("Other task. ")])[0].reuse.startswith("miss")
+    assert seen == [()] and b.kept == (store.kept,)
+    svc.drop()
+    assert store.kept is None and b.kept == ()
