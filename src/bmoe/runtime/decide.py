@@ -7,9 +7,10 @@ context is known to the next generate(). Three shortcuts keep a restored decisio
 its new tokens, all exact:
 - keep in place: where the memory can be cut back to a prefix (attention-only models), a
   saved state is not copied at all. It stays in the sequence, and the KV bookkeeping copies it
-  out only if something is about to remove it while it is kept (``keep``: a decision prefilled
-  whole, perplexity()); an
-  agent that only makes decisions never pays for a copy, nor holds one in RAM;
+  out only if something is about to remove it while it is kept (``keep``; a decision prefilled
+  whole, perplexity()): an agent that only makes decisions never pays for a copy, nor holds one
+  in RAM. One state lives in the sequence at a time, the one saved or loaded last: of several
+  kept states, one saved earlier and never copied out cannot be loaded (``load_state`` says so);
 - restore by trimming: when the sequence still holds the kept prefix followed by the last
   decision's suffix (an agent's next step), cutting the suffix off leaves exactly the kept
   state, with no copy; memory that cannot be cut (recurrent layers) takes the copy instead;
@@ -62,7 +63,7 @@ class LlamaSequence:
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._kept: tuple[KeptPrefix, ...] = ()  # what the policy keeps: its tokens, and which buffer is in use
+        self._kept: tuple[KeptPrefix, ...] = ()  # what the policy keeps (``keep``): tokens, buffers in use
         self._logits: np.ndarray | None = None
         self._pool: list[np.ndarray] = []  # at most two state buffers: the kept one and a spare
         model = runtime.model
