@@ -179,23 +179,25 @@ def _expect(result: DecideResult, reuse: str) -> DecideResult:
 
 class Bench:
     def __init__(self, session: Session) -> None:
-        if session.decider is None or not session.decider.policy.keep_prefix:
+        if session.decider is None or not session.decider.decider.policy.keep_prefix:
             raise ValueError("the session needs decide on and a prefix cache")
         self.s = session
-        self.backend = session.decider.backend
-        cache = session.decider.store
+        decider = session.decider.decider
+        self.text, self.seq = decider.text, decider.seq
+        cache = decider.store
         if not isinstance(cache, LastPrefixStore):
             raise TypeError("the benchmark resets the kept state through LastPrefixStore")
         self.cache = cache
         self._ids = iter(range(1, 1 << 30))
 
     def count_prefix_tokens(self, prefix: str) -> int:
-        return len(self.s.tokenize_prompt(self.backend.render_user(prefix)))
+        return len(self.s.tokenize_prompt(self.text.render_user(prefix)))
 
     def warm_up(self, point: Point) -> None:
         """One untimed whole decision: the first touches of the weights and buffers."""
         _expect(self.s.decide(_request(next(self._ids), point.grown_prefix, reuse=False)), "opted out")
         self.cache.drop()
+        self.seq.keep(())
 
     def _keep(self, kept: KeptPrefix, after: Sequence[int] = ()) -> None:
         """Make ``kept`` the kept state again, held in the sequence as the previous step left it:
@@ -204,9 +206,10 @@ class Bench:
         attention-only models, by a copy on hybrid ones. Re-running the previous step instead
         would cost a whole prefix per repetition and time nothing."""
         self.cache.store(kept.tokens, kept.state)
-        self.backend.load_state(kept.state)
+        self.seq.keep((kept,))  # what the decider passes down whenever its store changes
+        self.seq.load_state(kept.state)
         if after:
-            self.backend.prefill(after, kept.state.n_tokens)
+            self.seq.prefill(after, kept.state.n_tokens)
 
     def _restored(self, point: Point, kept: KeptPrefix, prev: SplitPrompt) -> tuple[DecideResult, float]:
         self._keep(kept, prev.tokens[kept.state.n_tokens :])
@@ -221,7 +224,7 @@ class Bench:
     def _suffix(self, prompt: SplitPrompt, kept: KeptPrefix) -> float:
         n = kept.state.n_tokens
         self._keep(kept)  # not timed: this side is the prefill alone
-        return self.backend.prefill(prompt.tokens[n:], n).prefill_s
+        return self.seq.prefill(prompt.tokens[n:], n).prefill_s
 
     def _whole(self, point: Point) -> tuple[DecideResult, float]:
         t0 = time.perf_counter()
@@ -231,18 +234,19 @@ class Bench:
 
     def measure(self, point: Point, pair_reps: int, whole_reps: int) -> SizeResult:
         self.cache.drop()  # the previous size's state is a shorter prefix of this history
+        self.seq.keep(())
         _expect(self.s.decide(_request(next(self._ids), point.prev_prefix)), "stored")
         stored = self.cache.kept
         assert stored is not None
         # The benchmark restores this state again and again, after the adapter has moved on to
         # newer ones: it needs a copy of its own. Clearing the sequence makes the adapter copy the
         # kept state out (attention-only models keep it in the sequence until then).
-        self.backend.clear()
+        self.seq.clear()
         kept = KeptPrefix(
             stored.tokens, KeptState(data=np.array(saved_bytes(stored.state)), n_tokens=stored.state.n_tokens)
         )
-        prompt = split_prompt(self.backend, point.grown_prefix, SUFFIX)
-        prev = split_prompt(self.backend, point.prev_prefix, SUFFIX)  # what the previous step prefilled
+        prompt = split_prompt(self.text, point.grown_prefix, SUFFIX)
+        prev = split_prompt(self.text, point.prev_prefix, SUFFIX)  # what the previous step prefilled
         assert prev.n_prefix == kept.state.n_tokens
         pairs: list[Pair] = []
         wholes: list[Whole] = []

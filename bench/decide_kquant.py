@@ -64,7 +64,7 @@ def run(model: Path, kw: dict, how: str, threads: int) -> tuple[float, list, flo
     s = Session(cfg)
     try:
         if how == "wide":
-            s.decider.backend._limits = NO_LIMITS  # the bound lifted, as before issue 38
+            s.decider.decider.seq._limits = NO_LIMITS  # the bound lifted, as before issue 38
         reqs = requests()
         s.decide(DecideRequest(id=0, prefix=PREFIX, suffix=" Screen: Home.", choices=CHOICES))  # keep the prefix
         read0 = s.stream_stats().read_bytes if kw.get("moe_stream") else 0

@@ -70,7 +70,7 @@ for i, (prefix, suffix) in enumerate(REQ):
     r = DecideRequest(id=i, prefix=prefix, suffix=suffix, choices=("A", "B", "C"))
     x, y = dev.decide(r), cpu.decide(r)
     d_logp = max(d_logp, float(np.max(np.abs(np.subtract(x.scores.choice_logp, y.scores.choice_logp)))))
-    d_logit = max(d_logit, float(np.max(np.abs(dev.decider.backend.last_logits() - cpu.decider.backend.last_logits()))))
+    d_logit = max(d_logit, float(np.max(np.abs(dev.decider.decider.seq.last_logits() - cpu.decider.decider.seq.last_logits()))))
     same_best &= x.scores.best == y.scores.best
     if x.prefill_dev_tokens != expect(x.n_tokens):
         fails.append(f"decision {i}: prefill_dev_tokens {x.prefill_dev_tokens}, split says {expect(x.n_tokens)}")

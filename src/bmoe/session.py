@@ -22,6 +22,7 @@ from typing import Callable, Generator, Iterator
 import numpy as np
 
 from bmoe.config import SessionConfig
+from bmoe.decide.decider import DecidePolicy, Decider
 from bmoe.decide.kept_prefix import resolve_keep_prefix
 from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest, DecideResult
@@ -29,7 +30,8 @@ from bmoe.errors import EngineFailure, RequestError, SessionClosedError, StreamF
 from bmoe.image_refs import ImageSource
 from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer, Message
-from bmoe.runtime.decide import LlamaDecideBackend
+from bmoe.runtime.decide import LlamaSequence
+from bmoe.runtime.decide_text import LlamaText
 from bmoe.runtime.expert_streaming import ExpertStreaming
 from bmoe.runtime.kv import KvSequence
 from bmoe.runtime.plan import Plan, make_plan
@@ -109,11 +111,10 @@ class Session:
 
     @staticmethod
     def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
-        """Decide's adapter over the runtime, and the policy over the adapter, given its settings."""
+        """Decide's adapters over the runtime, the decider over them, and debiasing around it."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
         return DecideService(
-            LlamaDecideBackend(runtime),
-            keep_prefix=keep,
+            Decider(LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep)),
             pride_sample=config.decide_pride_sample,
             max_work=config.decide_max_work,
         )

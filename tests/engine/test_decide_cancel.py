@@ -72,13 +72,13 @@ def test_cancel_reaches_a_running_decision_list(open_tiny) -> None:
     s = open_tiny(decide=True, decide_batch=1)
     requests = [DecideRequest(id=i, prefix=f"Agent {i}. " + P1, suffix=SUFFIXES[0], choices=ABC) for i in range(40)]
     started = threading.Event()
-    real = s.decider.backend.prefill
+    real = s.decider.decider.seq.prefill
 
     def prefill(*a, **kw):
         started.set()
         return real(*a, **kw)
 
-    s.decider.backend.prefill = prefill  # type: ignore[method-assign]
+    s.decider.decider.seq.prefill = prefill  # type: ignore[method-assign]
     out: list = []
     t = threading.Thread(target=lambda: out.extend(s.decide_many(requests)))
     t.start()

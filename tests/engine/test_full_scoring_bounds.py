@@ -68,3 +68,41 @@ def test_a_request_over_the_work_limit_is_refused_alone(open_tiny) -> None:
     decided = [json.loads(ln.split(" ", 1)[1]) for ln in out.getvalue().splitlines() if ln.startswith("BMOE_DECIDE")]
     assert [d["id"] for d in decided] == [7, 8]
     assert decided[0]["error"].startswith("decide: this request may take 11 prefills") and "error" not in decided[1]
+
+
+WORK_REFUSAL = "decide: this request may take {n} prefills (each debias permutation, pride sample and choice scored"
+
+
+def test_bmoe_batch_refuses_a_row_over_the_work_limit_alone(tiny_models, tmp_path) -> None:
+    from bmoe.ray.batch import main as batch_main
+
+    data = tmp_path / "rows.jsonl"
+    rows = [
+        {"id": 1, "prefix": "Pick one. ", "suffix": "Which?", "choices": list(CHOICES[:10]), "scoring": "full"},
+        {"id": 2, "prefix": "Pick one. ", "suffix": "Which?", "choices": ["A", "B"]},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    model = str(tiny_models("qwen3moe", "q8_0"))
+    argv = [str(data), "--out", str(out), "-m", model, "-c", "512", "-t", "1", "--decide-max-work", "10"]
+    assert batch_main(argv) == 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["id"] for g in got] == [1, 2]
+    assert got[0]["error"].startswith(WORK_REFUSAL.format(n=11)) and "error" not in got[1]
+
+
+def test_bmoe_eval_refuses_a_row_over_the_work_limit_alone(tiny_models, tmp_path, capsys) -> None:
+    from bmoe.eval.main import main as eval_main
+
+    data = tmp_path / "rows.jsonl"
+    rows = [
+        {"prefix": "Pick one. ", "suffix": " Which?", "choices": ["yes", "no", "maybe"], "gold": 0},
+        {"prefix": "Pick one. ", "suffix": " Which?", "choices": ["yes", "no"], "gold": 0},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = str(tiny_models("qwen3moe", "q8_0"))
+    argv = [str(data), "--out", str(tmp_path / "out"), "-m", model, "-c", "512", "-t", "1"]
+    assert eval_main([*argv, "--scoring", "full", "--decide-max-work", "3"]) == 0
+    err = capsys.readouterr().err
+    assert f"bmoe-eval: line 1 refused: {WORK_REFUSAL.format(n=4)}" in err, err
+    assert "line 2 refused" not in err and "Traceback" not in err

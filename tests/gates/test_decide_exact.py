@@ -25,7 +25,7 @@ def req(i: int, prefix: str, suffix: str, **kw: object) -> DecideRequest:
 
 
 def logits_of(s) -> np.ndarray:
-    return s.decider.backend.last_logits().copy()
+    return s.decider.decider.seq.last_logits().copy()
 
 
 def opener(param, tiny_models, open_session):
@@ -86,7 +86,7 @@ def test_g18b_kept_state_overwritten_in_the_sequence_restores_exactly(decider, o
     assert (first.prefix_state_mib > 0) == hybrid  # in the sequence: no copy yet, no RAM
     if overwrite == "perplexity":
         a.perplexity(P2 + S3)
-        assert a.decider.backend.held_bytes > 0  # copied out before the KV was cleared
+        assert a.decider.decider.seq.held_bytes > 0  # copied out before the KV was cleared
     else:
         whole = a.decide(req(2, P2, S3, reuse_prefix=False))
         assert whole.reuse == "opted out" and whole.prefix_state_mib > 0
@@ -105,14 +105,14 @@ def test_g18b_prefix_state_mib_counts_every_state_buffer(decider) -> None:
     state leaves no copy behind. Each copy goes into a buffer a quarter larger than the state, so
     that a grown prefix usually fits it."""
     a = decider()
-    backend = a.decider.backend
+    seq = a.decider.decider.seq
     copies = a.model.is_hybrid or a.model.is_recurrent  # copied at the boundary, not kept in place
     out = [a.decide(req(1, P1, S1))]
-    s1 = a.decider.store.kept.state  # the P1 state: a copy, or a promise of one while in the sequence
+    s1 = a.decider.decider.store.kept.state  # the P1 state: a copy, or a promise of one while in the sequence
     out.append(a.decide(req(2, P2, S3, reuse_prefix=False)))  # attention-only: copies it out now
     n1 = s1.nbytes  # the copy now exists on every arch
     out.append(a.decide(req(3, P2, S3)))  # restores it and stores the grown prefix
-    n3 = a.decider.store.kept.state.nbytes  # 0 while it lives in the sequence
+    n3 = a.decider.decider.store.kept.state.nbytes  # 0 while it lives in the sequence
     assert [r.reuse for r in out] == ["stored", "opted out", "restored+stored"] and n1 > 0
     if copies:  # the grown state's buffer and, as the spare for the next store, the one before it
         held = [n1 + n1 // 4] * 2 + [n1 + n1 // 4 + n3 + n3 // 4]
@@ -120,7 +120,7 @@ def test_g18b_prefix_state_mib_counts_every_state_buffer(decider) -> None:
     else:  # the grown prefix lives in the sequence: the copy of the one before it is freed
         held = [0, n1 + n1 // 4, 0]
         assert n3 == 0
-    assert backend.held_bytes == held[-1]
+    assert seq.held_bytes == held[-1]
     assert [r.prefix_state_mib for r in out] == [h / 2**20 for h in held]
 
 
@@ -133,7 +133,7 @@ def test_g18c_whole_prefill_equals_perplexity(decider) -> None:
     s = decider()
     whole = s.decide(req(1, P2, S3, reuse_prefix=False))
     assert whole.reuse == "opted out" and whole.n_reused == 0
-    prompt = s.tokenize_prompt(s.decider.backend.render_user(P2 + S3))
+    prompt = s.tokenize_prompt(s.decider.decider.text.render_user(P2 + S3))
     assert len(prompt) == whole.n_tokens
     assert len(prompt) + 1 <= min(s.config.n_batch, s.config.n_ubatch)  # one ubatch on both sides
     for i, choice in enumerate(ABC):
@@ -152,8 +152,8 @@ def test_g18e_generate_after_decisions_equals_one_that_never_saw_them(decider) -
     never = decider().generate(g)
     assert after.tokens == never.tokens and len(after.logits) == len(never.logits) > 0
     assert all(np.array_equal(x, y) for x, y in zip(after.logits, never.logits, strict=True))
-    assert a.decider.store.kept is None  # generate() dropped the kept state
-    assert a.decider.backend.held_bytes == 0  # and freed its memory
+    assert a.decider.decider.store.kept is None  # generate() dropped the kept state
+    assert a.decider.decider.seq.held_bytes == 0  # and freed its memory
 
 
 def test_g18e_chat_continued_after_decisions_equals_one_that_never_saw_them(decider) -> None:
@@ -198,9 +198,9 @@ def test_g18e_dropping_the_kept_state_frees_its_copies(decider) -> None:
     a = decider()
     a.decide(req(1, P1, S1))
     a.decide(req(2, P2, S3, reuse_prefix=False))  # a copy exists now, on every arch
-    assert a.decider.backend.held_bytes >= a.decider.store.kept.state.nbytes > 0
+    assert a.decider.decider.seq.held_bytes >= a.decider.decider.store.kept.state.nbytes > 0
     a.generate(GenerateRequest(prompt="Hello", n_predict=2))
-    assert a.decider.store.kept is None and a.decider.backend.held_bytes == 0
+    assert a.decider.decider.store.kept is None and a.decider.decider.seq.held_bytes == 0
 
 
 def test_g18f_session_without_decide_refuses_harmlessly(tiny_models, open_session) -> None:

@@ -57,7 +57,7 @@ def test_g20ab_a_choice_among_others_equals_it_alone(tiny_models, open_session, 
         sc = scores(r)
         assert sc.choice_tokens[1] == 1 and max(sc.choice_tokens) > 3  # one-token and long choices
         assert r.score_tokens == sum(n - 1 for n in sc.choice_tokens) + sum(n - 1 for n in sc.choice_tokens) + len(
-            alone.decider.backend.tokenize_prompts([alone.decider.backend.render_user("Answer:")])[0]
+            alone.decider.decider.text.tokenize_prompts([alone.decider.decider.text.render_user("Answer:")])[0]
         )
         assert r.uncond_reuse == "stored"
         for i, c in enumerate(CHOICES):
@@ -79,7 +79,7 @@ def worst_against_whole(s, prompt: list[int], choices, sc) -> float:
     and the same tokens' log-probs in one prefill of the prompt and that choice (perplexity)."""
     worst = 0.0
     for i, c in enumerate(choices):
-        toks = s.decider.backend.tokenize_choice(c)
+        toks = s.decider.decider.text.tokenize_choice(c)
         whole = s.perplexity(tokens=prompt + toks, n_window=len(prompt) + len(toks))
         worst = max(worst, float(np.max(np.abs(whole.token_logprobs[-len(toks) :] - sc.choice_token_logp[i]))))
     return worst
@@ -88,8 +88,8 @@ def worst_against_whole(s, prompt: list[int], choices, sc) -> float:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_g20c_full_scores_equal_one_whole_prefill_within_tolerance(tiny_models, open_session, arch: str) -> None:
     s = open_session(tiny_models(arch, "q8_0"), decide=True, decide_batch=4, flash_attn=False)
-    backend = s.decider.backend
-    prompt = list(split_prompt(backend, P1, S1).tokens)
+    text = s.decider.decider.text
+    prompt = list(split_prompt(text, P1, S1).tokens)
     for reuse in (True, False):  # the prompt as prefix + rest, or whole
         sc = scores(s.decide(full(reuse_prefix=reuse)))
         worst = worst_against_whole(s, prompt, CHOICES, sc)
@@ -103,7 +103,7 @@ def test_g20d_the_session_is_left_as_a_first_token_decision_leaves_it(tiny_model
     plain = open_session(model, decide=True, decide_batch=2)
     first = DecideRequest(id=2, prefix=P1, suffix=S1, choices=ABC)
     assert scores(s.decide(full(unconditional="")))
-    assert s.kv.n_past == len(split_prompt(s.decider.backend, P1, S1).tokens)
+    assert s.kv.n_past == len(split_prompt(s.decider.decider.text, P1, S1).tokens)
     plain.decide(first)
     nxt = DecideRequest(id=3, prefix=P1, suffix=S2, choices=ABC)
     a, b = s.decide(nxt), plain.decide(nxt)
@@ -155,8 +155,8 @@ def test_g20c_smollm2_two_token_choices_equal_one_whole_prefill(open_session) ->
     from bmoe.testing import smollm2_gguf_path
 
     s = open_session(smollm2_gguf_path(), chat="chatml", decide=True, decide_batch=4, flash_attn=False)
-    backend = s.decider.backend
-    prompt = list(split_prompt(backend, *SMOL_SHORT).tokens)
+    text = s.decider.decider.text
+    prompt = list(split_prompt(text, *SMOL_SHORT).tokens)
     for reuse in (True, False):  # the prompt as prefix + rest, or whole
         sc = scores(
             s.decide(

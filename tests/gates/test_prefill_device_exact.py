@@ -249,7 +249,7 @@ def test_g18g_device_equals_cpu(arch: str, mode: str, open_pair, observed: Obser
         assert a.error is None and b.error is None, (a.error, b.error)
         assert a.reuse == "off" and a.n_reused == 0, "auto keeps no prefix state with a device"
         assert a.scores.choice_logp == b.scores.choice_logp and a.scores.best == b.scores.best
-        assert np.array_equal(dev.decider.backend.last_logits(), cpu.decider.backend.last_logits())
+        assert np.array_equal(dev.decider.decider.seq.last_logits(), cpu.decider.decider.seq.last_logits())
         # what ran where, as observed
         widths = ubatch_widths(a.n_tokens, 512, UBATCH)
         assert [u.width for u in ran] == widths and widths[-1] < MIN <= widths[0], "a wide piece and a narrow tail"
@@ -336,7 +336,7 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
     the CPU session keeps states the same way."""
 
     def keeping(s: Session) -> Session:
-        s.decider.policy = DecidePolicy(keep_prefix=True)
+        s.decider.decider.policy = DecidePolicy(keep_prefix=True)
         return s
 
     dev, cpu = (keeping(s) for s in open_pair(arch, mode))
@@ -350,7 +350,7 @@ def test_g18g_restored_prefix_is_exact_with_a_device(arch: str, mode: str, open_
         restored.n_tokens - restored.n_reused
     )
     assert restored.scores.choice_logp == fresh.scores.choice_logp == restored_cpu.scores.choice_logp
-    rows = [s.decider.backend.last_logits() for s in (dev, fresh_dev, cpu)]
+    rows = [s.decider.decider.seq.last_logits() for s in (dev, fresh_dev, cpu)]
     assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])
 
 

@@ -166,7 +166,7 @@ def test_g23c_decisions_streamed_equal_resident_and_restore_exactly(tiny_models,
         answers[mode] = []
         for r in seq:
             out = s.decide(r)
-            logits = s.decider.backend.last_logits().copy()
+            logits = s.decider.decider.seq.last_logits().copy()
             answers[mode].append((out.scores.choice_logp, out.reuse, out.n_reused, logits))
         if not kw.get("moe_stream"):
             continue
@@ -187,4 +187,4 @@ def test_g23c_decisions_streamed_equal_resident_and_restore_exactly(tiny_models,
     alone = fresh.decide(req(2, P1, S2))
     logp, reuse, n_reused, logits = answers["stream-evicting"][1]
     assert (reuse, alone.reuse) == ("restored", "stored") and n_reused > 0 == alone.n_reused
-    assert logp == alone.scores.choice_logp and np.array_equal(logits, fresh.decider.backend.last_logits())
+    assert logp == alone.scores.choice_logp and np.array_equal(logits, fresh.decider.decider.seq.last_logits())

@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bmoe.decide.port import SIDE_OFF, KeptState, PrefillCost, SideSequences
+from bmoe.decide.decider import DecidePolicy, Decider
+from bmoe.decide.port import SIDE_OFF, KeptPrefix, KeptState, PrefillCost, SideSequences
+from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest
 
 # ---------------------------------------------------------------------------------------------
@@ -46,7 +48,8 @@ class ScriptedFailure(RuntimeError):
 
 
 class ScriptedBackend:
-    """Implements DecideBackend; records every call that touches the sequence."""
+    """Implements both ports (``TextPort``, ``SequencePort``); records every call that touches the
+    sequence."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class ScriptedBackend:
         self.clear_copy_s = 0.0  # what clear() reports having spent copying a kept state out
         self.state_n_tokens_skew = 0  # a save_state that lies about its size
         self.held_bytes = 0  # what it holds for kept states: the last one saved (one buffer)
+        self.kept: tuple[KeptPrefix, ...] = ()  # what the decider said it keeps (keep)
 
     # -- failure injection
     def _maybe_fail(self, name: str) -> None:
@@ -154,13 +158,14 @@ class ScriptedBackend:
         n = sum(len(s) for s in suffixes)
         return rows, PrefillCost(n_tokens=n, prefill_s=0.1 * n, **self._reads(2.0 * n))
 
-    # -- what DecideService asks beyond the decider: its side sequences are open from the start
-    # (``batch`` of them), so the service never opens them nor drops the kept state for them
-    def watch_kept(self, store: object) -> None:
-        pass
+    def keep(self, kept: Sequence[KeptPrefix]) -> None:
+        self.kept = tuple(kept)
 
     def forget(self) -> None:
-        pass
+        self.kept = ()
+
+    # -- its side sequences are open from the start (``batch`` of them), so the decider never
+    # opens them nor drops the kept state for them
 
     def side_sequences(self) -> SideSequences:
         return SideSequences(self.batch, self.batch)
@@ -170,6 +175,11 @@ class ScriptedBackend:
 
     def touched(self) -> list[str]:
         return [c[0] for c in self.calls]
+
+
+def decide_service(backend: ScriptedBackend, *, keep_prefix: bool = True, **kw: int) -> DecideService:
+    """The service a session holds, over one scripted backend standing for both ports."""
+    return DecideService(Decider(backend, backend, DecidePolicy(keep_prefix=keep_prefix)), **kw)
 
 
 def logits_of(pieces: Sequence[tuple[int, ...]]) -> np.ndarray:

@@ -176,7 +176,7 @@ def test_colliding_choices_are_refused_and_change_nothing(open_smol, wifi) -> No
     refused = s.decide(bad)
     assert refused.error == COLLISION_ERROR and refused.refused and refused.scores is None
     assert decide_fields(refused) == {"id": 7, "error": COLLISION_ERROR}
-    assert s.kv.tokens == kv_tokens and s.decider.backend.held_bytes / 2**20 == first.prefix_state_mib
+    assert s.kv.tokens == kv_tokens and s.decider.decider.seq.held_bytes / 2**20 == first.prefix_state_mib
     after = s.decide(wifi[1])
     ref = open_smol(decide=True)
     ref.decide(wifi[0])
@@ -191,4 +191,4 @@ def test_prompts_tokenized_together_equal_one_by_one(open_smol, wifi) -> None:
     s = open_smol(decide=True)
     texts = [s.render([Message("user", r.prefix + r.suffix)], think=False) for r in wifi]
     texts += [s.render([Message("user", r.prefix)], think=False) for r in wifi]
-    assert s.decider.backend.tokenize_prompts(texts) == [s.tokenize_prompt(t) for t in texts]
+    assert s.decider.decider.text.tokenize_prompts(texts) == [s.tokenize_prompt(t) for t in texts]

@@ -123,12 +123,12 @@ def test_a_decision_is_rendered_with_reasoning_off(template: str) -> None:
     off, whatever the session's think default; the adapter renders it through the runtime."""
     from types import SimpleNamespace
 
-    from bmoe.runtime.decide import LlamaDecideBackend
+    from bmoe.runtime.decide_text import LlamaText
 
     r = ChatRenderer("template", template, "", "")
     assert r.think_ctl in ("template", "prefill")
     runtime = SimpleNamespace(render=r.render, model=SimpleNamespace(is_recurrent=False, is_hybrid=False))
-    backend = LlamaDecideBackend(runtime)  # type: ignore[arg-type]
+    backend = LlamaText(runtime)  # type: ignore[arg-type]
     off, on = r.render(HI, think=False), r.render(HI, think=True)
     assert backend.render_user("hi") == off != on
 

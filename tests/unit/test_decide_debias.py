@@ -23,7 +23,6 @@ from bmoe.decide.service import DecideService
 from bmoe.decide.types import ChoiceScores, DecideRequest, DecideResult, RenderRule
 from bmoe.wire.protocol import ProtocolError, parse_line
 from bmoe.wire.records import decide_fields
-from helpers.decide import ScriptedBackend
 
 BIAS = [0.6, 0.2, 0.1]  # position A is preferred three times over B
 WEIGHT = {"x": 0.3, "y": 0.6, "z": 0.5, "N/A": 0.4}
@@ -69,21 +68,22 @@ class Runner:
         return sum(len(c) for c in self.calls)
 
 
-class RunnerService(DecideService):
-    """The service, whose plain decisions a ``Runner`` answers instead of a backend: ``answer``
-    (too much work, ``expand``, ``combine``) is the service's own."""
+class RunnerDecider:
+    """A decider whose plain decisions a ``Runner`` answers instead of a model."""
 
-    def __init__(self, run: Runner, state: DebiasState) -> None:
-        super().__init__(ScriptedBackend(), keep_prefix=True)
-        self.run, self.debias = run, state
+    def __init__(self, run: Runner) -> None:
+        self.run = run
 
-    def _answer_plain(self, jobs: Sequence[DecideRequest], stop: object) -> list[DecideResult]:
+    def answer(self, jobs: Sequence[DecideRequest], stop: object = None) -> list[DecideResult]:
         return self.run(jobs)
 
 
 def debiased(run: Runner, requests: Sequence[DecideRequest], state: DebiasState) -> list[DecideResult]:
-    """``requests`` answered by ``DecideService.answer`` with ``state`` as its debias state."""
-    return RunnerService(run, state).answer(requests)
+    """``requests`` answered by ``DecideService.answer`` (too much work, ``expand``, ``combine``)
+    around a Runner's decider, with ``state`` as its debias state."""
+    svc = DecideService(RunnerDecider(run))  # type: ignore[arg-type]
+    svc.debias = state
+    return svc.answer(requests)
 
 
 def ask(options: Sequence[str], debias: str | None = None, **kw) -> DecideRequest:

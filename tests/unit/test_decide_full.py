@@ -28,6 +28,7 @@ from helpers.decide import (
     TOKEN_ID,
     ForkingBackend,
     ScriptedBackend,
+    decide_service,
     fork_rows,
     full,
     hand_logp,
@@ -39,7 +40,7 @@ from helpers.decide import (
 
 def decide(backend: ForkingBackend, request: DecideRequest, svc: DecideService | None = None) -> DecideResult:
     """``request`` answered by ``svc``, or by a new service over ``backend``."""
-    return (svc or DecideService(backend, keep_prefix=True)).answer([request])[0]
+    return (svc or decide_service(backend, keep_prefix=True)).answer([request])[0]
 
 
 def hand_scores(pieces: Sequence[tuple[int, ...]], choice: str) -> list[float]:
@@ -142,13 +143,13 @@ def test_abstaining_compares_the_whole_choice_probability() -> None:
 
 def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does() -> None:
     b = ForkingBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     decide(b, full(), svc)
     f = ScriptedBackend()
-    fsvc = DecideService(f, keep_prefix=True)
+    fsvc = decide_service(f, keep_prefix=True)
     decide(f, DecideRequest(id=1, prefix=PREFIX, suffix=SUFFIX, choices=("A",)), fsvc)
     assert b.pieces == f.pieces
-    assert svc.store.kept is not None and svc.store.kept.tokens == fsvc.store.kept.tokens
+    assert svc.decider.store.kept is not None and svc.decider.store.kept.tokens == fsvc.decider.store.kept.tokens
     # the next decision restores the kept prefix and answers what a fresh session answers
     nxt = decide(b, full(id=2), svc)
     assert nxt.reuse == "restored"
@@ -157,7 +158,7 @@ def test_full_scoring_leaves_the_sequence_and_kept_state_as_first_scoring_does()
 
 def test_a_failed_fork_is_an_error_and_the_session_goes_on() -> None:
     b = ForkingBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     b.fail_on = "prefill_forks"
     r = decide(b, full(), svc)
     assert r.error is not None and "scoring the choices" in r.error and "scripted failure" in r.error
@@ -280,7 +281,7 @@ def test_a_batch_answers_the_others_around_a_bad_full_request() -> None:
         full(id=5, best_by="norm"),
     ]
     b = ForkingBackend(batch=4)
-    got = DecideService(b, keep_prefix=True).answer(reqs)
+    got = decide_service(b, keep_prefix=True).answer(reqs)
     assert [r.id for r in got] == [1, 2, 3, 4, 5]
     assert got[1].refused and got[1].error.startswith('decide: "best_by" is "max"')
     # the first-token decisions are batched together; the full ones run alone
@@ -311,8 +312,8 @@ def test_unconditional_scores_match_a_hand_computation() -> None:
 
 def test_the_neutral_side_is_prefilled_once_then_forked_then_remembered() -> None:
     b = ForkingBackend()
-    svc = DecideService(b, keep_prefix=True)
-    neutral = svc.neutral
+    svc = decide_service(b, keep_prefix=True)
+    neutral = svc.decider.neutral
     r1 = decide(b, full(("A", "Hello world"), unconditional="Answer:"), svc)
     r2 = decide(b, full(("Hello world", "abx"), unconditional="Answer:"), svc)
     r3 = decide(b, full(("abx", "A"), unconditional="Answer:"), svc)

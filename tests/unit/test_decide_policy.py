@@ -50,6 +50,7 @@ from helpers.decide import (
     USER,
     ScriptedBackend,
     ScriptedFailure,
+    decide_service,
     hand_logp,
     logits_of,
     prompt_tokens,
@@ -82,7 +83,7 @@ def req(
 
 def fresh(request: DecideRequest, policy: DecidePolicy = ON) -> DecideResult:
     """The same request on a new backend with nothing kept."""
-    return DecideService(ScriptedBackend(), keep_prefix=policy.keep_prefix).answer([request])[0]
+    return decide_service(ScriptedBackend(), keep_prefix=policy.keep_prefix).answer([request])[0]
 
 
 def untimed(result: DecideResult) -> DecideResult:
@@ -142,7 +143,7 @@ def test_split_prefix_is_shared_by_both_renderings(prefix: str, suffix: str) -> 
 
 def primed() -> tuple[ScriptedBackend, DecideService]:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     assert svc.answer([req("Task: x. ")])[0].error is None
     b.calls.clear()
     return b, svc
@@ -185,7 +186,7 @@ def primed() -> tuple[ScriptedBackend, DecideService]:
 def test_refusals_touch_nothing(request_: DecideRequest, exc_type: type[Exception], message: str) -> None:
     b, svc = primed()
     b._n_ctx = 63
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     result = svc.answer([request_])[0]
     assert result.error == message
     assert isinstance(result.cause, exc_type)
@@ -193,18 +194,18 @@ def test_refusals_touch_nothing(request_: DecideRequest, exc_type: type[Exceptio
     assert result.scores is None
     assert decide_fields(result) == {"id": 1, "error": message}
     assert b.calls == []
-    assert svc.store.kept is kept
+    assert svc.decider.store.kept is kept
 
 
 def test_prompt_of_exactly_n_ctx_tokens_fits() -> None:
     r = req("T" * 30, "x" * 30)
     assert len(prompt_tokens("T" * 30 + "x" * 30)) == 64
-    assert DecideService(ScriptedBackend(n_ctx=64), keep_prefix=True).answer([r])[0].error is None
+    assert decide_service(ScriptedBackend(n_ctx=64), keep_prefix=True).answer([r])[0].error is None
 
 
 def test_empty_prompt_is_refused() -> None:
     b = ScriptedBackend(template=False, bos=False)
-    result = DecideService(b, keep_prefix=True).answer([req("", "")])[0]
+    result = decide_service(b, keep_prefix=True).answer([req("", "")])[0]
     assert result.error == "decide: the prompt renders to no tokens; give a prefix or a suffix"
     assert isinstance(result.cause, EmptyPromptError)
     assert b.calls == []
@@ -226,7 +227,7 @@ def test_score_choices_against_a_hand_computation() -> None:
 
 def test_decision_scores_match_the_logit_row() -> None:
     b = ScriptedBackend()
-    result = DecideService(b, keep_prefix=True).answer([req("Task: x. ", choices=("A", "Yes", "c"))])[0]
+    result = decide_service(b, keep_prefix=True).answer([req("Task: x. ", choices=("A", "Yes", "c"))])[0]
     row = b.last_logits()
     ids = [TOKEN_ID["A"], TOKEN_ID["Yes"], TOKEN_ID["c"]]
     expected = [hand_logp(row, t) for t in ids]
@@ -247,7 +248,7 @@ def test_abstention_is_strictly_below_the_threshold(threshold: float, abstains: 
 
 
 def test_abstained_decision_still_reports_scores() -> None:
-    result = DecideService(ScriptedBackend(), keep_prefix=True).answer([req("Task: x. ", abstain_below=1.0)])[0]
+    result = decide_service(ScriptedBackend(), keep_prefix=True).answer([req("Task: x. ", abstain_below=1.0)])[0]
     assert result.scores is not None and result.scores.abstained and result.scores.best == -1
     out = decide_fields(result)
     assert out["best"] == -1 and out["abstained"] is True
@@ -260,7 +261,7 @@ def test_abstained_decision_still_reports_scores() -> None:
 
 def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     result = svc.answer([r])[0]
@@ -273,16 +274,16 @@ def test_first_decision_prefills_two_pieces_and_stores_the_prefix() -> None:
         ("save_state", (), n),
         ("prefill", split.tokens[n:], n),
     ]
-    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
-    assert result.prefix_state_mib == svc.store.kept.state.nbytes / 2**20 > 0
+    assert svc.decider.store.kept is not None and svc.decider.store.kept.tokens == split.prefix_tokens
+    assert result.prefix_state_mib == svc.decider.store.kept.state.nbytes / 2**20 > 0
     assert result.restore_s == 0.0 and result.store_s >= 0.0
 
 
 def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     svc.answer([req("Task: x. ")])[0]
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     b.calls.clear()
     r = req("Task: x. ", " Pick again.")
     split = split_prompt(b, r.prefix, r.suffix)
@@ -293,7 +294,7 @@ def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
         ("load_state", (), split.n_prefix),
         ("prefill", split.tokens[split.n_prefix :], split.n_prefix),
     ]
-    assert svc.store.kept is kept
+    assert svc.decider.store.kept is kept
     assert result.store_s == 0.0
     assert result.prefill_s == 0.25 * (split.n_tokens - split.n_prefix)
     assert result.prefill_tps == pytest.approx(4.0)
@@ -301,7 +302,7 @@ def test_same_prefix_restores_and_prefills_only_the_rest() -> None:
 
 def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     first = split_prompt(b, "Task: x. ", " Pick one.")
     svc.answer([req("Task: x. ")])[0]
     b.calls.clear()
@@ -317,16 +318,16 @@ def test_grown_prefix_restores_then_stores_the_longer_prefix() -> None:
         ("save_state", (), n),
         ("prefill", split.tokens[n:], n),
     ]
-    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
+    assert svc.decider.store.kept is not None and svc.decider.store.kept.tokens == split.prefix_tokens
 
 
 def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
     # "Task: a" ends on the token "a"; the next prefix "Task: ab. " turns it into "ab". The token
     # given back at the join kept "a" out of the stored prefix, so the grown prefix still hits.
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     first = svc.answer([req("Task: a", " Pick")])[0]
-    assert svc.store.kept is not None and TOKEN_ID["a"] not in svc.store.kept.tokens
+    assert svc.decider.store.kept is not None and TOKEN_ID["a"] not in svc.decider.store.kept.tokens
     grown = svc.answer([req("Task: ab. ", " Pick")])[0]
     assert (first.reuse, grown.reuse) == (REUSE_STORED, REUSE_RESTORED_STORED)
     assert grown.n_reused == first.n_tokens - len(tokenize_text(" Pick<e><a>", specials=True)) - 1
@@ -334,9 +335,9 @@ def test_a_prefix_whose_last_token_grows_into_a_merge_still_restores() -> None:
 
 def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     svc.answer([req("Task: x. ")])[0]
-    old = svc.store.kept
+    old = svc.decider.store.kept
     assert old is not None
     r = req("Task: y. ")
     split = split_prompt(b, r.prefix, r.suffix)
@@ -347,12 +348,12 @@ def test_different_prefix_is_a_miss_at_the_first_differing_token() -> None:
     assert result.reuse == f"miss: prefix differs at token {at}"
     assert result.n_reused == 0
     assert b.touched() == ["clear", "prefill", "save_state", "prefill"]
-    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
+    assert svc.decider.store.kept is not None and svc.decider.store.kept.tokens == split.prefix_tokens
 
 
 def test_shorter_prefix_is_a_miss_where_it_ends() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     svc.answer([req("Task: x. Hello world. ")])[0]
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
@@ -362,13 +363,13 @@ def test_shorter_prefix_is_a_miss_where_it_ends() -> None:
 
 def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
     b, svc = primed()
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     r = req("Task: x. ", reuse_prefix=False)
     split = split_prompt(b, r.prefix, r.suffix)
     result = svc.answer([r])[0]
     assert result.reuse == REUSE_OPTED_OUT
     assert b.calls == [("clear", (), 0), ("prefill", split.tokens, 0)]
-    assert svc.store.kept is kept
+    assert svc.decider.store.kept is kept
     assert result.n_reused == 0 and result.n_tokens == split.n_tokens
     assert kept is not None and result.prefix_state_mib == kept.state.mib
     # whole prefill: the logits of the prompt as one piece
@@ -377,26 +378,26 @@ def test_opted_out_prefills_whole_and_leaves_the_kept_state() -> None:
 
 def test_policy_off_never_touches_the_cache() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=False)
+    svc = decide_service(b, keep_prefix=False)
     result = svc.answer([req("Task: x. ")])[0]
     assert result.reuse == REUSE_OFF
     assert b.touched() == ["clear", "prefill"]
-    assert svc.store.kept is None and result.prefix_state_mib == 0.0
+    assert svc.decider.store.kept is None and result.prefix_state_mib == 0.0
 
 
 def test_no_prefix_on_tokens_prefills_whole() -> None:
     b = ScriptedBackend(template=False, bos=False)
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     result = svc.answer([req("", "Pick")])[0]
     assert result.reuse == "no prefix"
     assert b.touched() == ["clear", "prefill"]
-    assert svc.store.kept is None
+    assert svc.decider.store.kept is None
 
 
 def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
     b, svc = primed()
     svc.drop()
-    assert svc.store.kept is None
+    assert svc.decider.store.kept is None
     result = svc.answer([req("Task: x. ")])[0]
     assert result.reuse == REUSE_STORED
     assert untimed(result) == untimed(fresh(req("Task: x. ")))
@@ -413,7 +414,7 @@ def test_store_refuses_a_state_of_another_length() -> None:
 
 def test_restored_prefix_equals_fresh_computation() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     svc.answer([req("Task: x. ", " First.")])[0]
     r = req("Task: x. ", " Second.")
     restored = svc.answer([r])[0]
@@ -425,7 +426,7 @@ def test_restored_prefix_equals_fresh_computation() -> None:
 
 def test_state_stored_after_a_partial_restore_answers_as_when_computed() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     svc.answer([req("Task: x. ")])[0]
     grown = req("Task: x. Hello world. ")
     computed = svc.answer([grown])[0]
@@ -446,16 +447,16 @@ def test_a_request_list_shares_the_kept_state_in_order() -> None:
         req("Task: x. Hello world. ", id=4, reuse_prefix=False),
     ]
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     results = svc.answer(requests)
     assert [r.id for r in results] == [1, 2, 3, 4]
     assert [r.reuse for r in results] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED_STORED, REUSE_OPTED_OUT]
     one_by_one_b = ScriptedBackend()
-    one_by_one_svc = DecideService(one_by_one_b, keep_prefix=True)
+    one_by_one_svc = decide_service(one_by_one_b, keep_prefix=True)
     one_by_one = [one_by_one_svc.answer([r])[0] for r in requests]
     assert [untimed(r) for r in results] == [untimed(r) for r in one_by_one]
-    assert svc.store.kept is not None
-    assert svc.store.kept.tokens == split_prompt(b, requests[2].prefix, requests[2].suffix).prefix_tokens
+    assert svc.decider.store.kept is not None
+    assert svc.decider.store.kept.tokens == split_prompt(b, requests[2].prefix, requests[2].suffix).prefix_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +466,7 @@ def test_a_request_list_shares_the_kept_state_in_order() -> None:
 @pytest.mark.parametrize("where", ["load_state", "prefill", "save_state"])
 def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> None:
     b, svc = primed()
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     b.fail_on = where
     result = svc.answer([req("Task: x. Hello world. ")])[0]
     assert result.error == (
@@ -473,7 +474,7 @@ def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> N
     )
     assert isinstance(result.cause, ScriptedFailure) and not result.refused
     assert result.scores is None
-    assert svc.store.kept is kept  # the failed call stored nothing
+    assert svc.decider.store.kept is kept  # the failed call stored nothing
     # The kept state still restores exactly: a retry answers as a session that never failed.
     retry = svc.answer([req("Task: x. Hello world. ")])[0]
     clean_b, clean_svc = primed()
@@ -482,7 +483,7 @@ def test_backend_failure_is_an_error_and_the_cache_stays_usable(where: str) -> N
 
 def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
     b = ScriptedBackend()
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     original_prefill = b.prefill
@@ -497,7 +498,7 @@ def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
 
     b.prefill = fail_second  # type: ignore[method-assign]
     assert svc.answer([r])[0].error is not None
-    assert svc.store.kept is not None and svc.store.kept.tokens == split.prefix_tokens
+    assert svc.decider.store.kept is not None and svc.decider.store.kept.tokens == split.prefix_tokens
     b.prefill = original_prefill  # type: ignore[method-assign]
     retry = svc.answer([r])[0]
     assert retry.reuse == REUSE_RESTORED
@@ -506,19 +507,19 @@ def test_failure_after_the_store_keeps_the_new_valid_state() -> None:
 
 def test_failure_while_preparing_touches_nothing() -> None:
     b, svc = primed()
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     b.fail_on = "tokenize_prompt"
     result = svc.answer([req("Task: x. ")])[0]
     assert result.error == (
         "decide: the backend failed while preparing the prompt: ScriptedFailure: scripted failure in tokenize_prompt"
     )
     assert not result.refused
-    assert b.calls == [] and svc.store.kept is kept
+    assert b.calls == [] and svc.decider.store.kept is kept
 
 
 def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
     b, svc = primed()
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     b.state_n_tokens_skew = 1
     r = req("Task: y. ")
     n = split_prompt(b, r.prefix, r.suffix).n_prefix
@@ -530,7 +531,7 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
     # The request missed the kept prefix, which was dropped before anything was prefilled (a
     # miss replaces it; copying it out of the sequence first would be wasted), and the
     # mis-sized state was refused: nothing is kept.
-    assert kept is not None and svc.store.kept is None
+    assert kept is not None and svc.decider.store.kept is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,7 +540,7 @@ def test_a_saved_state_of_the_wrong_size_is_not_kept() -> None:
 
 def test_streaming_counters_pass_through() -> None:
     b = ScriptedBackend(streaming=True)
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     r = req("Task: x. ")
     split = split_prompt(b, r.prefix, r.suffix)
     result = svc.answer([r])[0]
@@ -554,7 +555,7 @@ def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
     """As BMOE_DONE's: hits over lookups summed over the request's own prefills, not the
     session's rate so far (nor its last piece's)."""
     b = ScriptedBackend(streaming=True)
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     b.lookups = [(30, 10), (1, 9)]  # the prefix piece, then the rest
     first = svc.answer([req("Task: x. ")])[0]
     assert first.reuse == REUSE_STORED and first.cache_hit_pct == 62.0  # 31 of 50
@@ -566,7 +567,7 @@ def test_cache_hit_pct_is_over_the_request_from_its_own_lookups() -> None:
 
 
 def test_cache_hit_pct_is_minus_one_with_the_cache_off_and_absent_resident() -> None:
-    off = DecideService(ScriptedBackend(streaming=True, expert_cache=False), keep_prefix=True).answer(
+    off = decide_service(ScriptedBackend(streaming=True, expert_cache=False), keep_prefix=True).answer(
         [req("Task: x. ")]
     )[0]
     assert off.read_mb is not None and off.cache_hit_pct == -1.0 and decide_fields(off)["cache_hit_pct"] == -1.0
@@ -580,8 +581,8 @@ def test_prefix_state_mib_is_what_the_backend_holds_not_the_kept_state_alone() -
     b, svc = primed()
     b.held_bytes = 3 * 2**20 + 2**19
     result = svc.answer([req("Task: x. ", " Pick two.")])[0]
-    assert result.reuse == REUSE_RESTORED and svc.store.kept is not None
-    assert result.prefix_state_mib == 3.5 != svc.store.kept.state.mib
+    assert result.reuse == REUSE_RESTORED and svc.decider.store.kept is not None
+    assert result.prefix_state_mib == 3.5 != svc.decider.store.kept.state.mib
     b.held_bytes = 0  # the state lives in the sequence, uncopied
     assert svc.answer([req("Task: x. ")])[0].prefix_state_mib == 0.0
 
@@ -629,23 +630,26 @@ def test_prefix_cache_policy(mode: str, prefill_device: bool, keeps: bool) -> No
 
 def test_copying_the_kept_state_out_on_clear_is_the_store_of_that_call() -> None:
     b, svc = primed()
-    kept = svc.store.kept
+    kept = svc.decider.store.kept
     b.clear_copy_s = 0.125
     result = svc.answer([req("Task: y. ", reuse_prefix=False)])[0]
     assert result.reuse == REUSE_OPTED_OUT and result.store_s == 0.125
-    assert svc.store.kept is kept  # left alone
+    assert svc.decider.store.kept is kept  # left alone
 
 
 def test_a_miss_drops_the_kept_state_before_clearing() -> None:
     b, svc = primed()
     seen: list[object] = []
     clear = b.clear
-    b.clear = lambda: (seen.append(svc.store.kept), clear())[1]  # type: ignore[method-assign]
+    b.clear = lambda: (seen.append(svc.decider.store.kept), clear())[1]  # type: ignore[method-assign]
     r = req("Task: y. ")
     result = svc.answer([r])[0]
     assert result.reuse.startswith("miss: prefix differs at token")
     assert seen == [None]  # nothing kept while the sequence was cleared: no copy to make
-    assert svc.store.kept is not None and svc.store.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens
+    assert (
+        svc.decider.store.kept is not None
+        and svc.decider.store.kept.tokens == split_prompt(b, r.prefix, r.suffix).prefix_tokens
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,8 +657,8 @@ def test_a_miss_drops_the_kept_state_before_clearing() -> None:
 
 
 def sequential(requests: list[DecideRequest], keep_prefix: bool = True) -> tuple[list[DecideResult], LastPrefixStore]:
-    svc = DecideService(ScriptedBackend(), keep_prefix=keep_prefix)
-    return svc.answer(requests), svc.store
+    svc = decide_service(ScriptedBackend(), keep_prefix=keep_prefix)
+    return svc.answer(requests), svc.decider.store
 
 
 def scores_of(results: list[DecideResult]) -> list[object]:
@@ -675,7 +679,7 @@ BATCH = [
 def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
     alone, alone_cache = sequential(BATCH)
     b = ScriptedBackend(batch=cap)
-    svc = DecideService(b, keep_prefix=True)
+    svc = decide_service(b, keep_prefix=True)
     batched = svc.answer(BATCH)
     assert scores_of(batched) == scores_of(alone)
     assert [r.id for r in batched] == [1, 2, 3, 4, 5, 6]  # request order
@@ -689,14 +693,14 @@ def test_a_batch_answers_what_the_decisions_answer_one_by_one(cap: int) -> None:
     )
     assert batched[2].batch is None and batched[5].batch is None  # alone in their group / opted out
     # the state kept at the end is the one the last request left
-    assert svc.store.kept is not None and alone_cache.kept is not None
-    assert svc.store.kept.tokens == alone_cache.kept.tokens
+    assert svc.decider.store.kept is not None and alone_cache.kept is not None
+    assert svc.decider.store.kept.tokens == alone_cache.kept.tokens
 
 
 def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> None:
     b = ScriptedBackend(batch=8, streaming=True)
     b.lookups = [(3, 1), (1, 3)]  # the prefix piece, then the batch
-    rs = DecideService(b, keep_prefix=True).answer([BATCH[0], BATCH[1], BATCH[3]])
+    rs = decide_service(b, keep_prefix=True).answer([BATCH[0], BATCH[1], BATCH[3]])
     assert [r.reuse for r in rs] == [REUSE_STORED, REUSE_RESTORED, REUSE_RESTORED]
     share = rs[0].batch
     assert share is not None and all(r.batch == share for r in rs) and share.size == 3
@@ -723,7 +727,7 @@ def test_a_batch_share_adds_up_and_the_first_member_pays_for_the_prefix() -> Non
 def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_on() -> None:
     b = ScriptedBackend(batch=8)
     b.fail_on = "prefill_batch"
-    rs = DecideService(b, keep_prefix=True).answer(BATCH[:4])
+    rs = decide_service(b, keep_prefix=True).answer(BATCH[:4])
     assert [r.error is not None for r in rs] == [True, True, False, True]
     assert all("scripted failure in prefill_batch" in (r.error or "") for r in (rs[0], rs[1], rs[3]))
     assert rs[2].scores is not None
@@ -731,5 +735,24 @@ def test_a_batch_that_fails_answers_each_member_with_the_error_and_the_rest_go_o
 
 def test_no_batching_without_the_prefix_cache_or_a_batching_backend() -> None:
     for backend, policy in ((ScriptedBackend(batch=1), ON), (ScriptedBackend(batch=8), OFF)):
-        DecideService(backend, keep_prefix=policy.keep_prefix).answer(BATCH)
+        decide_service(backend, keep_prefix=policy.keep_prefix).answer(BATCH)
         assert "prefill_batch" not in backend.touched()
+
+
+def test_the_sequence_is_told_what_is_kept_whenever_it_changes() -> None:
+    """The kept state goes down as an argument (``SequencePort.keep``): stored, extended, dropped
+    on a miss before the sequence is cleared (a state that left the store is not worth a copy),
+    and dropped with the decider's state."""
+    b, svc = primed()
+    store = svc.decider.store
+    assert store.kept is not None and b.kept == (store.kept,)
+    first = store.kept
+    assert svc.answer([req("Task: x. More. ")])[0].reuse == REUSE_RESTORED_STORED
+    assert store.kept is not first and b.kept == (store.kept,)
+    seen: list[tuple] = []
+    clear = b.clear
+    b.clear = lambda: (seen.append(b.kept), clear())[1]  # type: ignore[method-assign]
+    assert svc.answer([req("Other task. ")])[0].reuse.startswith("miss")
+    assert seen == [()] and b.kept == (store.kept,)
+    svc.drop()
+    assert store.kept is None and b.kept == ()

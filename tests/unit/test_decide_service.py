@@ -1,4 +1,4 @@
-"""DecideService over a scripted backend whose side sequences open late (decide_batch auto).
+"""The decider, through the service, over a scripted backend whose side sequences open late (decide_batch auto).
 
 When the service has them opened: before the first request list that would use them (a
 full-scored request, two first-token decisions keeping the same prefix, a debias's permutations),
@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bmoe.decide.port import SIDE_MEMORY, KeptState, KeptView, PrefillCost, SideSequences
+from bmoe.decide.port import SIDE_MEMORY, KeptState, PrefillCost, SideSequences
 from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest, RenderRule
-from helpers.decide import PREFIX, SUFFIX, ForkingBackend, full
+from helpers.decide import PREFIX, SUFFIX, ForkingBackend, decide_service, full
 
 
 class LateBackend(ForkingBackend):
@@ -26,12 +26,9 @@ class LateBackend(ForkingBackend):
         super().__init__(forks=0, batch=1, **kw)
         self.room = room
         self.open = 0
-        self.store: KeptView | None = None
-
-    def watch_kept(self, store: KeptView) -> None:
-        self.store = store
 
     def forget(self) -> None:
+        super().forget()
         self.calls.append(("forget", (), 0))
 
     def side_sequences(self) -> SideSequences:
@@ -41,7 +38,7 @@ class LateBackend(ForkingBackend):
 
     def open_side_sequences(self) -> int:
         self.calls.append(("open_side_sequences", (), self.room))
-        assert self.store is not None and self.store.kept is None, "the kept state is dropped first"
+        assert not self.kept, "the kept state is dropped first"
         self.open = self.forks = self.batch = self.room
         self.pieces = []
         return self.open
@@ -70,7 +67,7 @@ def plain(i: int, suffix: str = SUFFIX, prefix: str = PREFIX) -> DecideRequest:
 
 
 def service(b: LateBackend, keep_prefix: bool = True) -> DecideService:
-    return DecideService(b, keep_prefix=keep_prefix, pride_sample=2)
+    return decide_service(b, keep_prefix=keep_prefix, pride_sample=2)
 
 
 def opened_at(b: LateBackend) -> list[int]:
@@ -90,7 +87,7 @@ def test_the_first_batch_opens_them_before_touching_the_sequence_and_then_they_s
     b = LateBackend(room=3)
     s = service(b)
     s.answer([plain(1)])
-    assert s.store.kept is not None
+    assert s.decider.store.kept is not None
     n = len(b.calls)
     got = s.answer([plain(2, " One."), plain(3, " Two."), plain(4, " Three.")])
     assert opened_at(b) == [n + 1] and b.calls[n][0] == "forget"  # dropped, then opened, then the batch

@@ -1,18 +1,19 @@
 """Decide: pick one of a fixed list of choices from one prefill, with the prefix state kept.
 
 This package is policy over token ids and one logit row; it imports nothing of the engine.
-``DecideService`` (service.py) is a session's decide, driven only through the ``DecideBackend``
-port; ``bmoe.runtime.decide`` is the one adapter that implements it over a loaded model;
-nothing here imports it.
+``DecideService`` (service.py) is a session's decide: debiasing around a ``Decider`` (decider.py),
+which drives the engine only through the two ports of ``port.py`` (text, sequence);
+``bmoe.runtime.decide`` holds their adapters over a loaded model; nothing here imports it.
 
 ``__all__`` is what other packages may use (tests/unit/test_public_door.py holds them to it): the
 request and result records, the request's field table and builder (``fields``), the refusals
-(``errors``), the engine port the adapter implements (``port``) and the service. Everything
+(``errors``), the engine ports the adapters implement (``port``), the decider and the service. Everything
 else is the policy's own.
 """
 
 from bmoe.decide import errors, fields, port
 from bmoe.decide.debias import NoPriorError, decisions_needed
+from bmoe.decide.decider import DecidePolicy, Decider
 from bmoe.decide.fields import DECIDE_TABLE, RENDER_TABLE, decide_request, request_fields
 from bmoe.decide.kept_prefix import resolve_keep_prefix
 from bmoe.decide.service import DecideService
@@ -23,6 +24,8 @@ __all__ = [
     "RENDER_TABLE",
     "ChoiceScores",
     "DebiasScores",
+    "DecidePolicy",
+    "Decider",
     "DecideRequest",
     "DecideResult",
     "DecideService",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bmoe.decide.port import DecideBackend, KeptState, PrefillCost
+from bmoe.decide.port import KeptState, PrefillCost, SequencePort
 from bmoe.decide.scoring_modes import token_logps
 from bmoe.numerics import log_softmax
 
@@ -27,7 +27,7 @@ TokenLogps = tuple[float, ...]
 
 
 def continuation_logps(
-    backend: DecideBackend,
+    backend: SequencePort,
     first_row: np.ndarray,
     tokens: Sequence[Sequence[int]],
     n_past: int,
@@ -81,7 +81,7 @@ class NeutralStore:
         self._memo.clear()
 
     def logps(
-        self, backend: DecideBackend, neutral: tuple[int, ...], tokens: Sequence[tuple[int, ...]]
+        self, backend: SequencePort, neutral: tuple[int, ...], tokens: Sequence[tuple[int, ...]]
     ) -> tuple[list[TokenLogps], list[PrefillCost], str]:
         """Each choice's per-token log-probs after ``neutral``, and what it cost and how: the
         choices seen before come from the memo; the others are forked from the kept neutral

@@ -46,7 +46,7 @@ class PrefixStore(Protocol):
 
     @property
     def kept(self) -> KeptPrefix | None:
-        """The state kept now, for the backend (``DecideBackend.watch_kept``)."""
+        """The state kept now, which the decider passes down to the sequence (``SequencePort.keep``)."""
         ...
 
 

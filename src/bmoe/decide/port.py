@@ -1,18 +1,10 @@
-"""The port between the decide policy and the engine that runs the model.
+"""The two ports between the decide policy and the engine that runs the model (docs/decide.md).
 
-The policy only ever sees token ids, one logit row and an opaque saved state; everything
-llama.cpp-specific lives in the one adapter (``bmoe.runtime.decide``) that implements
-``DecideBackend``. A scripted fake implements it too, which is how the policy is tested
-without a model.
-
-Side sequences (batches, full scoring) may be opened late: a backend reports how many it will
-have (``side_sequences``) before it has them, and opens them when the policy says so
-(``open_side_sequences``), between decisions only, since opening may cost it the sequence's KV.
-``max_batch`` and ``max_forks`` are what one call takes now, with the side sequences open now.
-
-Calls go one way, policy to backend. The one thing the backend reads back is which state the
-policy keeps (``watch_kept``): a backend may keep that state in the live sequence, uncopied, and
-must then know whether it is still worth a copy before the sequence loses it.
+``TextPort`` turns request text into token ids and holds no model state; ``SequencePort`` is one
+context's sequence: prefill, logits, its state saved and loaded, and the side sequences it forks
+into. The policy only ever sees token ids, logit rows and opaque saved states; the llama.cpp
+adapters live in ``bmoe.runtime.decide``, and scripted fakes implement both ports in the tests.
+Calls go one way, policy to engine: what the policy keeps is passed down (``SequencePort.keep``).
 """
 
 from __future__ import annotations
@@ -76,13 +68,6 @@ class KeptPrefix:
     state: KeptState
 
 
-class KeptView(Protocol):
-    """Where a backend reads which prefix state the policy keeps now (``PrefixStore.kept``)."""
-
-    @property
-    def kept(self) -> KeptPrefix | None: ...
-
-
 SIDE_OFF = "off"  # the session was opened without side sequences (decide_batch 1)
 SIDE_MEMORY = "memory"  # none fits in the memory the process may still allocate
 SIDE_FAILED = "failed"  # opening them failed (``detail`` says how); the session went on without
@@ -143,16 +128,26 @@ class ChoiceTokenizer(Protocol):
         ...
 
 
-class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
-    """One model context with one sequence, as decide drives it."""
+class TextPort(PromptRenderer, ChoiceTokenizer, Protocol):
+    """Request text to token ids: the prompts rendered and tokenized, the choices tokenized."""
+
+
+class SequencePort(Protocol):
+    """One model context's sequence as decide drives it, and the side sequences it forks into.
+
+    Side sequences (batches, full scoring) may be opened late: ``side_sequences`` says how many
+    there will be before they are open, and ``open_side_sequences`` opens them, between decisions
+    only (opening may cost the sequence its KV). ``max_batch`` and ``max_forks`` are what one call
+    takes now, with the side sequences open now."""
 
     def n_ctx(self) -> int:
         """How many tokens the sequence can hold."""
         ...
 
+    # --- the sequence ---------------------------------------------------------------------
     def clear(self) -> float:
-        """Empty the sequence (position 0 next). Returns the seconds spent copying out a saved
-        state that still lived in the sequence (see ``save_state``), 0.0 when there was none."""
+        """Empty the sequence (position 0 next). Returns the seconds spent copying out a kept
+        state that still lived in the sequence (see ``keep``), 0.0 when there was none."""
         ...
 
     def prefill(self, tokens: Sequence[int], n_past: int) -> PrefillCost:
@@ -165,31 +160,50 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
         """``float32 [n_vocab]``: the logits after the last prefilled token."""
         ...
 
+    # --- its state ------------------------------------------------------------------------
     def save_state(self) -> KeptState:
-        """The whole sequence state as it stands now, loadable after the sequence has moved on
-        (a copy, or a promise to copy it before the sequence loses it)."""
+        """The whole sequence state as it stands now, loadable by ``load_state`` after the
+        sequence has moved on (a copy, or a promise to copy it before the sequence loses it while
+        it is kept: ``keep``)."""
         ...
 
     def load_state(self, state: KeptState) -> None:
-        """Replace the whole sequence with ``state``; the next position is ``state.n_tokens``."""
+        """Replace the whole sequence with ``state`` (a ``save_state`` of this backend, kept);
+        the next position is ``state.n_tokens``."""
         ...
 
-    def watch_kept(self, store: KeptView) -> None:
-        """From now on read ``store.kept`` whenever the backend needs to know which state the
-        policy keeps: a state that lives in the sequence is copied out before the sequence loses
-        it only while it is still the kept one, and a copy's buffer is not reused while the kept
-        state is in it. The service calls it once, with its store."""
+    def keep(self, kept: Sequence[KeptPrefix]) -> None:
+        """The saved states the caller keeps now, each with the tokens it holds; it calls this
+        whenever that changes. A state that lives in the sequence is copied out before the sequence
+        loses it only while it is kept, and no copy goes into a buffer a kept state is in. A state
+        no longer kept may not be loaded again."""
         ...
 
     def forget(self) -> None:
-        """The policy dropped its kept state: nothing in the sequence needs saving any more, and
-        the buffers held for it go back to the OS."""
+        """Keep nothing (``keep(())``) and give the buffers held for kept states back to the OS."""
         ...
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of RAM the backend holds beyond the context for the kept state: its copy and any
-        buffer kept ready for the next one; 0 while the state lives only in the sequence."""
+        """Bytes of RAM the backend holds beyond the context for kept states: their copies and any
+        buffer kept ready for the next one; 0 while a state lives only in the sequence."""
+        ...
+
+    # --- side sequences -------------------------------------------------------------------
+    def side_sequences(self) -> SideSequences:
+        """The side sequences open now, the most there will be, and why none where none will be
+        (full scoring is refused where ``n_most`` is 0)."""
+        ...
+
+    def open_side_sequences(self) -> int:
+        """Open the side sequences now, if they are not open yet and some can be; returns how many
+        are open afterwards (0: none; ``side_sequences().why_none`` says why). ``prefill_batch``,
+        ``prefill_forks`` and ``prefill_apart`` need them open.
+
+        Opening may re-create the model context: the sequence is then emptied (its KV is lost;
+        next position 0), so the caller drops its kept states first (``forget``) and calls this
+        only between decisions, never between a decision's prefix and its rest. Once open they
+        stay open; a call then changes nothing."""
         ...
 
     def max_batch(self) -> int:
@@ -212,22 +226,6 @@ class DecideBackend(PromptRenderer, ChoiceTokenizer, Protocol):
     def max_forks(self) -> int:
         """How many continuations one ``prefill_forks`` call takes at most: the side sequences open
         now, which the backend forks the sequence into; 0 when none are open."""
-        ...
-
-    def side_sequences(self) -> SideSequences:
-        """The side sequences open now, the most there will be, and why none where none will be
-        (full scoring is refused where ``n_most`` is 0)."""
-        ...
-
-    def open_side_sequences(self) -> int:
-        """Open the side sequences now, if they are not open yet and some can be; returns how many
-        are open afterwards (0: none; ``side_sequences().why_none`` says why). ``prefill_batch``,
-        ``prefill_forks`` and ``prefill_apart`` need them open.
-
-        Opening may re-create the model context: the sequence is then emptied (its KV is lost;
-        next position 0), so the caller drops its kept prefix state first (``forget``) and calls
-        this only between decisions, never between a decision's prefix and its rest. Once open they
-        stay open; a call then changes nothing."""
         ...
 
     def prefill_forks(

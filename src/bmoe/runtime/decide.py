@@ -1,14 +1,16 @@
-"""Decide wired to the engine: the one DecideBackend adapter over a Runtime. The policy that
-drives it (``bmoe.decide.service.DecideService``) imports nothing of the engine; the session
-builds this adapter over its Runtime and the service over the adapter.
+"""Decide's sequence port over a Runtime (``LlamaSequence``; the text port is ``decide_text.py``).
+The policy that drives it (``bmoe.decide.Decider``) imports nothing of the engine; the session
+builds the adapters over its Runtime and the decider over them (docs/decide.md).
 
 The adapter drives the runtime's own KV bookkeeping, so whatever a decision leaves in the
 context is known to the next generate(). Three shortcuts keep a restored decision close to the cost of
 its new tokens, all exact:
 - keep in place: where the memory can be cut back to a prefix (attention-only models), a
-  stored state is not copied at all. It stays in the sequence, and the KV bookkeeping copies it
-  out only if something is about to remove it (a decision prefilled whole, perplexity()); an
-  agent that only makes decisions never pays for a copy, nor holds one in RAM;
+  saved state is not copied at all. It stays in the sequence, and the KV bookkeeping copies it
+  out only if something is about to remove it while it is kept (``keep``; a decision prefilled
+  whole, perplexity()): an agent that only makes decisions never pays for a copy, nor holds one
+  in RAM. One state lives in the sequence at a time, the one saved or loaded last: of several
+  kept states, one saved earlier and never copied out cannot be loaded (``load_state`` says so);
 - restore by trimming: when the sequence still holds the kept prefix followed by the last
   decision's suffix (an agent's next step), cutting the suffix off leaves exactly the kept
   state, with no copy; memory that cannot be cut (recurrent layers) takes the copy instead;
@@ -19,41 +21,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from bmoe.decide.errors import DecideBackendError, DecideCancelled, DecideRequestError
+from bmoe.decide.errors import DecideBackendError, DecideCancelled
 from bmoe.decide.port import (
     SIDE_FAILED,
     SIDE_MEMORY,
     SIDE_OFF,
     KeptPrefix,
     KeptState,
-    KeptView,
     PrefillCost,
     SideSequences,
 )
-from bmoe.image_refs import ImageError, ImageSource
 from bmoe.llama.context import LlamaContext
-from bmoe.runtime.chat import Message
 from bmoe.runtime.forks import RowLimits, batch_limits, decode_forks, pack_calls, prefill_apart
-from bmoe.runtime.images import count_markers
 from bmoe.runtime.runtime import Runtime, SideSequencesError
 from bmoe.stream.archs import batch_apart
 from bmoe.stream.stats import StreamStats
 
 UNKNOWN_TOKEN = -1
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _tokenizer_pool() -> ThreadPoolExecutor:
-    """One worker thread for the whole process: tokenizing is short, sessions can share it."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(1, thread_name_prefix="bmoe-tokenize")
-    return _POOL
 
 
 class InSequence:
@@ -70,10 +57,13 @@ class InSequence:
         return 0 if self.copy is None else self.copy.nbytes
 
 
-class LlamaDecideBackend:
+class LlamaSequence:
+    """The ``SequencePort`` over a Runtime's context: seq 0 and its KV bookkeeping, the states
+    saved from it, and its side sequences."""
+
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._store: KeptView | None = None  # what the policy keeps: its tokens, and which buffer is in use
+        self._kept: tuple[KeptPrefix, ...] = ()  # what the policy keeps (``keep``): tokens, buffers in use
         self._logits: np.ndarray | None = None
         self._pool: list[np.ndarray] = []  # at most two state buffers: the kept one and a spare
         model = runtime.model
@@ -91,42 +81,11 @@ class LlamaDecideBackend:
             raise DecideBackendError("decide: the session's context is closed")
         return ctx
 
-    def watch_kept(self, store: KeptView) -> None:
-        self._store = store
+    def keep(self, kept: Sequence[KeptPrefix]) -> None:
+        self._kept = tuple(kept)
 
-    def _kept(self) -> KeptPrefix | None:
-        return self._store.kept if self._store is not None else None
-
-    # --- prompt side (no model state) -------------------------------------------------
-    def render_user(self, text: str) -> str:
-        return self._rt.render([Message("user", text)], think=False)
-
-    def tokenize_prompts(self, texts: Sequence[str], images: Sequence[ImageSource] = ()) -> list[list[int]]:
-        # llama_tokenize releases the GIL and only reads the vocabulary, so the others run on a
-        # worker thread while this one does the first: the two tokenizations of a 3000-token
-        # prompt take 3 ms instead of 5.5 ms on a core left idle (bench/decide.py).
-        if images:
-            return self._with_images(texts, images)
-        if len(texts) < 2:
-            return [self._rt.tokenize_prompt(t) for t in texts]
-        others = [_tokenizer_pool().submit(self._rt.tokenize_prompt, t) for t in texts[1:]]
-        first = self._rt.tokenize_prompt(texts[0])
-        return [first] + [f.result() for f in others]
-
-    def _with_images(self, texts: Sequence[str], images: Sequence[ImageSource]) -> list[list[int]]:
-        """Each text's tokens, its k markers taking the request's first k images (read once for
-        all the texts); a bad image is a refusal of the request, named as its field."""
-        try:
-            read = self._rt.read_images(images)
-            return [self._rt.tokenize_prompt(t, read[: count_markers(t)]) for t in texts]
-        except ImageError as exc:
-            raise DecideRequestError(f"decide: {exc}", field="images") from None
-
-    def tokenize_choice(self, text: str) -> list[int]:
-        return self._rt.model.tokenize(text, add_special=False, parse_special=False)
-
-    def token_piece(self, token: int) -> str:
-        return self._rt.model.token_bytes(token).decode("utf-8", errors="replace")
+    def _is_kept(self, state: KeptState) -> bool:
+        return any(k.state is state for k in self._kept)
 
     def n_ctx(self) -> int:
         return self._rt.n_ctx
@@ -333,8 +292,7 @@ class LlamaDecideBackend:
         """The sequence is about to lose ``state``'s tokens: copy them out first if the state
         still is the kept one and only lives in the sequence."""
         self._holding = None
-        kept = self._kept()
-        if kept is None or kept.state is not state or not isinstance(state.data, InSequence):
+        if not self._is_kept(state) or not isinstance(state.data, InSequence):
             return  # dropped or replaced: not worth a copy; or already a copy
         ctx, kv = self._ctx, self._rt.kv
         n = state.n_tokens
@@ -348,8 +306,9 @@ class LlamaDecideBackend:
         self._copy_s += time.perf_counter() - t0
 
     def forget(self) -> None:
-        """The kept state was dropped: nothing in the sequence needs saving any more, and the
-        state buffers go back to the OS."""
+        """Nothing is kept any more: nothing in the sequence needs saving, and the state buffers
+        go back to the OS."""
+        self._kept = ()
         self._holding = None
         self._rt.kv.unguard()
         self._pool = []
@@ -362,9 +321,8 @@ class LlamaDecideBackend:
 
     def _spare_buffer(self, size: int) -> np.ndarray:
         """A pool buffer the kept state does not live in, grown (untouched pages) when too small."""
-        kept = self._kept()
-        in_use = saved_bytes(kept.state) if kept is not None else None
-        busy = [b for b in self._pool if isinstance(in_use, np.ndarray) and np.shares_memory(b, in_use)]
+        in_use = [d for k in self._kept if isinstance(d := saved_bytes(k.state), np.ndarray)]
+        busy = [b for b in self._pool if any(np.shares_memory(b, d) for d in in_use)]
         free = [b for b in self._pool if not any(b is k for k in busy)]
         buf = free[0] if free and free[0].nbytes >= size else np.empty(size + size // 4, dtype=np.uint8)
         self._pool = busy + [buf]  # headroom above: a grown prefix usually fits the same buffer
@@ -372,7 +330,6 @@ class LlamaDecideBackend:
 
     def load_state(self, state: KeptState) -> None:
         kv = self._rt.kv
-        kept = self._kept()
         n = state.n_tokens
         if self._holding is state and (kv.n_past == n or kv.trim_to(n)):
             del kv.tokens[n:]  # the sequence already is the kept state: no copy
@@ -388,7 +345,8 @@ class LlamaDecideBackend:
         except Exception:
             kv.reset()
             raise
-        kv.tokens = list(kept.tokens) if kept is not None and kept.state is state else [UNKNOWN_TOKEN] * n
+        tokens = next((k.tokens for k in self._kept if k.state is state), None)
+        kv.tokens = list(tokens) if tokens is not None else [UNKNOWN_TOKEN] * n
         self._logits = None
         self._hold(state)
 
