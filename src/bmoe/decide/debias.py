@@ -1,24 +1,10 @@
 """Order debiasing: taking a model's preference for option positions out of a decision.
 
-Pure policy, in two steps around whatever answers plain requests: ``expand`` turns requests into
-the plain decisions to run (a structured request becomes one or more: the options in other
-orders, or the content-free prompt), all meant for one run so that they share the kept prefix
-and, with side sequences, are prefilled together; ``combine`` turns their answers into one answer
-per request. ``DecideService.answer`` does both around the decider.
-
-Probabilities are over the labels (each decision's choice log-probs renormalised to sum 1):
-
-* ``permute``: the n cyclic permutations; an option's debiased probability is the mean of its
-  probabilities at the n positions it was shown in (the cyclic-permutation baseline of PriDe).
-* ``pride`` (Zheng et al., ICLR 2024): the first K requests of a label list are permuted as above,
-  and each also gives an estimate of the prior over label positions, softmax of the mean over the
-  permutations of each position's log-probability; the session's prior is the mean of those
-  estimates. Later requests run once, in the given order, and divide the prior out.
-* ``contextual`` (Zhao et al., 2021): the same prompt with the question and every option text
-  replaced by ``CONTENT_FREE`` is scored once per layout (prefix, suffix, render rule, labels,
-  scoring) and kept; its label probabilities are divided out.
-
-A division is renormalised: ``debiased_p[o] = p[o] / prior[o] / sum_j p[j] / prior[j]``.
+Pure policy in two steps around whatever answers plain requests: ``expand`` turns requests into
+the plain decisions to run (the options in other orders, or the content-free prompt), meant for
+one run so that they share the kept prefix; ``combine`` turns their answers into one answer per
+request. ``DecideService.answer`` does both around the decider. The three modes (``permute``,
+``pride``, ``contextual``) and their formulas: docs/decide.md, "Order debiasing".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Dense weights in anonymous memory (``--dense-weights anon``).
+"""Dense weights in anonymous memory (``--dense-weights anon``): why and what it costs are in
+docs/streaming.md, "Dense weights in anonymous memory".
 
-llama.cpp maps the model file (a streamed session's dense twin) and its tensors point into that
-mapping. Under memory pressure the kernel may drop those file pages at any time and read them
-again on the next touch: far past RAM, every token then pays for re-reading attention and router
-weights. Anonymous memory cannot be dropped (only swapped, and there is usually no swap), so
-this module moves the dense weights' pages of llama.cpp's mapping into it, **at the same
-addresses**: for each dense range it copies the bytes into a fresh anonymous mapping and moves
-that mapping over the range with ``mremap(MREMAP_FIXED)``. Nothing in ggml changes: every tensor
-keeps its ``data`` pointer and its buffer, so no tensor has to be found and rebound (the expert
-rebinding of the hook is untouched), tensors that only some graphs read are covered too, and
-llama.cpp's own ``munmap`` of its mapping frees the anonymous pages when the model is freed.
-
-llama.cpp does not say where it mapped a file, so the mapping is found in ``/proc/self/maps``:
-the file-backed segments of that file (same inode) that appeared while the model loaded. The file
-is known by the inode it had before the load (``file_ids``), not by its path after: a dense twin
-may be removed meanwhile (``--gc-twins`` in another process), and its mapping, which keeps the
-unlinked file alive, is then still there to read.
+For each dense range of llama.cpp's file mapping, the bytes are copied into a fresh anonymous
+mapping that ``mremap(MREMAP_FIXED)`` moves over the range, at the same addresses: no ggml tensor
+is rebound, and llama.cpp's own ``munmap`` frees the pages. The mapping is found in
+``/proc/self/maps`` by the inode the file had before the load (``file_ids``), not by its path: a
+dense twin may be unlinked meanwhile and its mapping still keeps it readable.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
-"""Where streamed experts live: the buffers the expert matmuls read, and the cache over them.
+"""Where streamed experts live: the buffers the expert matmuls read, and the cache over them
+(docs/streaming.md, "The cache" and "Slots").
 
-Every buffer is an anonymous mapping laid out like the file: a tensor whose file offset is
-``off`` starts at ``base + off % ALIGN``, so an expert slice sits at the same offset modulo the
-page as on disk and O_DIRECT can read straight into it (see reader.py). Anonymous pages are
-committed only when first written, so a full-size mapping costs address space, not RAM.
+Every buffer is an anonymous mapping laid out like the file (a tensor at file offset ``off``
+starts at ``base + off % ALIGN``), so O_DIRECT reads land straight in it (reader.py), and pages
+are committed only when first written.
 
-- SharedBuffers (cache off): one buffer per projection, shared by all layers (layers run one
-  after another), every routed slice read again at every route. With ``sets=2`` (read-ahead two
-  layers deep) the streamed layers take turns between two such sets, so that the next layer's
-  reads never land in the buffers the current layer's matmuls read.
-- SlotCache (cache on, the default where the arch allows it): the layers share one pool of slots
-  per (projection, slice bytes); a policy (policy.py, by default NextUsePolicy) decides under a
-  byte budget which ExpertKey(layer, expert) stay, each in a slot of its own, and the hook
-  renumbers every route's expert ids to their slots before the expert matmuls read them. An
-  incoming expert is read straight into its victim's slot: nothing is moved or released.
-- ExpertCache (cache on, page moves: where slots are refused, or BMOE_CACHE_SLOTS=0): one buffer
-  per (layer, projection), every expert at its own place, chosen by the same policies. An evicted
-  expert's pages are handed to an expert that comes in at the same route: with a PageMover
-  (page_mover.py; llama/mremap_mover.py moves them) the whole pages inside the victim's slice are moved to the incoming slice, and only
-  the partial pages at a slice's two ends go back to the OS (MADV_DONTNEED, unless a resident
-  neighbour still uses them). Victims nobody takes over, or every victim without a mover, are
-  released whole. Either way the physical memory the cache holds is its resident experts' pages.
+- SharedBuffers (cache off): one buffer per projection shared by all layers; ``sets=2`` for
+  read-ahead two layers deep, so the next layer's reads never land where this layer reads.
+- SlotCache (cache on, the default): one pool of slots per (projection, slice bytes); the policy
+  (policy.py) picks which ExpertKey(layer, expert) stay; the hook renumbers each route's expert
+  ids to their slots; an incoming expert is read into its victim's slot.
+- ExpertCache (cache on without slots, BMOE_CACHE_SLOTS=0): every expert at its own place in a
+  buffer per (layer, projection); a victim's whole pages go to the incoming expert through a
+  PageMover (page_mover.py) where there is one, and are released otherwise.
 """
 
 from __future__ import annotations

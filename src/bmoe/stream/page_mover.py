@@ -1,21 +1,12 @@
-"""The page port: moving an evicted expert's physical pages to the expert that replaces it.
+"""The page port: moving an evicted expert's physical pages to the expert that replaces it
+(docs/streaming.md, "The cache").
 
-With the cache on, every expert has a fixed place in its tensor's buffer (the ggml tensor is one
-stacked array, expert ``e`` at ``e * slice_nbytes``), so an incoming expert cannot simply be read
-into the memory an evicted one leaves. Releasing the victim's pages (``MADV_DONTNEED``) and letting
-the incoming read fault fresh ones in costs the kernel a free, an allocation and a zeroing per 4 KiB
-page: about ten times what copying the bytes costs, and on the read lanes' time (the cache-on runs
-read at 1.0-1.3 GB/s against 1.6-1.8 with the cache off, docs/benchmarks.md).
-
-A ``PageMover`` instead hands the victim's pages over: ``move`` remaps the whole pages inside the
-victim's slice to the whole pages inside the incoming expert's slice (Linux ``mremap``: page table
-entries move, page contents and frames stay), and leaves the victim's range reserved but
-uncommitted. Only the two partial pages at a slice's ends (shared with its neighbours in the
-tensor) are still released and faulted the old way.
-
-This package imports no ctypes (layer contract): the adapter lives in ``bmoe.llama.mremap_mover`` and the
-runtime hands it to the streamer. Without one (tests that drive the cache alone, a platform
-without ``mremap``) the cache releases and refaults as before; what it holds is the same.
+With page moves every expert has a fixed place in its tensor's buffer, so an incoming expert cannot
+be read into the memory a victim leaves. Releasing and refaulting costs the kernel about ten times
+what copying does; ``move`` instead remaps the whole pages inside the victim's slice onto the
+incoming slice, and only the two partial pages at the ends are released. The Linux adapter is
+``bmoe.llama.mremap_mover`` (this package imports no ctypes); without a mover the cache releases
+and refaults, and holds the same.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Speculative prefetch: guess layer l+1's experts from layer l's output, before l+1's router runs.
+"""Speculative prefetch (``--prefetch``): guess layer l+1's experts from layer l's output, before
+l+1's router runs. The reasoning and the measurements behind ``GUESS_SHARE`` and ``WIDE_COVER``:
+docs/streaming.md, "Speculative prefetch" and "Read-ahead for prefill ubatches".
 
-With the cache off a layer's reads can start only once its router picked its experts, so the
-disk idles from the end of layer l's reads to layer l+1's routing node (the down matmul, the
-residual, l+1's attention and router). ``RouterGuess`` applies layer l+1's router to layer l's
-output ``l_out-<l>``, skipping l+1's attention: the router's input is ``rms_norm(x) * norm_w``,
-and the rms scale is one positive number per token, so the ranking of ``W . (h * norm_w)`` is
-the ranking of the real logits for ``x = h`` (softmax keeps the order too). It is only a guess:
-the streamer reads the experts the router really picks whatever was guessed
-(``Streamer.prefetch``), so a wrong guess costs bytes, never output.
-
-How many to guess: the guessed reads only have to keep the read lanes busy from ``l_out-<l>``
-until layer l+1's route (its attention and router), after which the route queues what the guess
-missed anyway. A wrong guess is read for nothing, and the confidence of a guess falls with its
-rank, so the guess is the top ``ceil(GUESS_SHARE * n_expert_used)`` scores, not all
-``n_expert_used``. A ubatch guesses the union of its tokens' guesses, and one of at least
-``wide`` tokens (``ceil(WIDE_COVER * n_expert / n_expert_used)``: uniform routing would leave
-about 5% unpicked) reads every expert of layer l+1. docs/streaming.md ("Speculative prefetch",
-"Read-ahead for prefill ubatches") has the measurements behind both numbers.
-
-The weights are read once, at open, from the GGUF (F32 and F16 as they are, other types through
-gguf-py's dequantizer), and kept as float32: n_expert x n_embd x 4 bytes per layer.
+``RouterGuess`` applies layer l+1's router to ``l_out-<l>`` (the rms scale does not change the
+ranking); a wrong guess costs bytes, never output, since the streamer reads what the router really
+picks. Its weights are read once at open (F32/F16 as they are, other types through gguf-py's
+dequantizer) and kept as float32: n_expert x n_embd x 4 bytes per layer.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""A dense twin of a GGUF: the same file with every expert byte range left as a hole.
+"""A dense twin of a GGUF: the same file with every expert byte range a hole, so that llama.cpp's
+``MAP_POPULATE`` reads only the dense weights at open. Why, and where twins live and when they go:
+docs/streaming.md, "What opening a streamed model reads" and "Dense twins".
 
-Why: with load_mode MMAP, llama.cpp 0.3.36 maps each shard with MAP_POPULATE (llama-mmap.cpp),
-which reads the *whole* file before the first token; lazy_mode does not help for MoE archs
-because it only skips ranges of tensors the arch marks TENSOR_READ_LAZY (gemma4's per-layer
-embeddings), never expert tensors. Loading the twin instead, MAP_POPULATE faults the holes in
-as zero pages without touching the disk, so opening reads the dense weights only. The expert
-tensors' ``->data`` are rebound onto bmoe's buffers before they are ever computed, and the
-streamer reads the experts from the original GGUF, so the zeros are never used.
-
-The twin costs disk space equal to the dense bytes (sparse file). It is one folder of the twin
-cache per source file, named after the source's path, size, mtime and inode, and holds the twin
-of each shard plus ``twin.json`` (the sources and the content sample they had). It is written
-into a temporary folder unique to the process and renamed into place, so two processes opening
-the same model for the first time cannot mix their writes (the loser uses the winner's twin).
-It is rewritten when the source's content sample differs (an overwrite in place that kept size,
-mtime and inode). Writing a twin removes the other twins of the same source path;
-``gc_twins`` removes the twins of sources that are gone or changed, and the least recently used
-ones over a size budget (``bmoe-cli --gc-twins``).
+One folder per source file (named after its path, size, mtime and inode) holds each shard's twin
+and ``twin.json``. It is written into a folder unique to the process and renamed into place, so two
+processes opening the same model cannot mix their writes; it is rewritten when the source's
+content sample differs. ``gc_twins`` removes the twins of sources gone or changed, and the least
+recently used over a size budget.
 """
 
 from __future__ import annotations
