@@ -9,6 +9,7 @@ import numpy as np
 
 from bmoe import rules
 from bmoe.image_refs import ImageSource
+from bmoe.runtime.sampling import TokenLogprobs
 from bmoe.stream.stats import StreamStats
 
 
@@ -26,6 +27,10 @@ class GenerateRequest:
     # image file paths, data: URLs or bytes (bmoe.image_refs), placed at the prompt's markers
     # (rules.IMAGE_MARKER), or in front of it without one; needs a session opened with mmproj
     images: tuple[ImageSource, ...] = ()
+    # None: no log-probs; 0..20: each Step carries its token's log-prob and this many alternatives
+    # (runtime/sampling.py TokenLogprobs: the model's distribution, before bias and temperature)
+    top_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added before sampling
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in
@@ -113,6 +118,7 @@ class Step:
     majflt: int
     cpu_ms: float
     logits: np.ndarray | None = None  # [n_vocab] the row this token was chosen from
+    logprobs: TokenLogprobs | None = None  # with GenerateRequest.top_logprobs set
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +184,7 @@ class ScoreRequest:
     top_p: float = 1.0
     seed: int | None = None
     reuse: bool = True  # False: prefill from an empty KV, keeping nothing of earlier requests
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added before the token is picked
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ from bmoe.runtime.results import (
     Step,
     TimeSplit,
 )
-from bmoe.runtime.sampling import Sampler
+from bmoe.runtime.sampling import Sampler, check_sampling
 from bmoe.runtime.scoring import PromptScorer, check_token_ids
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
@@ -369,6 +369,7 @@ class Runtime:
         """Render and tokenize a turn, and refuse it (ContextOverflowError) before anything in
         the KV changes."""
         cfg = self.config
+        check_sampling(req.top_logprobs, req.logit_bias, self.model.n_vocab)
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
         think = cfg.think if req.think is None else req.think
         history = [] if req.clear_kv else list(self.history)
@@ -391,6 +392,7 @@ class Runtime:
             cfg.temperature if req.temperature is None else req.temperature,
             cfg.top_p if req.top_p is None else req.top_p,
             cfg.seed if req.seed is None else req.seed,
+            req.logit_bias,
         )
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning)
 
@@ -444,6 +446,7 @@ class Runtime:
                 break
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
             tok = sampler.sample(logits)
+            lp = None if req.top_logprobs is None else sampler.logprobs(logits, tok, req.top_logprobs)
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)
@@ -459,9 +462,10 @@ class Runtime:
                 d_text, d_reason = d_text + t_text, d_reason + t_reason
             else:
                 logits = self.kv.append([tok])
-            yield self._step(
+            step = self._step(
                 len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None
             )
+            yield step if lp is None else dataclasses.replace(step, logprobs=lp)
             if stop == "ctx":
                 break
         # Stopped by an end-of-generation token or a cancel: what the stream still held back (a

@@ -1,0 +1,177 @@
+"""Log-probs on /v1/chat/completions (OpenAI's shape, streamed and not), logit_bias on both
+completion routes, and bmoe_logprobs_of (a decision's full-vocabulary choice log-probs), on
+SmolLM2 (docs/server.md "Log-probs")."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from fastapi.testclient import TestClient
+
+from bmoe.session import GenerateRequest
+
+MSGS = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+CHAT = {"messages": MSGS, "max_tokens": 6, "temperature": 0}
+
+
+@pytest.fixture()
+def app(make_app, smol_path):
+    return make_app(smol_path, n_ctx=512, flash_attn=False)
+
+
+@pytest.fixture()
+def client(app):
+    with TestClient(app, base_url="http://localhost") as c:
+        yield c
+
+
+def chat(c: TestClient, **extra) -> dict:
+    r = c.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed(c: TestClient, **extra) -> list[dict]:
+    with c.stream("POST", "/v1/chat/completions", json={**CHAT, **extra, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+def test_logprobs_in_openais_shape_and_the_models_distribution(client, app) -> None:
+    a = chat(client, logprobs=True, top_logprobs=3)
+    lp = a["choices"][0]["logprobs"]
+    assert set(lp) == {"content", "refusal"}
+    content = lp["content"]
+    assert len(content) == a["usage"]["completion_tokens"]
+    assert "".join(e["token"] for e in content) == a["choices"][0]["message"]["content"]
+    for e in content:
+        assert set(e) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"]
+        assert len(e["top_logprobs"]) == 3
+        assert all(set(t) == {"token", "logprob", "bytes"} for t in e["top_logprobs"])
+        vals = [t["logprob"] for t in e["top_logprobs"]]
+        assert vals == sorted(vals, reverse=True) and sum(math.exp(v) for v in vals) <= 1.0 + 1e-9
+        # greedy: the chosen token is the most likely one, with the very same number
+        assert e["top_logprobs"][0]["token"] == e["token"] and e["top_logprobs"][0]["logprob"] == e["logprob"]
+    # The same numbers as the session's own distribution after the same prompt
+    s = app.state.session
+    prompt = s.tokenize_prompt(s.render([*s.history[:0], _msg("user", MSGS[0]["content"])], think=False))
+    row = s.next_token_logprobs(prompt)
+    first = content[0]
+    tok = s.model.tokenize(first["token"], add_special=False, parse_special=False)
+    assert len(tok) == 1 and math.isclose(first["logprob"], float(row[tok[0]]), abs_tol=1e-4)
+
+
+def _msg(role: str, content: str):
+    from bmoe.session import Message
+
+    return Message(role, content)
+
+
+def test_no_logprobs_unless_asked_and_zero_alternatives(client) -> None:
+    assert chat(client)["choices"][0]["logprobs"] is None
+    content = chat(client, logprobs=True)["choices"][0]["logprobs"]["content"]
+    assert content and all(e["top_logprobs"] == [] for e in content)
+    content = chat(client, logprobs=True, top_logprobs=20)["choices"][0]["logprobs"]["content"]
+    assert all(len(e["top_logprobs"]) == 20 for e in content)
+
+
+@pytest.mark.parametrize(
+    "extra, status, param, message",
+    [
+        (
+            {"logprobs": True, "top_logprobs": 21},
+            422,
+            "top_logprobs",
+            "top_logprobs: Input should be less than or equal to 20",
+        ),
+        ({"logprobs": True, "top_logprobs": -1}, 422, "top_logprobs", None),
+        ({"top_logprobs": 2}, 400, "top_logprobs", "top_logprobs: needs logprobs: true"),
+        (
+            {"logit_bias": {"49152": -100}},
+            400,
+            "logit_bias",
+            "logit_bias: 49152 is not a token id of this model (0..49151)",
+        ),
+        ({"logit_bias": {"x": 1}}, 422, "logit_bias", None),
+        ({"logit_bias": {"5": -101}}, 422, "logit_bias.5", None),
+        ({"bmoe_logprobs_of": []}, 422, "bmoe_logprobs_of", None),
+    ],
+)
+def test_refusals_name_the_field(client, app, extra, status, param, message) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert r.status_code == status, r.text
+    e = r.json()["error"]
+    assert e["param"].startswith(param) and (message is None or e["message"] == message), e
+    assert chat(client)["choices"][0]["message"]["content"]  # the session goes on
+
+
+def test_streamed_logprobs_equal_the_non_streamed(client) -> None:
+    chat(client, logprobs=True, top_logprobs=2)  # a warm-up: both compared answers reuse the prompt's KV
+    whole = chat(client, logprobs=True, top_logprobs=2)["choices"][0]["logprobs"]["content"]
+    chunks = streamed(client, logprobs=True, top_logprobs=2)
+    got = [e for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
+    assert got == whole
+    text = "".join(ch["delta"].get("content", "") for c in chunks for ch in c["choices"])
+    assert "".join(e["token"] for e in got) == text
+    assert all(ch["logprobs"] is None for c in streamed(client) for ch in c["choices"])
+
+
+def test_logit_bias_minus_100_bans_the_greedy_token(client, app) -> None:
+    first = chat(client, logprobs=True)["choices"][0]["logprobs"]["content"][0]
+    tok = app.state.session.model.tokenize(first["token"], add_special=False, parse_special=False)
+    assert len(tok) == 1
+    banned = chat(client, logprobs=True, logit_bias={str(tok[0]): -100})
+    b_first = banned["choices"][0]["logprobs"]["content"][0]
+    assert b_first["token"] != first["token"]
+    # and +100 on another token makes it the answer's first
+    forced = chat(client, logprobs=True, logit_bias={str(tok[0]): -100, "28": 100})
+    assert forced["choices"][0]["logprobs"]["content"][0]["bytes"] == list(
+        app.state.session.model.token_bytes(28, special=True)
+    )
+
+
+def test_logit_bias_on_completions(client, app) -> None:
+    r = client.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 1}).json()
+    toks = app.state.session.model.tokenize(r["choices"][0]["text"], add_special=False, parse_special=False)
+    r2 = client.post(
+        "/v1/completions",
+        json={"prompt": "The capital of France is", "max_tokens": 1, "logit_bias": {str(toks[0]): -100}},
+    ).json()
+    assert r2["choices"][0]["text"] != r["choices"][0]["text"]
+
+
+def test_logprobs_of_is_the_decisions_and_agrees_with_the_answers(client, app) -> None:
+    a = chat(client, logprobs=True, top_logprobs=5, bmoe_logprobs_of=["Yes", "No", "Maybe not"])
+    of = a["bmoe"]["logprobs_of"]
+    assert [o["text"] for o in of] == ["Yes", "No", "Maybe not"]
+    s = app.state.session
+    n = [len(s.model.tokenize(t, add_special=False, parse_special=False)) for t in ("Yes", "No", "Maybe not")]
+    assert [o["n_tokens"] for o in of] == n and n[2] > 1
+    # a one-token string's log-prob is the answer's first position's, as top_logprobs report it
+    first = a["choices"][0]["logprobs"]["content"][0]
+    top = {t["token"]: t["logprob"] for t in first["top_logprobs"]}
+    for o in of[:2]:
+        if o["text"] in top:
+            assert math.isclose(o["logprob"], top[o["text"]], abs_tol=1e-3), (o, top)
+    assert of[2]["logprob"] < 0 and all(o["logprob"] <= 0 for o in of)
+
+
+def test_logprobs_of_refuses_a_conversation(client) -> None:
+    msgs = [{"role": "system", "content": "Be brief."}, *MSGS]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": msgs, "bmoe_logprobs_of": ["yes"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bmoe_logprobs_of"
+    assert chat(client)["choices"][0]["message"]["content"]
+
+
+def test_session_generate_carries_logprobs(app) -> None:
+    s = app.state.session
+    steps = []
+    r = s.generate(GenerateRequest(prompt="Hi", n_predict=4, temperature=0, top_logprobs=2), steps.append)
+    lps = [st.logprobs for st in steps if st.token >= 0]
+    assert len(lps) == r.n_tokens and all(lp is not None and len(lp.top_ids) == 2 for lp in lps)
+    assert [lp.top_ids[0] for lp in lps] == list(r.tokens)
