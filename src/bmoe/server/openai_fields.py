@@ -9,6 +9,7 @@ Fields OpenAI does not define are ignored (clients add their own), except bmoe's
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,7 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     _refused("modalities", "only text is supported", ["text"]),
     _refused("audio", "audio output is not supported"),
     _refused("web_search_options", "web search is not supported"),
+    _refused("moderation", "moderation is not supported"),
     OpenAIField("prediction", IGNORED, "a hint for speed; the answer is the same without it"),
     OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
     OpenAIField("safety_identifier", IGNORED, "an end-user id, for the caller's records"),
@@ -78,6 +80,8 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("store", IGNORED, "nothing is stored"),
     OpenAIField("service_tier", IGNORED, "there is one tier"),
     OpenAIField("prompt_cache_key", IGNORED, "the KV prefix is reused anyway"),
+    OpenAIField("prompt_cache_options", IGNORED, "the KV prefix is reused anyway"),
+    OpenAIField("prompt_cache_retention", IGNORED, "the KV prefix is reused anyway"),
 )
 
 COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
@@ -114,10 +118,12 @@ def refuse_unset(body: BaseModel, table: Iterable[OpenAIField]) -> None:
 
 
 def markdown_table(table: Iterable[OpenAIField]) -> str:
-    """The rows as docs/server.md shows them."""
+    """The rows as docs/server.md shows them; a refused field passes when left out or set to
+    one of the listed values."""
     lines = ["| field | status | what bmoe does |", "|---|---|---|"]
     for f in table:
-        why = f.why.replace("{value}", "N") if f.status == REFUSED else f.why
-        status = f.status + (" unless neutral" if f.status == REFUSED and len(f.neutral) > 1 else "")
-        lines.append(f"| `{f.name}` | {status} | {why} |")
+        status = f.status
+        if f.status == REFUSED:
+            status += "; passes as " + ", ".join(f"`{json.dumps(n)}`" for n in f.neutral)
+        lines.append(f"| `{f.name}` | {status} | {f.why.replace('{value}', 'N')} |")
     return "\n".join(lines)

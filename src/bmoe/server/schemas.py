@@ -158,6 +158,7 @@ class ChatCompletionRequest(BaseModel):
     modalities: Any = None
     audio: Any = None
     web_search_options: Any = None
+    moderation: Any = None
     # Ignored: they cannot change the answer.
     prediction: Any = None
     user: Any = None
@@ -166,6 +167,8 @@ class ChatCompletionRequest(BaseModel):
     store: Any = None
     service_tier: Any = None
     prompt_cache_key: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
 
     def bias(self) -> tuple[tuple[int, float], ...]:
         return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
