@@ -10,7 +10,7 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from bmoe.session import GenerateRequest
+from bmoe.session import GenerateRequest, Message, ScoreRequest
 
 MSGS = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
 CHAT = {"messages": MSGS, "max_tokens": 6, "temperature": 0}
@@ -59,17 +59,11 @@ def test_logprobs_in_openais_shape_and_the_models_distribution(client, app) -> N
         assert e["top_logprobs"][0]["token"] == e["token"] and e["top_logprobs"][0]["logprob"] == e["logprob"]
     # The same numbers as the session's own distribution after the same prompt
     s = app.state.session
-    prompt = s.tokenize_prompt(s.render([*s.history[:0], _msg("user", MSGS[0]["content"])], think=False))
+    prompt = s.tokenize_prompt(s.render([Message("user", MSGS[0]["content"])], think=False))
     row = s.next_token_logprobs(prompt)
     first = content[0]
     tok = s.model.tokenize(first["token"], add_special=False, parse_special=False)
     assert len(tok) == 1 and math.isclose(first["logprob"], float(row[tok[0]]), abs_tol=1e-4)
-
-
-def _msg(role: str, content: str):
-    from bmoe.session import Message
-
-    return Message(role, content)
 
 
 def test_no_logprobs_unless_asked_and_zero_alternatives(client) -> None:
@@ -175,3 +169,40 @@ def test_session_generate_carries_logprobs(app) -> None:
     lps = [st.logprobs for st in steps if st.token >= 0]
     assert len(lps) == r.n_tokens and all(lp is not None and len(lp.top_ids) == 2 for lp in lps)
     assert [lp.top_ids[0] for lp in lps] == list(r.tokens)
+
+
+def test_every_position_agrees_with_the_sessions_scores(client, app) -> None:
+    """The answer's log-probs, position by position, are what scoring the prompt and the answer
+    gives (prefilled in one batch there, decoded one by one here: equal to float rounding)."""
+    a = chat(client, logprobs=True, max_tokens=8)
+    content = a["choices"][0]["logprobs"]["content"]
+    s = app.state.session
+    prompt = s.tokenize_prompt(s.render([Message("user", MSGS[0]["content"])], think=False))
+    gen = [s.model.tokenize(e["token"], add_special=False, parse_special=False) for e in content]
+    assert all(len(g) == 1 for g in gen)
+    r = s.score(ScoreRequest(tokens=tuple(prompt + [g[0] for g in gen]), echo=True, reuse=False))
+    want = [float(x) for x in r.token_logprobs[len(prompt) :]]
+    assert [e["logprob"] for e in content] == pytest.approx(want, abs=2e-3)
+    assert sum(e["logprob"] for e in content) == pytest.approx(sum(want), abs=1e-2)
+
+
+def test_the_openai_sdk_reads_the_logprobs(make_app, smol_path, live) -> None:
+    import openai
+
+    server = live(make_app(smol_path, n_ctx=512))
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    oa.chat.completions.create(model="smol", messages=MSGS, max_tokens=1)  # a warm-up: both answers below reuse the KV
+    r = oa.chat.completions.create(
+        model="smol", messages=MSGS, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3, logit_bias={"28": 0}
+    )
+    first = r.choices[0].logprobs.content[0]
+    assert len(first.top_logprobs) == 3 and first.top_logprobs[0].token == first.token
+    assert first.top_logprobs[0].logprob == first.logprob < 0 and bytes(first.bytes).decode() == first.token
+    stream = oa.chat.completions.create(
+        model="smol", messages=MSGS, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3, stream=True
+    )
+    got = [e for c in stream for ch in c.choices if ch.logprobs and ch.logprobs.content for e in ch.logprobs.content]
+    assert [(e.token, e.logprob) for e in got] == [(e.token, e.logprob) for e in r.choices[0].logprobs.content]
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(model="smol", messages=MSGS, presence_penalty=1.0)
+    assert e.value.body["param"] == "presence_penalty"
