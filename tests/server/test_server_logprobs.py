@@ -10,7 +10,7 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from bmoe.session import GenerateRequest, Message, ScoreRequest
+from bmoe.session import DecideRequest, GenerateRequest, Message, ScoreRequest
 
 MSGS = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
 CHAT = {"messages": MSGS, "max_tokens": 6, "temperature": 0}
@@ -113,6 +113,8 @@ def test_streamed_logprobs_equal_the_non_streamed(client) -> None:
     text = "".join(ch["delta"].get("content", "") for c in chunks for ch in c["choices"])
     assert "".join(e["token"] for e in got) == text
     assert all(ch["logprobs"] is None for c in streamed(client) for ch in c["choices"])
+    last = streamed(client, bmoe_logprobs_of=["No", "Yes"])[-1]
+    assert last["choices"][0]["finish_reason"] and [o["text"] for o in last["bmoe"]["logprobs_of"]] == ["No", "Yes"]
 
 
 def test_logit_bias_minus_100_bans_the_greedy_token(client, app) -> None:
@@ -151,15 +153,35 @@ def test_logprobs_of_is_the_decisions_and_agrees_with_the_answers(client, app) -
     top = {t["token"]: t["logprob"] for t in first["top_logprobs"]}
     for o in of[:2]:
         if o["text"] in top:
-            assert math.isclose(o["logprob"], top[o["text"]], abs_tol=1e-3), (o, top)
+            assert math.isclose(o["logprob"], top[o["text"]], abs_tol=0.05), (o, top)
     assert of[2]["logprob"] < 0 and all(o["logprob"] <= 0 for o in of)
 
 
-def test_logprobs_of_refuses_a_conversation(client) -> None:
-    msgs = [{"role": "system", "content": "Be brief."}, *MSGS]
-    r = client.post("/v1/chat/completions", json={**CHAT, "messages": msgs, "bmoe_logprobs_of": ["yes"]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "bmoe_logprobs_of"
-    assert chat(client)["choices"][0]["message"]["content"]
+def test_logprobs_of_a_conversation(client, app) -> None:
+    """The decision reads the whole conversation, as the answer does: a one-token string's
+    log-prob is the answer's first position's."""
+    msgs = [
+        {"role": "system", "content": "You answer with one word."},
+        {"role": "user", "content": "Is fire cold?"},
+        {"role": "assistant", "content": "No."},
+        *MSGS,
+    ]
+    a = chat(client, messages=msgs, logprobs=True, top_logprobs=20, bmoe_logprobs_of=["No", "Yes", "Maybe"])
+    top = {t["token"]: t["logprob"] for t in a["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
+    of = {o["text"]: o["logprob"] for o in a["bmoe"]["logprobs_of"]}
+    shared = [t for t in of if t in top]
+    assert shared, (of, top)
+    for t in shared:  # other pieces (the answer's last prompt token is decoded alone): not bit for bit
+        assert math.isclose(of[t], top[t], abs_tol=0.05), (t, of, top)
+    # and exactly what the session's decision over the same conversation answers
+    history = tuple((m["role"], m["content"]) for m in msgs[:-1])
+    d = app.state.session.decide(
+        DecideRequest(id=0, prefix="", suffix=MSGS[0]["content"], choices=tuple(of), scoring="full", history=history)
+    )
+    assert list(d.scores.choice_logp) == list(of.values())
+    # a different conversation gives different numbers: the history is read
+    b = chat(client, bmoe_logprobs_of=["No", "Yes", "Maybe"])["bmoe"]["logprobs_of"]
+    assert [o["logprob"] for o in b] != list(of.values())
 
 
 def test_session_generate_carries_logprobs(app) -> None:
@@ -206,3 +228,14 @@ def test_the_openai_sdk_reads_the_logprobs(make_app, smol_path, live) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         oa.chat.completions.create(model="smol", messages=MSGS, presence_penalty=1.0)
     assert e.value.body["param"] == "presence_penalty"
+
+
+def test_session_refuses_a_bad_bias_and_goes_on(app) -> None:
+    from bmoe.errors import RequestError
+
+    s = app.state.session
+    with pytest.raises(RequestError, match=r"^logit_bias: 49152 is not a token id of this model \(0\.\.49151\)$"):
+        s.generate(GenerateRequest(prompt="Hi", n_predict=1, logit_bias=((49152, 1.0),)))
+    with pytest.raises(RequestError, match=r"^top_logprobs: 21 is not in 0\.\.20$"):
+        s.generate(GenerateRequest(prompt="Hi", n_predict=1, top_logprobs=21))
+    assert s.generate(GenerateRequest(prompt="Hi", n_predict=1)).n_tokens == 1

@@ -29,7 +29,12 @@ def _defaults(record: type) -> dict:
 @pytest.mark.parametrize(
     "record, table, required_anyway, python_only",
     [
-        (DecideRequest, DECIDE_TABLE, {"id", "prefix", "suffix", "choices"}, set()),  # the record asks for them by name
+        (
+            DecideRequest,
+            DECIDE_TABLE,
+            {"id", "prefix", "suffix", "choices"},
+            {"history"},
+        ),  # the record asks for them by name
         (RenderRule, RENDER_TABLE, set(), set()),
         (
             GenerateRequest,

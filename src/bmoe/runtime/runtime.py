@@ -48,7 +48,7 @@ from bmoe.runtime.results import (
     Step,
     TimeSplit,
 )
-from bmoe.runtime.sampling import Sampler, check_sampling
+from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
@@ -369,7 +369,6 @@ class Runtime:
         """Render and tokenize a turn, and refuse it (ContextOverflowError) before anything in
         the KV changes."""
         cfg = self.config
-        check_sampling(req.top_logprobs, req.logit_bias, self.model.n_vocab)
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
         think = cfg.think if req.think is None else req.think
         history = [] if req.clear_kv else list(self.history)

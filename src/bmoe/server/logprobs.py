@@ -66,20 +66,26 @@ def check_bias(session: Session, bias: tuple[tuple[int, float], ...]) -> None:
 
 def logprobs_of(session: Session, messages: tuple[Message, ...], strings: tuple[str, ...]) -> list[dict[str, Any]]:
     """Each string's log-prob as the start of the answer to ``messages``: the whole string's
-    tokens, summed (a decision's ``"scoring": "full"``, docs/decide.md). A decision renders one
-    user message, so the conversation must be one, for now; a refusal is a 400 naming the field."""
+    tokens, summed (a decision's ``"scoring": "full"`` over the conversation, docs/decide.md);
+    a refusal is a 400 naming the field."""
     field = "bmoe_logprobs_of"
-    if len(messages) != 1 or messages[0].images:
+    if any(m.images for m in messages):
         raise ApiError(
-            400,
-            f"{field}: is answered by a decision, which reads one user message without images; this "
-            f"conversation has {len(messages)} message(s) (send the question as one user message)",
-            field,
-            "unsupported_field",
+            400, f"{field}: is not answered for a conversation with images, for now", field, "unsupported_field"
         )
     if session.decider is None:
         raise ApiError(400, f"{field}: needs decide, and this server runs with --no-decide", field, "unsupported_field")
-    r = session.decide(DecideRequest(id=0, prefix="", suffix=messages[0].content, choices=strings, scoring="full"))
+    *history, user = messages
+    r = session.decide(
+        DecideRequest(
+            id=0,
+            prefix="",
+            suffix=user.content,
+            choices=strings,
+            scoring="full",
+            history=tuple((m.role, m.content) for m in history),
+        )
+    )
     if r.error is not None or r.scores is None:
         raise ApiError(400, f"{field}: {r.error}", field, "invalid_request")
     s = r.scores
