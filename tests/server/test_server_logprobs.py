@@ -239,3 +239,21 @@ def test_session_refuses_a_bad_bias_and_goes_on(app) -> None:
     with pytest.raises(RequestError, match=r"^top_logprobs: 21 is not in 0\.\.20$"):
         s.generate(GenerateRequest(prompt="Hi", n_predict=1, top_logprobs=21))
     assert s.generate(GenerateRequest(prompt="Hi", n_predict=1)).n_tokens == 1
+
+
+def test_a_stop_string_keeps_the_tokens_up_to_the_match(client) -> None:
+    """The entries run to the token that completed the stop string (its text, cut there, can be
+    shorter); streamed, the chunks' entries joined are the same list."""
+    whole = chat(client, logprobs=True, max_tokens=12)
+    text = whole["choices"][0]["message"]["content"]
+    stop = text[len(text) // 2 :][:2]
+    assert stop.strip(), text
+    cut = chat(client, logprobs=True, max_tokens=12, stop=[stop])
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    content = cut["choices"][0]["logprobs"]["content"]
+    joined = "".join(e["token"] for e in content)
+    assert joined.startswith(cut["choices"][0]["message"]["content"]) and stop in joined
+    assert stop not in "".join(e["token"] for e in content[:-1])  # the last one completed it
+    chunks = streamed(client, logprobs=True, max_tokens=12, stop=[stop])
+    got = [e for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
+    assert [e["token"] for e in got] == [e["token"] for e in content]
