@@ -68,6 +68,7 @@ def test_logprobs_in_openais_shape_and_the_models_distribution(client, app) -> N
 
 def test_no_logprobs_unless_asked_and_zero_alternatives(client) -> None:
     assert chat(client)["choices"][0]["logprobs"] is None
+    assert chat(client, top_logprobs=0)["choices"][0]["logprobs"] is None  # 0 without logprobs asks for nothing
     content = chat(client, logprobs=True)["choices"][0]["logprobs"]["content"]
     assert content and all(e["top_logprobs"] == [] for e in content)
     content = chat(client, logprobs=True, top_logprobs=20)["choices"][0]["logprobs"]["content"]

@@ -67,7 +67,7 @@ def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
 
 def to_turn(body: ChatCompletionRequest) -> ChatTurn:
     refuse_unset(body, CHAT_FIELDS)
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs and not body.logprobs:  # 0 asks for nothing
         raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs", "invalid_request")
     msgs = _messages(body)
     if msgs[-1].role != "user":
