@@ -46,6 +46,7 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.runtime import Runtime
 from bmoe.runtime.scoring import TOP_CAP
+from bmoe.state_store import StateStore
 from bmoe.stream.stats import StreamStats
 
 # What other packages may use (a test holds them to it): the session, its requests and results
@@ -114,7 +115,9 @@ class Session:
         """Decide's adapters over the runtime, the decider over them, and debiasing around it."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
         return DecideService(
-            Decider(LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep)),
+            Decider(
+                LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep), StateStore.last_prefix()
+            ),
             pride_sample=config.decide_pride_sample,
             max_work=config.decide_max_work,
         )

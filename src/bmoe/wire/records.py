@@ -189,6 +189,8 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
     out["store_s"] = r.store_s
     out["restore_s"] = r.restore_s
     out["reuse"] = r.reuse
+    if r.reuse_tier:  # a kept state was restored: from which tier of the store
+        out["reuse_tier"] = r.reuse_tier
     if r.scores.scoring == "full":  # what scoring the choices cost beyond the prompt
         out["score_tokens"] = r.score_tokens
         out["score_s"] = r.score_s
