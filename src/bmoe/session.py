@@ -13,6 +13,7 @@ An import-linter contract and tests/unit/test_public_door.py hold them to it.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Sequence
@@ -46,7 +47,8 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.runtime import Runtime
 from bmoe.runtime.scoring import TOP_CAP
-from bmoe.state_store import StateStore
+from bmoe.runtime.state_store_open import open_state_store
+from bmoe.state_store import StateStore, StoreCounts
 from bmoe.stream.stats import StreamStats
 
 # What other packages may use (a test holds them to it): the session, its requests and results
@@ -114,10 +116,11 @@ class Session:
     def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
         """Decide's adapters over the runtime, the decider over them, and debiasing around it."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
+        store, note = open_state_store(config)
+        if note:
+            print(note, file=sys.stderr)
         return DecideService(
-            Decider(
-                LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep), StateStore.last_prefix()
-            ),
+            Decider(LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep), store),
             pride_sample=config.decide_pride_sample,
             max_work=config.decide_max_work,
         )
@@ -310,7 +313,17 @@ class Session:
             "cache_resident_mib": io.resident_bytes / 2**20,
             "cache_budget_mib": io.budget_bytes / 2**20,
             "side_sequences": self.runtime.side_sequences,
+            "state_store": self._state_stats(),
         }
+
+    def _state_stats(self) -> dict[str, int]:
+        counts = self.state_counts()
+        return {} if counts is None else dataclasses.asdict(counts)
+
+    def state_counts(self) -> StoreCounts | None:
+        """The store of kept prefix states' counters (``/metrics``); None without decide."""
+        store = self.decider.decider.store if self.decider is not None else None
+        return store.counts() if isinstance(store, StateStore) else None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -353,6 +366,8 @@ class Session:
         try:
             if not self._closed:
                 self._closed = True
+                if self.decider is not None:
+                    self.decider.decider.save_kept()
                 self.runtime.close()
         finally:
             self._lock.release()

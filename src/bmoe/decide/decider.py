@@ -129,6 +129,15 @@ class Decider:
             return
         self.forget()
 
+    def save_kept(self) -> None:
+        """At close: the states kept in RAM go to flash where the store has a flash tier (the one
+        living in the sequence is copied out first), so that they outlast the process."""
+        try:
+            self.seq.clear()
+            self.store.flush()
+        except Exception:  # closing goes on; a state not saved is only computed again
+            pass
+
     def forget(self) -> None:
         """Drop every state kept in RAM, and the sequence's buffers for them."""
         self.store.drop()

@@ -60,6 +60,10 @@ class PrefixStore(Protocol):
         """Free the states kept in RAM (a generate() does this); states on flash stay."""
         ...
 
+    def flush(self) -> None:
+        """Write the states kept in RAM to flash, where there is a flash tier (at close)."""
+        ...
+
     @property
     def lasting(self) -> bool:
         """Whether the states outlast a generate() (``Decider.drop``): False for the latest-prefix

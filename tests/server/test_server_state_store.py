@@ -1,0 +1,40 @@
+"""/v1/decide streams with different prefixes, interleaved, each restore their own kept state from
+the state store (--state-ram-mib); /metrics counts the store per tier (docs/server.md)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from helpers.server import metric
+
+AGENTS = [
+    "You control a phone. Task: turn on Wi-Fi. History:",
+    "You control a phone. Task: call Mom on speaker. History:",
+    "You route requests. Pick the team for this ticket:",
+]
+
+
+def decision(i: int, prefix: str, step: int) -> dict:
+    return {"id": i, "prefix": prefix, "suffix": f" step {step}. Options: A) yes B) no. Answer:", "choices": ["A", "B"]}
+
+
+def test_interleaved_decide_streams_each_restore_their_own_state(make_app, tiny_path) -> None:
+    with TestClient(make_app(tiny_path, state_ram_mib=16), base_url="http://localhost") as client:
+        answers = [
+            client.post("/v1/decide", json=decision(10 * step + k, prefix, step)).json()
+            for step in range(3)
+            for k, prefix in enumerate(AGENTS)
+        ]
+        first, later = answers[: len(AGENTS)], answers[len(AGENTS) :]
+        assert all(a["n_reused"] == 0 for a in first)
+        assert all(a["n_reused"] > 0 and a["reuse"] == "restored" and a["reuse_tier"] == "ram" for a in later)
+        text = client.get("/metrics").text
+        assert metric(text, "bmoe_state_store_hits", tier="ram") == len(later)
+        assert metric(text, "bmoe_state_store_misses") == len(AGENTS)
+        assert metric(text, "bmoe_state_store_states", tier="ram") == len(AGENTS)
+
+
+def test_without_the_store_interleaved_streams_miss(make_app, tiny_path) -> None:
+    with TestClient(make_app(tiny_path), base_url="http://localhost") as client:
+        answers = [client.post("/v1/decide", json=decision(k, p, 0)).json() for k, p in enumerate(AGENTS * 2)]
+        assert all(a["n_reused"] == 0 for a in answers)  # each replaced the other's state
