@@ -85,3 +85,32 @@ def test_g37c_a_damaged_state_file_is_recomputed_never_used(opener, tmp_path: Pa
     b.decide(req(1, P1, S1))
     computed = b.decide(req(2, P1, S2))
     assert again.scores.choice_logp == computed.scores.choice_logp
+
+
+def test_g37d_a_state_extended_in_the_sequence_is_still_restorable(opener, tmp_path: Path) -> None:
+    """An agent's prefix restored and extended leaves two kept states in the sequence, the second
+    continuing the first; another agent's prompt then overwrites both: each is copied out first."""
+    a = opener(state_ram_mib=64)
+    a.decide(req(1, P1, S1))
+    a.decide(req(2, P1 + " opened Settings.", S3))  # restored+stored: both states kept
+    a.decide(req(3, Q1, S1))  # another agent: the sequence loses both
+    restored = a.decide(req(4, P1, S2))
+    assert (restored.reuse, restored.reuse_tier) == ("restored", "ram")
+    b = opener()
+    b.decide(req(1, P1, S1))
+    computed = b.decide(req(4, P1, S2))
+    assert restored.scores.choice_logp == computed.scores.choice_logp
+    assert np.array_equal(logits_of(a), logits_of(b))
+
+
+def test_g37e_the_store_keeps_its_states_across_a_generate(opener, tmp_path: Path) -> None:
+    from bmoe.runtime.results import GenerateRequest
+
+    a = opener(state_ram_mib=64)
+    a.decide(req(1, P1, S1))
+    a.generate(GenerateRequest(prompt="Hello there.", n_predict=4))
+    restored = a.decide(req(2, P1, S2))
+    assert (restored.reuse, restored.reuse_tier) == ("restored", "ram")
+    b = opener()
+    b.decide(req(1, P1, S1))
+    assert restored.scores.choice_logp == b.decide(req(2, P1, S2)).scores.choice_logp
