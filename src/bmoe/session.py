@@ -31,6 +31,7 @@ from bmoe.errors import EngineFailure, RequestError, SessionClosedError, StreamF
 from bmoe.image_refs import ImageSource
 from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer, Message
+from bmoe.runtime.chat_state import prepare_turn
 from bmoe.runtime.decide import LlamaSequence
 from bmoe.runtime.decide_text import LlamaText
 from bmoe.runtime.expert_streaming import ExpertStreaming
@@ -229,14 +230,16 @@ class Session:
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
+            reuse = prepare_turn(self.runtime, self.decider.decider, turn) if self.decider is not None else None
             self._cancel = (
                 cancel if cancel is not None else threading.Event()
             )  # a cancel() of an earlier run cannot reach it
             self._running = True
             try:
-                return (yield from self.runtime.run(turn, self._cancel))
+                result = yield from self.runtime.run(turn, self._cancel)
             finally:
                 self._running = False
+            return result if reuse is None else reuse.account(result)
 
     # --- scoring ----------------------------------------------------------------------
     def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:

@@ -114,3 +114,23 @@ def test_g37e_the_store_keeps_its_states_across_a_generate(opener, tmp_path: Pat
     b = opener()
     b.decide(req(1, P1, S1))
     assert restored.scores.choice_logp == b.decide(req(2, P1, S2)).scores.choice_logp
+
+
+def test_g37f_interleaved_chat_turns_restore_their_own_conversation(opener, tmp_path: Path) -> None:
+    """Two conversations taking turns on one session: each second turn restores the state kept at
+    the end of its own first turn's message (reported as reused), whatever the other did."""
+    from bmoe.runtime.chat import Message
+    from bmoe.runtime.results import GenerateRequest
+
+    s = opener(state_ram_mib=64)
+    tasks = ["Turn on Wi-Fi, please.", "Call my mother on speaker."]
+    histories: list[list[Message]] = [[], []]
+    firsts, seconds = [], []
+    for turn, prompt in enumerate(["", "Go on with the next step."]):
+        for k in range(2):
+            s.set_history(histories[k])
+            r = s.generate(GenerateRequest(prompt=prompt or tasks[k], n_predict=4, clear_kv=False))
+            (firsts if turn == 0 else seconds).append(r)
+            histories[k] = list(s.history)
+    assert all(r.n_reused > max(f.n_reused for f in firsts) for r in seconds), [r.n_reused for r in seconds]
+    assert s.state_counts().hits_ram >= 2  # type: ignore[union-attr]

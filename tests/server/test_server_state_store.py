@@ -38,3 +38,33 @@ def test_without_the_store_interleaved_streams_miss(make_app, tiny_path) -> None
     with TestClient(make_app(tiny_path), base_url="http://localhost") as client:
         answers = [client.post("/v1/decide", json=decision(k, p, 0)).json() for k, p in enumerate(AGENTS * 2)]
         assert all(a["n_reused"] == 0 for a in answers)  # each replaced the other's state
+
+
+SYSTEM = {"role": "system", "content": "You are a helpful phone agent."}
+TASKS = ["Turn on Wi-Fi, please.", "Call my mother on speaker.", "Set an alarm for seven tomorrow."]
+
+
+def cached_on_interleaved_turns(client) -> list[list[int]]:
+    """Each agent's conversation, turn by turn, round robin: each turn's cached_tokens."""
+    histories = [[SYSTEM, {"role": "user", "content": t}] for t in TASKS]
+    cached: list[list[int]] = [[] for _ in TASKS]
+    for step in range(3):
+        for k, history in enumerate(histories):
+            body = client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 6}).json()
+            cached[k].append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+            history += [body["choices"][0]["message"], {"role": "user", "content": f"Next step {step}, go on."}]
+    return cached
+
+
+def test_interleaved_conversations_each_restore_their_own_state(make_app, tiny_path) -> None:
+    with TestClient(make_app(tiny_path, state_ram_mib=16), base_url="http://localhost") as client:
+        cached = cached_on_interleaved_turns(client)
+        shared = cached[1][0]  # the second agent's first turn: what all conversations share
+        assert all(c > shared for turns in cached for c in turns[1:]), cached
+        assert metric(client.get("/metrics").text, "bmoe_state_store_hits", tier="ram") >= 2 * len(TASKS)
+
+
+def test_without_the_store_interleaved_conversations_reuse_only_what_they_share(make_app, tiny_path) -> None:
+    with TestClient(make_app(tiny_path), base_url="http://localhost") as client:
+        cached = cached_on_interleaved_turns(client)
+        assert len({c for turns in cached for c in turns[1:]}) == 1  # each turn: the shared system prompt only
