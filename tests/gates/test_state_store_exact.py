@@ -134,3 +134,6 @@ def test_g37f_interleaved_chat_turns_restore_their_own_conversation(opener, tmp_
             histories[k] = list(s.history)
     assert all(r.n_reused > max(f.n_reused for f in firsts) for r in seconds), [r.n_reused for r in seconds]
     assert s.state_counts().hits_ram >= 2  # type: ignore[union-attr]
+    from bmoe.wire.records import done_fields
+
+    assert [done_fields(r).get("reuse_tier") for r in firsts + seconds] == [None, None, "ram", "ram"]

@@ -30,10 +30,12 @@ class TurnReuse:
 
     def account(self, result: GenerateResult) -> GenerateResult:
         """The turn's result with the prefill done here counted as prefill."""
-        if not self.n_prefilled:
+        if not self.n_prefilled and not self.tier:
             return result
         return replace(
             result,
+            reuse_tier=self.tier,
+            restore_s=self.restore_s,
             n_prompt=result.n_prompt + self.n_prefilled,
             n_reused=max(0, result.n_reused - self.n_prefilled),
             prefill_s=result.prefill_s + self.prefill_s,

@@ -136,6 +136,8 @@ class GenerateResult:
     logits: tuple[np.ndarray, ...] = field(default=())
     prefill_dev_tokens: int | None = None  # prompt tokens the prefill device ran; None without one
     decode_io: StreamStats = field(default_factory=StreamStats)  # the decode steps' part of ``io``
+    reuse_tier: str = ""  # "ram" or "disk": the state store's tier a kept state came from ("" when none did)
+    restore_s: float = 0.0  # seconds restoring it (reading its file included)
 
     @property
     def n_tokens(self) -> int:

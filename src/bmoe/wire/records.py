@@ -137,6 +137,8 @@ def done_fields(r: GenerateResult) -> dict:
         # bmoe's own keys
         "n_reused": r.n_reused,
         "prefill_fallback": r.prefill_fallback,
+        # only when the turn restored a kept state from the state store
+        **({"reuse_tier": r.reuse_tier, "restore_s": _r(r.restore_s)} if r.reuse_tier else {}),
         "stop": r.stop,
         "experts_routed": io.routed,
         "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
