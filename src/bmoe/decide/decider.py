@@ -131,7 +131,10 @@ class Decider:
 
     def save_kept(self) -> None:
         """At close: the states kept in RAM go to flash where the store has a flash tier (the one
-        living in the sequence is copied out first), so that they outlast the process."""
+        living in the sequence is copied out first), so that they outlast the process. The
+        latest-prefix store has no flash tier: nothing to save."""
+        if not self.store.lasting:
+            return
         try:
             self.seq.clear()
             self.store.flush()
