@@ -238,3 +238,27 @@ def test_two_processes_sharing_a_folder_never_read_a_half_written_file(tmp_path:
             break
     assert writer.wait() == 0 and reader.corrupt == 0 and seen == 40
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_failed_write_is_told_once(tmp_path: Path) -> None:
+    told: list[str] = []
+    d = DiskTier(tmp_path / "states", IDENT, 10_000, warn=told.append)
+    (tmp_path / "states").rename(tmp_path / "gone")
+    assert not d.put([1], b"x" * 10) and not d.put([2], b"x" * 10)
+    assert told == [d.disabled]
+
+
+def test_the_folder_is_scanned_again_only_when_another_process_changed_it(tmp_path: Path, monkeypatch) -> None:
+    d = disk(tmp_path)
+    reads: list[Path] = []
+    real = DiskTier._read_head
+    monkeypatch.setattr(DiskTier, "_read_head", lambda self, p: reads.append(p) or real(self, p))
+    d.put([1], b"x" * 10)
+    d.put([2], b"x" * 10)
+    d.rescan()
+    assert reads == []  # its own writes are in the index already
+    other = disk(tmp_path)  # another process sharing the folder
+    os.utime(tmp_path / "states", ns=(1, 1))  # its write, as the folder's time shows it
+    other.put([3], b"x" * 10)
+    d.rescan()
+    assert len(reads) >= 3 and d.index.get([3]) is not None

@@ -5,6 +5,7 @@ store"): the model identity that keys its files, the RAM tier's budget and the f
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from bmoe.config import SessionConfig
@@ -43,6 +44,11 @@ def model_identity(config: SessionConfig) -> ModelIdentity:
     return ModelIdentity.of(_file_id(config.model), settings, library_version())
 
 
+def line(why: str) -> str:
+    """The one line a session prints when the flash tier is off, at start or later."""
+    return f"bmoe: state store: {why}; prefix states are kept in RAM only"
+
+
 def open_state_store(config: SessionConfig) -> tuple[StateStore, str]:
     """The store the settings ask for, and the line to print at start ("" when none): an
     unwritable flash folder leaves the store in RAM only."""
@@ -53,8 +59,8 @@ def open_state_store(config: SessionConfig) -> tuple[StateStore, str]:
     if config.state_disk_mib:
         ident = model_identity(config).digest()
         folder = (config.state_dir or default_state_dir()) / ident.hex()[:16]
-        disk = DiskTier(folder, ident, config.state_disk_mib * MIB)
+        disk = DiskTier(folder, ident, config.state_disk_mib * MIB, warn=lambda why: print(line(why), file=sys.stderr))
         if not disk.on:
-            note = f"bmoe: state store: {disk.disabled}; prefix states are kept in RAM only"
+            note = line(disk.disabled)
     ram = (DEFAULT_RAM_MIB if config.state_ram_mib is None else config.state_ram_mib) * MIB
     return StateStore(ram_budget=ram, disk=disk), note

@@ -12,6 +12,10 @@ checksum; a file that fails (edited, truncated, replaced, of another model) is d
 and the caller recomputes the state. Writes that fail (disk full, folder gone) turn the tier off:
 the store goes on in RAM only, and ``disabled`` says why.
 
+The index is the files' headers, read again when the folder's modification time shows that
+another process changed it (a change within the same clock tick as one of this process's own may
+go unseen until the next: a missed hit, never a wrong state).
+
 Eviction is LRU: a file's modification time is its last use (a read touches it), so the order
 survives a restart and is shared by processes using the folder.
 """
@@ -22,7 +26,7 @@ import hashlib
 import os
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +57,9 @@ def _header(identity: bytes, tokens: Sequence[int], payload: memoryview) -> tupl
 class DiskTier:
     """States on flash under ``folder`` (the identity's own subfolder), at most ``budget`` bytes."""
 
-    def __init__(self, folder: Path, identity: bytes, budget: int) -> None:
+    def __init__(self, folder: Path, identity: bytes, budget: int, warn: Callable[[str], None] | None = None) -> None:
         self.folder, self.identity, self.budget = Path(folder), identity, budget
+        self._warn = warn  # told once, when a failed write turns the tier off
         self.index: TokenTrie[DiskEntry] = TokenTrie()
         self.bytes_held = 0
         self.corrupt = 0  # files found bad and deleted
@@ -76,14 +81,23 @@ class DiskTier:
         return not self.disabled
 
     # --- index ------------------------------------------------------------------------
+    def _mtime(self) -> int:
+        try:
+            return self.folder.stat().st_mtime_ns
+        except OSError:
+            return -1
+
+    def _changed_by_us(self, before: int) -> None:
+        """This process changed the folder, and the index says so already: unless someone else
+        changed it since the last scan (``before`` differs), the next lookup need not scan again."""
+        if before == self._seen_mtime:
+            self._seen_mtime = self._mtime()
+
     def rescan(self) -> None:
         """Index the folder's files by their headers, when it changed since the last scan (files
         written or deleted by this process or another one sharing it)."""
-        try:
-            mtime = self.folder.stat().st_mtime_ns
-        except OSError:
-            return
-        if mtime == self._seen_mtime:
+        mtime = self._mtime()
+        if mtime < 0 or mtime == self._seen_mtime:
             return
         self._seen_mtime = mtime
         index: TokenTrie[DiskEntry] = TokenTrie()
@@ -128,6 +142,7 @@ class DiskTier:
             return False
         self._evict_for(size)
         name = state_name(self.identity, tokens)
+        before = self._mtime()
         tmp = self.folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         try:
             with tmp.open("wb") as f:
@@ -138,10 +153,13 @@ class DiskTier:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             self.disabled = f"writing a state to {self.folder} failed ({exc.strerror or exc})"
+            if self._warn is not None:
+                self._warn(self.disabled)
             return False
         old = self.index.get(tokens)
         self.bytes_held += size - (old.nbytes if old else 0)
         self.index.put(tuple(tokens), DiskEntry(name=name, nbytes=size, used=_now_ns(self.folder / name)))
+        self._changed_by_us(before)
         return True
 
     def get(self, tokens: Sequence[int]) -> np.ndarray | None:
@@ -197,12 +215,14 @@ class DiskTier:
         """Delete the least recently used files until ``size`` more bytes fit the budget."""
         if self.bytes_held + size <= self.budget:
             return
+        before = self._mtime()
         for tokens, entry in sorted(self.index.items(), key=lambda kv: kv[1].used):
             if self.bytes_held + size <= self.budget:
                 break
             (self.folder / entry.name).unlink(missing_ok=True)
             self._forget(tokens, entry)
             self.evictions += 1
+        self._changed_by_us(before)
 
 
 def _now_ns(path: Path) -> int:
