@@ -68,3 +68,13 @@ def test_without_the_store_interleaved_conversations_reuse_only_what_they_share(
     with TestClient(make_app(tiny_path), base_url="http://localhost") as client:
         cached = cached_on_interleaved_turns(client)
         assert len({c for turns in cached for c in turns[1:]}) == 1  # each turn: the shared system prompt only
+
+
+def test_a_decision_between_two_chat_turns_leaves_the_conversation_restorable(make_app, tiny_path) -> None:
+    with TestClient(make_app(tiny_path, state_ram_mib=16), base_url="http://localhost") as client:
+        history = [SYSTEM, {"role": "user", "content": TASKS[0]}]
+        first = client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 6}).json()
+        client.post("/v1/decide", json=decision(1, AGENTS[2], 0))
+        history += [first["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+        second = client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 6}).json()
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] // 2
