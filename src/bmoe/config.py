@@ -199,6 +199,9 @@ def validate(cfg: SessionConfig) -> None:
     if cfg.state_ram_mib is not None:
         _int_at_least(cfg, "state_ram_mib", 0)
     _int_at_least(cfg, "state_disk_mib", 0)
+    for name in ("state_ram_mib", "state_disk_mib"):
+        if getattr(cfg, name) and not cfg.decide:
+            raise ConfigError(f"{name}: the state store lives with decide (docs/decide.md); give --decide too")
     if cfg.state_dir is not None and not cfg.state_disk_mib:
         raise ConfigError("state_dir: only means something with state_disk_mib above 0 (the flash tier)")
     if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:

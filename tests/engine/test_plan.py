@@ -272,7 +272,7 @@ def test_the_lanes_the_plan_counts_are_the_reader_s_bounce_buffers() -> None:
 
 
 def test_the_state_stores_ram_tier_is_taken_from_the_expert_cache(model) -> None:
-    cfg = SessionConfig(model=model, n_ctx=512)
+    cfg = SessionConfig(model=model, n_ctx=512, decide=True)
     m = model_facts(cfg)
     wide = compute_bytes(m, min(WIDE_UBATCH, 512), 512)
     room = m.dense_bytes + m.kv_bytes + wide + OWN + m.layer_bytes + 4 * MIB  # streamed, as above

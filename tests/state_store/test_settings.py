@@ -20,6 +20,16 @@ def test_a_state_dir_without_a_flash_tier_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("field", ["state_ram_mib", "state_disk_mib"])
+def test_the_store_without_decide_is_refused(tmp_path: Path, field: str) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with pytest.raises(
+        ConfigError, match=rf"^{field}: the state store lives with decide \(docs/decide.md\); give --decide too$"
+    ):
+        validate(SessionConfig(model=model, **{field: 8}))
+
+
+@pytest.mark.parametrize("field", ["state_ram_mib", "state_disk_mib"])
 def test_a_negative_budget_is_refused(tmp_path: Path, field: str) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
