@@ -137,3 +137,15 @@ def test_g37f_interleaved_chat_turns_restore_their_own_conversation(opener, tmp_
     from bmoe.wire.records import done_fields
 
     assert [done_fields(r).get("reuse_tier") for r in firsts + seconds] == [None, None, "ram", "ram"]
+
+
+def test_g37g_a_batch_restores_each_prefix_from_the_store(opener, tmp_path: Path) -> None:
+    """decide_batch: two agents' decisions in one list, twice; the second list restores both."""
+    a = opener(state_ram_mib=64)
+    a.decide_many([req(1, P1, S1), req(2, Q1, S1)])
+    again = a.decide_many([req(3, P1, S2), req(4, Q1, S2)])
+    assert [(r.reuse, r.reuse_tier) for r in again] == [("restored", "ram")] * 2
+    b = opener()
+    b.decide_many([req(1, P1, S1), req(2, Q1, S1)])
+    computed = b.decide_many([req(3, P1, S2), req(4, Q1, S2)])
+    assert [r.scores.choice_logp for r in again] == [r.scores.choice_logp for r in computed]
