@@ -32,16 +32,19 @@ def constraint_of(json_schema: object = None, grammar: object = None) -> Constra
     return None
 
 
-def from_response_format(fmt: dict | None) -> Constraint | None:
-    """OpenAI's ``response_format``: ``text`` (None), ``json_object`` or ``json_schema``. The
-    schema is enforced in full whether ``strict`` is true or not: bmoe never relaxes it."""
+def from_response_format(fmt: object) -> dict | bool | None:
+    """The JSON schema of OpenAI's ``response_format`` (checked and compiled once, so that a
+    refusal names the field): ``text`` (None), ``json_object`` (any object) or ``json_schema``.
+    The schema is enforced in full whether ``strict`` is true or not: bmoe never relaxes it."""
     if fmt is None:
         return None
+    if not isinstance(fmt, dict):
+        raise ConstraintError("response_format", "must be an object with a 'type'")
     kind = fmt.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
-        return Constraint("json_schema", "response_format", schema_grammar(JSON_OBJECT, "response_format"))
+        return JSON_OBJECT
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
@@ -49,5 +52,6 @@ def from_response_format(fmt: dict | None) -> Constraint | None:
         if not isinstance(spec.get("strict", False), bool):
             raise ConstraintError("response_format.json_schema.strict", "must be true or false")
         field = "response_format.json_schema.schema"
-        return Constraint("json_schema", field, schema_grammar(spec["schema"], field))
+        schema_grammar(spec["schema"], field)
+        return spec["schema"]
     raise ConstraintError("response_format.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
