@@ -97,9 +97,9 @@ def _constraint(body: ChatCompletionRequest) -> tuple[dict | bool | None, str | 
     checked here so that a refusal is a 400 naming its field before the job is queued."""
     given = [n for n in ("response_format", "json_schema", "grammar") if getattr(body, n) is not None]
     try:
-        schema = from_response_format(body.response_format)
-        if schema is not None and len(given) > 1:
+        if len(given) > 1:
             raise ConstraintError(given[1], f"give one of response_format, json_schema and grammar, got {given}")
+        schema = from_response_format(body.response_format)
         schema = body.json_schema if schema is None else schema
         constraint_of(schema, body.grammar)
     except ConstraintError as e:
