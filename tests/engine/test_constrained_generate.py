@@ -106,3 +106,43 @@ def test_tiny_moe_answers_validate_and_streamed_equals_resident(open_tiny, tmp_p
     _check(resident, schema)
     assert streamed.tokens == resident.tokens and streamed.text == resident.text
     assert all(np.array_equal(a, b) for a, b in zip(streamed.logits, resident.logits, strict=True))
+
+
+def test_line_protocol_generate_takes_json_schema_and_grammar(tiny_models) -> None:
+    """The line protocol's generate carries the fields as the Python request does; a refused
+    schema is one non-fatal BMOE_ERROR naming the keyword, and the next line is answered."""
+    import io
+    import threading
+
+    from bmoe.cli.loop import run_session
+
+    lines = [
+        {"cmd": "generate", "id": 1, "prompt": "Hi", "n_predict": 32, "json_schema": {"enum": ["red", "green"]}},
+        {"cmd": "generate", "id": 2, "prompt": "Hi", "json_schema": {"type": "array", "uniqueItems": True}},
+        {"cmd": "generate", "id": 3, "prompt": "Hi", "n_predict": 8, "grammar": 'root ::= "ok" | "no"'},
+        {"cmd": "generate", "id": 4, "prompt": "Hi", "json_schema": "not a schema"},
+        {"cmd": "close"},
+    ]
+    stdin = io.TextIOWrapper(io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode()), encoding="utf-8")
+    out = io.StringIO()
+    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), n_ctx=512, n_threads=1))
+    try:
+        t = threading.Thread(target=run_session, args=(s, stdin, out), daemon=True)
+        t.start()
+        t.join(120)
+        assert not t.is_alive()
+    finally:
+        s.close()
+    got = [(tag, json.loads(body)) for tag, _, body in (ln.partition(" ") for ln in out.getvalue().splitlines())]
+    done = {b["id"]: b for tag, b in got if tag == "BMOE_DONE"}
+    errs = {b["id"]: b for tag, b in got if tag == "BMOE_ERROR"}
+    assert done[1]["text"] in ('"red"', '"green"') and done[1]["stop"] == "eog"
+    assert done[3]["text"] in ("ok", "no") and done[3]["stop"] == "eog"
+    assert errs[2] == {
+        "id": 2,
+        "fatal": False,
+        "msg": "json_schema: keyword 'uniqueItems' at / is not supported (bmoe would not enforce it, so it refuses it)",
+    }
+    assert errs[4]["msg"] == (
+        "generate: field 'json_schema' must be a JSON schema (an object, or true or false), got \"not a schema\""
+    )
