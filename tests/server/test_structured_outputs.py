@@ -161,3 +161,23 @@ def test_tiny_moe_streamed_constrained_answer(make_app, tiny_path) -> None:
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if isinstance(e, dict))
     assert text == whole["message"]["content"]
     _valid(text, whole["finish_reason"], CITY)
+
+
+def test_openai_sdk_with_a_pydantic_model(make_app, smol_path, live) -> None:
+    """README's example: the openai SDK's response_format from a Pydantic model, and its parse."""
+    from openai import OpenAI
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        answer: bool
+        confidence: int
+
+    server = live(make_app(smol_path, n_predict=64))
+    client = OpenAI(base_url=server.url + "/v1", api_key="none")
+    msgs = [{"role": "user", "content": "Is Paris in France? Give your confidence in percent."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "v", "strict": True, "schema": Verdict.model_json_schema()}}
+    r = client.chat.completions.create(model="bmoe", max_tokens=64, messages=msgs, response_format=fmt)  # type: ignore[arg-type]
+    assert r.choices[0].finish_reason == "stop"  # greedy (the session's temperature 0): it ends
+    Verdict.model_validate_json(r.choices[0].message.content or "")
+    parsed = client.chat.completions.parse(model="bmoe", max_tokens=64, messages=msgs, response_format=Verdict)  # type: ignore[arg-type]
+    assert isinstance(parsed.choices[0].message.parsed, Verdict)
