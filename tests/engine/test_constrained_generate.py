@@ -10,6 +10,7 @@ import pytest
 
 from bmoe.config import SessionConfig
 from bmoe.constrain import ConstraintError
+from bmoe.errors import RequestError
 from bmoe.session import GenerateRequest, Session
 
 SCHEMAS = [
@@ -146,3 +147,37 @@ def test_line_protocol_generate_takes_json_schema_and_grammar(tiny_models) -> No
     assert errs[4]["msg"] == (
         "generate: field 'json_schema' must be a JSON schema (an object, or true or false), got \"not a schema\""
     )
+
+
+@pytest.mark.parametrize("i", [3, 5])
+def test_jump_forward_batches_forced_tokens_and_keeps_the_constraint(smol: Session, i: int) -> None:
+    """With jump_forward the forced tokens (keys, punctuation) go into the KV in fewer appends
+    than tokens; the answer still validates, and it is the same JSON value as without."""
+    schema = SCHEMAS[i]
+    kv = smol.runtime.kv
+    appends: list[int] = []
+    real = kv.append
+
+    def counting(tokens, *a, **kw):
+        appends.append(len(tokens))
+        return real(tokens, *a, **kw)
+
+    plain = smol.generate(GenerateRequest(prompt=PROMPT, n_predict=64, json_schema=schema))
+    kv.append = counting  # type: ignore[method-assign]
+    try:
+        jumped = smol.generate(GenerateRequest(prompt=PROMPT, n_predict=64, json_schema=schema, jump_forward=True))
+    finally:
+        del kv.append
+    _check(jumped, schema)
+    decode = appends[1:]  # the first append is the prompt's prefill
+    assert max(decode) > 1 and len(decode) < jumped.n_tokens - 1
+    # every token went in once, but the last (nothing reads its logits)
+    assert sum(decode) in (jumped.n_tokens - 1, jumped.n_tokens)
+    if plain.stop == jumped.stop == "eog":
+        assert json.loads(plain.text) == json.loads(jumped.text)
+
+
+def test_jump_forward_is_refused_with_keep_logits(smol: Session) -> None:
+    with pytest.raises(RequestError) as e:
+        smol.generate(GenerateRequest(prompt="hi", json_schema=True, jump_forward=True, keep_logits=True))
+    assert str(e.value) == "jump_forward: forced tokens have no logit row of their own; not with keep_logits"

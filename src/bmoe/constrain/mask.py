@@ -50,6 +50,11 @@ class TokenMask:
         self._allowed = self._compute()
         return False
 
+    def forced(self, most: int) -> list[int]:
+        """Up to ``most`` tokens the constraint forces next, whatever the logits (jump-forward:
+        keys and punctuation of a schema); they are still to be ``advance``d one by one."""
+        return self.matcher.compute_ff_tokens()[: max(0, most)] if most > 0 else []
+
     def done(self) -> bool:
         """The answer is complete and nothing may follow."""
         return self.matcher.is_stopped()

@@ -30,6 +30,7 @@ class GenerateRequest:
     # one of them; bmoe.constrain refuses what it cannot enforce): docs/protocol.md "Constrained"
     json_schema: dict | bool | None = None
     grammar: str | None = None
+    jump_forward: bool = False  # the tokens a constraint forces go into the model in one batch
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in
@@ -66,6 +67,13 @@ GENERATE_TABLE: rules.Table = (
         rules.STR,
         None,
         "the answer is text this GBNF grammar accepts ([protocol.md](protocol.md#constrained-generation))",
+    ),
+    rules.Field(
+        "jump_forward",
+        rules.BOOL,
+        False,
+        "with a constraint: the tokens it forces are decoded in one batch "
+        "([protocol.md](protocol.md#constrained-generation))",
     ),
 )
 GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)

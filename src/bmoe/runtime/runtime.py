@@ -398,6 +398,8 @@ class Runtime:
                 f"prompt ({len(prompt)} tokens{of_images}) plus n_predict ({n_predict}) exceeds the context "
                 f"(n_ctx {self.n_ctx})"
             )
+        if req.jump_forward and req.keep_logits:
+            raise RequestError("jump_forward: forced tokens have no logit row of their own; not with keep_logits")
         sampler = Sampler(
             cfg.temperature if req.temperature is None else req.temperature,
             cfg.top_p if req.top_p is None else req.top_p,
@@ -448,13 +450,17 @@ class Runtime:
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"
+        # Jump-forward: tokens the constraint forces are taken without sampling and go into the KV
+        # in one batch with the token before them (``pending``: taken, not yet in the KV).
+        forced: list[int] = []
+        pending: list[int] = []
         t_dec, io_dec = time.perf_counter(), self.stream_stats()
         while len(out) < n_predict:
             if cancel.is_set():
                 stop = "cancelled"
                 break
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
-            tok = sampler.sample(logits if mask is None else mask.mask(logits))
+            tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)
@@ -465,13 +471,17 @@ class Runtime:
             d_text, d_reason = stream.push(self.model.token_bytes(tok))
             if mask is not None and mask.advance(tok):  # the constraint ends the answer here
                 stop = "eog"
-            elif len(out) < n_predict and self.kv.n_past >= self.n_ctx:
+            elif len(out) < n_predict and self.kv.n_past + len(pending) >= self.n_ctx:
                 stop = "ctx"
             if len(out) == n_predict or stop != "length":  # the last token: its step carries the held-back tail
                 t_text, t_reason = stream.finish()
                 d_text, d_reason = d_text + t_text, d_reason + t_reason
             else:
-                logits = self.kv.append([tok])
+                pending.append(tok)
+                if req.jump_forward and mask is not None and not forced:
+                    forced = mask.forced(min(n_predict - len(out), self.n_ctx - self.kv.n_past - len(pending)))
+                if not forced:
+                    logits, pending = self.kv.append(pending), []
             yield self._step(
                 len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None
             )
