@@ -26,6 +26,11 @@ class GenerateRequest:
     # image file paths, data: URLs or bytes (bmoe.image_refs), placed at the prompt's markers
     # (rules.IMAGE_MARKER), or in front of it without one; needs a session opened with mmproj
     images: tuple[ImageSource, ...] = ()
+    # the answer must be JSON valid under this schema, or text the GBNF grammar accepts (at most
+    # one of them; bmoe.constrain refuses what it cannot enforce): docs/protocol.md "Constrained"
+    json_schema: dict | bool | None = None
+    grammar: str | None = None
+    jump_forward: bool = False  # the tokens a constraint forces go into the model in one batch
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in
@@ -51,6 +56,25 @@ GENERATE_TABLE: rules.Table = (
         "markers or in front of it; needs `--mmproj` "
         "([decide.md](decide.md#images))",
     ),
+    rules.Field(
+        "json_schema",
+        rules.SCHEMA,
+        None,
+        "the answer is JSON valid under this schema ([protocol.md](protocol.md#constrained-generation))",
+    ),
+    rules.Field(
+        "grammar",
+        rules.STR,
+        None,
+        "the answer is text this GBNF grammar accepts ([protocol.md](protocol.md#constrained-generation))",
+    ),
+    rules.Field(
+        "jump_forward",
+        rules.BOOL,
+        False,
+        "with a constraint: the tokens it forces are decoded in one batch "
+        "([protocol.md](protocol.md#constrained-generation))",
+    ),
 )
 GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
 
@@ -58,7 +82,7 @@ GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
 def generate_request(fields: dict) -> GenerateRequest:
     """The GenerateRequest of checked generate ``fields`` (a field left out takes its default)."""
     f: dict[str, Any] = rules.with_defaults(fields, GENERATE_TABLE)
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in f.items()}
+    values: dict[str, Any] = {k: tuple(v) if k == "images" else v for k, v in f.items()}
     return GenerateRequest(**values)
 
 

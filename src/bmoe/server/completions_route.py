@@ -56,6 +56,9 @@ def _unsupported(body: CompletionRequest) -> None:
         no("stop", "stop strings are not supported on /v1/completions (it generates at most 1 token)")
     if body.logit_bias:
         no("logit_bias", "not supported")
+    for name in ("json_schema", "grammar"):  # a constrained answer: /v1/chat/completions
+        if getattr(body, name) is not None:
+            no(name, "constrained generation is not supported on /v1/completions; use /v1/chat/completions")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name):
             no(name, "only 0 is supported")

@@ -27,6 +27,8 @@ class ChatTurn:
     seed: int | None
     stops: tuple[str, ...]
     think: bool | None
+    json_schema: dict | bool | None = None  # the answer's constraint (at most one of the two)
+    grammar: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             temperature=turn.temperature,
             top_p=turn.top_p,
             seed=turn.seed,
+            json_schema=turn.json_schema,
+            grammar=turn.grammar,
         ),
         cancel=cancel,
     )

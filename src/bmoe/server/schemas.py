@@ -117,6 +117,11 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
     think: bool | None = Field(None, description="bmoe: reasoning on/off for this turn (default: the session's)")
+    response_format: dict[str, Any] | None = Field(
+        None, description="text, json_object or json_schema (enforced whether strict or not): docs/server.md"
+    )
+    json_schema: dict[str, Any] | bool | None = Field(None, description="llama.cpp-server style: the answer's schema")
+    grammar: Text | None = Field(None, description="llama.cpp-server style: a GBNF grammar the answer keeps")
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -245,6 +250,8 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    json_schema: dict[str, Any] | bool | None = Field(None, description="refused: not on this scoring route")
+    grammar: Text | None = Field(None, description="refused: not on this scoring route")
 
     @field_validator("prompt", mode="before")
     @classmethod
