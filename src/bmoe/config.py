@@ -72,6 +72,11 @@ class SessionConfig:
     # decide (docs/decide.md)
     decide: bool = False
     decide_prefix_cache: PrefixCacheMode = "auto"
+    # the store of kept prefix states (docs/decide.md "The state store"): RAM tier in MiB (None: the
+    # latest prefix only; 0: off), flash tier in MiB (0: off) and its folder (None: $BMOE_CACHE_DIR/states)
+    state_ram_mib: int | None = None
+    state_disk_mib: int = 0
+    state_dir: Path | None = None
     # decisions prefilled together at most, each on its own side sequence: N opens them with the
     # session, "auto" when a batch or full scoring first needs them, 1 never (one by one)
     decide_batch: int | Literal["auto"] = "auto"
@@ -191,6 +196,14 @@ def validate(cfg: SessionConfig) -> None:
                 )
     if cfg.cache_ceil_mb and cfg.cache_mb != "auto":
         raise ConfigError(f"cache_ceil_mb: only means something with cache_mb auto, got cache_mb {cfg.cache_mb!r}")
+    if cfg.state_ram_mib is not None:
+        _int_at_least(cfg, "state_ram_mib", 0)
+    _int_at_least(cfg, "state_disk_mib", 0)
+    for name in ("state_ram_mib", "state_disk_mib"):
+        if getattr(cfg, name) and not cfg.decide:
+            raise ConfigError(f"{name}: the state store lives with decide (docs/decide.md); give --decide too")
+    if cfg.state_dir is not None and not cfg.state_disk_mib:
+        raise ConfigError("state_dir: only means something with state_disk_mib above 0 (the flash tier)")
     if cfg.decide_prefix_cache not in PREFIX_CACHE_MODES:
         raise ConfigError(f"decide_prefix_cache: must be one of auto, on, off, got {cfg.decide_prefix_cache!r}")
     if cfg.prefill_device is not None and (not isinstance(cfg.prefill_device, str) or not cfg.prefill_device):

@@ -212,6 +212,30 @@ SESSION_FLAGS: tuple[Flag, ...] = (
         help="keep the state after a decision's prefix",
     ),
     _flag(
+        "--state-ram-mib",
+        field="state_ram_mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="keep many prefix states in RAM, at most MIB MiB, least recently used out first (default: the "
+        "latest prefix only; 0: none in RAM)",
+    ),
+    _flag(
+        "--state-disk-mib",
+        field="state_disk_mib",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="keep prefix states on flash too, at most MIB MiB, one checked file each (default 0: off)",
+    ),
+    _flag(
+        "--state-dir",
+        field="state_dir",
+        type=Path,
+        default=None,
+        help="folder of the flash tier (default $BMOE_CACHE_DIR/states or ~/.cache/bmoe/states)",
+    ),
+    _flag(
         "--decide-batch",
         field="decide_batch",
         type=_int_or_auto(""),

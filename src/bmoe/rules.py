@@ -46,6 +46,7 @@ TOP_P: Rule = ("a number in (0, 1]", lambda v: _num(v) and 0.0 < v <= 1.0)
 SEED: Rule = ("a non-negative integer", lambda v: _int(v) and v >= 0)
 STR_LIST: Rule = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
 OBJECT: Rule = ("an object", lambda v: isinstance(v, dict))
+SCHEMA: Rule = ("a JSON schema (an object, or true or false)", lambda v: isinstance(v, (dict, bool)))
 IMAGES: Rule = (
     "a list of strings (image file paths or data: URLs)",
     lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, (str, bytes)) and s for s in v),

@@ -13,6 +13,7 @@ An import-linter contract and tests/unit/test_public_door.py hold them to it.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from bmoe.errors import EngineFailure, RequestError, SessionClosedError, StreamF
 from bmoe.image_refs import ImageSource
 from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer, Message
+from bmoe.runtime.chat_state import prepare_turn
 from bmoe.runtime.decide import LlamaSequence
 from bmoe.runtime.decide_text import LlamaText
 from bmoe.runtime.expert_streaming import ExpertStreaming
@@ -47,6 +49,8 @@ from bmoe.runtime.results import (
 from bmoe.runtime.runtime import Runtime
 from bmoe.runtime.sampling import check_sampling
 from bmoe.runtime.scoring import TOP_CAP
+from bmoe.runtime.state_store_open import open_state_store
+from bmoe.state_store import StateStore, StoreCounts
 from bmoe.stream.stats import StreamStats
 
 # What other packages may use (a test holds them to it): the session, its requests and results
@@ -114,8 +118,11 @@ class Session:
     def _open_decide(config: SessionConfig, runtime: Runtime) -> DecideService:
         """Decide's adapters over the runtime, the decider over them, and debiasing around it."""
         keep = resolve_keep_prefix(config.decide_prefix_cache, prefill_device=config.prefill_device is not None)
+        store, note = open_state_store(config)
+        if note:
+            print(note, file=sys.stderr)
         return DecideService(
-            Decider(LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep)),
+            Decider(LlamaText(runtime), LlamaSequence(runtime), DecidePolicy(keep_prefix=keep), store),
             pride_sample=config.decide_pride_sample,
             max_work=config.decide_max_work,
         )
@@ -225,14 +232,16 @@ class Session:
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
+            reuse = prepare_turn(self.runtime, self.decider.decider, turn) if self.decider is not None else None
             self._cancel = (
                 cancel if cancel is not None else threading.Event()
             )  # a cancel() of an earlier run cannot reach it
             self._running = True
             try:
-                return (yield from self.runtime.run(turn, self._cancel))
+                result = yield from self.runtime.run(turn, self._cancel)
             finally:
                 self._running = False
+            return result if reuse is None else reuse.account(result)
 
     # --- scoring ----------------------------------------------------------------------
     def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:
@@ -309,7 +318,17 @@ class Session:
             "cache_resident_mib": io.resident_bytes / 2**20,
             "cache_budget_mib": io.budget_bytes / 2**20,
             "side_sequences": self.runtime.side_sequences,
+            "state_store": self._state_stats(),
         }
+
+    def _state_stats(self) -> dict[str, int]:
+        counts = self.state_counts()
+        return {} if counts is None else dataclasses.asdict(counts)
+
+    def state_counts(self) -> StoreCounts | None:
+        """The store of kept prefix states' counters (``/metrics``); None without decide."""
+        store = self.decider.decider.store if self.decider is not None else None
+        return store.counts() if isinstance(store, StateStore) else None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -352,6 +371,8 @@ class Session:
         try:
             if not self._closed:
                 self._closed = True
+                if self.decider is not None:
+                    self.decider.decider.save_kept()
                 self.runtime.close()
         finally:
             self._lock.release()

@@ -269,3 +269,19 @@ def test_the_lanes_the_plan_counts_are_the_reader_s_bounce_buffers() -> None:
     from bmoe.stream import reader
 
     assert LANE_BYTES == reader._BOUNCE_BYTES
+
+
+def test_the_state_stores_ram_tier_is_taken_from_the_expert_cache(model) -> None:
+    cfg = SessionConfig(model=model, n_ctx=512, decide=True)
+    m = model_facts(cfg)
+    wide = compute_bytes(m, min(WIDE_UBATCH, 512), 512)
+    room = m.dense_bytes + m.kv_bytes + wide + OWN + m.layer_bytes + 4 * MIB  # streamed, as above
+    alone = settings(make_plan(cfg, machine_with_room(room), _disk))
+    given = make_plan(dataclasses.replace(cfg, state_ram_mib=1), machine_with_room(room), _disk)
+    assert settings(given)["state_ram_mib"] == (1, "you") and settings(given)["cache_mb"][0] == alone["cache_mb"][0] - 1
+    assert "the state store's RAM tier (1 MiB)" in next(c.why for c in given.choices if c.field == "cache_mb")
+    planned = make_plan(dataclasses.replace(cfg, state_disk_mib=64), machine_with_room(room), _disk)
+    mib, by = settings(planned)["state_ram_mib"]
+    left = room - (m.dense_bytes + m.kv_bytes + wide + OWN)  # what the cache could have had
+    assert by == "plan" and mib == max(1, left // 8 // MIB) and planned.config.state_ram_mib == mib
+    assert "taken from the experts" in next(c.why for c in planned.choices if c.field == "state_ram_mib")

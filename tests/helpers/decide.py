@@ -18,6 +18,7 @@ from bmoe.decide.decider import DecidePolicy, Decider
 from bmoe.decide.port import SIDE_OFF, KeptPrefix, KeptState, PrefillCost, SideSequences
 from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest
+from bmoe.state_store import StateStore
 
 # ---------------------------------------------------------------------------------------------
 # Scripted backend
@@ -180,7 +181,9 @@ class ScriptedBackend:
 
 def decide_service(backend: ScriptedBackend, *, keep_prefix: bool = True, **kw: int) -> DecideService:
     """The service a session holds, over one scripted backend standing for both ports."""
-    return DecideService(Decider(backend, backend, DecidePolicy(keep_prefix=keep_prefix)), **kw)
+    return DecideService(
+        Decider(backend, backend, DecidePolicy(keep_prefix=keep_prefix), StateStore.last_prefix()), **kw
+    )
 
 
 def logits_of(pieces: Sequence[tuple[int, ...]]) -> np.ndarray:

@@ -35,12 +35,13 @@ from bmoe.decide.errors import (
     NoChoicesError,
     PromptTooLongError,
 )
-from bmoe.decide.kept_prefix import LastPrefixStore, resolve_keep_prefix
+from bmoe.decide.kept_prefix import PrefixStore, resolve_keep_prefix
 from bmoe.decide.port import KeptState, PrefillCost
 from bmoe.decide.prompt_split import split_prompt
 from bmoe.decide.service import DecideService
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.numerics import common_prefix_len
+from bmoe.state_store import StateStore
 from bmoe.wire.records import decide_fields
 from helpers.decide import (
     ASSISTANT,
@@ -414,7 +415,7 @@ def test_drop_frees_the_state_and_the_next_decision_stores_afresh() -> None:
 
 def test_store_refuses_a_state_of_another_length() -> None:
     with pytest.raises(ValueError, match="a saved state of 3 tokens cannot be kept for a 2-token prefix"):
-        LastPrefixStore().store([1, 2], KeptState(data=b"x", n_tokens=3))
+        StateStore.last_prefix().store([1, 2], KeptState(data=b"x", n_tokens=3))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,7 +666,7 @@ def test_a_miss_drops_the_kept_state_before_clearing() -> None:
 # Batches: decide_many over a backend that prefills several suffixes together
 
 
-def sequential(requests: list[DecideRequest], keep_prefix: bool = True) -> tuple[list[DecideResult], LastPrefixStore]:
+def sequential(requests: list[DecideRequest], keep_prefix: bool = True) -> tuple[list[DecideResult], PrefixStore]:
     svc = decide_service(ScriptedBackend(), keep_prefix=keep_prefix)
     return svc.answer(requests), svc.decider.store
 

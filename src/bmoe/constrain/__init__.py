@@ -6,4 +6,8 @@ parsers. Nothing here imports the engine: the grammar sampler over a model's voc
 adapter in ``bmoe.llama``. ``__all__`` is what other packages may use.
 """
 
-__all__: list[str] = []
+from bmoe.constrain.constraint import Constraint, constraint_of, from_response_format
+from bmoe.constrain.mask import TokenMask
+from bmoe.constrain.schema import MAX_ENUM, ConstraintError
+
+__all__ = ["MAX_ENUM", "Constraint", "ConstraintError", "TokenMask", "constraint_of", "from_response_format"]

@@ -7,11 +7,12 @@ which drives the engine only through the two ports of ``port.py`` (text, sequenc
 
 ``__all__`` is what other packages may use (tests/unit/test_public_door.py holds them to it): the
 request and result records, the request's field table and builder (``fields``), the refusals
-(``errors``), the engine ports the adapters implement (``port``), the decider and the service. Everything
+(``errors``), the engine ports the adapters implement (``port``), the kept states' store as the decider sees it
+(``kept_prefix``, which ``bmoe.state_store`` implements), the decider and the service. Everything
 else is the policy's own.
 """
 
-from bmoe.decide import errors, fields, port
+from bmoe.decide import errors, fields, kept_prefix, port
 from bmoe.decide.debias import NoPriorError, decisions_needed
 from bmoe.decide.decider import DecidePolicy, Decider
 from bmoe.decide.fields import DECIDE_TABLE, RENDER_TABLE, decide_request, request_fields
@@ -35,6 +36,7 @@ __all__ = [
     "decisions_needed",
     "errors",
     "fields",
+    "kept_prefix",
     "port",
     "request_fields",
     "resolve_keep_prefix",

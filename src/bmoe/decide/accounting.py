@@ -22,6 +22,7 @@ class Prefilled:
     restore_s: float
     store_s: float
     reuse: str
+    tier: str = ""  # where a restored state came from (kept_prefix.TIER_*); "" when none was
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ def result(
         store_s=done.store_s,
         restore_s=done.restore_s,
         reuse=done.reuse,
+        reuse_tier=done.tier,
         batch=batch,
         score_tokens=sum(c.n_tokens for c in scored.costs),
         score_s=sum(c.prefill_s for c in scored.costs),

@@ -31,7 +31,7 @@ from bmoe.decide.checks import Tokenized, check_requests, failure_message, share
 from bmoe.decide.choice_scorer import score_choices
 from bmoe.decide.continuations import NeutralStore, continuation_logps
 from bmoe.decide.errors import DecideCancelled
-from bmoe.decide.kept_prefix import LastPrefixStore, PrefixStore
+from bmoe.decide.kept_prefix import PrefixStore
 from bmoe.decide.port import BYTES_PER_MIB, PrefillCost, SequencePort, TextPort
 from bmoe.decide.prompt_split import SplitPrompt
 from bmoe.decide.scoring_modes import full_scores
@@ -60,7 +60,7 @@ class DecidePolicy:
 class Decider:
     """Answers plain decisions (no debiasing) over ``text`` and ``seq``, owning what it keeps
     between them: the prefix state (``store``; passed down to ``seq.keep`` whenever it changes)
-    and the neutral prompt's side of full scoring (``neutral``, kept for the session's life: a
+    (the session builds the store and hands it in) and the neutral prompt's side of full scoring (``neutral``, kept for the session's life: a
     generate() does not touch it, it lives in a copy)."""
 
     def __init__(
@@ -68,11 +68,11 @@ class Decider:
         text: TextPort,
         seq: SequencePort,
         policy: DecidePolicy,
-        store: PrefixStore | None = None,
+        store: PrefixStore,
         neutral: NeutralStore | None = None,
     ) -> None:
         self.text, self.seq, self.policy = text, seq, policy
-        self.store: PrefixStore = store if store is not None else LastPrefixStore()
+        self.store = store
         self.neutral = neutral if neutral is not None else NeutralStore()
 
     def answer(self, requests: Sequence[DecideRequest], stop: Callable[[], bool] = lambda: False) -> list[DecideResult]:
@@ -121,15 +121,34 @@ class Decider:
         return [r for r in results if r is not None]
 
     def drop(self) -> None:
-        """Drop the kept prefix state (a generate() or a score() is about to overwrite the
-        sequence): it is only worth its RAM between decisions."""
+        """A generate() or a score() is about to overwrite the sequence. The latest-prefix store
+        drops its state (it is only worth its RAM between decisions); a store that outlasts them
+        (``PrefixStore.lasting``) keeps its states, and the sequence copies out the one living in it."""
+        if self.store.lasting and self.store.held:
+            self._kept_changed()
+            return
+        self.forget()
+
+    def save_kept(self) -> None:
+        """At close: the states kept in RAM go to flash where the store has a flash tier (the one
+        living in the sequence is copied out first), so that they outlast the process. The
+        latest-prefix store has no flash tier: nothing to save."""
+        if not self.store.lasting:
+            return
+        try:
+            self.seq.clear()
+            self.store.flush()
+        except Exception:  # closing goes on; a state not saved is only computed again
+            pass
+
+    def forget(self) -> None:
+        """Drop every state kept in RAM, and the sequence's buffers for them."""
         self.store.drop()
         self.seq.forget()
 
     # --- kept state ---------------------------------------------------------------------------
     def _kept_changed(self) -> None:
-        kept = self.store.kept
-        self.seq.keep(() if kept is None else (kept,))
+        self.seq.keep(self.store.held)
 
     def _open_side_sequences(self) -> None:
         """Open the side sequences if none are open and some can be; the kept prefix state is
@@ -137,7 +156,7 @@ class Decider:
         sides = self.seq.side_sequences()
         if sides.n_open or not sides.n_most:
             return  # open already, or none can be: batches run one by one, full scoring was refused
-        self.drop()
+        self.forget()
         self.seq.open_side_sequences()
 
     # --- one decision -------------------------------------------------------------------------
@@ -188,13 +207,7 @@ class Decider:
             return Prefilled(costs=(cost,), n_reused=0, restore_s=0.0, store_s=store_s, reuse=reuse)
         head = self._prefix_piece(prompt)
         rest = self.seq.prefill(tokens[prompt.n_prefix :], prompt.n_prefix)
-        return Prefilled(
-            costs=head.costs + (rest,),
-            n_reused=head.n_reused,
-            restore_s=head.restore_s,
-            store_s=head.store_s,
-            reuse=head.reuse,
-        )
+        return Prefilled(head.costs + (rest,), head.n_reused, head.restore_s, head.store_s, head.reuse, head.tier)
 
     def _prefix_piece(self, prompt: SplitPrompt) -> Prefilled:
         """Bring the sequence to exactly the prompt's prefix: the kept state restored, extended or
@@ -204,14 +217,15 @@ class Decider:
         lookup = store.lookup(prompt.prefix_tokens)
         restore_s = store_s = 0.0
         if lookup.kept is not None:
+            self._kept_changed()  # a state read from flash is in RAM now, and others may have left
             t0 = time.perf_counter()
             seq.load_state(lookup.kept.state)
-            restore_s = time.perf_counter() - t0
+            restore_s = lookup.load_s + time.perf_counter() - t0
             n_past = lookup.kept.state.n_tokens
             reuse = REUSE_RESTORED if n_past == n_prefix else REUSE_RESTORED_STORED
         else:
             if lookup.differs_at is not None:
-                store.drop()  # unusable for this prompt and about to be replaced: not worth a copy
+                store.make_room(prompt.prefix_tokens)  # what storing evicts is not worth a copy
                 self._kept_changed()
             store_s = seq.clear()
             n_past = 0
@@ -225,7 +239,8 @@ class Decider:
             # Stored before the rest is prefilled: the state must be the one at the prefix boundary.
             store.store(prompt.prefix_tokens, state)
             self._kept_changed()
-        return Prefilled(costs=costs, n_reused=n_past, restore_s=restore_s, store_s=store_s, reuse=reuse)
+        tier = lookup.tier if lookup.kept is not None else ""
+        return Prefilled(costs, n_past, restore_s, store_s, reuse, tier)
 
     # --- a batch ------------------------------------------------------------------------------
     def _run_batch(
@@ -256,7 +271,7 @@ class Decider:
             mine = share_of(cost, tok.prompt.n_tokens - n_prefix)
             # The first member pays for the prefix piece, as it would alone; the others find it kept.
             done = (
-                Prefilled(head.costs + (mine,), head.n_reused, head.restore_s, head.store_s, head.reuse)
+                Prefilled(head.costs + (mine,), head.n_reused, head.restore_s, head.store_s, head.reuse, head.tier)
                 if k == 0
                 else Prefilled((mine,), n_prefix, 0.0, 0.0, REUSE_RESTORED)
             )

@@ -1,4 +1,5 @@
-"""The kept prefix state, and whether a session keeps one at all.
+"""The kept prefix states as the decider sees them (the store is ``bmoe.state_store``), and
+whether a session keeps any at all.
 
 An agent's prompt grows step by step, so the state worth keeping is the latest prefix: the next
 request's prefix is the same or extends it. The state is the whole sequence state (recurrent
@@ -13,74 +14,72 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bmoe.decide.port import KeptPrefix, KeptState
-from bmoe.numerics import common_prefix_len
 
-__all__ = ["KeptPrefix", "LastPrefixStore", "Lookup", "PrefixStore", "resolve_keep_prefix"]
+__all__ = ["TIER_DISK", "TIER_RAM", "KeptPrefix", "Lookup", "PrefixStore", "resolve_keep_prefix"]
+
+
+TIER_RAM = "ram"  # a kept state found in RAM
+TIER_DISK = "disk"  # a kept state read back from flash
 
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """What the cache holds for a new prefix.
+    """What the store holds for a new prefix.
 
-    ``kept`` is set on a hit (its tokens are the new prefix or a prefix of it); on a miss
-    ``differs_at`` is the first token index where the kept prefix and the new one disagree
-    (the new prefix may also simply end there). Both are None when nothing is kept.
+    ``kept`` is set on a hit (its tokens are the new prefix or a prefix of it), with ``tier`` where
+    it was found (``TIER_RAM`` or ``TIER_DISK``) and ``load_s`` the seconds its tier took to hand it
+    over (reading and checking a file; 0 from RAM). On a miss ``differs_at`` is the first token
+    index where the new prefix parts from every kept one (the new prefix may also simply end there).
+    Both are None when nothing is kept.
     """
 
     kept: KeptPrefix | None = None
     differs_at: int | None = None
+    tier: str = ""
+    load_s: float = 0.0
 
 
 class PrefixStore(Protocol):
+    """The kept prefix states as the decider uses them: ``bmoe.state_store.StateStore`` implements
+    it (the session builds one and hands it in; decide does not import the store)."""
+
     def lookup(self, prefix_tokens: Sequence[int]) -> Lookup:
-        """The kept state usable for ``prefix_tokens``, or why there is none."""
+        """The longest kept state usable for ``prefix_tokens``, or why there is none."""
         ...
 
     def store(self, prefix_tokens: Sequence[int], state: KeptState) -> None:
         """Keep ``state``, taken right after ``prefix_tokens``."""
         ...
 
+    def make_room(self, prefix_tokens: Sequence[int]) -> None:
+        """A state for ``prefix_tokens`` is about to be computed and stored: drop now what storing
+        it would evict anyway, so that nothing is copied out of the sequence only to be dropped."""
+        ...
+
     def drop(self) -> None:
-        """Free the kept state (a generate() does this)."""
+        """Free the states kept in RAM (a generate() does this); states on flash stay."""
+        ...
+
+    def flush(self) -> None:
+        """Write the states kept in RAM to flash, where there is a flash tier (at close)."""
+        ...
+
+    @property
+    def lasting(self) -> bool:
+        """Whether the states outlast a generate() (``Decider.drop``): False for the latest-prefix
+        store, whose one state is only worth its RAM between decisions."""
+        ...
+
+    @property
+    def held(self) -> tuple[KeptPrefix, ...]:
+        """The states kept in RAM now, which the decider passes down to the sequence
+        (``SequencePort.keep``)."""
         ...
 
     @property
     def kept(self) -> KeptPrefix | None:
-        """The state kept now, which the decider passes down to the sequence (``SequencePort.keep``)."""
+        """The state stored or restored last, if it is still kept."""
         ...
-
-
-class LastPrefixStore:
-    """Keeps one state: the latest prefix stored. Storing replaces it."""
-
-    def __init__(self) -> None:
-        self._kept: KeptPrefix | None = None
-
-    def lookup(self, prefix_tokens: Sequence[int]) -> Lookup:
-        kept = self._kept
-        if kept is None:
-            return Lookup()
-        n_common = common_prefix_len(kept.tokens, prefix_tokens)
-        if n_common == len(kept.tokens):
-            return Lookup(kept=kept)
-        return Lookup(differs_at=n_common)
-
-    def store(self, prefix_tokens: Sequence[int], state: KeptState) -> None:
-        tokens = tuple(prefix_tokens)
-        if state.n_tokens != len(tokens):
-            # A state that does not describe these tokens would later be restored as if it did.
-            raise ValueError(
-                f"prefix cache: a saved state of {state.n_tokens} tokens cannot be kept for a "
-                f"{len(tokens)}-token prefix"
-            )
-        self._kept = KeptPrefix(tokens=tokens, state=state)
-
-    def drop(self) -> None:
-        self._kept = None
-
-    @property
-    def kept(self) -> KeptPrefix | None:
-        return self._kept
 
 
 def resolve_keep_prefix(mode: str, *, prefill_device: bool) -> bool:

@@ -141,6 +141,7 @@ class DecideResult:
     store_s: float = 0.0
     restore_s: float = 0.0
     reuse: str = ""
+    reuse_tier: str = ""  # "ram" or "disk": where the restored prefix state came from; "" when none
     batch: BatchShare | None = None  # set when prefilled together with other decisions
     # scoring "full": what scoring the choices cost beyond the prompt (their tokens on side
     # sequences, and the neutral prompt when it was prefilled), and how the neutral side was got.

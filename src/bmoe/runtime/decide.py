@@ -9,8 +9,9 @@ its new tokens, all exact:
   saved state is not copied at all. It stays in the sequence, and the KV bookkeeping copies it
   out only if something is about to remove it while it is kept (``keep``; a decision prefilled
   whole, perplexity()): an agent that only makes decisions never pays for a copy, nor holds one
-  in RAM. One state lives in the sequence at a time, the one saved or loaded last: of several
-  kept states, one saved earlier and never copied out cannot be loaded (``load_state`` says so);
+  in RAM. Several kept states may live in the sequence at once, each a prefix of the next (an
+  agent's prefixes, each restored and extended): before the sequence loses one, it is copied out,
+  longest first;
 - restore by trimming: when the sequence still holds the kept prefix followed by the last
   decision's suffix (an agent's next step), cutting the suffix off leaves exactly the kept
   state, with no copy; memory that cannot be cut (recurrent layers) takes the copy instead;
@@ -70,7 +71,7 @@ class LlamaSequence:
         # Attention-only memory can be cut back to any prefix; recurrent state cannot.
         self._cuttable = not (model.is_recurrent or model.is_hybrid)
         self._copy_s = 0.0  # seconds the last clear() spent copying a kept state out
-        self._holding: KeptState | None = None  # the state the sequence's first tokens are
+        self._holding: list[KeptState] = []  # states the sequence's first tokens are, shortest first
         self._open_failed: str | None = None  # why opening the side sequences failed, once it did
         self._limits: RowLimits | None = None  # how the model's weight types bound a call (forks.py)
 
@@ -281,18 +282,31 @@ class LlamaSequence:
     def _hold(self, state: KeptState) -> None:
         """The sequence's first tokens now are ``state`` exactly as it was computed (or loaded),
         so cutting the sequence back to them restores it exactly. The KV bookkeeping tells us
-        before anything removes one of them; from then on only a copy can restore it.
+        before anything removes one of them; from then on only a copy can restore it. States held
+        before, which the sequence has not lost (each a prefix of this one), stay held.
 
         Same tokens are not enough: a prompt prefilled whole computes its first tokens in a
         different piece than the kept prefix was, and llama.cpp does not round them the same."""
-        self._holding = state
-        self._rt.kv.guard(state.n_tokens, lambda: self._release(state))
+        self._holding = [s for s in self._holding if s.n_tokens < state.n_tokens and s is not state] + [state]
+        self._guard_longest()
 
-    def _release(self, state: KeptState) -> None:
-        """The sequence is about to lose ``state``'s tokens: copy them out first if the state
-        still is the kept one and only lives in the sequence."""
-        self._holding = None
-        if not self._is_kept(state) or not isinstance(state.data, InSequence):
+    def _guard_longest(self) -> None:
+        if self._holding:
+            self._rt.kv.guard(self._holding[-1].n_tokens, self._release_longest)
+        else:
+            self._rt.kv.unguard()
+
+    def _release_longest(self) -> None:
+        """The sequence is about to lose the longest held state's tokens: copy it out first (if it
+        is kept and lives only in the sequence); the next shorter one is guarded next."""
+        state = self._holding.pop()
+        try:
+            self._copy_out(state)
+        finally:
+            self._guard_longest()
+
+    def _copy_out(self, state: KeptState) -> None:
+        if not self._is_kept(state) or not isinstance(state.data, InSequence) or state.data.copy is not None:
             return  # dropped or replaced: not worth a copy; or already a copy
         ctx, kv = self._ctx, self._rt.kv
         n = state.n_tokens
@@ -309,15 +323,18 @@ class LlamaSequence:
         """Nothing is kept any more: nothing in the sequence needs saving, and the state buffers
         go back to the OS."""
         self._kept = ()
-        self._holding = None
+        self._holding = []
         self._rt.kv.unguard()
         self._pool = []
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of state buffers this adapter holds: the kept state's copy and, on models with
-        recurrent layers, the spare the next copy goes into; each with room for a longer prefix."""
-        return sum(b.nbytes for b in self._pool)
+        """Bytes of state buffers this adapter holds: the kept states' copies and, on models with
+        recurrent layers, the spare the next copy goes into; pool buffers with room for a longer
+        prefix."""
+        pooled = sum(b.nbytes for b in self._pool)
+        copies = [d for k in self._kept if isinstance(d := saved_bytes(k.state), np.ndarray)]
+        return pooled + sum(d.nbytes for d in copies if not any(np.shares_memory(d, b) for b in self._pool))
 
     def _spare_buffer(self, size: int) -> np.ndarray:
         """A pool buffer the kept state does not live in, grown (untouched pages) when too small."""
@@ -331,10 +348,13 @@ class LlamaSequence:
     def load_state(self, state: KeptState) -> None:
         kv = self._rt.kv
         n = state.n_tokens
-        if self._holding is state and (kv.n_past == n or kv.trim_to(n)):
-            del kv.tokens[n:]  # the sequence already is the kept state: no copy
-            self._logits = None
-            return
+        if any(s is state for s in self._holding):
+            while self._holding[-1] is not state:  # longer held states: copied out before the cut
+                self._release_longest()
+            if kv.n_past == n or kv.trim_to(n):
+                del kv.tokens[n:]  # the sequence already is the kept state: no copy
+                self._logits = None
+                return
         data = saved_bytes(state)
         if data is None:
             kv.reset()

@@ -84,8 +84,9 @@ class KvSequence:
         self._guard = None
 
     def _before_cut(self, n_keep: int) -> None:
-        """About to keep only the first ``n_keep`` positions: let the guard save what it needs."""
-        if self._guard is not None and n_keep < self._guard[0]:
+        """About to keep only the first ``n_keep`` positions: let the guard save what it needs (a
+        guard may set the next one, over a shorter prefix, which is then asked too)."""
+        while self._guard is not None and n_keep < self._guard[0]:
             save = self._guard[1]
             self._guard = None
             save()

@@ -24,6 +24,7 @@ from bmoe.config import SessionConfig
 from bmoe.errors import BmoeError
 from bmoe.runtime.footprint import kv_bytes_per_sequence
 from bmoe.runtime.opening import check_opening
+from bmoe.runtime.state_store_open import DEFAULT_RAM_MIB
 from bmoe.stream import lookup
 from bmoe.stream.archs import NothingToStreamError, UnsupportedArchError
 from bmoe.stream.budget import available_bytes, cgroup_memory
@@ -256,6 +257,7 @@ class StreamChoice:
     cache_mb: Chosen
     prefetch: Chosen
     n_ubatch: Chosen  # its value also sets n_batch (at least the config's)
+    state_ram_mib: Chosen | None = None  # the state store's RAM tier, where the store is on
 
 
 def choose_mode(config: SessionConfig, m: ModelFacts, room: int) -> Chosen:
@@ -304,6 +306,9 @@ def choose_stream(
     # them in a wide prefill: one layer of expert bytes more (measured on the bench model: the
     # cache on, 322 MiB above the same cache without it; the cache off, a second set of its
     # shared buffers, which fill up to the layer's experts as they are routed).
+    states = choose_state_ram(config, left)
+    if states is not None:
+        left -= states.value * MIB  # memory given to kept states is taken from the expert cache
     can_prefetch = m.can_prefetch and config.prefill_device is None
     ahead = m.layer_bytes if can_prefetch and left - m.layer_bytes >= m.token_bytes else 0
     cache = _cache_mib(left - ahead, m)
@@ -325,6 +330,7 @@ def choose_stream(
             int(cache),
             f"what is left after dense weights, KV ({m.kv_bytes / MIB:.0f} MiB), buffers "
             f"({(compute + HEAP + lanes) / MIB:.0f} MiB)"
+            + (f", the state store's RAM tier ({states.value} MiB)" if states is not None and states.value else "")
             + (f" and read-ahead's staging ({ahead / MIB:.0f} MiB)" if ahead else "")
             + ", at most every expert"
             if cache
@@ -350,6 +356,23 @@ def choose_stream(
             if n_ub > config.n_ubatch
             else "wider compute buffers would leave no cache",
         ),
+        state_ram_mib=states,
+    )
+
+
+def choose_state_ram(config: SessionConfig, left: int) -> Chosen | None:
+    """The state store's RAM tier on a streamed model, where the store is on: what the user gave,
+    else an eighth of what is left for the expert cache, at most DEFAULT_RAM_MIB (states spill to
+    the flash tier; every MiB here is a MiB less of experts). None where the store is off."""
+    if config.state_ram_mib is None and not config.state_disk_mib:
+        return None
+    if config.state_ram_mib is not None:
+        return Chosen(config.state_ram_mib, "given")
+    mib = max(1, min(DEFAULT_RAM_MIB, max(0, left) // 8 // MIB))  # 0 would turn the tier off
+    return Chosen(
+        mib,
+        f"an eighth of what is left for the expert cache, at most {DEFAULT_RAM_MIB} MiB: memory given to kept "
+        "states is taken from the experts, and states beyond it wait on flash",
     )
 
 
@@ -391,6 +414,8 @@ def make_plan(
         choose("dense_weights", st.dense_weights)
         choose("cache_mb", st.cache_mb)
         choose("prefetch", st.prefetch)
+        if st.state_ram_mib is not None:
+            choose("state_ram_mib", st.state_ram_mib)
         if any(is_fixed(config, f) for f in BATCH_FIELDS):  # the two sizes go together
             choices.extend(
                 Choice(f, getattr(config, f), "you", "given" if is_fixed(config, f) else "the other size is given")

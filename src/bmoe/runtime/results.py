@@ -27,6 +27,11 @@ class GenerateRequest:
     # image file paths, data: URLs or bytes (bmoe.image_refs), placed at the prompt's markers
     # (rules.IMAGE_MARKER), or in front of it without one; needs a session opened with mmproj
     images: tuple[ImageSource, ...] = ()
+    # the answer must be JSON valid under this schema, or text the GBNF grammar accepts (at most
+    # one of them; bmoe.constrain refuses what it cannot enforce): docs/protocol.md "Constrained"
+    json_schema: dict | bool | None = None
+    grammar: str | None = None
+    jump_forward: bool = False  # the tokens a constraint forces go into the model in one batch
     # None: no log-probs; 0..20: each Step carries its token's log-prob and this many alternatives
     # (runtime/sampling.py TokenLogprobs: the model's distribution, before bias and temperature)
     top_logprobs: int | None = None
@@ -56,6 +61,25 @@ GENERATE_TABLE: rules.Table = (
         "markers or in front of it; needs `--mmproj` "
         "([decide.md](decide.md#images))",
     ),
+    rules.Field(
+        "json_schema",
+        rules.SCHEMA,
+        None,
+        "the answer is JSON valid under this schema ([protocol.md](protocol.md#constrained-generation))",
+    ),
+    rules.Field(
+        "grammar",
+        rules.STR,
+        None,
+        "the answer is text this GBNF grammar accepts ([protocol.md](protocol.md#constrained-generation))",
+    ),
+    rules.Field(
+        "jump_forward",
+        rules.BOOL,
+        False,
+        "with a constraint: the tokens it forces are decoded in one batch "
+        "([protocol.md](protocol.md#constrained-generation))",
+    ),
 )
 GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
 
@@ -63,7 +87,7 @@ GENERATE_FIELDS: rules.Spec = rules.spec(GENERATE_TABLE)
 def generate_request(fields: dict) -> GenerateRequest:
     """The GenerateRequest of checked generate ``fields`` (a field left out takes its default)."""
     f: dict[str, Any] = rules.with_defaults(fields, GENERATE_TABLE)
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in f.items()}
+    values: dict[str, Any] = {k: tuple(v) if k == "images" else v for k, v in f.items()}
     return GenerateRequest(**values)
 
 
@@ -142,6 +166,8 @@ class GenerateResult:
     logits: tuple[np.ndarray, ...] = field(default=())
     prefill_dev_tokens: int | None = None  # prompt tokens the prefill device ran; None without one
     decode_io: StreamStats = field(default_factory=StreamStats)  # the decode steps' part of ``io``
+    reuse_tier: str = ""  # "ram" or "disk": the state store's tier a kept state came from ("" when none did)
+    restore_s: float = 0.0  # seconds restoring it (reading its file included)
 
     @property
     def n_tokens(self) -> int:

@@ -21,13 +21,16 @@ from pathlib import Path
 from typing import Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
+from llguidance import LLTokenizer
 
 from bmoe import rules
 from bmoe.config import SessionConfig
+from bmoe.constrain import TokenMask, constraint_of
 from bmoe.errors import BmoeError, ContextOverflowError, EngineFailure, RequestError
 from bmoe.image_refs import ImageSource
 from bmoe.llama.context import ContextParams, LlamaContext
 from bmoe.llama.devices import open_prefill_device
+from bmoe.llama.grammar import grammar_tokenizer
 from bmoe.llama.model import LlamaModel, ModelLoadParams
 from bmoe.llama.mtmd import Image, ImageError, Projector
 from bmoe.numerics import log_softmax
@@ -82,6 +85,7 @@ class Turn(NamedTuple):
     rendered: Prompt
     think: bool
     opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
+    mask: TokenMask | None = None  # the answer's constraint (json_schema or grammar), if any
 
 
 class SideRoom(NamedTuple):
@@ -142,6 +146,7 @@ class Runtime:
                 self.model.close()
                 raise
         self.ctx: LlamaContext | None = None
+        self._grammar_tok: LLTokenizer | None = None  # llguidance's view of the vocabulary, built on first use
         self.images: ImageRuns | None = None
         try:
             self._open_rest(config)
@@ -370,7 +375,13 @@ class Runtime:
         the KV changes."""
         cfg = self.config
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
-        think = cfg.think if req.think is None else req.think
+        constraint, mask = constraint_of(req.json_schema, req.grammar), None
+        if constraint is not None:
+            if self._grammar_tok is None:
+                self._grammar_tok = grammar_tokenizer(self.model)
+            mask = TokenMask(self._grammar_tok, constraint, self.model.n_vocab)
+        # A constrained answer starts at the first token: no reasoning block before it.
+        think = (cfg.think if req.think is None else req.think) and mask is None
         history = [] if req.clear_kv else list(self.history)
         messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
         images = self._conversation_images(messages) if any(m.images for m in messages) else []
@@ -387,13 +398,15 @@ class Runtime:
                 f"prompt ({len(prompt)} tokens{of_images}) plus n_predict ({n_predict}) exceeds the context "
                 f"(n_ctx {self.n_ctx})"
             )
+        if req.jump_forward and req.keep_logits:
+            raise RequestError("jump_forward: forced tokens have no logit row of their own; not with keep_logits")
         sampler = Sampler(
             cfg.temperature if req.temperature is None else req.temperature,
             cfg.top_p if req.top_p is None else req.top_p,
             cfg.seed if req.seed is None else req.seed,
             req.logit_bias,
         )
-        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning)
+        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask)
 
     def run(self, turn: "Turn", cancel: threading.Event) -> Generator[Step, None, GenerateResult]:
         """Yield a Step per generated token; return the GenerateResult. ``cancel`` is looked at
@@ -401,7 +414,7 @@ class Runtime:
         return (yield from self._run_turn(*turn, cancel))
 
     def _run_turn(
-        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, cancel
+        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, mask, cancel
     ) -> Generator[Step, None, GenerateResult]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
@@ -438,14 +451,20 @@ class Runtime:
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"
+        # Jump-forward: tokens the constraint forces are taken without sampling and go into the KV
+        # in one batch with the token before them (``pending``: taken, not yet in the KV).
+        forced: list[int] = []
+        pending: list[int] = []
         t_dec, io_dec = time.perf_counter(), self.stream_stats()
         while len(out) < n_predict:
             if cancel.is_set():
                 stop = "cancelled"
                 break
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
-            tok = sampler.sample(logits)
-            lp = None if req.top_logprobs is None else sampler.logprobs(logits, tok, req.top_logprobs)
+            was_forced = bool(forced)
+            tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
+            # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its own
+            lp = None if req.top_logprobs is None or was_forced else sampler.logprobs(logits, tok, req.top_logprobs)
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)
@@ -454,18 +473,24 @@ class Runtime:
                 break
             out.append(tok)
             d_text, d_reason = stream.push(self.model.token_bytes(tok))
-            if len(out) < n_predict and self.kv.n_past >= self.n_ctx:
+            if mask is not None and mask.advance(tok):  # the constraint ends the answer here
+                stop = "eog"
+            elif len(out) < n_predict and self.kv.n_past + len(pending) >= self.n_ctx:
                 stop = "ctx"
-            if len(out) == n_predict or stop == "ctx":  # the last token: its step carries the held-back tail
+            if len(out) == n_predict or stop != "length":  # the last token: its step carries the held-back tail
                 t_text, t_reason = stream.finish()
                 d_text, d_reason = d_text + t_text, d_reason + t_reason
             else:
-                logits = self.kv.append([tok])
+                pending.append(tok)
+                if req.jump_forward and mask is not None and not forced:
+                    forced = mask.forced(min(n_predict - len(out), self.n_ctx - self.kv.n_past - len(pending)))
+                if not forced:
+                    logits, pending = self.kv.append(pending), []
             step = self._step(
                 len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None
             )
             yield step if lp is None else dataclasses.replace(step, logprobs=lp)
-            if stop == "ctx":
+            if stop != "length":
                 break
         # Stopped by an end-of-generation token or a cancel: what the stream still held back (a
         # possible partial marker, an incomplete character) goes out in one more step, so the

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from bmoe.constrain import ConstraintError, constraint_of, from_response_format
 from bmoe.rules import IMAGE_MARKER
 from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, run_turn
 from bmoe.server.errors import ApiError, error_body, from_request_error
@@ -82,7 +83,10 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         and body.max_tokens != body.max_completion_tokens
     ):
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", "max_completion_tokens")
+    schema, grammar = _constraint(body)
     return ChatTurn(
+        json_schema=schema,
+        grammar=grammar,
         messages=msgs,
         max_tokens=body.max_tokens or body.max_completion_tokens,
         temperature=body.temperature,
@@ -94,6 +98,21 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         logit_bias=body.bias(),
         logprobs_of=tuple(body.bmoe_logprobs_of or ()),
     )
+
+
+def _constraint(body: ChatCompletionRequest) -> tuple[dict | bool | None, str | None]:
+    """The answer's schema or grammar, from response_format, json_schema or grammar (one of them),
+    checked here so that a refusal is a 400 naming its field before the job is queued."""
+    given = [n for n in ("response_format", "json_schema", "grammar") if getattr(body, n) is not None]
+    try:
+        if len(given) > 1:
+            raise ConstraintError(given[1], f"give one of response_format, json_schema and grammar, got {given}")
+        schema = from_response_format(body.response_format)
+        schema = body.json_schema if schema is None else schema
+        constraint_of(schema, body.grammar)
+    except ConstraintError as e:
+        raise ApiError(400, str(e), e.field, "invalid_request") from None
+    return schema, body.grammar
 
 
 def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
@@ -120,7 +139,7 @@ def usage(outcome: TurnOutcome) -> dict[str, Any]:
 def raise_for(ev: Event) -> None:
     if ev.kind != ERROR:
         return
-    raise job_error(ev.value, lambda e: from_request_error(e, "messages")) from ev.value
+    raise job_error(ev.value, lambda e: from_request_error(e, getattr(e, "field", "messages"))) from ev.value
 
 
 class ChatRoute:

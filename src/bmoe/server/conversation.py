@@ -28,6 +28,8 @@ class ChatTurn:
     seed: int | None
     stops: tuple[str, ...]
     think: bool | None
+    json_schema: dict | bool | None = None  # the answer's constraint (at most one of the two)
+    grammar: str | None = None
     top_logprobs: int | None = None  # None: no log-probs; else alternatives per token (0..20)
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs_of: tuple[str, ...] = ()  # bmoe_logprobs_of (server/logprobs.py)
@@ -98,6 +100,8 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             temperature=turn.temperature,
             top_p=turn.top_p,
             seed=turn.seed,
+            json_schema=turn.json_schema,
+            grammar=turn.grammar,
             top_logprobs=turn.top_logprobs,
             logit_bias=turn.logit_bias,
         ),

@@ -52,6 +52,30 @@ class Metrics:
         Gauge("bmoe_context_tokens", "Tokens in the session's context now", registry=r).set_function(
             lambda: float(stats().get("n_past", 0))
         )
+        self._state_store_gauges(stats)
+
+    def _state_store_gauges(self, stats: Callable[[], dict]) -> None:
+        """The store of kept prefix states, per tier: its own counts since the session opened."""
+        r = self.registry
+
+        def count(key: str) -> Callable[[], float]:
+            return lambda: float(stats().get("state_store", {}).get(key, 0))
+
+        for name, doc, keys in (
+            ("bmoe_state_store_hits", "Kept prefix states found, by tier", ("hits_ram", "hits_disk")),
+            ("bmoe_state_store_bytes", "Bytes of kept prefix states held, by tier", ("bytes_ram", "bytes_disk")),
+            ("bmoe_state_store_states", "Kept prefix states held, by tier", ("states_ram", "states_disk")),
+            ("bmoe_state_store_evictions", "Kept prefix states evicted, by tier", ("evictions_ram", "evictions_disk")),
+        ):
+            g = Gauge(name, doc, ["tier"], registry=r)
+            for tier, key in zip(("ram", "disk"), keys):
+                g.labels(tier).set_function(count(key))
+        Gauge("bmoe_state_store_misses", "Lookups that found no kept prefix state", registry=r).set_function(
+            count("misses")
+        )
+        Gauge(
+            "bmoe_state_store_corrupt", "State files found damaged or replaced, deleted and recomputed", registry=r
+        ).set_function(count("corrupt_disk"))
 
     def chat_turn(self, r: GenerateResult, finish_reason: str) -> None:
         self.chat.labels(finish_reason).inc()

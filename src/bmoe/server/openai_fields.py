@@ -21,7 +21,7 @@ from bmoe.server.errors import ApiError
 HONOURED = "honoured"
 IGNORED = "ignored (harmless)"
 REFUSED = "refused"
-NOT_YET = "not supported yet"  # constrained generation and tool calls: being built (#36)
+NOT_YET = "not supported yet"  # tool calls: being built (#36)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ def _refused(name: str, why: str, *neutral: Any) -> OpenAIField:
 
 _PENALTY = "only 0 is supported"
 _TOOLS = f"{NOT_YET}: tool calls"
-_CONSTRAINED = f"{NOT_YET}: constrained generation"
+_CONSTRAINED = "constrained generation is not supported on /v1/completions; use /v1/chat/completions"
 
 CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("messages", HONOURED, "the conversation; the last message must be the user's"),
@@ -59,9 +59,9 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("bmoe_logprobs_of", HONOURED, "bmoe: the log-prob of named strings at the answer's start"),
     _refused("presence_penalty", _PENALTY, 0),
     _refused("frequency_penalty", _PENALTY, 0),
-    _refused("response_format", _CONSTRAINED, {"type": "text"}),
-    _refused("grammar", _CONSTRAINED),
-    _refused("json_schema", _CONSTRAINED),
+    OpenAIField("response_format", HONOURED, "text, json_object or json_schema (Structured outputs below)"),
+    OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
+    OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
     _refused("tools", _TOOLS, []),
     _refused("tool_choice", _TOOLS),
     _refused("parallel_tool_calls", _TOOLS),
@@ -101,6 +101,8 @@ COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
     _refused("stop", "stop strings are not supported on /v1/completions (it generates at most 1 token)", "", []),
     _refused("presence_penalty", _PENALTY, 0),
     _refused("frequency_penalty", _PENALTY, 0),
+    _refused("json_schema", _CONSTRAINED),
+    _refused("grammar", _CONSTRAINED),
     OpenAIField("stream_options", IGNORED, "stream is refused, so it has nothing to change"),
     OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
 )

@@ -136,6 +136,11 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
     think: bool | None = Field(None, description="bmoe: reasoning on/off for this turn (default: the session's)")
+    response_format: dict[str, Any] | None = Field(
+        None, description="text, json_object or json_schema (enforced whether strict or not): docs/server.md"
+    )
+    json_schema: dict[str, Any] | bool | None = Field(None, description="llama.cpp-server style: the answer's schema")
+    grammar: Text | None = Field(None, description="llama.cpp-server style: a GBNF grammar the answer keeps")
     logprobs: bool | None = Field(None, description="return the answer's tokens' log-probs")
     top_logprobs: int | None = Field(None, ge=0, le=TOP_CAP, description="alternatives per token; needs logprobs")
     logit_bias: LogitBias | None = None
@@ -145,9 +150,6 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     # Refused unless left out (or neutral): openai_fields.CHAT_FIELDS. Any: refused by name, not by type.
-    response_format: Any = None
-    grammar: Any = None
-    json_schema: Any = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -300,6 +302,8 @@ class CompletionRequest(BaseModel):
     logit_bias: LogitBias | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    json_schema: dict[str, Any] | bool | None = Field(None, description="refused: not on this scoring route")
+    grammar: Text | None = Field(None, description="refused: not on this scoring route")
     stream_options: Any = None
     user: Any = None
 

@@ -137,6 +137,8 @@ def done_fields(r: GenerateResult) -> dict:
         # bmoe's own keys
         "n_reused": r.n_reused,
         "prefill_fallback": r.prefill_fallback,
+        # only when the turn restored a kept state from the state store
+        **({"reuse_tier": r.reuse_tier, "restore_s": _r(r.restore_s)} if r.reuse_tier else {}),
         "stop": r.stop,
         "experts_routed": io.routed,
         "read_mib_tok": _r(io.read_bytes / MIB / n, 3),
@@ -189,6 +191,8 @@ def decide_fields(r: DecideResult) -> dict[str, JsonValue]:
     out["store_s"] = r.store_s
     out["restore_s"] = r.restore_s
     out["reuse"] = r.reuse
+    if r.reuse_tier:  # a kept state was restored: from which tier of the store
+        out["reuse_tier"] = r.reuse_tier
     if r.scores.scoring == "full":  # what scoring the choices cost beyond the prompt
         out["score_tokens"] = r.score_tokens
         out["score_s"] = r.score_s

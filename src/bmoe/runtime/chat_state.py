@@ -1,0 +1,86 @@
+"""Chat turns through the store of kept states (docs/server.md "Interleaved conversations").
+
+With a store that outlasts a generate() (``--state-ram-mib`` / ``--state-disk-mib``), a chat turn
+keeps the state at the end of its last message: the next turn of the same conversation renders
+the same text up to there, whatever other conversations ran in between, and restores it. Before
+the turn runs, ``prepare_turn`` restores the longest kept state of the prompt (when it is longer
+than what the sequence holds of it), prefills up to the boundary and stores the state there; the
+generate loop then reuses those tokens as its KV prefix. ``TurnReuse`` says what was done, so the
+turn's result counts the boundary's prefill as prefilled, not reused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from bmoe.decide.decider import Decider
+from bmoe.numerics import common_prefix_len
+from bmoe.runtime.chat import Prompt
+from bmoe.runtime.results import GenerateResult
+from bmoe.runtime.runtime import Runtime, Turn
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReuse:
+    n_prefilled: int  # tokens prefilled here, before the generate loop (it counts them as reused)
+    prefill_s: float
+    tier: str  # where a restored state came from ("" when none was restored)
+    restore_s: float
+
+    def account(self, result: GenerateResult) -> GenerateResult:
+        """The turn's result with the prefill done here counted as prefill."""
+        if not self.n_prefilled and not self.tier:
+            return result
+        return replace(
+            result,
+            reuse_tier=self.tier,
+            restore_s=self.restore_s,
+            n_prompt=result.n_prompt + self.n_prefilled,
+            n_reused=max(0, result.n_reused - self.n_prefilled),
+            prefill_s=result.prefill_s + self.prefill_s,
+        )
+
+
+def boundary(runtime: Runtime, turn: Turn) -> int:
+    """How many leading prompt tokens end with the turn's last message: the prompt's tokens that
+    agree with the text up to the end of the last message's own text, less one token (the join:
+    its last token may tokenize differently once more text follows)."""
+    parts = turn.rendered.parts
+    last = max((i for i, (_, plain) in enumerate(parts) if plain), default=-1)
+    if last < 0:
+        return 0
+    head = runtime.tokenize_prompt(Prompt(parts[: last + 1]))
+    return max(0, common_prefix_len(head, turn.prompt) - 1)
+
+
+def prepare_turn(runtime: Runtime, decider: Decider, turn: Turn) -> TurnReuse:
+    """Bring the sequence to the turn's first ``boundary`` tokens and keep the state there."""
+    store, seq, kv = decider.store, decider.seq, runtime.kv
+    none = TurnReuse(0, 0.0, "", 0.0)
+    if turn.req.clear_kv or not store.lasting or any(t < -1 for t in turn.prompt):
+        return none  # a fresh conversation, the latest-prefix store, or images (kept out for now)
+    b = boundary(runtime, turn)
+    if b < 1:
+        return none
+    head = turn.prompt[:b]
+    n_held = min(common_prefix_len(kv.tokens, turn.prompt), b)
+    if n_held < kv.n_past and (runtime.model.is_recurrent or runtime.model.is_hybrid):
+        n_held = 0  # recurrent memory cannot be cut back to what agrees: it would be prefilled again
+    lookup = store.lookup(head)
+    tier, restore_s = "", 0.0
+    if lookup.kept is not None and lookup.kept.state.n_tokens > n_held:
+        seq.keep(store.held)
+        t0 = time.perf_counter()
+        seq.load_state(lookup.kept.state)
+        tier, restore_s = lookup.tier, lookup.load_s + time.perf_counter() - t0
+    elif lookup.kept is not None and lookup.kept.state.n_tokens == b and n_held == b:
+        return TurnReuse(0, 0.0, "", 0.0)  # the sequence holds it, and it is kept already
+    plan = kv.align(head + [turn.prompt[b]])  # cut back to what agrees (a kept state is copied out first)
+    t0 = time.perf_counter()
+    if plan.n_reused < b:
+        kv.append(head[plan.n_reused :])
+    prefill_s = time.perf_counter() - t0
+    store.store(head, seq.save_state())
+    seq.keep(store.held)
+    return TurnReuse(b - plan.n_reused, prefill_s, tier, restore_s)
