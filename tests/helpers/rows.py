@@ -53,6 +53,7 @@ ANSWER_KEYS = ("id", "error", "best", "choice_logp", "p_outside", "abstained", "
 HOW_KEYS = {
     "n_reused",
     "reuse",
+    "reuse_tier",  # present only when a kept state was restored: how, like reuse
     "prefix_state_mib",
     "prefill_s",
     "prefill_tps",
