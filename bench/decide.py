@@ -35,12 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from bmoe.config import SessionConfig
-from bmoe.decide.kept_prefix import KeptPrefix, LastPrefixStore
+from bmoe.decide.kept_prefix import KeptPrefix
 from bmoe.decide.port import KeptState
 from bmoe.decide.prompt_split import SplitPrompt, split_prompt
 from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.runtime.decide import saved_bytes
 from bmoe.session import Session
+from bmoe.state_store import StateStore
 from bmoe.testing import default_tiny_dir, smollm2_gguf_path, write_tiny
 
 GOAL_MARGIN_MS = 20.0
@@ -185,8 +186,8 @@ class Bench:
         decider = session.decider.decider
         self.text, self.seq = decider.text, decider.seq
         cache = decider.store
-        if not isinstance(cache, LastPrefixStore):
-            raise TypeError("the benchmark resets the kept state through LastPrefixStore")
+        if not isinstance(cache, StateStore):
+            raise TypeError("the benchmark resets the kept state through the session's StateStore")
         self.cache = cache
         self._ids = iter(range(1, 1 << 30))
 
