@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,8 +92,7 @@ def _cores() -> int:
 def _disk_rate(path: Path | None) -> float | str:
     """MiB/s bmoe's disk probe measured on ``path``'s file system (remembered under the cache
     folder, as the plan keeps it), or "unknown" where no probe ran there."""
-    if path is None:
-        return UNKNOWN
+    path = path or HERE
     from bmoe.stream.disk_rate import RATES_FILE, file_system_key
     from bmoe.stream.twin import default_twin_dir
 
@@ -174,6 +174,18 @@ def table(
     return {"title": title, "columns": [list(c) for c in columns], "rows": list(rows), "baseline": baseline}
 
 
+def figures(title: str, values: dict[str, object]) -> dict[str, object]:
+    """A table of named scalar figures (a bench whose result is a handful of numbers, not rows);
+    nested dicts are flattened one level as ``outer.inner``, lists are left out (traces)."""
+    rows: list[dict[str, object]] = []
+    for k, v in values.items():
+        if isinstance(v, dict):
+            rows += [{"name": f"{k}.{k2}", "value": v2} for k2, v2 in v.items() if not isinstance(v2, (list, dict))]
+        elif not isinstance(v, list):
+            rows.append({"name": k, "value": v})
+    return table(title, (("name", "figure", ""), ("value", "value", "")), rows)
+
+
 def target(name: str, value: object, goal: str, ok: bool | None) -> dict[str, object]:
     return {
         "target": name,
@@ -221,7 +233,7 @@ def write(rec: dict[str, object], results: Path | None = None) -> Path:
         n += 1
         path = folder / f"{stem}-{n}.json"
     path.write_text(json.dumps(rec, indent=1, sort_keys=False) + "\n")
-    print(f"record:  {path}")
+    print(f"record:  {path}", file=sys.stderr)
     return path
 
 

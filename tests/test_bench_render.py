@@ -85,3 +85,69 @@ def test_the_machine_facts_are_read_here() -> None:
     assert isinstance(m["cores"], int) and m["cores"] >= 1
     assert m["cpu"] and isinstance(m["cpu_flags"], list)
     assert m["disk_read_mib_s"] == record.UNKNOWN or float(m["disk_read_mib_s"]) > 0  # type: ignore[arg-type]
+
+
+def test_a_stream_run_becomes_its_two_tables() -> None:
+    import bench_records as br
+
+    derived = {
+        "oom": {"name": "llama.cpp default load (extra bufts)", "status": "OOM-killed", "wall_s": 12.0},
+        "llama": {"name": "llama.cpp mmap", "decode_tok_s": 0.4, "round_tok_s": [0.4, 0.5]},
+        "off": {"name": "bmoe cache off", "decode_tok_s": 4.0, "bound_ratio": 1.2},
+        "paired": {"status": "ok", "plain_median": 10.0, "bmoe_median": 9.8, "plain_prefill_median": 50.0}
+        | {"bmoe_prefill_median": 52.0},
+    }
+    limited, warm = br.stream_tables(derived)
+    lines = render.table_lines(limited)
+    assert any(ln.startswith("| llama.cpp default load (extra bufts) | OOM-killed after 12 s |") for ln in lines)
+    assert any(ln.startswith("| bmoe cache off | 4.00 |") and ln.endswith("| 10.00x |") for ln in lines)
+    assert [r["name"] for r in warm["rows"]] == ["plain llama.cpp (mmap)", "bmoe resident"]
+    assert render.table_lines(warm)[-2].endswith("| 0.98x |")
+
+
+def test_a_plan_run_holds_what_its_plots_read(tmp_path: Path) -> None:
+    import bench_records as br
+    import plots
+
+    limits = [
+        {
+            "limit_gib": 2.0,
+            "plan_mode": "streamed",
+            "plan_settings": {"cache_mb": 1196, "prefetch": True, "n_ubatch": 1024},
+            "planned_latency_s": 1.6,
+            "planned_decode_tok_s": 5.5,
+            "best_latency": ("cache30+ra", 1.45),
+            "best_decode": ("cache30", 5.7),
+            "latency_ratio": 1.1,
+            "decode_ratio": 1.04,
+            "long": {
+                "planned": {"latency_s": 27.0, "n_ubatch": 2048, "read_mib": 4508.0},
+                "cache30+ra": {"status": "OOM-killed"},
+            },
+            "verdicts": {"decisions": "PASS", "decode": "PASS", "never OOM-killed": "PASS"},
+        },
+        {
+            "limit_gib": None,
+            "plan_mode": "resident",
+            "plan_settings": {},
+            "planned_latency_s": 0.9,
+            "planned_decode_tok_s": 11.0,
+            "best_latency": ("cache30+ra", 1.45),
+            "best_decode": ("cache30+ra", 6.1),
+            "verdicts": {"resident with no limit": "PASS"},
+        },
+    ]
+    presets = {"uniform": {"limits": limits}}
+    (t,) = br.plan_tables(presets)
+    assert [r["name"] for r in t["rows"]] == ["2 GiB", "none"]
+    assert t["rows"][0]["long_grid"] == "cache30+ra: OOM-killed" and t["rows"][1]["cache_mib"] is None
+    assert "| 2 GiB | cache 1196 MiB, read-ahead, ubatch 1024 | 1.60 | 1.45 |" in "\n".join(render.table_lines(t))
+    rec = {"bench": "plan", "date": "d", "partial": False, "tables": [t], "machine": {"cpu": "x"}, "config": {}}
+    targets = br.plan_targets(presets)
+    assert [x["verdict"] for x in targets] == ["PASS"] * 4 and targets[0]["value"] == 1.1
+    by = {"plan": [rec]}
+    for p in plots.PLOTS:
+        if p.bench == "plan":
+            assert p.has_data(by)
+            p.draw(by, tmp_path / p.name)
+            assert (tmp_path / p.name).stat().st_size > 1000
