@@ -29,15 +29,12 @@ and, where another page cites them, in their records.
 
 How to read the figures:
 
-- **Compare within one run.** The machine is a shared 2-core VM: its speed moved by 10-30% between
-  sittings, and two CPUs (an AMD EPYC and an Intel Xeon, about 2.6x slower in compute) took turns.
-  Each table therefore carries its own baseline from the same run (llama.cpp's mmap, the resident
-  compute floor, the bound), and the ratio column divides by it.
-- **Targets are printed, never asserted**: a test never fails on a speed (docs/testing.md). Bytes,
-  hits, token ids and answers are exact; times are medians of a few rounds. Treat a run whose
-  rounds disagree by more than about 20% as noise.
-- **llama.cpp with 2 threads collapses when another job takes a core** (its threads wait for each
-  other at every node, and a streamed token is many small graphs). `-t 1` is the remedy on a busy box.
+- **Compare within one run.** The machine is a shared 2-core VM whose speed moved by 10-30% between
+  sittings, and two CPUs took turns (an AMD EPYC, and an Intel Xeon about 2.6x slower in compute).
+  So each table carries a baseline from the same run, and its last column divides by it.
+- **Targets are printed, never asserted** (docs/testing.md). Bytes, hits, tokens and answers are
+  exact; times are medians of a few rounds, and rounds more than about 20% apart are noise. With
+  2 threads, llama.cpp collapses when another job takes a core: `-t 1` is the remedy on a busy box.
 
 **The bench model.** bench/synthetic_moe.py writes a `qwen3moe` GGUF with Qwen3-30B-A3B's layer
 shapes (hidden 2048, 32 query and 4 KV heads of 128, 128 experts of FFN 768, top-8) but 16 layers:
@@ -133,7 +130,7 @@ BENCHES = (
         "`bench/decide_stream.py --defaults` answers the agent's decisions with the cache off on the "
         "`uniform` model under the 2.5 GiB limit, with flash attention on and off, at 1 and 2 threads. "
         "The ratio column divides by the default (flash on, all cores). Why `auto` stays although off is "
-        "sometimes faster: [decide.md](decide.md#what-is-exact).",
+        "sometimes faster: [decide.md](decide.md#what-is-exact-and-what-is-not).",
         "sudo .venv/bin/python bench/decide_stream.py --defaults --threads 2 --rounds 2",
     ),
     Bench(
@@ -152,28 +149,20 @@ BENCHES = (
 UNRECORDED = """\
 ## Benches with no record yet
 
-These write their record from their next run on; the figures of their last runs are quoted, with
-their dates, on the page named.
-
-| bench | what it measures | figures |
-|---|---|---|
-| bench/decide.py | a restored grown prefix against the whole prefill | [decide.md](decide.md) |
-| bench/decide_kquant.py | exact K-quant batches against one by one and the wide batch | [decide.md](decide.md) |
-| bench/ray_batch.py | Ray actors against one session in process | [scale-out.md](scale-out.md) |
-| bench/plan_floor.py | the plan under small memory limits (killed or not) | [plan.md](plan.md) |
-| bench/content_check.py | what the content check of streamed slices costs | [streaming.md](streaming.md) |
-| bench/stream_phases.py | the share of a layer's compute that split-phase reads can hide | [streaming.md](streaming.md) |
-| bench/stream_predict.py | how well the next layer's router guesses its experts | [streaming.md](streaming.md) |"""
+bench/decide.py (a restored grown prefix against the whole prefill) and bench/decide_kquant.py
+(exact K-quant batches) quote their last runs in [decide.md](decide.md#measured),
+bench/ray_batch.py in [scale-out.md](scale-out.md#measured), bench/plan_floor.py in
+[plan.md](plan.md#small-memory-limits-3811-2026-12-05), and bench/content_check.py,
+bench/stream_phases.py and bench/stream_predict.py in [streaming.md](streaming.md). Each writes its
+record from its next run on, and its section here with it."""
 
 FOOTER = """\
 ## Updating this page
 
-1. Run the bench; it writes its record under `bench/results/<bench>/` (`--results DIR` elsewhere)
-   with the machine it ran on (CPU model and flags, cores, memory and its limit, the disk read rate
-   bmoe's probe remembered, kernel, llama-cpp-python), the commit and the date.
-2. `.venv/bin/python bench/render.py` rewrites this page and its plots under `docs/img/bench/`.
-3. Commit the record, the page and the plots together. A record keeps tables and targets, not
-   traces: the bench's own JSON under `--work` holds every raw number.
-
-Records made before the benches wrote their own were transcribed from this page's earlier
-versions: a machine fact that was never written down is `unknown` there, with a note."""
+Run the bench: it writes its record under `bench/results/<bench>/` (`--results DIR` elsewhere), with
+the machine it ran on (CPU model and flags, cores, memory and its limit, the disk read rate bmoe's
+probe remembered, kernel, llama-cpp-python), the commit and the date. Then
+`.venv/bin/python bench/render.py` rewrites this page and its plots under `docs/img/bench/`; commit
+the three together. A record keeps tables and targets, not traces (the bench's own JSON under
+`--work` keeps every raw number). The records older than bench/record.py were transcribed from this
+page's earlier versions: what was never written down about their machine is `unknown`, with a note."""
