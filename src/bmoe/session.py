@@ -47,6 +47,7 @@ from bmoe.runtime.results import (
     check_generate,
 )
 from bmoe.runtime.runtime import Runtime
+from bmoe.runtime.sampling import check_sampling
 from bmoe.runtime.scoring import TOP_CAP
 from bmoe.runtime.state_store_open import open_state_store
 from bmoe.state_store import StateStore, StoreCounts
@@ -227,6 +228,7 @@ class Session:
         self._check_open()
         with self._lock, self._engine():
             check_generate(request)
+            check_sampling(request.top_logprobs, request.logit_bias, self.model.n_vocab)
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions

@@ -85,9 +85,10 @@ class ScriptedBackend:
             raise ScriptedFailure(f"scripted failure in {name}")
 
     # -- PromptRenderer / ChoiceTokenizer
-    def render_user(self, text: str) -> str:
+    def render_user(self, text: str, history: Sequence[tuple[str, str]] = ()) -> str:
         self._maybe_fail("render_user")
-        return f"<u>{text}<e><a>" if self.template else text
+        before = "".join(f"<{'u' if r == 'user' else 'a'}>{c}<e>" for r, c in history)
+        return before + (f"<u>{text}<e><a>" if self.template else text)
 
     def tokenize_prompts(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.tokenize_prompt(t) for t in texts]

@@ -176,7 +176,18 @@ def err(r, status: int) -> dict:
         ({"prompt": "x", "best_of": 3}, 400, "best_of", "best_of: only 1 is supported, got 3"),
         ({"prompt": "x", "suffix": "y"}, 400, "suffix", "suffix: insertion (a suffix) is not supported"),
         ({"prompt": "x", "stop": ["\n"]}, 400, "stop", None),
-        ({"prompt": "x", "logit_bias": {"5": 1.0}}, 400, "logit_bias", "logit_bias: not supported"),
+        (
+            {"prompt": "x", "logit_bias": {"49152": 1.0}},
+            400,
+            "logit_bias",
+            "logit_bias: 49152 is not a token id of this model (0..49151)",
+        ),
+        (
+            {"prompt": "x", "logit_bias": {"5": 101}},
+            422,
+            "logit_bias.5",
+            "logit_bias.5: Input should be less than or equal to 100",
+        ),
         ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty: only 0 is supported"),
         (
             b'{"prompt": "x", "temperature": Infinity}',

@@ -116,6 +116,15 @@ def test_split_on_tokens_when_the_join_merges() -> None:
     assert split.prefix_tokens == (BOS, USER)
 
 
+def test_history_is_rendered_in_front_and_kept_with_the_prefix() -> None:
+    """DecideRequest.history (bmoe-server's bmoe_logprobs_of over a conversation): the messages
+    before the user's are rendered first and fall in the keepable prefix."""
+    split = split_prompt(ScriptedBackend(), "", "Pick", history=(("user", "Hello"), ("assistant", "Yes")))
+    head = (BOS, USER, TOKEN_ID["Hello"], END, ASSISTANT, TOKEN_ID["Yes"], END, USER)
+    assert split.tokens == head + (TOKEN_ID["Pick"], END, ASSISTANT)
+    assert split.prefix_tokens == head[:-1]  # the history; one token given back at the join
+
+
 def test_split_with_empty_suffix_leaves_one_token_to_prefill() -> None:
     split = split_prompt(ScriptedBackend(), "Hello world", "")
     assert split.n_prefix == split.n_tokens - 1

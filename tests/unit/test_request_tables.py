@@ -29,9 +29,19 @@ def _defaults(record: type) -> dict:
 @pytest.mark.parametrize(
     "record, table, required_anyway, python_only",
     [
-        (DecideRequest, DECIDE_TABLE, {"id", "prefix", "suffix", "choices"}, set()),  # the record asks for them by name
+        (
+            DecideRequest,
+            DECIDE_TABLE,
+            {"id", "prefix", "suffix", "choices"},
+            {"history"},
+        ),  # the record asks for them by name
         (RenderRule, RENDER_TABLE, set(), set()),
-        (GenerateRequest, GENERATE_TABLE, set(), {"keep_logits"}),  # the gates' own switch, on no wire
+        (
+            GenerateRequest,
+            GENERATE_TABLE,
+            set(),
+            {"keep_logits", "top_logprobs", "logit_bias"},
+        ),  # Python and the server only
     ],
 )
 def test_record_has_the_tables_fields_and_defaults(record, table, required_anyway, python_only):

@@ -94,7 +94,7 @@ def _tokenize(text: TextPort, seq: SequencePort, request: DecideRequest) -> Toke
     if request.scoring == SCORING_FULL:
         return _tokenize_full(text, seq, request)
     first = first_tokens(text, request.choices)
-    prompt = split_prompt(text, request.prefix, request.suffix, request.images)
+    prompt = split_prompt(text, request.prefix, request.suffix, request.images, request.history)
     check_prompt_fits(prompt.n_tokens, seq.n_ctx(), sum(1 for t in prompt.tokens if is_image_token(t)))
     return Tokenized(prompt=prompt, first=first)
 
@@ -103,7 +103,7 @@ def _tokenize_full(text: TextPort, seq: SequencePort, request: DecideRequest) ->
     """The checks of a full-scored request: every choice's tokens fit after the prompt (and after
     the neutral prompt), on side sequences the backend has."""
     tokens = tokenize_choices(text, request.choices)  # first tokens may collide: all are scored
-    prompt = split_prompt(text, request.prefix, request.suffix, request.images)
+    prompt = split_prompt(text, request.prefix, request.suffix, request.images, request.history)
     n_ctx = seq.n_ctx()
     check_prompt_fits(prompt.n_tokens, n_ctx, sum(1 for t in prompt.tokens if is_image_token(t)))
     sides = seq.side_sequences()  # open or to be opened before the request runs (the decider)

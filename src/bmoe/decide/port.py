@@ -99,9 +99,10 @@ def is_image_token(token: int) -> bool:
 class PromptRenderer(Protocol):
     """The part of the backend that turns request text into prompt tokens (no model state)."""
 
-    def render_user(self, text: str) -> str:
-        """The chat template over one user message ``text``, opening a fresh assistant turn,
-        reasoning off; rendered by the same function generate() uses. Identity without a template."""
+    def render_user(self, text: str, history: Sequence[tuple[str, str]] = ()) -> str:
+        """The chat template over one user message ``text`` (after the ``history`` messages,
+        (role, content) pairs), opening a fresh assistant turn, reasoning off; rendered by the
+        same function generate() uses. Identity without a template and without history."""
         ...
 
     def tokenize_prompts(self, texts: Sequence[str], images: Sequence[ImageSource] = ()) -> list[list[int]]:

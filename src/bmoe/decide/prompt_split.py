@@ -36,10 +36,15 @@ class SplitPrompt:
 
 
 def split_prompt(
-    renderer: PromptRenderer, prefix: str, suffix: str, images: tuple[ImageSource, ...] = ()
+    renderer: PromptRenderer,
+    prefix: str,
+    suffix: str,
+    images: tuple[ImageSource, ...] = (),
+    history: tuple[tuple[str, str], ...] = (),
 ) -> SplitPrompt:
     """Render and tokenize the prompt, and find the prefix boundary on its tokens. ``images``
-    go at the markers of ``prefix + suffix``, or without one in front of the prefix."""
+    go at the markers of ``prefix + suffix``, or without one in front of the prefix; ``history``
+    (messages before the user's) is rendered in front, and so falls in the prefix."""
     n_markers = (prefix + suffix).count(IMAGE_MARKER) if images else 0
     if n_markers and n_markers != len(images):
         raise DecideRequestError(
@@ -50,7 +55,7 @@ def split_prompt(
         )
     if images and not n_markers:
         prefix = place_images(prefix, len(images))
-    texts = [renderer.render_user(prefix + suffix), renderer.render_user(prefix)]
+    texts = [renderer.render_user(prefix + suffix, history), renderer.render_user(prefix, history)]
     whole, alone = renderer.tokenize_prompts(texts, images) if images else renderer.tokenize_prompts(texts)
     tokens = tuple(whole)
     # Giving one token back also keeps at least one token after the prefix, so the logits the

@@ -62,6 +62,10 @@ class DecideRequest:
     # suffix (bmoe.rules.IMAGE_MARKER), or, without one, all in front of the prefix: they are then
     # kept with it (docs/decide.md "Images")
     images: tuple[ImageSource, ...] = ()
+    # Python only (no wire field): the conversation before the user message prefix + suffix, as
+    # (role, content) pairs, rendered by the same template in front of it and kept with the prefix
+    # (bmoe-server's bmoe_logprobs_of decides over a chat conversation this way)
+    history: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

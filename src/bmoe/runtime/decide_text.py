@@ -30,8 +30,9 @@ class LlamaText:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
 
-    def render_user(self, text: str) -> str:
-        return self._rt.render([Message("user", text)], think=False)
+    def render_user(self, text: str, history: Sequence[tuple[str, str]] = ()) -> str:
+        before = [Message(r, c) for r, c in history]  # type: ignore[arg-type]  # roles checked by the caller
+        return self._rt.render(before + [Message("user", text)], think=False)
 
     def tokenize_prompts(self, texts: Sequence[str], images: Sequence[ImageSource] = ()) -> list[list[int]]:
         # llama_tokenize releases the GIL and only reads the vocabulary, so the others run on a

@@ -9,6 +9,7 @@ import numpy as np
 
 from bmoe import rules
 from bmoe.image_refs import ImageSource
+from bmoe.runtime.sampling import TokenLogprobs
 from bmoe.stream.stats import StreamStats
 
 
@@ -31,6 +32,10 @@ class GenerateRequest:
     json_schema: dict | bool | None = None
     grammar: str | None = None
     jump_forward: bool = False  # the tokens a constraint forces go into the model in one batch
+    # None: no log-probs; 0..20: each Step carries its token's log-prob and this many alternatives
+    # (runtime/sampling.py TokenLogprobs: the model's distribution, before bias and temperature)
+    top_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added before sampling
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in
@@ -137,6 +142,7 @@ class Step:
     majflt: int
     cpu_ms: float
     logits: np.ndarray | None = None  # [n_vocab] the row this token was chosen from
+    logprobs: TokenLogprobs | None = None  # with GenerateRequest.top_logprobs set
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +210,7 @@ class ScoreRequest:
     top_p: float = 1.0
     seed: int | None = None
     reuse: bool = True  # False: prefill from an empty KV, keeping nothing of earlier requests
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added before the token is picked
 
 
 @dataclass(frozen=True, slots=True)

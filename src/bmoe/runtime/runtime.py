@@ -404,6 +404,7 @@ class Runtime:
             cfg.temperature if req.temperature is None else req.temperature,
             cfg.top_p if req.top_p is None else req.top_p,
             cfg.seed if req.seed is None else req.seed,
+            req.logit_bias,
         )
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask)
 
@@ -460,7 +461,10 @@ class Runtime:
                 stop = "cancelled"
                 break
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
+            was_forced = bool(forced)
             tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
+            # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its own
+            lp = None if req.top_logprobs is None or was_forced else sampler.logprobs(logits, tok, req.top_logprobs)
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)
@@ -482,9 +486,10 @@ class Runtime:
                     forced = mask.forced(min(n_predict - len(out), self.n_ctx - self.kv.n_past - len(pending)))
                 if not forced:
                     logits, pending = self.kv.append(pending), []
-            yield self._step(
+            step = self._step(
                 len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None
             )
+            yield step if lp is None else dataclasses.replace(step, logprobs=lp)
             if stop != "length":
                 break
         # Stopped by an end-of-generation token or a cancel: what the stream still held back (a

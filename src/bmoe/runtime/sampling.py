@@ -1,24 +1,52 @@
-"""Token choice from one logit row: greedy (argmax) or temperature + top-p with a seed."""
+"""Token choice from one logit row: greedy (argmax) or temperature + top-p with a seed, after an
+optional logit bias; and the log-probs a chat answer reports for the chosen token."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
+from bmoe.errors import RequestError
 from bmoe.numerics import log_softmax
+
+LOGPROB_FLOOR = -9999.0  # what a log-prob of -inf is reported as (JSON has no -inf); OpenAI's floor
+BIAS_MAX = 100.0  # a logit bias is in [-BIAS_MAX, BIAS_MAX], as OpenAI's logit_bias
+TOP_LOGPROBS_MAX = 20  # most alternatives a generated token reports, as OpenAI's top_logprobs
+
+
+def check_sampling(top_logprobs: int | None, logit_bias: Sequence[tuple[int, float]], n_vocab: int) -> None:
+    """RequestError naming what is wrong with a generate request's log-probs or logit bias."""
+    if top_logprobs is not None and not 0 <= top_logprobs <= TOP_LOGPROBS_MAX:
+        raise RequestError(f"top_logprobs: {top_logprobs} is not in 0..{TOP_LOGPROBS_MAX}")
+    for tok, bias in logit_bias:
+        if not 0 <= tok < n_vocab:
+            raise RequestError(f"logit_bias: {tok} is not a token id of this model (0..{n_vocab - 1})")
+        if not -BIAS_MAX <= bias <= BIAS_MAX:  # NaN too
+            raise RequestError(f"logit_bias: token {tok}'s bias {bias} is not in [-100, 100]")
 
 
 class Sampler:
-    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
+    def __init__(
+        self, temperature: float, top_p: float, seed: int | None, bias: Sequence[tuple[int, float]] = ()
+    ) -> None:
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self._rng = np.random.default_rng(seed)
+        self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
+        self._bias = np.array([b for _, b in bias], dtype=np.float32)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     def sample(self, logits: np.ndarray) -> int:
-        """``logits  # [n_vocab]`` float32 -> token id."""
+        """``logits  # [n_vocab]`` float32 -> token id. The bias is added to a copy: the row the
+        caller holds stays the model's."""
+        if len(self._bias_ids):
+            logits = np.array(logits, dtype=np.float32)
+            np.add.at(logits, self._bias_ids, self._bias)
         if self.greedy:
             return int(np.argmax(logits))
         # In float64, from the top logit down: a tiny temperature then sends every other logit to
@@ -34,3 +62,33 @@ class Sampler:
             p = mask
         p = p / p.sum()
         return int(self._rng.choice(len(p), p=p))
+
+    @staticmethod
+    def logprobs(logits: np.ndarray, token: int, top_n: int) -> "TokenLogprobs":
+        """What the answer reports for ``token``, sampled from ``logits``: ``token_logprobs``."""
+        return token_logprobs(logits, token, top_n)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The chosen token's log-prob and the ``top_n`` most likely tokens (most likely first, ties
+    by lower id) in the model's own distribution at that position: the log-softmax of the raw
+    logit row, before bias, temperature and top-p."""
+
+    logprob: float
+    top_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+    """``logits  # [n_vocab]`` float32, the row ``token`` was chosen from."""
+    lp = log_softmax(logits)  # float64
+    ids: tuple[int, ...] = ()
+    vals: tuple[float, ...] = ()
+    top_n = min(top_n, len(lp))
+    if top_n > 0:
+        cand = np.argpartition(-lp, top_n - 1)[:top_n]
+        order = np.lexsort((cand, -lp[cand]))  # by value descending, then id ascending
+        ids = tuple(int(t) for t in cand[order])
+        vals = tuple(max(LOGPROB_FLOOR, float(lp[t])) for t in ids)
+    return TokenLogprobs(max(LOGPROB_FLOOR, float(lp[token])), ids, vals)

@@ -29,7 +29,7 @@ from bmoe.llama.model import LlamaModel
 from bmoe.numerics import common_prefix_len, log_softmax
 from bmoe.runtime.kv import KvSequence
 from bmoe.runtime.results import ScoreRequest, ScoreResult
-from bmoe.runtime.sampling import Sampler
+from bmoe.runtime.sampling import Sampler, check_sampling
 
 TOP_CAP = 20  # most alternatives per position a request may ask for (and what is kept)
 ROW_BLOCK = 32  # logit rows turned into float64 log-probabilities at a time
@@ -98,6 +98,7 @@ class PromptScorer:
             raise RequestError(f"n_predict: prompt scoring picks 0 or 1 token, got {req.n_predict}")
         if not 0 <= req.top_n <= TOP_CAP:  # a row keeps TOP_CAP alternatives
             raise RequestError(f"top_n: at most {TOP_CAP} alternatives per position, got {req.top_n}")
+        check_sampling(None, req.logit_bias, n_vocab)
         if n + req.n_predict > self.kv.ctx.n_ctx:
             raise ContextOverflowError(
                 f"tokens: {n} tokens, plus {req.n_predict} to pick, do not fit the context (n_ctx {self.kv.ctx.n_ctx})"
@@ -141,7 +142,7 @@ class PromptScorer:
         gen_ids, gen_top = np.zeros((0, req.top_n), dtype=np.int64), np.zeros((0, req.top_n))
         if req.n_predict:
             assert last is not None
-            tok = Sampler(req.temperature, req.top_p, req.seed).sample(last)
+            tok = Sampler(req.temperature, req.top_p, req.seed, req.logit_bias).sample(last)
             g_lp, g_ids, g_top = row_logprobs(last[None, :], np.array([tok]), req.top_n)
             generated, gen_lp, gen_ids, gen_top = (tok,), g_lp, g_ids, g_top
         return ScoreResult(

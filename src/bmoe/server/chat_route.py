@@ -23,7 +23,9 @@ from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, run_turn
 from bmoe.server.errors import ApiError, error_body, from_request_error
 from bmoe.server.images import inline_bytes
 from bmoe.server.job_queue import ERROR, RESULT, Event, Job, JobQueue
+from bmoe.server.logprobs import check_bias
 from bmoe.server.metrics import Metrics
+from bmoe.server.openai_fields import CHAT_FIELDS, refuse_unset
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import ChatCompletionRequest, ImagePart
 from bmoe.session import Message
@@ -65,6 +67,9 @@ def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
 
 
 def to_turn(body: ChatCompletionRequest) -> ChatTurn:
+    refuse_unset(body, CHAT_FIELDS)
+    if body.top_logprobs and not body.logprobs:  # 0 asks for nothing
+        raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs", "invalid_request")
     msgs = _messages(body)
     if msgs[-1].role != "user":
         raise ApiError(
@@ -89,6 +94,9 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         seed=body.seed,
         stops=body.stop_list(),
         think=body.think,
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        logit_bias=body.bias(),
+        logprobs_of=tuple(body.bmoe_logprobs_of or ()),
     )
 
 
@@ -112,6 +120,8 @@ def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
     fields = done_fields(outcome.result)
     for k in ("text", "reasoning", "cancelled"):
         fields.pop(k)
+    if outcome.logprobs_of is not None:
+        fields["logprobs_of"] = outcome.logprobs_of
     return fields
 
 
@@ -139,6 +149,7 @@ class ChatRoute:
     def _worker_fn(self, turn: ChatTurn):  # runs in the worker thread
         def fn(session, job: Job) -> TurnOutcome:
             try:
+                check_bias(session, turn.logit_bias)
                 outcome = run_turn(session, job, turn)
             except ApiError as e:
                 if e.status == 499:  # the client left while its conversation was being checked
@@ -164,7 +175,7 @@ class ChatRoute:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 handed_over = True
                 return StreamingResponse(
-                    self._sse(first, job, watcher, cid, created, include_usage),
+                    self._sse(first, job, watcher, cid, created, include_usage, bool(body.logprobs)),
                     media_type="text/event-stream",
                     headers=SSE_HEADERS,
                 )
@@ -181,7 +192,14 @@ class ChatRoute:
                 "object": "chat.completion",
                 "created": created,
                 "model": self.model_id,
-                "choices": [{"index": 0, "message": message, "finish_reason": outcome.finish_reason, "logprobs": None}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": outcome.finish_reason,
+                        "logprobs": outcome.logprobs,
+                    }
+                ],
                 "usage": usage(outcome),
                 "bmoe": telemetry(outcome),
             }
@@ -191,19 +209,28 @@ class ChatRoute:
                 if not job.finished:
                     job.cancel()
 
-    def _chunk(self, cid: str, created: int, delta: dict[str, Any], finish: str | None, **extra: Any) -> str:
+    def _chunk(
+        self, cid: str, created: int, delta: dict[str, Any], finish: str | None, lps: Any = None, **extra: Any
+    ) -> str:
         obj = {
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": self.model_id,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}],
             **extra,
         }
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
     async def _sse(
-        self, first: Event, job: Job, watcher: asyncio.Task, cid: str, created: int, include_usage: bool
+        self,
+        first: Event,
+        job: Job,
+        watcher: asyncio.Task,
+        cid: str,
+        created: int,
+        include_usage: bool,
+        logprobs: bool = False,
     ) -> AsyncIterator[str]:
         chunk = partial(self._chunk, cid, created)
         try:
@@ -237,7 +264,7 @@ class ChatRoute:
                     delta["reasoning_content"] = d.reasoning
                 if d.content:
                     delta["content"] = d.content
-                yield chunk(delta, None)
+                yield chunk(delta, None, {"content": list(d.logprobs), "refusal": None} if logprobs else None)
                 ev = await job.next_event()
             yield "data: [DONE]\n\n"
         finally:  # the client left (or the stream ended): stop generating for nobody

@@ -23,6 +23,7 @@ from bmoe.errors import RequestError
 from bmoe.server.errors import ApiError, from_request_error
 from bmoe.server.job_queue import Cancelled, Job, JobQueue
 from bmoe.server.metrics import Metrics
+from bmoe.server.openai_fields import COMPLETION_FIELDS, refuse_unset
 from bmoe.server.run_job import run_job
 from bmoe.server.schemas import CompletionRequest
 from bmoe.session import ScoreRequest, ScoreResult, Session
@@ -33,35 +34,17 @@ _FIELD = {"tokens": "prompt", "n_predict": "max_tokens", "top_n": "logprobs"}
 
 
 def _unsupported(body: CompletionRequest) -> None:
-    """Refuse OpenAI fields this route does not implement, when they would change the answer."""
-
-    def no(field: str, why: str) -> None:
-        raise ApiError(400, f"{field}: {why}", field, "unsupported_field")
-
+    """Refuse OpenAI fields this route does not implement, when they would change the answer
+    (openai_fields.COMPLETION_FIELDS), and more than the one token it generates."""
     if body.max_tokens is not None and body.max_tokens > 1:
-        no(
-            "max_tokens",
-            f"/v1/completions scores prompts and generates at most 1 token, got {body.max_tokens} "
+        raise ApiError(
+            400,
+            f"max_tokens: /v1/completions scores prompts and generates at most 1 token, got {body.max_tokens} "
             "(use /v1/chat/completions to generate text)",
+            "max_tokens",
+            "unsupported_field",
         )
-    if body.stream:
-        no("stream", "streaming is not supported on /v1/completions")
-    if body.n not in (None, 1):
-        no("n", f"only 1 is supported, got {body.n}")
-    if body.best_of not in (None, 1):
-        no("best_of", f"only 1 is supported, got {body.best_of}")
-    if body.suffix:
-        no("suffix", "insertion (a suffix) is not supported")
-    if body.stop:
-        no("stop", "stop strings are not supported on /v1/completions (it generates at most 1 token)")
-    if body.logit_bias:
-        no("logit_bias", "not supported")
-    for name in ("json_schema", "grammar"):  # a constrained answer: /v1/chat/completions
-        if getattr(body, name) is not None:
-            no(name, "constrained generation is not supported on /v1/completions; use /v1/chat/completions")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            no(name, "only 0 is supported")
+    refuse_unset(body, COMPLETION_FIELDS)
 
 
 def prompts_of(body: CompletionRequest) -> tuple[list[str | list[int]], bool]:
@@ -167,7 +150,7 @@ class CompletionsRoute:
     def _fn(self, body: CompletionRequest) -> Callable[[Session, Job], dict[str, Any]]:
         prompts, many = prompts_of(body)
         n_predict = MAX_TOKENS_DEFAULT if body.max_tokens is None else body.max_tokens
-        echo, top_n = body.echo, body.logprobs
+        echo, top_n, bias = body.echo, body.logprobs, body.bias()
 
         def fn(session: Session, job: Job) -> dict[str, Any]:  # on the worker: the only thread that touches the model
             reqs: list[ScoreRequest] = []
@@ -182,6 +165,7 @@ class CompletionsRoute:
                     temperature=body.temperature or 0.0,
                     top_p=body.top_p or 1.0,
                     seed=body.seed,
+                    logit_bias=bias,
                 )
                 try:
                     session.check_score(req)  # every prompt is checked before any is scored

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from bmoe.errors import ContextOverflowError
 from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import STEP, Job
+from bmoe.server.logprobs import LogprobsCollector, logprobs_of
 from bmoe.server.stops import StopMatcher
 from bmoe.session import GenerateRequest, GenerateResult, Message, Session
 
@@ -29,12 +30,16 @@ class ChatTurn:
     think: bool | None
     json_schema: dict | bool | None = None  # the answer's constraint (at most one of the two)
     grammar: str | None = None
+    top_logprobs: int | None = None  # None: no log-probs; else alternatives per token (0..20)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs_of: tuple[str, ...] = ()  # bmoe_logprobs_of (server/logprobs.py)
 
 
 @dataclass(frozen=True, slots=True)
 class Delta:
     content: str
     reasoning: str
+    logprobs: tuple[dict, ...] = ()  # the logprobs.content entries of the tokens since the last Delta
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,8 @@ class TurnOutcome:
     result: GenerateResult
     text: str  # the answer as the client saw it (cut at a stop string)
     finish_reason: str  # "stop" | "length" | "cancelled"
+    logprobs: dict | None = None  # choices[0].logprobs
+    logprobs_of: list[dict] | None = None  # bmoe.logprobs_of
 
 
 def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
@@ -79,6 +86,7 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     prior, user = list(turn.messages[:-1]), turn.messages[-1]
     if job.cancelled.is_set():
         raise ApiError(499, "the client closed the request", None, "cancelled")
+    of = logprobs_of(session, turn.messages, turn.logprobs_of) if turn.logprobs_of else None
     if prior != session.history:
         session.set_history(prior)
     cancel = threading.Event()  # this turn's own: set before it starts, it still takes effect
@@ -94,10 +102,13 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             seed=turn.seed,
             json_schema=turn.json_schema,
             grammar=turn.grammar,
+            top_logprobs=turn.top_logprobs,
+            logit_bias=turn.logit_bias,
         ),
         cancel=cancel,
     )
     stops = StopMatcher(turn.stops)
+    lps = LogprobsCollector(session, turn.top_logprobs is not None)
     while True:
         if job.cancelled.is_set():
             cancel.set()  # before the first token too: the turn then stops before its prefill
@@ -106,18 +117,19 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         except StopIteration as done:
             result: GenerateResult = done.value
             break
+        lps.add(step)
         out = stops.push(step.delta_text)
         if stops.hit:
             session.cancel()
         if out or step.delta_reasoning:
-            job.emit(STEP, Delta(out, step.delta_reasoning))
-    out = stops.finish()  # what the stop matcher held back, a stop string's possible start
-    if out:
-        job.emit(STEP, Delta(out, ""))
+            job.emit(STEP, Delta(out, step.delta_reasoning, lps.take()))
+    out, rest = stops.finish(), lps.take()  # what the stop matcher held back, a stop string's possible start
+    if out or rest:
+        job.emit(STEP, Delta(out, "", rest))
     if stops.hit:
         # Cancelling rolled the turn back; keep it in the history as the client saw it.
         session.set_history(prior + [user, Message("assistant", stops.text)])
-        return TurnOutcome(result, stops.text, "stop")
+        return TurnOutcome(result, stops.text, "stop", lps.answer(), of)
     if result.cancelled:
-        return TurnOutcome(result, stops.text, "cancelled")
-    return TurnOutcome(result, stops.text, "stop" if result.stop == "eog" else "length")
+        return TurnOutcome(result, stops.text, "cancelled", lps.answer(), of)
+    return TurnOutcome(result, stops.text, "stop" if result.stop == "eog" else "length", lps.answer(), of)

@@ -1,7 +1,7 @@
 """Request bodies. FastAPI validates them, so a bad field gets a 422 naming it.
 
-The chat request follows OpenAI's field names and ignores fields it does not know (OpenAI clients
-send more than bmoe uses); the decide request mirrors the session protocol's decide command and
+The chat and completion requests declare every OpenAI field, each honoured or refused by name
+(openai_fields.py), and ignore fields OpenAI does not define (clients add their own); the decide request mirrors the session protocol's decide command and
 refuses unknown fields, as the protocol does, since a typo would silently change the decision.
 No field names a file: the model is the one the server was started with. Numbers must be finite
 (JSON's NaN and Infinity, which Python's json reads, are refused as such, not as out of range).
@@ -103,7 +103,26 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _token_key(v: str) -> str:
+    if not re.fullmatch(r"[0-9]{1,10}", v):
+        raise PydanticCustomError(
+            "token_id", "a logit_bias key must be a token id written as a JSON string, got {v!r}", {"v": v}
+        )
+    return v
+
+
+# OpenAI's logit_bias: {"<token id>": bias}; an id the model does not have is a 400 from the route.
+LogitBias = Annotated[
+    dict[Annotated[str, AfterValidator(_token_key)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    Field(max_length=1 << 16),
+]
+MAX_LOGPROBS_OF = 64  # strings in one bmoe_logprobs_of
+
+
 class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat request. Every OpenAI field is declared, so that the route can honour it or
+    refuse it by name (openai_fields.CHAT_FIELDS says which); other fields are ignored."""
+
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = Field(None, description="ignored: the server serves the model it was started with")
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
@@ -122,6 +141,39 @@ class ChatCompletionRequest(BaseModel):
     )
     json_schema: dict[str, Any] | bool | None = Field(None, description="llama.cpp-server style: the answer's schema")
     grammar: Text | None = Field(None, description="llama.cpp-server style: a GBNF grammar the answer keeps")
+    logprobs: bool | None = Field(None, description="return the answer's tokens' log-probs")
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_CAP, description="alternatives per token; needs logprobs")
+    logit_bias: LogitBias | None = None
+    bmoe_logprobs_of: (
+        Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1, max_length=MAX_LOGPROBS_OF)] | None
+    ) = Field(None, description="bmoe: the log-prob of each string as the answer's start (docs/server.md)")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    # Refused unless left out (or neutral): openai_fields.CHAT_FIELDS. Any: refused by name, not by type.
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    modalities: Any = None
+    audio: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    # Ignored: they cannot change the answer.
+    prediction: Any = None
+    user: Any = None
+    safety_identifier: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -224,8 +276,8 @@ class CompletionRequest(BaseModel):
     """OpenAI's legacy completion request, as far as prompt scoring goes: ``max_tokens`` 0 or 1.
 
     OpenAI fields that would change the answer but are not implemented (``stream``, ``n``,
-    ``best_of``, ``suffix``, ``stop``, ``logit_bias``, penalties) are refused by the route when
-    set to anything but their neutral value; other unknown fields are ignored, as on the chat route.
+    ``best_of``, ``suffix``, ``stop``, penalties) are refused by the route when set to anything but
+    their neutral value (openai_fields.COMPLETION_FIELDS); other unknown fields are ignored.
     """
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -247,11 +299,16 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     suffix: Text | None = None
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     json_schema: dict[str, Any] | bool | None = Field(None, description="refused: not on this scoring route")
     grammar: Text | None = Field(None, description="refused: not on this scoring route")
+    stream_options: Any = None
+    user: Any = None
+
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -1,0 +1,131 @@
+"""Every OpenAI field of the two completion routes, and what bmoe does with it: one table.
+
+A field is honoured, ignored because it cannot change the answer, or refused with a 400 naming it
+when it is set to anything but its neutral value. The refusals (``refuse_unset``) and the table in
+docs/server.md ("Every OpenAI field", ``markdown_table``) are derived from these rows, and a test
+holds the request bodies (schemas.py) to them: a field added to a body without a row fails it.
+Fields OpenAI does not define are ignored (clients add their own), except bmoe's, which are rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from bmoe.server.errors import ApiError
+
+HONOURED = "honoured"
+IGNORED = "ignored (harmless)"
+REFUSED = "refused"
+NOT_YET = "not supported yet"  # tool calls: being built (#36)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIField:
+    name: str
+    status: str  # HONOURED, IGNORED or REFUSED
+    why: str  # what bmoe does with it; for a refused field the 400's message after "<name>: "
+    neutral: tuple[Any, ...] = (None,)  # REFUSED: the values that ask for nothing, so pass
+
+
+def _refused(name: str, why: str, *neutral: Any) -> OpenAIField:
+    return OpenAIField(name, REFUSED, why, (None, *neutral))
+
+
+_PENALTY = "only 0 is supported"
+_TOOLS = f"{NOT_YET}: tool calls"
+_CONSTRAINED = "constrained generation is not supported on /v1/completions; use /v1/chat/completions"
+
+CHAT_FIELDS: tuple[OpenAIField, ...] = (
+    OpenAIField("messages", HONOURED, "the conversation; the last message must be the user's"),
+    OpenAIField("model", IGNORED, "the server serves the model it was started with"),
+    OpenAIField("max_tokens", HONOURED, "tokens to generate at most"),
+    OpenAIField("max_completion_tokens", HONOURED, "OpenAI's newer name for max_tokens"),
+    OpenAIField("temperature", HONOURED, "0..10; 0 is greedy"),
+    OpenAIField("top_p", HONOURED, "nucleus sampling's mass"),
+    OpenAIField("seed", HONOURED, "the sampler's seed"),
+    OpenAIField("stop", HONOURED, "up to 16 stop strings"),
+    OpenAIField("stream", HONOURED, "server-sent events"),
+    OpenAIField("stream_options", HONOURED, "include_usage"),
+    OpenAIField("n", HONOURED, "1 only (a larger n is a 422)"),
+    OpenAIField("logprobs", HONOURED, "the answer's tokens' log-probs (Log-probs below)"),
+    OpenAIField("top_logprobs", HONOURED, "0..20 alternatives per token; needs logprobs"),
+    OpenAIField("logit_bias", HONOURED, "token id -> bias in [-100, 100], added before sampling"),
+    OpenAIField("think", HONOURED, "bmoe: reasoning on or off for this turn"),
+    OpenAIField("bmoe_logprobs_of", HONOURED, "bmoe: the log-prob of named strings at the answer's start"),
+    _refused("presence_penalty", _PENALTY, 0),
+    _refused("frequency_penalty", _PENALTY, 0),
+    OpenAIField("response_format", HONOURED, "text, json_object or json_schema (Structured outputs below)"),
+    OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
+    OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
+    _refused("tools", _TOOLS, []),
+    _refused("tool_choice", _TOOLS),
+    _refused("parallel_tool_calls", _TOOLS),
+    _refused("functions", "not supported (OpenAI's deprecated tool calls)", []),
+    _refused("function_call", "not supported (OpenAI's deprecated tool calls)"),
+    _refused("reasoning_effort", "not supported; bmoe's think (true or false) turns reasoning on or off"),
+    _refused("verbosity", "not supported"),
+    _refused("modalities", "only text is supported", ["text"]),
+    _refused("audio", "audio output is not supported"),
+    _refused("web_search_options", "web search is not supported"),
+    _refused("moderation", "moderation is not supported"),
+    OpenAIField("prediction", IGNORED, "a hint for speed; the answer is the same without it"),
+    OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
+    OpenAIField("safety_identifier", IGNORED, "an end-user id, for the caller's records"),
+    OpenAIField("metadata", IGNORED, "tags for stored completions; nothing is stored"),
+    OpenAIField("store", IGNORED, "nothing is stored"),
+    OpenAIField("service_tier", IGNORED, "there is one tier"),
+    OpenAIField("prompt_cache_key", IGNORED, "the KV prefix is reused anyway"),
+    OpenAIField("prompt_cache_options", IGNORED, "the KV prefix is reused anyway"),
+    OpenAIField("prompt_cache_retention", IGNORED, "the KV prefix is reused anyway"),
+)
+
+COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
+    OpenAIField("prompt", HONOURED, "text or token ids, up to 256 prompts"),
+    OpenAIField("model", IGNORED, "the server serves the model it was started with"),
+    OpenAIField("max_tokens", HONOURED, "0 or 1 (default 1); more is a 400"),
+    OpenAIField("echo", HONOURED, "log-probs from the prompt's first token"),
+    OpenAIField("logprobs", HONOURED, "0..20 alternatives per position"),
+    OpenAIField("temperature", HONOURED, "how the one token is picked"),
+    OpenAIField("top_p", HONOURED, "how the one token is picked"),
+    OpenAIField("seed", HONOURED, "how the one token is picked"),
+    OpenAIField("logit_bias", HONOURED, "token id -> bias in [-100, 100], added before the one token is picked"),
+    _refused("stream", "streaming is not supported on /v1/completions", False),
+    _refused("n", "only 1 is supported, got {value}", 1),
+    _refused("best_of", "only 1 is supported, got {value}", 1),
+    _refused("suffix", "insertion (a suffix) is not supported", ""),
+    _refused("stop", "stop strings are not supported on /v1/completions (it generates at most 1 token)", "", []),
+    _refused("presence_penalty", _PENALTY, 0),
+    _refused("frequency_penalty", _PENALTY, 0),
+    _refused("json_schema", _CONSTRAINED),
+    _refused("grammar", _CONSTRAINED),
+    OpenAIField("stream_options", IGNORED, "stream is refused, so it has nothing to change"),
+    OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
+)
+
+
+def refuse_unset(body: BaseModel, table: Iterable[OpenAIField]) -> None:
+    """ApiError(400, ``unsupported_field``) for the first refused field set to a value that is
+    not neutral, in the table's order."""
+    for f in table:
+        if f.status != REFUSED:
+            continue
+        value = getattr(body, f.name)
+        if not any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in f.neutral):
+            raise ApiError(400, f"{f.name}: {f.why.format(value=value)}", f.name, "unsupported_field")
+
+
+def markdown_table(table: Iterable[OpenAIField]) -> str:
+    """The rows as docs/server.md shows them; a refused field passes when left out or set to
+    one of the listed values."""
+    lines = ["| field | status | what bmoe does |", "|---|---|---|"]
+    for f in table:
+        status = f.status
+        if f.status == REFUSED:
+            status += "; passes as " + ", ".join(f"`{json.dumps(n)}`" for n in f.neutral)
+        lines.append(f"| `{f.name}` | {status} | {f.why.replace('{value}', 'N')} |")
+    return "\n".join(lines)
