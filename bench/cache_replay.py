@@ -577,14 +577,20 @@ def main(argv: list[str] | None = None) -> int:
         help="leave-one-trace-out over these traces (at least 2): each one's figures with the "
         "knobs chosen on the others",
     )
+    import record
+
+    record.add_args(ap)
     args = ap.parse_args(argv)
+    command = " ".join(["python", "bench/cache_replay.py", *(argv if argv is not None else sys.argv[1:])])
     if args.loo is not None:
         if args.trace is not None or args.knob or len(args.loo) < 2:
             ap.error("--loo takes two or more traces, and neither a trace before it nor --knob")
         traces = [read_trace(path) for path in args.loo]
         for t in traces:
             describe(t)
-        print_loo(leave_one_out(traces, args.budget_mib, LOO_GRID), LOO_GRID, args.json)
+        folds = leave_one_out(traces, args.budget_mib, LOO_GRID)
+        print_loo(folds, LOO_GRID, args.json)
+        write_record(record, command, args, folds=folds)
         return 0
     if args.trace is None:
         ap.error("give a trace, or --loo TRACE TRACE ...")
@@ -623,7 +629,38 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
     if args.json:
         print(json.dumps(results))
+    write_record(record, command, args, single=(trace, knobs, exact))
     return 0
+
+
+def write_record(record, command: str, args: argparse.Namespace, folds=None, single=None) -> None:  # type: ignore[no-untyped-def]
+    """The run's record (bench/record.py): per trace its hit % per budget and the restated target."""
+    import bench_records as br
+
+    tables, targets = [], []
+    if folds is not None:
+        knobs = [
+            {"name": f.held_out.model, **dict(f.knobs), "mean_margin": f.train_mean, "worst_margin": f.train_worst}
+            for f in folds
+        ]
+        cols = [("name", "held out", "")] + [(n, n, "g") for n in sorted(LOO_GRID)]
+        cols += [("mean_margin", "mean margin", "+.2f"), ("worst_margin", "worst margin", "+.2f")]
+        tables.append(record.table("Knobs chosen per fold (leave-one-trace-out)", cols, knobs))
+        for f in folds:
+            title = f"{f.held_out.model} (token cycle {f.held_out.cycle_bytes / MIB:.0f} MiB): decode hit %"
+            tables.append(br.replay_table(title, f.rows))
+            targets += br.replay_targets(f.held_out.model, f.rows)
+    else:
+        trace, knobs, exact = single
+        tables.append(
+            br.replay_table(f"{trace.model} (token cycle {trace.cycle_bytes / MIB:.0f} MiB): decode hit %", exact)
+        )
+        targets += br.replay_targets(trace.model, exact)
+    config = {"budgets_mib": args.budget_mib, "knobs": knobs if folds is None else None, "loo": folds is not None}
+    rec = record.record(
+        "cache_replay", command=command, config=config, tables=tables, targets=targets, partial=folds is None
+    )
+    record.write(rec, args.results)
 
 
 def describe(trace: Trace) -> None:

@@ -14,10 +14,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import record  # noqa: E402
 
 
 def evict(path: Path) -> None:
@@ -108,9 +112,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=50)
+    record.add_args(ap)
     a = ap.parse_args()
     report = {"model": str(a.model), "check": check_alone(a.model, a.repeats), "decode": decode_rounds(a)}
     print(json.dumps(report, indent=1))
+    rec = record.record(
+        "content_check",
+        command=" ".join(["python", "bench/content_check.py", *sys.argv[1:]]),
+        config={k: v for k, v in vars(a).items() if k != "results"},
+        tables=[record.figures("What the content check of streamed slices costs", report)],
+        machine_facts=record.machine(model=a.model),
+    )
+    record.write(rec, a.results)
 
 
 if __name__ == "__main__":

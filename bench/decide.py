@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -43,6 +42,9 @@ from bmoe.runtime.decide import saved_bytes
 from bmoe.session import Session
 from bmoe.state_store import StateStore
 from bmoe.testing import default_tiny_dir, smollm2_gguf_path, write_tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
 
 GOAL_MARGIN_MS = 20.0
 DEFAULT_SIZES = (100, 1000, 3000)
@@ -321,25 +323,6 @@ def resolve_model(spec: str | None) -> tuple[Path, str]:
     return Path(spec), Path(spec).name
 
 
-def machine() -> dict[str, object]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "mem_gib": round(mem_gib, 1),
-        "load_avg_after": os.getloadavg(),
-        "python": platform.python_version(),
-    }
-
-
 def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
@@ -409,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=0, help="0: all cores")
+    record.add_args(ap)
     args = ap.parse_args(argv)
     if args.reps < 1 or args.whole_reps < 1:
         ap.error("--reps and --whole-reps must be at least 1")
@@ -450,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "whole_reps": args.whole_reps,
         "goal_margin_ms": GOAL_MARGIN_MS,
         "passed": verdict,
-        "machine": machine(),
+        "machine": record.machine(disk=path),
         "load_avg_before": load_before,
         "started_unix": started,
         "wall_s": time.time() - started,
@@ -460,6 +444,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"# wrote {args.out}")
+    cols = (
+        ("name", "prefix tokens", "d"),
+        ("n_prefilled", "prefilled", "d"),
+        ("whole_wall_s", "whole decision s", ".3f"),
+        ("restored_wall_s", "restored decision s", ".3f"),
+        ("suffix_prefill_s", "suffix prefill s", ".3f"),
+        ("margin_ms", "restored - suffix ms", "+.1f"),
+        ("prefix_state_mib", "state MiB held", ".1f"),
+    )
+    rows = [{"name": r.n_prefix, **asdict(r)} for r in results]
+    for row in rows:
+        row.pop("choice_logp"), row.pop("whole_choice_logp")
+    rec = record.record(
+        "decide",
+        command=str(report["command"]),
+        config={
+            k: v
+            for k, v in report.items()
+            if k in ("model", "n_ctx", "n_threads", "n_batch", "n_ubatch", "pair_reps", "whole_reps")
+        },
+        tables=[record.table(f"{name}: a restored grown prefix against the whole prefill", cols, rows)],
+        targets=[
+            record.target(
+                f"restored decision <= suffix prefill + {GOAL_MARGIN_MS:.0f} ms, prefix of {r.n_prefix} tokens",
+                r.margin_ms,
+                f"<= +{GOAL_MARGIN_MS:.0f} ms",
+                r.passed,
+            )
+            for r in results
+        ],
+        machine_facts=report["machine"],  # type: ignore[arg-type]
+    )
+    record.write(rec, args.results)
     return 0
 
 

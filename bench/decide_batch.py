@@ -320,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit-gib", type=float, default=2.5)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--floor-rounds", type=int, default=3, help="processes the compute floor takes the median of")
+    import record
+
+    record.add_args(ap)
     a = ap.parse_args(argv)
     if a.mode == "child":
         return child(a)
@@ -349,6 +352,18 @@ def main(argv: list[str] | None = None) -> int:
         report["targets"].append({"target": name, "value": value, "goal": goal, "verdict": verdict})
         print(f"# target {name}: {verdict} ({'-' if value is None else f'{value:.3g}'}, goal {goal})")
     (a.work / "decide_batch.json").write_text(json.dumps(report, indent=1))
+    from bench_records import decide_batch_table
+
+    rec = record.record(
+        "decide_batch",
+        command=" ".join(["python", "bench/decide_batch.py", *(argv if argv is not None else sys.argv[1:])]),
+        config={k: v for k, v in vars(a).items() if k not in ("mode", "model", "out", "batched", "results")},
+        tables=[decide_batch_table(report)],
+        targets=report["targets"],  # type: ignore[arg-type]
+        partial=a.mode != "all",
+        machine_facts=record.machine(disk=a.work),
+    )
+    record.write(rec, a.results)
     return 0
 
 

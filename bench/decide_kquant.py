@@ -30,6 +30,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import record  # noqa: E402
 from decide_batch import CHOICES, PREFIX, suffixes  # noqa: E402
 
 from bmoe.config import SessionConfig  # noqa: E402
@@ -83,7 +84,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="run only the models whose name contains this")
+    record.add_args(ap)
     a = ap.parse_args()
+    rec_rows = []
     assert runtime_decide  # the adapter whose bound the wide run lifts
     print(
         "| model | one by one dec/s | exact batch dec/s | wide batch dec/s | spread (max-min)/median | "
@@ -110,6 +113,43 @@ def main() -> None:
             f"| {name} | {rate['one by one']:.1f} | {rate['exact']:.1f} | {rate['wide']:.1f} | {spread:.0%} | {mb} | "
             f"{wide:.2g} | {same} |"
         )
+        rec_rows.append(
+            {
+                "name": name,
+                "one_by_one_dec_s": rate["one by one"],
+                "exact_dec_s": rate["exact"],
+                "wide_dec_s": rate["wide"],
+                "spread": spread,
+                "read_mb": [reads[h] for h in secs] if kw.get("moe_stream") else None,
+                "wide_max_dlogp": wide,
+                "exact_equals_one_by_one": same,
+            }
+        )
+    cols = (
+        ("name", "model", ""),
+        ("one_by_one_dec_s", "one by one dec/s", ".1f"),
+        ("exact_dec_s", "exact batch dec/s", ".1f"),
+        ("wide_dec_s", "wide batch dec/s", ".1f"),
+        ("spread", "spread", ".0%"),
+        ("read_mb", "expert MB read (one by one / exact / wide)", ".1f"),
+        ("wide_max_dlogp", "wide: max abs d logp", ".2g"),
+        ("exact_equals_one_by_one", "exact == one by one", ""),
+    )
+    rec = record.record(
+        "decide_kquant",
+        command=" ".join(["python", "bench/decide_kquant.py", *sys.argv[1:]]),
+        config={"rounds": a.rounds, "threads": a.threads, "only": a.only},
+        tables=[record.table("16 decisions: one by one, the exact batch and the wide batch", cols, rec_rows)],
+        targets=[
+            record.target(
+                f"{r['name']}: the exact batch equals one by one", None, "bit for bit", r["exact_equals_one_by_one"]
+            )
+            for r in rec_rows
+        ],
+        partial=bool(a.only),
+        machine_facts=record.machine(disk=a.work),
+    )
+    record.write(rec, a.results)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ from typing import Mapping
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_records as br  # noqa: E402
+import record  # noqa: E402
+
 MIB = 2**20
 CHILD = HERE / "decide_stream_child.py"
 # Targets of issue #11, printed PASS/FAIL.
@@ -717,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         help="greedy decode tokens timed per bmoe child after its decisions (0: none)",
     )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child")
+    record.add_args(ap)
     a = ap.parse_args(argv)
     if a.decisions < 2:
         ap.error("--decisions must be at least 2 (the first one only keeps the prefix)")
@@ -724,12 +728,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs root: memory cgroups and /proc/sys/vm/drop_caches")
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
-    from stream import machine
-
     report: dict[str, object] = {
         "command": " ".join(["python", "bench/decide_stream.py", *(argv if argv is not None else sys.argv[1:])]),
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "machine": machine(),
+        "machine": record.machine(disk=a.work),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
     }
     if a.defaults:
@@ -742,6 +744,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in d["comparisons"]:  # type: ignore[union-attr]
             print(f"# {line}")
         print(f"\nresults: {out}")
+        rec = record.record(
+            "decide_defaults",
+            command=str(report["command"]),
+            config=report["settings"],  # type: ignore[arg-type]
+            tables=[br.defaults_table(d["summary"])],  # type: ignore[arg-type]
+            notes=list(d["comparisons"]),  # type: ignore[call-overload]
+            machine_facts=report["machine"],  # type: ignore[arg-type]
+        )
+        record.write(rec, a.results)
         return 0
     unknown = set(a.only or ()) - {c.key for c in plan(tuple(a.cache_pct))}
     if unknown:
@@ -760,6 +771,17 @@ def main(argv: list[str] | None = None) -> int:
     report["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     out = a.work / "decide-stream.json"
     out.write_text(json.dumps(report, indent=1))
+    rec = record.record(
+        "decide_stream",
+        command=str(report["command"]),
+        config=report["settings"],  # type: ignore[arg-type]
+        tables=br.decide_stream_tables(presets),
+        targets=br.decide_stream_targets(presets),
+        notes=[f"{k}: answers the same in every configuration: {p['same_answers']}" for k, p in presets.items()],
+        partial=bool(a.only) or set(a.preset) != {"uniform", "trace"} or a.spec_layers is not None,
+        machine_facts=report["machine"],  # type: ignore[arg-type]
+    )
+    record.write(rec, a.results)
     for p in presets.values():
         print("\n" + table(p))
         print(f"# answers: same best choice in every configuration: {p['same_answers']}")

@@ -33,6 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import record  # noqa: E402
+
 MODES = {
     "resident": {},
     "streamed, cache off": {"moe_stream": True, "cache_mb": 0},
@@ -166,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         help="--bench-model: the streamed cache's share of the expert bytes, percent",
     )
     ap.add_argument("--io-threads", type=int, default=8, help="--bench-model: read lanes of the streamed modes")
+    record.add_args(ap)
     a = ap.parse_args(argv)
     sizes = a.sizes or (BENCH_SIZES if a.bench_model else ["128x96", "256x192", "448x336"])
     work = (a.work or (HERE / "out" if a.bench_model else Path(tempfile.gettempdir()) / "bmoe-bench-images")).resolve()
@@ -202,9 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{label}, {a.threads} threads, median of {a.rounds} rounds (min..max)\n")
     print("| mode | image | image tokens | encode ms | LM prefill of the image ms | encode / prefill |")
     print("|---|---|---|---|---|---|")
+    rec_rows = []
     for (name, size), ts in rows.items():
         enc = [t["encode_s"] * 1e3 for t in ts]
         pre = [t["prefill_s"] * 1e3 for t in ts]
+        rec_rows.append(
+            {
+                "name": f"{name}, {size}",
+                "image_tokens": ts[0]["n_tokens"],
+                "encode_ms": statistics.median(enc),
+                "prefill_ms": statistics.median(pre),
+                "encode_over_prefill": statistics.median(enc) / statistics.median(pre),
+            }
+        )
         print(
             f"| {name} | {size} | {ts[0]['n_tokens']} | {statistics.median(enc):.1f} ({min(enc):.1f}..{max(enc):.1f}) "
             f"| {statistics.median(pre):.1f} ({min(pre):.1f}..{max(pre):.1f}) "
@@ -227,6 +240,24 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(f"\nresults: {out}")
+    cols = (
+        ("name", "mode, image", ""),
+        ("image_tokens", "image tokens", "d"),
+        ("encode_ms", "encode ms", ".0f" if a.bench_model else ".1f"),
+        ("prefill_ms", "LM prefill ms", ".0f" if a.bench_model else ".1f"),
+        ("encode_over_prefill", "encode / prefill", ".2f"),
+    )
+    rec = record.record(
+        "images" if a.bench_model else "images_tiny",
+        command=" ".join(["python", "bench/images.py", *(argv or sys.argv[1:])]),
+        config={k: v for k, v in vars(a).items() if k != "results"} | {"model": label},
+        tables=[
+            record.table(f"Encoding against the prefill of the image (median of {a.rounds} rounds, ms)", cols, rec_rows)
+        ],
+        partial=a.spec_layers is not None or a.vision_depth is not None,
+        machine_facts=record.machine(model=model if a.bench_model else None, disk=work),
+    )
+    record.write(rec, a.results)
     return 0
 
 

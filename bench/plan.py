@@ -36,7 +36,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_records as br  # noqa: E402
 import decide_stream as ds  # noqa: E402
+import record  # noqa: E402
 
 RATIO_MAX = 1.15
 GRID = ("off+ra", "cache15+ra", "cache30+ra", "cache30")
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--spec-layers", type=int, default=None, help="smoke runs: the preset's model with N layers")
     ap.add_argument("--timeout", type=float, default=1800)
+    record.add_args(ap)
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("needs root: memory cgroups and /proc/sys/vm/drop_caches")
@@ -203,12 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     # what decide_stream.run_preset reads besides these
     a.flash_attn, a.probe_mib, a.wide_tokens, a.cache_pct = "auto", 512, 0, list(ds.DEFAULT_CACHE_PCT)
     configs = [ds.Config("planned", "planned")] + ds.plan(tuple(a.cache_pct), set(a.grid))
-    from stream import machine
-
     report: dict[str, object] = {
         "command": " ".join(["python", "bench/plan.py", *(argv if argv is not None else sys.argv[1:])]),
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "machine": machine(),
+        "machine": record.machine(disk=a.work),
         "presets": {},
     }
     for preset in a.preset:
@@ -255,6 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     report["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     out = a.work / "plan.json"
     out.write_text(json.dumps(report, indent=1, default=str))
+    presets = report["presets"]  # type: ignore[assignment]
+    rec = record.record(
+        "plan",
+        command=str(report["command"]),
+        config={k: v for k, v in vars(a).items() if k not in ("limit_gib",)},
+        tables=br.plan_tables(presets),  # type: ignore[arg-type]
+        targets=br.plan_targets(presets),  # type: ignore[arg-type]
+        partial=a.spec_layers is not None,
+        machine_facts=report["machine"],  # type: ignore[arg-type]
+    )
+    record.write(rec, a.results)
     print(f"\nresults: {out}")
     return 0
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import record  # noqa: E402
 from cgroup_run import run_limited  # noqa: E402
 
 PROMPT = " ".join(["the sea"] * 16)  # 32 words: about 32 tokens
@@ -26,7 +27,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("-n", type=int, default=8)
     ap.add_argument("extra", nargs="*")
+    record.add_args(ap)
     a = ap.parse_args()
+    rec_rows = []
     base = [sys.executable, "-m", "bmoe.cli", "-m", str(a.model), *a.extra]
     print("| limit MiB | plan | outcome | peak MiB | tok/s |")
     print("|---|---|---|---|---|")
@@ -58,6 +61,34 @@ def main() -> None:
             f"| {gib * 1024:.0f} | {plan} | {outcome} | {out.max_usage_mib:.0f} | {tps[-1] if tps else '-'} |",
             flush=True,
         )
+        rec_rows.append(
+            {
+                "name": f"{gib * 1024:.0f} MiB",
+                "plan": plan,
+                "outcome": outcome,
+                "peak_mib": out.max_usage_mib,
+                "tok_s": float(tps[-1]) if tps else None,
+                "oom_killed": bool(out.oom_killed),
+            }
+        )
+    cols = (
+        ("name", "limit", ""),
+        ("plan", "plan", ""),
+        ("outcome", "outcome", ""),
+        ("peak_mib", "cgroup peak MiB", ".0f"),
+        ("tok_s", "tok/s (indicative)", ".2f"),
+    )
+    rec = record.record(
+        "plan_floor",
+        command=" ".join(["python", "bench/plan_floor.py", *sys.argv[1:]]),
+        config={"limits_gib": a.limits, "n": a.n, "model": str(a.model), "extra": a.extra},
+        tables=[record.table("The plan under small memory limits", cols, rec_rows)],
+        targets=[
+            record.target(f"{r['name']}: not OOM-killed", None, "ran or refused", not r["oom_killed"]) for r in rec_rows
+        ],
+        machine_facts=record.machine(model=a.model if a.model.exists() else None),
+    )
+    record.write(rec, a.results)
 
 
 if __name__ == "__main__":

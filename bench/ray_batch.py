@@ -57,6 +57,9 @@ def main() -> int:
     ap.add_argument("--per-task", type=int, default=24)
     ap.add_argument("--decide-batch", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
+    import record
+
+    record.add_args(ap)
     args = ap.parse_args()
 
     import ray.data
@@ -98,6 +101,39 @@ def main() -> int:
         med = statistics.median(ts)
         print(f"| {name} | {med:.1f} ({', '.join(f'{t:.1f}' for t in ts)}) | {len(data) / med:.2f} | {same[name]} |")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
+    rec_rows = [
+        {
+            "name": name,
+            "wall_s": statistics.median(ts),
+            "rounds_s": ts,
+            "decisions_s": len(data) / statistics.median(ts),
+            "equal": same[name],
+        }
+        for name, ts in timings.items()
+    ]
+    cols = (
+        ("name", "configuration", ""),
+        ("wall_s", "wall s (median)", ".1f"),
+        ("decisions_s", "decisions/s", ".2f"),
+        ("equal", "answers equal the in-process run", ""),
+    )
+    rec = record.record(
+        "ray_batch",
+        command=" ".join(["python", "bench/ray_batch.py", *sys.argv[1:]]),
+        config={k: v for k, v in vars(args).items() if k != "results"} | {"decisions": len(data)},
+        tables=[
+            record.table(
+                "SmolLM2 decisions through Ray against one session in process",
+                cols,
+                rec_rows,
+                {"row": "in-process", "key": "wall_s", "label": "wall / in-process"},
+            )
+        ],
+        targets=[
+            record.target(f"{r['name']}: answers equal in-process", None, "bit for bit", r["equal"]) for r in rec_rows
+        ],
+    )
+    record.write(rec, args.results)
     return 0
 
 

@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-trace", type=Path, default=None, help="directory for each model's route CSV")
     ap.add_argument("--json", action="store_true")
+    import record
+
+    record.add_args(ap)
     a = ap.parse_args(argv)
 
     summaries: dict[str, dict[str, float]] = {}
@@ -276,6 +279,25 @@ def main(argv: list[str] | None = None) -> int:
     print(table(summaries))
     if a.json:
         print(json.dumps(report))
+    names = list(summaries)
+    rows = [
+        {"name": key, **{n: summaries[n].get(key, 0.0) * (1 if "distinct" in key else 100) for n in names}}
+        for key in SUMMARY_KEYS
+    ]
+    rec = record.record(
+        "routing_stats",
+        command=" ".join(["python", "bench/routing_stats.py", *(argv if argv is not None else sys.argv[1:])]),
+        config={"n_predict": a.n_predict, "k": a.k, "presets": a.preset, "traces": [p.name for p in a.trace]},
+        tables=[
+            record.table(
+                "Decode routing, mean over layers (distinct: of the layer's experts; the rest in %)",
+                [("name", "statistic", "")] + [(n, n, ".1f") for n in names],
+                rows,
+            )
+        ],
+        partial=set(a.preset) != {"uniform", "trace"},
+    )
+    record.write(rec, a.results)
     return 0
 
 

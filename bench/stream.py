@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,28 +31,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import record
+from bench_records import stream_tables
 from cgroup_run import drop_caches, run_limited
+from record import machine
 from stream_report import derive, print_table, render_chart, targets
 from synthetic_moe import write_synthetic
-
-
-def machine() -> dict[str, object]:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
-    return {
-        "cpu": cpu,
-        "n_cpu": os.cpu_count(),
-        "mem_gib": round(mem / 2**20, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-    }
 
 
 def load_avg() -> list[float]:
@@ -181,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default WORK/stream-bench.json)")
     ap.add_argument("--chart", type=Path, default=None, help="PNG chart (default WORK/stream-bench.png)")
+    record.add_args(ap)
     a = ap.parse_args(argv)
     a.work = a.work.resolve()
     only = set(a.only) if a.only else {"oom", "llama", "off", "prefetch", "cache", "paired"}
@@ -196,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             [Path(sys.executable).name, "bench/stream.py", *(argv if argv is not None else sys.argv[1:])]
         ),
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "machine": machine(),
+        "machine": machine(model=model),
         "model": {
             "path": str(model),
             "write_or_reuse_s": time.perf_counter() - t0,
@@ -260,6 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or a.work / "stream-bench.json"
     out.write_text(json.dumps(report, indent=1))
     print_table(report)
+    rec = record.record(
+        "stream",
+        command=str(report["command"]),
+        config=report["settings"],  # type: ignore[arg-type]
+        tables=stream_tables(report["derived"]),  # type: ignore[arg-type]
+        targets=report["targets"],  # type: ignore[arg-type]
+        partial=only
+        != {"oom", "llama", "off", "prefetch", "cache", "paired"} - ({"oom"} if a.skip_oom_demo else set()),
+        machine_facts=report["machine"],  # type: ignore[arg-type]
+    )
+    record.write(rec, a.results)
     chart = a.chart or a.work / "stream-bench.png"
     try:
         render_chart(report, chart)

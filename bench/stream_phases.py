@@ -27,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import record
 from stream_child import PROMPT, PlainLlama
 
 ROUTE, STOP = b"ffn_moe_topk-", b"ffn_moe_swiglu-"
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=32, help="decoded tokens measured (after 4 warm-up decodes)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default: next to the model)")
+    record.add_args(ap)
     a = ap.parse_args(argv)
 
     timer = Timer()
@@ -100,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1))
     print(json.dumps({k: v for k, v in report.items() if not k.endswith("_ms")}, indent=1))
     print(f"results: {out}")
+    rec = record.record(
+        "stream_phases",
+        command=" ".join(["python", "bench/stream_phases.py", *(argv if argv is not None else sys.argv[1:])]),
+        config={"model": str(a.model), "threads": a.threads, "n_predict": a.n_predict},
+        tables=[
+            record.figures("Resident decode: the share of a token between a layer's route and its down matmul", report)
+        ],
+        machine_facts=record.machine(model=a.model),
+    )
+    record.write(rec, a.results)
     return 0
 
 

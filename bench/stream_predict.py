@@ -28,6 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import record
 from stream_child import PROMPT, NodeObserver, PlainLlama
 
 from bmoe.stream import lookup, read_layout
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=24, help="decoded tokens measured")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default: next to the model)")
+    record.add_args(ap)
     a = ap.parse_args(argv)
 
     # The guess's own arithmetic (bmoe.stream.prefetch): router rows times the norm weight,
@@ -91,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "recall_by_layer"}, indent=1))
     print(f"recall of the top-{n_used} guess by layer 1..{len(layers) - 1}: {report['recall_by_layer'][str(n_used)]}")
     print(f"results: {out}")
+    rec = record.record(
+        "stream_predict",
+        command=" ".join(["python", "bench/stream_predict.py", *(argv if argv is not None else sys.argv[1:])]),
+        config={"model": str(a.model), "threads": a.threads, "n_predict": a.n_predict},
+        tables=[record.figures("The next layer's router on this layer's output: recall of the routed experts", report)],
+        machine_facts=record.machine(model=a.model),
+    )
+    record.write(rec, a.results)
     return 0
 
 

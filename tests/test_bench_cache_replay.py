@@ -194,6 +194,7 @@ def test_the_loo_flag_prints_the_folds_and_their_verdicts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cr, "LOO_GRID", GRID)
+    monkeypatch.setenv("BMOE_BENCH_RESULTS", str(tmp_path / "results"))
     paths = []
     for seed in (1, 2, 3):
         t = random_trace(seed)
@@ -210,5 +211,13 @@ def test_the_loo_flag_prints_the_folds_and_their_verdicts(
         assert rec["rows"] == {k: {c: round(v, 1) for c, v in r.items()} for k, r in fold.rows.items()}
     verdicts = [ln for ln in out if ln.startswith(("PASS", "FAIL"))]
     assert len(verdicts) == 3 * len(BUDGETS)
+    # the run's record (bench/record.py): the folds' knobs, one table per trace, one target per trace
+    (rec_path,) = (tmp_path / "results" / "cache_replay").glob("*.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["partial"] is False and len(rec["tables"]) == 4 and len(rec["targets"]) == 3
+    assert [r["held_out"] for r in rec["tables"][1]["rows"]] == [r["bmoe"] for r in folds[0].rows.values()]
+    assert rec["targets"][0]["verdict"] == (
+        "PASS" if all(ln.startswith("PASS") for ln in verdicts[: len(BUDGETS)]) else "FAIL"
+    )
     with pytest.raises(SystemExit):
         cr.main(["--loo", str(paths[0])])  # one trace leaves nothing to choose on

@@ -1,0 +1,153 @@
+"""docs/benchmarks.md is bench/render.py's output from the committed records in bench/results/: a
+figure typed by hand, or a record committed without the page rendered again, fails here."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import record  # noqa: E402
+import render  # noqa: E402
+
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+
+def test_the_page_is_the_committed_records_rendered() -> None:
+    text = render.render(record.load())
+    assert PAGE.read_text() == text, "docs/benchmarks.md differs from its records: run bench/render.py"
+
+
+def test_every_plot_the_page_shows_is_committed() -> None:
+    shown = re.findall(r"!\[[^\]]*\]\((img/bench/[^)]+\.png)\)", PAGE.read_text())
+    assert len(shown) >= 5
+    assert [p for p in shown if not (PAGE.parent / p).is_file()] == []
+
+
+def test_a_changed_figure_changes_the_page() -> None:
+    recs = record.load()
+    before = render.render(recs)
+    changed = copy.deepcopy(recs)
+    stream = [r for r in changed if r["bench"] == "stream" and not r["partial"]][-1]
+    row = next(r for r in stream["tables"][0]["rows"] if r["name"] == "bmoe cache off")
+    row["decode_tok_s"] = 99.0
+    after = render.render(changed)
+    assert before != after
+    assert "| bmoe cache off | 99.00 |" in after
+
+
+def test_every_record_has_its_machine_and_verdicts() -> None:
+    recs = record.load()
+    assert {r["bench"] for r in recs} >= {b.key for b in render.BENCHES}
+    for r in recs:
+        assert r["schema"] == record.SCHEMA
+        for key in ("cpu", "cpu_flags", "cores", "mem_gib", "mem_limit_mib", "disk_read_mib_s"):
+            assert key in r["machine"], (r["path"], key)
+        assert r["commit"] and r["date"] and r["command"]
+        assert all(t["verdict"] in ("PASS", "FAIL", "n/a") for t in r["targets"])
+        unknown = [k for k, v in r["machine"].items() if v == record.UNKNOWN]
+        for k in unknown:  # a fact not recovered says why
+            assert any(n.startswith(k) or k in n for n in r["machine"]["notes"]), (r["path"], k)
+
+
+def test_the_ratio_column_divides_by_the_runs_own_baseline() -> None:
+    t = record.table(
+        "t",
+        [("name", "run", ""), ("tok_s", "tok/s", ".1f")],
+        [{"name": "base", "tok_s": 2.0}, {"name": "fast", "tok_s": 5.0}, {"name": "broken", "tok_s": None}],
+        {"row": "base", "key": "tok_s", "label": "x base"},
+    )
+    lines = render.table_lines(t)
+    assert "| fast | 5.0 | 2.50x |" in lines and "| broken | - | - |" in lines
+
+
+def test_a_run_writes_one_record_that_loads_back(tmp_path: Path) -> None:
+    rec = record.record(
+        "smoke",
+        command="bench/x.py",
+        config={"work": tmp_path},
+        tables=[record.table("t", [("name", "run", "")], [{"name": "a"}])],
+        targets=[record.target("a fast", 1.0, ">= 1", True)],
+        machine_facts={"cpu": "x", "notes": []},
+    )
+    path = record.write(rec, tmp_path)
+    again = record.write(rec, tmp_path)  # the same minute: a second file, not an overwrite
+    assert path != again and json.loads(path.read_text())["targets"][0]["verdict"] == "PASS"
+    assert [r["bench"] for r in record.load(tmp_path)] == ["smoke", "smoke"]
+
+
+def test_the_machine_facts_are_read_here() -> None:
+    m = record.machine(disk=ROOT)
+    assert isinstance(m["cores"], int) and m["cores"] >= 1
+    assert m["cpu"] and isinstance(m["cpu_flags"], list)
+    assert m["disk_read_mib_s"] == record.UNKNOWN or float(m["disk_read_mib_s"]) > 0  # type: ignore[arg-type]
+
+
+def test_a_stream_run_becomes_its_two_tables() -> None:
+    import bench_records as br
+
+    derived = {
+        "oom": {"name": "llama.cpp default load (extra bufts)", "status": "OOM-killed", "wall_s": 12.0},
+        "llama": {"name": "llama.cpp mmap", "decode_tok_s": 0.4, "round_tok_s": [0.4, 0.5]},
+        "off": {"name": "bmoe cache off", "decode_tok_s": 4.0, "bound_ratio": 1.2},
+        "paired": {"status": "ok", "plain_median": 10.0, "bmoe_median": 9.8, "plain_prefill_median": 50.0}
+        | {"bmoe_prefill_median": 52.0},
+    }
+    limited, warm = br.stream_tables(derived)
+    lines = render.table_lines(limited)
+    assert any(ln.startswith("| llama.cpp default load (extra bufts) | OOM-killed after 12 s |") for ln in lines)
+    assert any(ln.startswith("| bmoe cache off | 4.00 |") and ln.endswith("| 10.00x |") for ln in lines)
+    assert [r["name"] for r in warm["rows"]] == ["plain llama.cpp (mmap)", "bmoe resident"]
+    assert render.table_lines(warm)[-2].endswith("| 0.98x |")
+
+
+def test_a_plan_run_holds_what_its_plots_read(tmp_path: Path) -> None:
+    import bench_records as br
+    import plots
+
+    limits = [
+        {
+            "limit_gib": 2.0,
+            "plan_mode": "streamed",
+            "plan_settings": {"cache_mb": 1196, "prefetch": True, "n_ubatch": 1024},
+            "planned_latency_s": 1.6,
+            "planned_decode_tok_s": 5.5,
+            "best_latency": ("cache30+ra", 1.45),
+            "best_decode": ("cache30", 5.7),
+            "latency_ratio": 1.1,
+            "decode_ratio": 1.04,
+            "long": {
+                "planned": {"latency_s": 27.0, "n_ubatch": 2048, "read_mib": 4508.0},
+                "cache30+ra": {"status": "OOM-killed"},
+            },
+            "verdicts": {"decisions": "PASS", "decode": "PASS", "never OOM-killed": "PASS"},
+        },
+        {
+            "limit_gib": None,
+            "plan_mode": "resident",
+            "plan_settings": {},
+            "planned_latency_s": 0.9,
+            "planned_decode_tok_s": 11.0,
+            "best_latency": ("cache30+ra", 1.45),
+            "best_decode": ("cache30+ra", 6.1),
+            "verdicts": {"resident with no limit": "PASS"},
+        },
+    ]
+    presets = {"uniform": {"limits": limits}}
+    (t,) = br.plan_tables(presets)
+    assert [r["name"] for r in t["rows"]] == ["2 GiB", "none"]
+    assert t["rows"][0]["long_grid"] == "cache30+ra: OOM-killed" and t["rows"][1]["cache_mib"] is None
+    assert "| 2 GiB | cache 1196 MiB, read-ahead, ubatch 1024 | 1.60 | 1.45 |" in "\n".join(render.table_lines(t))
+    rec = {"bench": "plan", "date": "d", "partial": False, "tables": [t], "machine": {"cpu": "x"}, "config": {}}
+    targets = br.plan_targets(presets)
+    assert [x["verdict"] for x in targets] == ["PASS"] * 4 and targets[0]["value"] == 1.1
+    by = {"plan": [rec]}
+    for p in plots.PLOTS:
+        if p.bench == "plan":
+            assert p.has_data(by)
+            p.draw(by, tmp_path / p.name)
+            assert (tmp_path / p.name).stat().st_size > 1000
