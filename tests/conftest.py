@@ -9,6 +9,19 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def bench_records_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Benches run by tests write their records to a temporary folder, never into the committed
+    bench/results/ (which the page is rendered from: a test's record there would change it)."""
+    old = os.environ.get("BMOE_BENCH_RESULTS")
+    os.environ["BMOE_BENCH_RESULTS"] = str(tmp_path_factory.mktemp("bench-results"))
+    yield
+    if old is None:
+        os.environ.pop("BMOE_BENCH_RESULTS", None)
+    else:
+        os.environ["BMOE_BENCH_RESULTS"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(request: pytest.FixtureRequest) -> Path:
     """Where tiny models are written: ``$BMOE_TINY_DIR`` when set, else pytest's cache folder
