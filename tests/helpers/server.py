@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -93,3 +94,13 @@ def label_sets(text: str, name: str) -> list[dict[str, str]]:
     if name not in declared:
         raise AssertionError(f"the metrics declare no {name}")
     return [got for n, got, _ in found if n == name]
+
+
+def sse_events(text: str) -> list[dict | str]:
+    """The server-sent events of a response body: each data payload parsed, ``[DONE]`` as it is."""
+    out: list[dict | str] = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out

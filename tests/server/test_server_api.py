@@ -9,7 +9,7 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from helpers.server import label_sets, metric
+from helpers.server import label_sets, metric, sse_events
 
 Q1 = "Name three fruits."
 DECISION = {
@@ -23,15 +23,6 @@ DECISION = {
 def client(make_app, smol_path):
     with TestClient(make_app(smol_path), base_url="http://localhost") as c:
         yield c
-
-
-def sse_events(text: str) -> list[dict | str]:
-    out: list[dict | str] = []
-    for block in text.split("\n\n"):
-        if block.startswith("data: "):
-            data = block[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 def test_chat_answers_with_usage_and_telemetry(client) -> None:

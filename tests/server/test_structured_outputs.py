@@ -10,6 +10,8 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
+from helpers.server import sse_events
+
 CITY = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 16}, "population": {"type": "integer"}},
@@ -17,15 +19,6 @@ CITY = {
     "additionalProperties": False,
 }
 ASK = [{"role": "user", "content": "Give the capital of France and its population as JSON."}]
-
-
-def sse_events(text: str) -> list[dict | str]:
-    out: list[dict | str] = []
-    for block in text.split("\n\n"):
-        if block.startswith("data: "):
-            data = block[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 @pytest.fixture()
