@@ -36,7 +36,7 @@ def test_logit_bias_bans_and_forces_and_leaves_the_row_alone() -> None:
 
 def test_token_logprobs_are_the_models_most_likely_first() -> None:
     from bmoe.numerics import log_softmax
-    from bmoe.runtime.sampling import token_logprobs
+    from bmoe.runtime.scoring import token_logprobs
 
     row = np.array([1.0, 3.0, 3.0, -2.0], dtype=np.float32)
     lp = log_softmax(row)

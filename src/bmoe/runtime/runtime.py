@@ -52,7 +52,7 @@ from bmoe.runtime.results import (
     TimeSplit,
 )
 from bmoe.runtime.sampling import Sampler
-from bmoe.runtime.scoring import PromptScorer, check_token_ids
+from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -464,7 +464,10 @@ class Runtime:
             was_forced = bool(forced)
             tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
             # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its own
-            lp = None if req.top_logprobs is None or was_forced else sampler.logprobs(logits, tok, req.top_logprobs)
+            lp = None
+            if req.top_logprobs is not None and not was_forced:
+                assert logits is not None  # a sampled token was drawn from this row
+                lp = token_logprobs(logits, tok, req.top_logprobs)
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)

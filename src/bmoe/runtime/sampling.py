@@ -63,11 +63,6 @@ class Sampler:
         p = p / p.sum()
         return int(self._rng.choice(len(p), p=p))
 
-    @staticmethod
-    def logprobs(logits: np.ndarray, token: int, top_n: int) -> "TokenLogprobs":
-        """What the answer reports for ``token``, sampled from ``logits``: ``token_logprobs``."""
-        return token_logprobs(logits, token, top_n)
-
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
@@ -78,17 +73,3 @@ class TokenLogprobs:
     logprob: float
     top_ids: tuple[int, ...]
     top_logprobs: tuple[float, ...]
-
-
-def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
-    """``logits  # [n_vocab]`` float32, the row ``token`` was chosen from."""
-    lp = log_softmax(logits)  # float64
-    ids: tuple[int, ...] = ()
-    vals: tuple[float, ...] = ()
-    top_n = min(top_n, len(lp))
-    if top_n > 0:
-        cand = np.argpartition(-lp, top_n - 1)[:top_n]
-        order = np.lexsort((cand, -lp[cand]))  # by value descending, then id ascending
-        ids = tuple(int(t) for t in cand[order])
-        vals = tuple(max(LOGPROB_FLOOR, float(lp[t])) for t in ids)
-    return TokenLogprobs(max(LOGPROB_FLOOR, float(lp[token])), ids, vals)

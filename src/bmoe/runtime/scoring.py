@@ -29,7 +29,7 @@ from bmoe.llama.model import LlamaModel
 from bmoe.numerics import common_prefix_len, log_softmax
 from bmoe.runtime.kv import KvSequence
 from bmoe.runtime.results import ScoreRequest, ScoreResult
-from bmoe.runtime.sampling import Sampler, check_sampling
+from bmoe.runtime.sampling import LOGPROB_FLOOR, Sampler, TokenLogprobs, check_sampling
 
 TOP_CAP = 20  # most alternatives per position a request may ask for (and what is kept)
 ROW_BLOCK = 32  # logit rows turned into float64 log-probabilities at a time
@@ -59,6 +59,15 @@ def row_logprobs(logits: np.ndarray, targets: np.ndarray, top_k: int = 0) -> tup
             top_ids[b : b + len(lp)] = np.take_along_axis(cand, order, axis=-1)
             top_lp[b : b + len(lp)] = np.take_along_axis(vals, order, axis=-1)
     return target_lp, top_ids, top_lp
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+    """``logits  # [n_vocab]`` float32, the row ``token`` was chosen from: the one row reduction
+    prompt scoring uses (``scoring.row_logprobs``), floored for JSON."""
+    target, top_ids, top_lp = row_logprobs(logits[None, :], np.array([token]), min(top_n, len(logits)))
+    ids = tuple(int(t) for t in top_ids[0])
+    vals = tuple(max(LOGPROB_FLOOR, float(v)) for v in top_lp[0])
+    return TokenLogprobs(max(LOGPROB_FLOOR, float(target[0])), ids, vals)
 
 
 def check_token_ids(tokens: Sequence[int], n_vocab: int, field: str = "tokens") -> None:
