@@ -9,5 +9,45 @@ adapter in ``bmoe.llama``. ``__all__`` is what other packages may use.
 from bmoe.constrain.constraint import Constraint, constraint_of, from_response_format
 from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
+from bmoe.constrain.tool_formats import (
+    FORMATS,
+    GENERIC,
+    ToolFormat,
+    describe_tools,
+    detect_tool_format,
+    generic_messages,
+    native_id,
+    takes_tools,
+)
+from bmoe.constrain.tool_grammar import tool_constraint
+from bmoe.constrain.tool_parse import ToolCallError, ToolStream, parse_tool_calls
+from bmoe.constrain.tool_spec import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_history, parse_choice, parse_tools
 
-__all__ = ["MAX_ENUM", "Constraint", "ConstraintError", "TokenMask", "constraint_of", "from_response_format"]
+__all__ = [
+    "MAX_ENUM",
+    "Constraint",
+    "ConstraintError",
+    "TokenMask",
+    "constraint_of",
+    "from_response_format",
+    # tools (tool_*.py)
+    "FORMATS",
+    "GENERIC",
+    "MAX_TOOLS",
+    "Tool",
+    "ToolCall",
+    "ToolCallError",
+    "ToolChoice",
+    "ToolFormat",
+    "ToolStream",
+    "check_history",
+    "describe_tools",
+    "detect_tool_format",
+    "generic_messages",
+    "native_id",
+    "parse_choice",
+    "parse_tool_calls",
+    "parse_tools",
+    "takes_tools",
+    "tool_constraint",
+]

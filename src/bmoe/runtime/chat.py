@@ -14,6 +14,8 @@ is the client's own markup: its special tokens are parsed, as llama.cpp's raw pr
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -24,6 +26,17 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from bmoe.config import ChatMode
+from bmoe.constrain import (
+    GENERIC,
+    Tool,
+    ToolCall,
+    ToolFormat,
+    describe_tools,
+    detect_tool_format,
+    generic_messages,
+    native_id,
+    takes_tools,
+)
 from bmoe.errors import ModelFileError, RequestError
 from bmoe.image_refs import ImageSource
 from bmoe.runtime.detokenize import CLOSE, OPEN
@@ -42,12 +55,14 @@ EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
     # the images (file paths, data: URLs or bytes: bmoe.image_refs) at the image markers of
     # ``content``, in order (docs/decide.md "Images"); a continued conversation reads them again,
     # so its KV prefix, images included, is reused
     images: tuple[ImageSource, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls (docs/server.md "Tools")
+    tool_call_id: str | None = None  # a role "tool" message: the call it answers
 
 
 class Prompt(str):
@@ -138,21 +153,32 @@ class ChatRenderer:
             ) from None
         self._bos_text = bos_text
         self._eos_text = eos_text
+        self.tool_format = detect_tool_format(source)  # how the model writes tool calls
+        self._tools: tuple[Tool, ...] = ()
+
+    def _with_tools(self, tools: Sequence[Tool]) -> "ChatRenderer":
+        """This renderer, rendering ``tools`` into each prompt (the template's ``tools``)."""
+        if tuple(tools) == self._tools:
+            return self
+        other = copy.copy(self)
+        other._tools = tuple(tools)
+        return other
 
     @property
     def templated(self) -> bool:
         return self._template is not None
 
-    def render(self, messages: Sequence[Message], *, think: bool) -> Prompt:
-        """The prompt for ``messages``, opening a fresh assistant turn."""
-        return self._render_turn(messages, think, want_opens=False).text
+    def render(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> Prompt:
+        """The prompt for ``messages``, opening a fresh assistant turn; ``tools``: the functions
+        the model may call, rendered by the template (or by bmoe where it takes none: GENERIC)."""
+        return self._with_tools(tools)._render_turn(messages, think, want_opens=False).text
 
-    def render_turn(self, messages: Sequence[Message], *, think: bool) -> "Rendered":
+    def render_turn(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> "Rendered":
         """``render``, and whether the model's output starts inside a <think> block.
 
         Only the template's own generation prompt (what it adds after the conversation) can open
         or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
-        return self._render_turn(messages, think, want_opens=True)
+        return self._with_tools(tools)._render_turn(messages, think, want_opens=True)
 
     def _render_turn(self, messages: Sequence[Message], think: bool, *, want_opens: bool) -> "Rendered":
         """The generation prompt is found (by rendering the conversation again, see
@@ -222,7 +248,7 @@ class ChatRenderer:
         try:
             out = self._render(
                 [
-                    Message(m.role, m.content if k is None or i == show else k)
+                    dataclasses.replace(m, content=m.content if k is None or i == show else k)
                     for i, (m, k) in enumerate(zip(messages, marks))
                 ],
                 generation_prompt=True,
@@ -265,13 +291,24 @@ class ChatRenderer:
 
     def _render(self, messages: Sequence[Message], *, generation_prompt: bool, think: bool) -> str:
         assert self._template is not None
+        turns = _template_messages(messages, self.tool_format)
+        tools = [t.openai() for t in self._tools]
+        extra: dict = {}
+        if self.tool_format is GENERIC:  # bmoe describes the tools; calls and results become text
+            if tools or any(m.tool_calls or m.role == "tool" for m in messages):
+                turns = generic_messages(turns, tools)
+        elif tools and not takes_tools(self.source):  # a native syntax, but no tools in the template
+            turns = describe_tools(turns, tools, self.tool_format)
+        elif tools:
+            extra["tools"] = tools
         try:
             return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=turns,
                 add_generation_prompt=generation_prompt,
                 enable_thinking=think,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
+                **extra,
             )
         except TemplateError as e:
             raise RequestError(f"the chat template refused the conversation: {e}") from e
@@ -285,7 +322,9 @@ class ChatRenderer:
         marks = [f"\ue000bmoe-{i}\ue001" for i in range(len(messages))]
         try:
             shown = self._render(
-                [Message(m.role, k) for m, k in zip(messages, marks)], generation_prompt=True, think=think
+                [dataclasses.replace(m, content=k) for m, k in zip(messages, marks)],
+                generation_prompt=True,
+                think=think,
             )
         except RequestError:
             shown = ""
@@ -317,6 +356,29 @@ class Rendered:
 
 
 _MARK_START, _MARK_END = "\ue000bmoe", "\ue001"
+
+
+def _template_messages(messages: Sequence[Message], fmt: ToolFormat) -> list[dict]:
+    """The messages as chat templates take them: OpenAI's shape, a call's arguments as an object
+    (templates write them with ``tojson``), ids as the format takes them (Mistral's 9 characters),
+    and a tool result's ``name`` (the call it answers), which some templates print."""
+    names: dict[str, str] = {}
+    out: list[dict] = []
+    for m in messages:
+        d: dict = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            d["tool_calls"] = [
+                {"id": native_id(fmt, c.id), "type": "function", "function": {"name": c.name, "arguments": c.args()}}
+                for c in m.tool_calls
+            ]
+            names.update({c.id: c.name for c in m.tool_calls})
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = native_id(fmt, m.tool_call_id)
+            d["name"] = names.get(m.tool_call_id, "")
+        out.append(d)
+    return out
+
+
 # The most messages a template that changes a message's text (other than trimming it) is asked
 # about one by one: each asks the template for the whole conversation again.
 ASKED_ALONE = 64
