@@ -62,6 +62,10 @@ FAMILIES = {
 }
 
 
+# Templates bmoe's immutable sandbox cannot render (they call list.append), whose format is read still.
+DETECTED_ONLY = {"Kimi-K2-Instruct": "kimi-k2", "Kimi-K2-Thinking": "kimi-k2", "MiniMax-M3": "generic"}
+
+
 def template(name: str) -> str:
     path = TEMPLATES / f"{name}.jinja"
     if not path.is_file():
@@ -91,9 +95,10 @@ def accepts(grammar: str, text: str) -> bool:
     return m.consume_tokens(tok.tokenize_str(text)) and m.is_accepting()
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", sorted([*FAMILIES, *DETECTED_ONLY]))
 def test_detected_from_the_real_template(name: str) -> None:
-    assert detect_tool_format(template(name)).name == FAMILIES[name][0]
+    want = FAMILIES[name][0] if name in FAMILIES else DETECTED_ONLY[name]
+    assert detect_tool_format(template(name)).name == want
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bmoe.constrain.tool_formats import HOLE, ToolFormat, native_id
+from bmoe.constrain.tool_formats import HOLE, ToolFormat, fill, native_id
 from bmoe.constrain.tool_spec import Tool, ToolCall
 from bmoe.errors import BmoeError
 
@@ -117,7 +117,11 @@ def _calls(
         if head is None or (out.calls and not fmt.parallel):
             break
         name = head.group("name")
+        if not final and head.end() == len(text):  # the name may go on
+            return out
         if tools and name not in schemas:
+            if not final:
+                return out
             raise ToolCallError(f"tool call {n} names {name!r}, which is not one of the tools")
         schema = schemas.get(name, True)
         try:
@@ -133,7 +137,9 @@ def _calls(
         tail = rx.call_close.match(text, at)
         if tail is None:
             if final:
-                raise ToolCallError(f"tool call {n} ({name}): expected {fmt.call_close.strip()!r} after its arguments")
+                raise ToolCallError(
+                    f"tool call {n} ({name}): expected {fill(fmt.call_close).strip()!r} after its arguments"
+                )
             return out
         groups = {**head.groupdict(), **tail.groupdict()}
         if fmt.name == "kimi-k2":
@@ -166,7 +172,7 @@ def _json_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dic
     try:
         value, end = json.JSONDecoder().raw_decode(text, at)
     except json.JSONDecodeError as e:
-        if e.pos >= len(text) or not text[at:].strip():
+        if e.pos >= len(text) or e.msg.startswith("Unterminated string") or not text[at:].strip():
             raise _Short() from None
         raise ValueError(f"its arguments are not JSON ({e.msg} at {text[e.pos : e.pos + 20]!r})") from None
     if not isinstance(value, dict):
