@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from bmoe.constrain import FORMATS, GENERIC, Tool, ToolCallError, ToolStream, parse_tool_calls
+from bmoe.constrain import (
+    FORMATS,
+    GENERIC,
+    Tool,
+    ToolCallError,
+    ToolChoice,
+    ToolStream,
+    parse_tool_calls,
+    tool_decision,
+)
 from bmoe.constrain.tool_formats import BY_NAME, write_calls
 
 WEATHER = Tool(
@@ -108,3 +117,21 @@ def test_malformed_calls_are_refused_by_name(fmt: str, text: str, message: str) 
     with pytest.raises(ToolCallError) as e:
         parse_tool_calls(BY_NAME[fmt], text, TOOLS)
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+def test_the_choice_of_tool_is_a_decision_over_what_the_model_writes(fmt) -> None:
+    tools = (Tool("get"), WEATHER, TIME)
+    required = tool_decision(fmt, tools, ToolChoice("required"))
+    assert required is not None and required.names == ("get", "get_weather", "get_time")
+    for name, chosen in zip(required.names, required.choices):
+        written = write_calls(fmt, [(name, {}, "abcDE1234")])
+        assert written.startswith(required.forced + chosen)  # the model's own text, in order
+        assert parse_tool_calls(fmt, written, tools).calls[0].name == name
+    assert not any(a != b and b.startswith(a) for a in required.choices for b in required.choices)
+    auto = tool_decision(fmt, tools, ToolChoice("auto"))
+    assert auto is not None and auto.text_outside and auto.forced == ""
+    assert auto.choices == tuple(required.forced + c for c in required.choices)
+    named = tool_decision(fmt, tools, ToolChoice("named", "get_time"))
+    assert named is not None and named.choices == () and named.forced == required.forced + required.choices[2]
+    assert tool_decision(fmt, tools, ToolChoice("none")) is None

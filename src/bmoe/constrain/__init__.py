@@ -9,6 +9,7 @@ adapter in ``bmoe.llama``. ``__all__`` is what other packages may use.
 from bmoe.constrain.constraint import Constraint, constraint_of, from_response_format
 from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
+from bmoe.constrain.tool_decision import ToolDecision, tool_decision
 from bmoe.constrain.tool_formats import (
     FORMATS,
     GENERIC,
@@ -38,6 +39,7 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolChoice",
+    "ToolDecision",
     "ToolFormat",
     "ToolStream",
     "check_history",
@@ -50,4 +52,5 @@ __all__ = [
     "parse_tools",
     "takes_tools",
     "tool_constraint",
+    "tool_decision",
 ]
