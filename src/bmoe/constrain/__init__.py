@@ -10,18 +10,18 @@ from bmoe.constrain.constraint import Constraint, constraint_of, from_response_f
 from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
 from bmoe.constrain.tool_decision import ToolDecision, tool_decision
-from bmoe.constrain.tool_formats import (
-    FORMATS,
-    GENERIC,
-    ToolFormat,
-    describe_tools,
-    detect_tool_format,
-    generic_messages,
-    native_id,
-    takes_tools,
-)
+from bmoe.constrain.tool_formats import FORMATS, GENERIC, ToolFormat, detect_tool_format, native_id
 from bmoe.constrain.tool_grammar import tool_constraint
 from bmoe.constrain.tool_parse import ToolCallError, ToolStream, parse_tool_calls
+from bmoe.constrain.tool_render import (
+    PROBE_MESSAGES,
+    PROBE_TOOL,
+    describe_tools,
+    generic_messages,
+    takes_tools,
+    template_messages,
+)
+from bmoe.constrain.tool_render import probe as probe_tool_format
 from bmoe.constrain.tool_spec import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_history, parse_choice, parse_tools
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "from_response_format",
     # tools (tool_*.py)
     "FORMATS",
+    "PROBE_MESSAGES",
+    "PROBE_TOOL",
     "GENERIC",
     "MAX_TOOLS",
     "Tool",
@@ -50,7 +52,10 @@ __all__ = [
     "parse_choice",
     "parse_tool_calls",
     "parse_tools",
+    "probe_tool_format",
     "takes_tools",
+    "template_messages",
+    "template_messages",
     "tool_constraint",
     "tool_decision",
 ]

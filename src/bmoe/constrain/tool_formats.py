@@ -72,8 +72,18 @@ FORMATS: tuple[ToolFormat, ...] = (
         "<|tool_calls_section_end|>",
     ),
     ToolFormat(
+        "deepseek-r1",
+        "DeepSeek R1 and its distills, V3-0324",
+        ("<｜tool▁calls▁begin｜>", "```json"),
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n",
+        "\n```<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "\n",
+    ),
+    ToolFormat(
         "deepseek-v3",
-        "DeepSeek V3.1, R1",
+        "DeepSeek V3.1",
         ("<｜tool▁calls▁begin｜>",),
         "<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",
         "<｜tool▁call▁end｜>",
@@ -136,6 +146,17 @@ FORMATS: tuple[ToolFormat, ...] = (
         args="xml",
         param_open="<arg_key>{key}</arg_key>\n<arg_value>",
         param_close="</arg_value>\n",
+    ),
+    ToolFormat(
+        "seed-oss",
+        "Seed-OSS",
+        ("<seed:tool_call>",),
+        "<seed:tool_call>\n<function={name}>\n",
+        "</function>\n</seed:tool_call>",
+        separator="\n",
+        args="xml",
+        param_open="<parameter={key}>",
+        param_close="</parameter>\n",
     ),
     ToolFormat(
         "qwen3-coder",
@@ -252,50 +273,3 @@ def write_calls(fmt: ToolFormat, calls: list[tuple[str, dict, str]]) -> str:
     """Calls ``(name, args, id)`` as the model writes them, section included."""
     inner = fmt.separator.join(write_call(fmt, n, a, i, c) for i, (n, a, c) in enumerate(calls))
     return fmt.section_open + inner + fmt.section_close
-
-
-TOOLS_PROMPT = (
-    "You may call functions to answer. The functions, as JSON schemas:\n{tools}\n"
-    "To call one, answer with nothing but the call, written like this:\n{example}"
-)
-
-
-def takes_tools(template: str | None) -> bool:
-    """Whether a chat template renders ``tools`` itself (else bmoe describes them: ``describe_tools``)."""
-    return bool(template) and "tools" in template  # type: ignore[operator]
-
-
-def describe_tools(messages: list[dict], tools: list[dict], fmt: ToolFormat) -> list[dict]:
-    """The conversation with the tools described for a template that does not render them: in
-    the system message, or at the start of the first message where there is none (some templates
-    refuse a system role)."""
-    listed = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    example = write_calls(fmt, [("<function-name>", {"<parameter>": "<value>"}, "")])
-    prompt = TOOLS_PROMPT.format(tools=listed, example=example)
-    if not messages:
-        return [{"role": "system", "content": prompt}]
-    first = messages[0]
-    text = first["content"] + "\n\n" + prompt if first["role"] == "system" else prompt + "\n\n" + first["content"]
-    return [{**first, "content": text}, *messages[1:]]
-
-
-def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
-    """A conversation with tools for a template that knows no tool calls (GENERIC): the tools
-    described (``describe_tools``), each assistant call written into its text in the GENERIC
-    syntax, each tool result a user message in ``<tool_response>`` tags."""
-    out: list[dict] = []
-    for m in messages:
-        if m.get("tool_calls"):
-            calls = [(c["function"]["name"], c["function"]["arguments"], c["id"]) for c in m["tool_calls"]]
-            text = write_calls(GENERIC, calls)
-            out.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + text})
-        elif m["role"] == "tool":  # the results of one turn's calls: one user message
-            text = "<tool_response>\n" + m["content"] + "\n</tool_response>"
-            if out and out[-1].get("tool_results"):
-                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
-            else:
-                out.append({"role": "user", "content": text, "tool_results": True})
-        else:
-            out.append(m)
-    out = [{k: v for k, v in m.items() if k != "tool_results"} for m in out]
-    return describe_tools(out, tools, GENERIC) if tools else out

@@ -28,14 +28,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from bmoe.config import ChatMode
 from bmoe.constrain import (
     GENERIC,
+    PROBE_MESSAGES,
+    PROBE_TOOL,
     Tool,
     ToolCall,
     ToolFormat,
     describe_tools,
-    detect_tool_format,
     generic_messages,
-    native_id,
+    probe_tool_format,
     takes_tools,
+    template_messages,
 )
 from bmoe.errors import ModelFileError, RequestError
 from bmoe.image_refs import ImageSource
@@ -153,8 +155,25 @@ class ChatRenderer:
             ) from None
         self._bos_text = bos_text
         self._eos_text = eos_text
-        self.tool_format = detect_tool_format(source)  # how the model writes tool calls
+        self.tool_format = self._probe_tools()  # how the model writes tool calls
         self._tools: tuple[Tool, ...] = ()
+
+    def _probe_tools(self) -> ToolFormat:
+        """The tool-call format the template writes, seen in its render of a call (constrain's probe)."""
+        rendered = None
+        if self._template is not None:
+            try:
+                rendered = self._template.render(
+                    messages=PROBE_MESSAGES,
+                    tools=[PROBE_TOOL],
+                    add_generation_prompt=False,
+                    enable_thinking=False,
+                    bos_token=self._bos_text,
+                    eos_token=self._eos_text,
+                )
+            except Exception:  # noqa: BLE001  (any refusal of the probe: the template's markers decide)
+                rendered = None
+        return probe_tool_format(self.source, rendered)
 
     def _with_tools(self, tools: Sequence[Tool]) -> "ChatRenderer":
         """This renderer, rendering ``tools`` into each prompt (the template's ``tools``)."""
@@ -291,7 +310,7 @@ class ChatRenderer:
 
     def _render(self, messages: Sequence[Message], *, generation_prompt: bool, think: bool) -> str:
         assert self._template is not None
-        turns = _template_messages(messages, self.tool_format)
+        turns = template_messages(messages, self.tool_format)
         tools = [t.openai() for t in self._tools]
         extra: dict = {}
         if self.tool_format is GENERIC:  # bmoe describes the tools; calls and results become text
@@ -356,29 +375,6 @@ class Rendered:
 
 
 _MARK_START, _MARK_END = "\ue000bmoe", "\ue001"
-
-
-def _template_messages(messages: Sequence[Message], fmt: ToolFormat) -> list[dict]:
-    """The messages as chat templates take them: OpenAI's shape, a call's arguments as an object
-    (templates write them with ``tojson``), ids as the format takes them (Mistral's 9 characters),
-    and a tool result's ``name`` (the call it answers), which some templates print."""
-    names: dict[str, str] = {}
-    out: list[dict] = []
-    for m in messages:
-        d: dict = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            d["tool_calls"] = [
-                {"id": native_id(fmt, c.id), "type": "function", "function": {"name": c.name, "arguments": c.args()}}
-                for c in m.tool_calls
-            ]
-            names.update({c.id: c.name for c in m.tool_calls})
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = native_id(fmt, m.tool_call_id)
-            d["name"] = names.get(m.tool_call_id, "")
-        out.append(d)
-    return out
-
-
 # The most messages a template that changes a message's text (other than trimming it) is asked
 # about one by one: each asks the template for the whole conversation again.
 ASKED_ALONE = 64
