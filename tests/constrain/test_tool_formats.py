@@ -16,6 +16,7 @@ import pytest
 
 from bmoe.constrain import FORMATS, GENERIC, Tool, ToolCall, ToolChoice, detect_tool_format, tool_constraint
 from bmoe.constrain.tool_formats import BY_NAME, write_calls
+from bmoe.constrain.tool_grammar import markers, tool_lark
 from bmoe.constrain.tool_parse import parse_tool_calls
 from bmoe.runtime.chat import CHATML_TEMPLATE, ChatRenderer, Message
 
@@ -169,3 +170,18 @@ def test_grammar_accepts_the_native_call_and_refuses_bad_ones(fmt) -> None:
 def test_every_format_is_in_the_table_once() -> None:
     assert len(BY_NAME) == len(FORMATS) + 1
     assert {f for f, _, _ in FAMILIES.values()} <= set(BY_NAME)
+
+
+def test_markers_that_are_special_tokens_are_written_as_tokens() -> None:
+    fmt = BY_NAME["kimi-k2"]
+    special = {m: 100 + i for i, m in enumerate(sorted(markers(fmt)))}
+    assert set(special) == {
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    }
+    lark = tool_lark(fmt, TOOLS, ToolChoice("auto"), special=special)
+    assert lark is not None and "<|" not in lark and f"<[{special['<|tool_call_begin|>']}]>" in lark
+    assert tool_constraint(fmt, TOOLS, ToolChoice("auto"), special=special) is not None  # the engine takes it
