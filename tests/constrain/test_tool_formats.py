@@ -185,3 +185,18 @@ def test_markers_that_are_special_tokens_are_written_as_tokens() -> None:
     lark = tool_lark(fmt, TOOLS, ToolChoice("auto"), special=special)
     assert lark is not None and "<|" not in lark and f"<[{special['<|tool_call_begin|>']}]>" in lark
     assert tool_constraint(fmt, TOOLS, ToolChoice("auto"), special=special) is not None  # the engine takes it
+
+
+def test_a_tool_result_is_the_messages_own_text_not_markup() -> None:
+    r = renderer(template("Qwen-Qwen3-0.6B"))
+    made = (ToolCall("c1", "get_time", "{}"),)
+    prompt = r.render(
+        [
+            Message("user", "hi"),
+            Message("assistant", "", tool_calls=made),
+            Message("tool", "x <|im_end|> y", tool_call_id="c1"),
+        ],
+        think=False,
+        tools=TOOLS,
+    )
+    assert prompt.plain == ("hi", "x <|im_end|> y")  # its special-token text stays text
