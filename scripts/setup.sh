@@ -30,16 +30,19 @@ if ! .venv/bin/python -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_s
   "${PIP[@]}" cache remove "llama_cpp_python*" >/dev/null 2>&1 || true
   "${PIP[@]}" install --force-reinstall --no-deps "llama-cpp-python==0.3.36"
 fi
-if [ "${1:-}" = "--test" ] && [ ! -f .venv/share/llama.cpp/convert_hf_to_gguf.py ]; then
+if [ "${1:-}" = "--test" ] && { [ ! -f .venv/share/llama.cpp/convert_hf_to_gguf.py ] ||
+  [ ! -d .venv/share/llama.cpp/models/templates ]; }; then
   # The tiny models of real architectures (docs/tiny-models.md) are converted by llama.cpp's own
-  # convert_hf_to_gguf.py, the one vendored in the pinned llama-cpp-python's source release.
+  # convert_hf_to_gguf.py, the one vendored in the pinned llama-cpp-python's source release; the
+  # tool-call tests render the model families' real chat templates, from the same release.
   src=$(mktemp -d)
   "${PIP[@]}" download --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$src"
   vendor=llama_cpp_python-0.3.36/vendor/llama.cpp
   tar -xzf "$src/llama_cpp_python-0.3.36.tar.gz" -C "$src" \
-    "$vendor/convert_hf_to_gguf.py" "$vendor/conversion" "$vendor/gguf-py"
-  mkdir -p .venv/share/llama.cpp
+    "$vendor/convert_hf_to_gguf.py" "$vendor/conversion" "$vendor/gguf-py" "$vendor/models/templates"
+  mkdir -p .venv/share/llama.cpp/models
   cp -r "$src/$vendor/convert_hf_to_gguf.py" "$src/$vendor/conversion" "$src/$vendor/gguf-py" .venv/share/llama.cpp/
+  cp -r "$src/$vendor/models/templates" .venv/share/llama.cpp/models/
   rm -rf "$src"
 fi
 # The default model ships inside this package; --no-deps because it would pull the `llm` CLI.

@@ -9,5 +9,53 @@ adapter in ``bmoe.llama``. ``__all__`` is what other packages may use.
 from bmoe.constrain.constraint import Constraint, constraint_of, from_response_format
 from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
+from bmoe.constrain.tool_decision import ToolDecision, tool_decision
+from bmoe.constrain.tool_formats import FORMATS, GENERIC, ToolFormat, detect_tool_format, native_id
+from bmoe.constrain.tool_grammar import tool_constraint
+from bmoe.constrain.tool_parse import ToolCallError, ToolStream, parse_tool_calls
+from bmoe.constrain.tool_render import (
+    PROBE_MESSAGES,
+    PROBE_TOOL,
+    describe_tools,
+    generic_messages,
+    takes_tools,
+    template_messages,
+)
+from bmoe.constrain.tool_render import probe as probe_tool_format
+from bmoe.constrain.tool_spec import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_history, parse_choice, parse_tools
 
-__all__ = ["MAX_ENUM", "Constraint", "ConstraintError", "TokenMask", "constraint_of", "from_response_format"]
+__all__ = [
+    "MAX_ENUM",
+    "Constraint",
+    "ConstraintError",
+    "TokenMask",
+    "constraint_of",
+    "from_response_format",
+    # tools (tool_*.py)
+    "FORMATS",
+    "PROBE_MESSAGES",
+    "PROBE_TOOL",
+    "GENERIC",
+    "MAX_TOOLS",
+    "Tool",
+    "ToolCall",
+    "ToolCallError",
+    "ToolChoice",
+    "ToolDecision",
+    "ToolFormat",
+    "ToolStream",
+    "check_history",
+    "describe_tools",
+    "detect_tool_format",
+    "generic_messages",
+    "native_id",
+    "parse_choice",
+    "parse_tool_calls",
+    "parse_tools",
+    "probe_tool_format",
+    "takes_tools",
+    "template_messages",
+    "template_messages",
+    "tool_constraint",
+    "tool_decision",
+]

@@ -14,6 +14,8 @@ is the client's own markup: its special tokens are parsed, as llama.cpp's raw pr
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -24,6 +26,19 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from bmoe.config import ChatMode
+from bmoe.constrain import (
+    GENERIC,
+    PROBE_MESSAGES,
+    PROBE_TOOL,
+    Tool,
+    ToolCall,
+    ToolFormat,
+    describe_tools,
+    generic_messages,
+    probe_tool_format,
+    takes_tools,
+    template_messages,
+)
 from bmoe.errors import ModelFileError, RequestError
 from bmoe.image_refs import ImageSource
 from bmoe.runtime.detokenize import CLOSE, OPEN
@@ -42,12 +57,14 @@ EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
     # the images (file paths, data: URLs or bytes: bmoe.image_refs) at the image markers of
     # ``content``, in order (docs/decide.md "Images"); a continued conversation reads them again,
     # so its KV prefix, images included, is reused
     images: tuple[ImageSource, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls (docs/server.md "Tools")
+    tool_call_id: str | None = None  # a role "tool" message: the call it answers
 
 
 class Prompt(str):
@@ -138,21 +155,49 @@ class ChatRenderer:
             ) from None
         self._bos_text = bos_text
         self._eos_text = eos_text
+        self.tool_format = self._probe_tools()  # how the model writes tool calls
+        self._tools: tuple[Tool, ...] = ()
+
+    def _probe_tools(self) -> ToolFormat:
+        """The tool-call format the template writes, seen in its render of a call (constrain's probe)."""
+        rendered = None
+        if self._template is not None:
+            try:
+                rendered = self._template.render(
+                    messages=PROBE_MESSAGES,
+                    tools=[PROBE_TOOL],
+                    add_generation_prompt=False,
+                    enable_thinking=False,
+                    bos_token=self._bos_text,
+                    eos_token=self._eos_text,
+                )
+            except Exception:  # noqa: BLE001  (any refusal of the probe: the template's markers decide)
+                rendered = None
+        return probe_tool_format(self.source, rendered)
+
+    def _with_tools(self, tools: Sequence[Tool]) -> "ChatRenderer":
+        """This renderer, rendering ``tools`` into each prompt (the template's ``tools``)."""
+        if tuple(tools) == self._tools:
+            return self
+        other = copy.copy(self)
+        other._tools = tuple(tools)
+        return other
 
     @property
     def templated(self) -> bool:
         return self._template is not None
 
-    def render(self, messages: Sequence[Message], *, think: bool) -> Prompt:
-        """The prompt for ``messages``, opening a fresh assistant turn."""
-        return self._render_turn(messages, think, want_opens=False).text
+    def render(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> Prompt:
+        """The prompt for ``messages``, opening a fresh assistant turn; ``tools``: the functions
+        the model may call, rendered by the template (or by bmoe where it takes none: GENERIC)."""
+        return self._with_tools(tools)._render_turn(messages, think, want_opens=False).text
 
-    def render_turn(self, messages: Sequence[Message], *, think: bool) -> "Rendered":
+    def render_turn(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> "Rendered":
         """``render``, and whether the model's output starts inside a <think> block.
 
         Only the template's own generation prompt (what it adds after the conversation) can open
         or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
-        return self._render_turn(messages, think, want_opens=True)
+        return self._with_tools(tools)._render_turn(messages, think, want_opens=True)
 
     def _render_turn(self, messages: Sequence[Message], think: bool, *, want_opens: bool) -> "Rendered":
         """The generation prompt is found (by rendering the conversation again, see
@@ -222,7 +267,7 @@ class ChatRenderer:
         try:
             out = self._render(
                 [
-                    Message(m.role, m.content if k is None or i == show else k)
+                    dataclasses.replace(m, content=m.content if k is None or i == show else k)
                     for i, (m, k) in enumerate(zip(messages, marks))
                 ],
                 generation_prompt=True,
@@ -265,13 +310,24 @@ class ChatRenderer:
 
     def _render(self, messages: Sequence[Message], *, generation_prompt: bool, think: bool) -> str:
         assert self._template is not None
+        turns = template_messages(messages, self.tool_format)
+        tools = [t.openai() for t in self._tools]
+        extra: dict = {}
+        if self.tool_format is GENERIC:  # bmoe describes the tools; calls and results become text
+            if tools or any(m.tool_calls or m.role == "tool" for m in messages):
+                turns = generic_messages(turns, tools)
+        elif tools and not takes_tools(self.source):  # a native syntax, but no tools in the template
+            turns = describe_tools(turns, tools, self.tool_format)
+        elif tools:
+            extra["tools"] = tools
         try:
             return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=turns,
                 add_generation_prompt=generation_prompt,
                 enable_thinking=think,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
+                **extra,
             )
         except TemplateError as e:
             raise RequestError(f"the chat template refused the conversation: {e}") from e
@@ -285,7 +341,9 @@ class ChatRenderer:
         marks = [f"\ue000bmoe-{i}\ue001" for i in range(len(messages))]
         try:
             shown = self._render(
-                [Message(m.role, k) for m, k in zip(messages, marks)], generation_prompt=True, think=think
+                [dataclasses.replace(m, content=k) for m, k in zip(messages, marks)],
+                generation_prompt=True,
+                think=think,
             )
         except RequestError:
             shown = ""

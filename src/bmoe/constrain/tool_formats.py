@@ -1,0 +1,275 @@
+"""The tool-call formats of the model families: one record each, one table (docs/server.md "Tools").
+
+A format says how a model writes its calls: an optional section around all of them, each call's
+opening and closing text (with holes: ``{name}``, and where the format has them ``{index}`` and
+``{id}``), and the arguments either as one JSON object (``args="json"``) or one element per
+parameter (``args="xml"``: ``{key}``, and ``{string}`` "true"/"false" where the format marks
+string values; a string value is written raw, any other as JSON). ``detect_tool_format`` reads the format
+from a chat template's source; a template with no known tool syntax gets ``GENERIC``: bmoe
+describes the tools in a system message and the model calls them in Hermes' JSON syntax.
+
+The parser (tool_parse) and the grammar (tool_grammar) are both built from these records: there
+is no per-family code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+HOLE = re.compile(r"\{(name|index|id|key|string)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    name: str
+    families: str  # the model families that write it (docs)
+    detect: tuple[str, ...]  # texts that all occur in a template of this format
+    call_open: str
+    call_close: str
+    section_open: str = ""  # before the first call ("" : none)
+    section_close: str = ""
+    separator: str = ""  # between two calls
+    args: Literal["json", "xml"] = "json"
+    param_open: str = ""  # xml: before a parameter's value
+    param_close: str = ""
+    parallel: bool = True  # several calls in one answer
+    id_pattern: str | None = None  # the regex of a call id the model writes ({id}), where it writes one
+
+    @property
+    def opener(self) -> str:
+        """The fixed text that starts the calls: where text ends and calls begin."""
+        return fill(self.section_open or fixed(self.call_open))
+
+
+def fixed(text: str) -> str:
+    """The start of ``text`` before its first hole (unfilled: ``{{`` still doubled)."""
+    m = HOLE.search(text)
+    return text[: m.start()] if m else text
+
+
+_JSON_OPEN = '{{"name": "{name}", "arguments": '  # a call as one JSON object in a JSON list
+
+FORMATS: tuple[ToolFormat, ...] = (
+    ToolFormat(
+        "gpt-oss",
+        "gpt-oss (harmony)",
+        ("<|call|>",),
+        " to=functions.{name}<|channel|>commentary json<|message|>",
+        "<|call|>",
+        parallel=False,
+    ),
+    ToolFormat(
+        "kimi-k2",
+        "Kimi K2",
+        ("<|tool_calls_section_begin|>",),
+        "<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+    ),
+    ToolFormat(
+        "deepseek-r1",
+        "DeepSeek R1 and its distills, V3-0324",
+        ("<｜tool▁calls▁begin｜>", "```json"),
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n",
+        "\n```<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "\n",
+    ),
+    ToolFormat(
+        "deepseek-v3",
+        "DeepSeek V3.1",
+        ("<｜tool▁calls▁begin｜>",),
+        "<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+    ),
+    ToolFormat(
+        "deepseek-v3.2",
+        "DeepSeek V3.2 (DSML)",
+        ("DSML", "function_calls>"),
+        '<｜DSML｜invoke name="{name}">\n',
+        "</｜DSML｜invoke>\n",
+        "<｜DSML｜function_calls>\n",
+        "</｜DSML｜function_calls>",
+        args="xml",
+        param_open='<｜DSML｜parameter name="{key}" string="{string}">',
+        param_close="</｜DSML｜parameter>\n",
+    ),
+    ToolFormat(
+        "deepseek-v4",
+        "DeepSeek V4 (DSML)",
+        ("DSML", "tool_calls>"),
+        '<｜DSML｜invoke name="{name}">\n',
+        "</｜DSML｜invoke>\n",
+        "<｜DSML｜tool_calls>\n",
+        "</｜DSML｜tool_calls>",
+        args="xml",
+        param_open='<｜DSML｜parameter name="{key}" string="{string}">',
+        param_close="</｜DSML｜parameter>\n",
+    ),
+    ToolFormat(
+        "minimax-m2",
+        "MiniMax M2",
+        ("<minimax:tool_call>",),
+        '<invoke name="{name}">\n',
+        "</invoke>\n",
+        "<minimax:tool_call>\n",
+        "</minimax:tool_call>",
+        args="xml",
+        param_open='<parameter name="{key}">',
+        param_close="</parameter>\n",
+    ),
+    ToolFormat(
+        "glm-4.7",
+        "GLM-4.7",
+        ("<tool_call>{function-name}<arg_key>",),
+        "<tool_call>{name}",
+        "</tool_call>",
+        args="xml",
+        param_open="<arg_key>{key}</arg_key><arg_value>",
+        param_close="</arg_value>",
+    ),
+    ToolFormat(
+        "glm-4.5",
+        "GLM-4.5, GLM-4.6",
+        ("<arg_key>",),
+        "<tool_call>{name}\n",
+        "</tool_call>",
+        separator="\n",
+        args="xml",
+        param_open="<arg_key>{key}</arg_key>\n<arg_value>",
+        param_close="</arg_value>\n",
+    ),
+    ToolFormat(
+        "seed-oss",
+        "Seed-OSS",
+        ("<seed:tool_call>",),
+        "<seed:tool_call>\n<function={name}>\n",
+        "</function>\n</seed:tool_call>",
+        separator="\n",
+        args="xml",
+        param_open="<parameter={key}>",
+        param_close="</parameter>\n",
+    ),
+    ToolFormat(
+        "qwen3-coder",
+        "Qwen3-Coder, Qwen3.5, Nemotron 3",
+        ("<function=",),
+        "<tool_call>\n<function={name}>\n",
+        "</function>\n</tool_call>",
+        separator="\n",
+        args="xml",
+        param_open="<parameter={key}>\n",
+        param_close="\n</parameter>\n",
+    ),
+    ToolFormat(
+        "mistral-v11",
+        "Mistral Small 3.2",
+        ("[CALL_ID]",),
+        "[TOOL_CALLS]{name}[CALL_ID]{id}[ARGS]",
+        "",
+        id_pattern="[A-Za-z0-9]{9}",
+    ),
+    ToolFormat("mistral", "Ministral 3, Devstral, Magistral", ("[ARGS]",), "[TOOL_CALLS]{name}[ARGS]", ""),
+    ToolFormat(
+        "mistral-nemo",
+        "Mistral Nemo (v3)",
+        ("[TOOL_CALLS]",),
+        '{{"name": "{name}", "arguments": ',
+        ', "id": "{id}"}}',
+        "[TOOL_CALLS][",
+        "]",
+        ", ",
+        id_pattern="[A-Za-z0-9]{9}",
+    ),
+    ToolFormat("granite-3", "Granite 3.x", ("<|tool_call|>",), _JSON_OPEN, "}}", "<|tool_call|>[", "]", ", "),
+    ToolFormat(
+        "nemotron-v2", "Nemotron Nano v2", ("<TOOLCALL>",), _JSON_OPEN, "}}", "<TOOLCALL>[", "]</TOOLCALL>", ", "
+    ),
+    ToolFormat(
+        "hermes",
+        "Qwen3, Qwen2.5, Hermes 2/3, Granite 4",
+        ("<tool_call>",),
+        '<tool_call>\n{{"name": "{name}", "arguments": ',
+        "}}\n</tool_call>",
+        separator="\n",
+    ),
+    ToolFormat(
+        "llama3",
+        "Llama 3.1, 3.2, 3.3",
+        ('"parameters": ', "<|start_header_id|>"),
+        '{{"name": "{name}", "parameters": ',
+        "}}",
+        parallel=False,
+    ),
+)
+# Templates that take tools in a syntax bmoe does not write yet: the generic fallback serves them.
+UNSUPPORTED = ("]<]minimax[>[",)  # MiniMax M3's nested-XML arguments
+
+GENERIC = ToolFormat(
+    "generic",
+    "any template without tool support (SmolLM2)",
+    (),
+    '<tool_call>\n{{"name": "{name}", "arguments": ',
+    "}}\n</tool_call>",
+    separator="\n",
+)
+BY_NAME = {f.name: f for f in (*FORMATS, GENERIC)}
+
+
+def detect_tool_format(template: str | None) -> ToolFormat:
+    """The tool-call format a chat template's source writes; GENERIC where it writes none bmoe knows."""
+    if not template or any(m in template for m in UNSUPPORTED):
+        return GENERIC
+    for fmt in FORMATS:
+        if all(m in template for m in fmt.detect):
+            return fmt
+    return GENERIC
+
+
+def fill(text: str, **holes: str) -> str:
+    """``text`` with its holes filled and ``{{``/``}}`` as braces."""
+    out = HOLE.sub(lambda m: holes.get(m.group(1), m.group(0)), text)
+    return out.replace("{{", "{").replace("}}", "}")
+
+
+def native_id(fmt: ToolFormat, call_id: str) -> str:
+    """A call id as the format takes it: Mistral's 9 letters and digits, derived from any other id
+    the same way each time (so a tool message still names its call)."""
+    if fmt.id_pattern is None or re.fullmatch(fmt.id_pattern, call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).hexdigest()
+    return "".join(c.upper() if i % 2 and c.isalpha() else c for i, c in enumerate(digest[:9]))
+
+
+def write_value(value: object) -> str:
+    """An xml-format parameter's value: a string raw, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def write_call(fmt: ToolFormat, name: str, args: dict, index: int = 0, call_id: str = "") -> str:
+    """One call in the format's text (without the section)."""
+    holes = {"name": name, "index": str(index), "id": native_id(fmt, call_id or f"call{index}")}
+    if fmt.args == "json":
+        body = json.dumps(args, ensure_ascii=False)
+    else:
+        body = "".join(
+            fill(fmt.param_open, key=k, string="true" if isinstance(v, str) else "false")
+            + write_value(v)
+            + fill(fmt.param_close)
+            for k, v in args.items()
+        )
+    return fill(fmt.call_open, **holes) + body + fill(fmt.call_close, **holes)
+
+
+def write_calls(fmt: ToolFormat, calls: list[tuple[str, dict, str]]) -> str:
+    """Calls ``(name, args, id)`` as the model writes them, section included."""
+    inner = fmt.separator.join(write_call(fmt, n, a, i, c) for i, (n, a, c) in enumerate(calls))
+    return fmt.section_open + inner + fmt.section_close

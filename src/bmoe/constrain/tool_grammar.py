@@ -1,0 +1,157 @@
+"""The grammar of an answer with tools: the format's own call syntax, each tool's arguments held
+to its JSON parameter schema, compiled by llguidance (Lark syntax with ``%json{...}``).
+
+``tool_choice`` shapes it: "required" is one call or more (one where the format or
+``parallel_tool_calls: false`` allows only one), a named tool is one call of that tool, "auto" is
+text without the format's opener, or text then the calls; "none" is no grammar (plain text).
+Arguments of an xml format (GLM, MiniMax, DSML, Qwen3-Coder) are one element per parameter in
+the schema's order: a string parameter is raw text up to the element's closing text, any other
+is JSON of its own schema.
+
+A marker that is one special token of the model's vocabulary (``<|tool_call_begin|>``,
+``[TOOL_CALLS]``) must be generated as that token, not its text: the engine passes ``special``,
+each such marker's token id (``markers`` lists the candidates of a format).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+from llguidance import LLMatcher
+
+from bmoe.constrain.constraint import Constraint
+from bmoe.constrain.schema import ConstraintError
+from bmoe.constrain.tool_formats import HOLE, ToolFormat, fill, fixed
+from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice
+
+_MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]")
+
+
+def markers(fmt: ToolFormat) -> set[str]:
+    """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
+    texts = (fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator)
+    return {m for t in texts for m in _MARKER.findall(t)}
+
+
+class _Lark:
+    def __init__(self, fmt: ToolFormat, special: Mapping[str, int]) -> None:
+        self.fmt, self.special = fmt, dict(special)
+        self.rules: list[str] = []
+        self._cut = re.compile("|".join(re.escape(m) for m in sorted(special, key=len, reverse=True)) or "(?!)")
+
+    def lit(self, text: str, **holes: str) -> str:
+        """A Lark sequence for ``text``: its holes filled (by Lark expressions), special markers as tokens."""
+        out: list[str] = []
+        for part in re.split(r"(\{\{|\}\}|\{(?:name|index|id|key|string)\})", text):
+            if part in ("{{", "}}"):
+                part = part[0]
+            hole = HOLE.fullmatch(part)
+            if hole:
+                out.append(holes[hole.group(1)])
+                continue
+            at = 0
+            for m in self._cut.finditer(part):
+                out += [json.dumps(part[at : m.start()], ensure_ascii=False)] if m.start() > at else []
+                out.append(f"<[{self.special[m.group(0)]}]>")
+                at = m.end()
+            out += [json.dumps(part[at:], ensure_ascii=False)] if part[at:] else []
+        return " ".join(out) or '""'
+
+    def rule(self, name: str, body: str) -> str:
+        """Add rule ``name`` (with its options: ``v[lazy]``); its name to refer to it by."""
+        self.rules.append(f"{name}: {body}")
+        return name.split("[")[0]
+
+    def args(self, i: int, tool: Tool) -> str:
+        if f"args{i}: " in "\n".join(self.rules):
+            return f"args{i}"
+        schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
+        if self.fmt.args == "json":
+            return self.rule(f"args{i}", "%json" + json.dumps(schema, ensure_ascii=False))
+        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        props: dict = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        close = fill(self.fmt.param_close)
+        parts = []
+        for j, (key, sub) in enumerate(props.items()):
+            is_str = isinstance(sub, dict) and sub.get("type") == "string" and "enum" not in sub
+            head = self.lit(self.fmt.param_open, key=json.dumps(key), string='"true"' if is_str else '"false"')
+            if is_str:
+                value = self.rule(f"v{i}_{j}[suffix={json.dumps(close)}]", "/(?s:.*)/")
+            else:
+                sub_schema = {**sub, **defs} if isinstance(sub, dict) else sub
+                value = (
+                    self.rule(f"v{i}_{j}", "%json" + json.dumps(sub_schema, ensure_ascii=False)) + " " + self.lit(close)
+                )
+            parts.append(f"({head} {value})" + ("" if key in required else "?"))
+        if not props and schema.get("additionalProperties", True) is not False:
+            head = self.lit(self.fmt.param_open, key="/[A-Za-z0-9_.-]+/", string='"true"')
+            value = self.rule(f"v{i}_any[suffix={json.dumps(close)}]", "/(?s:.*)/")
+            parts.append(f"({head} {value})*")
+        return self.rule(f"args{i}", " ".join(parts) or '""')
+
+    def call(self, i: int, tool: Tool, skip: int = 0) -> str:
+        """Rule of one call of ``tool``; ``skip``: characters of the opening already written."""
+        holes = {
+            "name": json.dumps(tool.name),
+            "index": "/[0-9]+/",
+            "id": f"/{self.fmt.id_pattern or '[A-Za-z0-9]{9}'}/",
+        }
+        head = self.lit(self.fmt.call_open[skip:], **holes) if len(self.fmt.call_open) > skip else ""
+        body = f"{head} {self.args(i, tool)} {self.lit(self.fmt.call_close, **holes)}"
+        return self.rule(f"call{i}{'_rest' if skip else ''}", body)
+
+
+def _regex_text(text: str) -> str:
+    """``text`` as a regex that matches it, written between Lark's ``/.../``."""
+    return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else "\\n" if c == "\n" else c for c in text)
+
+
+def tool_lark(
+    fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True, special: Mapping[str, int] = {}
+) -> str | None:
+    """The Lark text of the grammar (None: "none", or no tools)."""
+    if choice.mode == "none" or not tools:
+        return None
+    chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+    g = _Lark(fmt, special)
+    many = parallel and fmt.parallel
+    sep = g.lit(fmt.separator) if fmt.separator else ""
+    if fmt.section_open:  # the opener is the section's: then calls, then the section's end
+        call = g.rule("call", " | ".join(g.call(i, t) for i, t in enumerate(chosen)))
+        rest = f"{call} ({sep} {call})*" if many else call
+        rest = g.rule("rest", f"{rest} {g.lit(fmt.section_close)}")
+    else:  # the opener is the first call's own start
+        skip = len(fixed(fmt.call_open))
+        first = g.rule("first", " | ".join(g.call(i, t, skip) for i, t in enumerate(chosen)))
+        call = g.rule("call", " | ".join(g.call(i, t) for i, t in enumerate(chosen)))
+        rest = g.rule("rest", f"{first} ({sep} {call})*" if many else first)
+    opener = g.lit(fmt.opener)
+    if choice.mode != "auto":
+        start = f"{opener} {rest}"
+    elif opener.startswith("<["):  # a special token: text cannot write it
+        start = f"TEXT | TEXT {opener} {rest}"
+        g.rules.append("TEXT: /(?s:.*)/")
+    else:
+        esc = _regex_text(fmt.opener)
+        g.rules.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/")
+        start = f"TEXT | {g.rule('pre[lazy]', f'/(?s:.*){esc}/')} {rest}"
+    return "\n".join([f"start: {start}", *g.rules]) + "\n"
+
+
+def tool_constraint(
+    fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True, special: Mapping[str, int] = {}
+) -> Constraint | None:
+    """The compiled constraint of an answer with tools (None: plain text)."""
+    lark = tool_lark(fmt, tools, choice, parallel, special)
+    if lark is None:
+        return None
+    grammar = LLMatcher.grammar_from_lark(lark)
+    failed, why = LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise ConstraintError(
+            "tools", "the grammar engine refused the tools' grammar: " + " ".join((why or ["?"])[0].split())
+        )
+    return Constraint("tools", "tools", grammar)
