@@ -25,6 +25,8 @@ Rule = tuple[str, Callable[[object], bool]]  # ("a number in [0, 10]", test)
 Spec = dict[str, tuple[Rule, bool]]  # field name -> (rule, required)
 
 TEMPERATURE_MAX = 10.0  # sampling temperature: 0 (greedy) .. this
+TOP_CAP = 20  # most alternatives a token or a scored position reports, as OpenAI's top_logprobs
+BIAS_MAX = 100.0  # a logit bias is in [-BIAS_MAX, BIAS_MAX], as OpenAI's logit_bias
 
 
 def _int(v: object) -> TypeGuard[int]:

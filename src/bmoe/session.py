@@ -30,6 +30,7 @@ from bmoe.decide.types import DecideRequest, DecideResult
 from bmoe.errors import EngineFailure, RequestError, SessionClosedError, StreamFailedError
 from bmoe.image_refs import ImageSource
 from bmoe.llama.model import LlamaModel
+from bmoe.rules import TOP_CAP
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.chat_state import prepare_turn
 from bmoe.runtime.decide import LlamaSequence
@@ -48,7 +49,6 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.runtime import Runtime
 from bmoe.runtime.sampling import check_sampling
-from bmoe.runtime.scoring import TOP_CAP
 from bmoe.runtime.state_store_open import open_state_store
 from bmoe.state_store import StateStore, StoreCounts
 from bmoe.stream.stats import StreamStats

@@ -10,8 +10,9 @@ import pytest
 
 from bmoe.errors import ContextOverflowError, RequestError
 from bmoe.numerics import log_softmax
+from bmoe.rules import TOP_CAP
 from bmoe.runtime.results import GenerateRequest, ScoreRequest
-from bmoe.runtime.scoring import TOP_CAP, row_logprobs
+from bmoe.runtime.scoring import row_logprobs
 from bmoe.session import Session
 
 # Reused prefix + new tail against the prompt prefilled whole: not the same pieces, so a tolerance

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bmoe.rules import TOP_CAP
 from bmoe.runtime.results import ScoreRequest
-from bmoe.runtime.scoring import TOP_CAP
 from helpers.server import metric
 
 CTX = "Question: What is the capital of France?\nAnswer:"

@@ -204,7 +204,7 @@ class ScoreRequest:
 
     tokens: tuple[int, ...]
     echo: bool = True  # score every prompt position; False: only the picked token, if any
-    top_n: int = 0  # most likely alternatives reported per scored position (0..scoring.TOP_CAP)
+    top_n: int = 0  # most likely alternatives reported per scored position (0..rules.TOP_CAP)
     n_predict: int = 0  # 0: score only; 1: also pick the next token
     temperature: float = 0.0  # for the picked token: 0 = greedy
     top_p: float = 1.0

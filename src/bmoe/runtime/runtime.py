@@ -489,10 +489,9 @@ class Runtime:
                     forced = mask.forced(min(n_predict - len(out), self.n_ctx - self.kv.n_past - len(pending)))
                 if not forced:
                     logits, pending = self.kv.append(pending), []
-            step = self._step(
-                len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None
+            yield self._step(
+                len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None, lp
             )
-            yield step if lp is None else dataclasses.replace(step, logprobs=lp)
             if stop != "length":
                 break
         # Stopped by an end-of-generation token or a cancel: what the stream still held back (a
@@ -532,7 +531,7 @@ class Runtime:
             logits=tuple(kept),
         )
 
-    def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits) -> Step:
+    def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits, logprobs=None) -> Step:
         wall_ms = (time.perf_counter() - ts) * 1000.0
         now = self.stream_stats()
         io = now.minus(io_before)
@@ -554,6 +553,7 @@ class Runtime:
             majflt=flt - flt_before,
             cpu_ms=(cpu - cpu_before) * 1000.0,
             logits=logits,
+            logprobs=logprobs,
         )
 
     # --- scoring ----------------------------------------------------------------------

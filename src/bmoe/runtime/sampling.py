@@ -10,21 +10,20 @@ import numpy as np
 
 from bmoe.errors import RequestError
 from bmoe.numerics import log_softmax
+from bmoe.rules import BIAS_MAX, TOP_CAP
 
 LOGPROB_FLOOR = -9999.0  # what a log-prob of -inf is reported as (JSON has no -inf); OpenAI's floor
-BIAS_MAX = 100.0  # a logit bias is in [-BIAS_MAX, BIAS_MAX], as OpenAI's logit_bias
-TOP_LOGPROBS_MAX = 20  # most alternatives a generated token reports, as OpenAI's top_logprobs
 
 
 def check_sampling(top_logprobs: int | None, logit_bias: Sequence[tuple[int, float]], n_vocab: int) -> None:
     """RequestError naming what is wrong with a generate request's log-probs or logit bias."""
-    if top_logprobs is not None and not 0 <= top_logprobs <= TOP_LOGPROBS_MAX:
-        raise RequestError(f"top_logprobs: {top_logprobs} is not in 0..{TOP_LOGPROBS_MAX}")
+    if top_logprobs is not None and not 0 <= top_logprobs <= TOP_CAP:
+        raise RequestError(f"top_logprobs: {top_logprobs} is not in 0..{TOP_CAP}")
     for tok, bias in logit_bias:
         if not 0 <= tok < n_vocab:
             raise RequestError(f"logit_bias: {tok} is not a token id of this model (0..{n_vocab - 1})")
         if not -BIAS_MAX <= bias <= BIAS_MAX:  # NaN too
-            raise RequestError(f"logit_bias: token {tok}'s bias {bias} is not in [-100, 100]")
+            raise RequestError(f"logit_bias: token {tok}'s bias {bias} is not in [{-BIAS_MAX:g}, {BIAS_MAX:g}]")
 
 
 class Sampler:

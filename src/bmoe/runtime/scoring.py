@@ -27,11 +27,11 @@ import numpy as np
 from bmoe.errors import ContextOverflowError, RequestError
 from bmoe.llama.model import LlamaModel
 from bmoe.numerics import common_prefix_len, log_softmax
+from bmoe.rules import TOP_CAP
 from bmoe.runtime.kv import KvSequence
 from bmoe.runtime.results import ScoreRequest, ScoreResult
 from bmoe.runtime.sampling import LOGPROB_FLOOR, Sampler, TokenLogprobs, check_sampling
 
-TOP_CAP = 20  # most alternatives per position a request may ask for (and what is kept)
 ROW_BLOCK = 32  # logit rows turned into float64 log-probabilities at a time
 
 
