@@ -58,9 +58,9 @@ def test_the_plan_sees_the_reclaimable_cache_as_free(tmp_path: Path, version: in
     proc, root = fake_tree(tmp_path, version, inactive_key="inactive_file")
     real = budget.cgroup_memory
     monkeypatch.setattr(budget, "cgroup_memory", lambda: real(proc, root))
-    import bmoe.runtime.plan as plan_mod
+    import bmoe.runtime.plan_facts as plan_facts
 
-    monkeypatch.setattr(plan_mod, "cgroup_memory", lambda: real(proc, root))
+    monkeypatch.setattr(plan_facts, "cgroup_memory", lambda: real(proc, root))
     machine = Machine.here()
     assert machine.limit == LIMIT and machine.available == LIMIT - (USAGE - INACTIVE)  # the host has more
     disk = DiskRate(mib_s=500.0, source="probed", file_system="test", probe_mib=64.0, odirect=True)
