@@ -27,6 +27,7 @@ Spec = dict[str, tuple[Rule, bool]]  # field name -> (rule, required)
 TEMPERATURE_MAX = 10.0  # sampling temperature: 0 (greedy) .. this
 TOP_CAP = 20  # most alternatives a token or a scored position reports, as OpenAI's top_logprobs
 BIAS_MAX = 100.0  # a logit bias is in [-BIAS_MAX, BIAS_MAX], as OpenAI's logit_bias
+PENALTY_MAX = 2.0  # presence and frequency penalties are in [-PENALTY_MAX, PENALTY_MAX], as OpenAI's
 
 
 def _int(v: object) -> TypeGuard[int]:
@@ -45,6 +46,7 @@ NUM: Rule = ("a number", _num)
 PROB: Rule = ("a number in [0, 1]", lambda v: _num(v) and 0.0 <= v <= 1.0)
 TEMPERATURE: Rule = (f"a number in [0, {TEMPERATURE_MAX:g}]", lambda v: _num(v) and 0.0 <= v <= TEMPERATURE_MAX)
 TOP_P: Rule = ("a number in (0, 1]", lambda v: _num(v) and 0.0 < v <= 1.0)
+PENALTY: Rule = (f"a number in [{-PENALTY_MAX:g}, {PENALTY_MAX:g}]", lambda v: _num(v) and abs(v) <= PENALTY_MAX)
 SEED: Rule = ("a non-negative integer", lambda v: _int(v) and v >= 0)
 STR_LIST: Rule = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v))
 OBJECT: Rule = ("an object", lambda v: isinstance(v, dict))

@@ -188,7 +188,12 @@ def err(r, status: int) -> dict:
             "logit_bias.5",
             "logit_bias.5: Input should be less than or equal to 100",
         ),
-        ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty: only 0 is supported"),
+        (
+            {"prompt": "x", "presence_penalty": 2.5},
+            422,
+            "presence_penalty",
+            "presence_penalty: Input should be less than or equal to 2",
+        ),
         (
             b'{"prompt": "x", "temperature": Infinity}',
             422,

@@ -15,8 +15,6 @@ from bmoe.server.schemas import ChatCompletionRequest, CompletionRequest
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 ASKING = {
-    "presence_penalty": 0.5,
-    "frequency_penalty": -0.5,
     "n": 2,
     "best_of": 3,
     "stream": True,

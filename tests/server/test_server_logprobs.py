@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -227,8 +228,8 @@ def test_the_openai_sdk_reads_the_logprobs(make_app, smol_path, live) -> None:
     got = [e for c in stream for ch in c.choices if ch.logprobs and ch.logprobs.content for e in ch.logprobs.content]
     assert [(e.token, e.logprob) for e in got] == [(e.token, e.logprob) for e in r.choices[0].logprobs.content]
     with pytest.raises(openai.BadRequestError) as e:
-        oa.chat.completions.create(model="smol", messages=MSGS, presence_penalty=1.0)
-    assert e.value.body["param"] == "presence_penalty"
+        oa.chat.completions.create(model="smol", messages=MSGS, reasoning_effort="low")
+    assert e.value.body["param"] == "reasoning_effort"
 
 
 def test_session_refuses_a_bad_bias_and_goes_on(app) -> None:
@@ -258,3 +259,30 @@ def test_a_stop_string_keeps_the_tokens_up_to_the_match(client) -> None:
     chunks = streamed(client, logprobs=True, max_tokens=12, stop=[stop])
     got = [e for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
     assert [e["token"] for e in got] == [e["token"] for e in content]
+
+
+def test_penalties_are_openais_over_the_answers_tokens(app) -> None:
+    """Each greedy token of a penalized answer is the argmax of the model's row less OpenAI's
+    penalties over the answer's earlier tokens (the rows kept by the same run)."""
+    s = app.state.session
+    req = dict(prompt="Count: one one one one", n_predict=12, temperature=0, keep_logits=True)
+    plain = s.generate(GenerateRequest(**req))
+    steps: list = []
+    pen = s.generate(GenerateRequest(**req, presence_penalty=1.5, frequency_penalty=1.0), steps.append)
+    rows = [st.logits for st in steps if st.token >= 0]
+    counts: dict[int, int] = {}
+    for tok, row in zip(pen.tokens, rows):
+        adj = row.copy()
+        for t, n in counts.items():
+            adj[t] -= np.float32(1.5) + np.float32(1.0) * n
+        assert tok == int(np.argmax(adj))
+        counts[tok] = counts.get(tok, 0) + 1
+    assert pen.tokens != plain.tokens  # the penalties changed the answer
+
+
+def test_penalties_over_http_and_their_bounds(client) -> None:
+    a = chat(client, presence_penalty=2.0, frequency_penalty=-2.0)
+    assert a["choices"][0]["finish_reason"] in ("stop", "length")
+    r = client.post("/v1/chat/completions", json={**CHAT, "frequency_penalty": 2.5})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "frequency_penalty"
+    assert chat(client)["choices"][0]["message"]["content"]  # the server goes on

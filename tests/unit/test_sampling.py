@@ -58,3 +58,20 @@ def test_check_sampling_names_the_field() -> None:
         check_sampling(None, ((3, float("nan")),), 10)
     with pytest.raises(RequestError, match=r"^top_logprobs: 21 is not in 0\.\.20$"):
         check_sampling(21, (), 10)
+
+
+def test_penalties_count_the_answers_tokens_only() -> None:
+    """OpenAI's rule: logit - presence * (taken at all) - frequency * (times taken)."""
+    row = np.array([0.0, 5.0, 4.0, 3.5], dtype=np.float32)
+    s = Sampler(0.0, 1.0, None, presence=0.6, frequency=0.3)
+    assert s.sample(row) == 1  # nothing taken yet: no penalty
+    s.taken(1)  # 5.0 - 0.6 - 0.3 = 4.1 still beats 4.0
+    assert s.sample(row) == 1
+    s.taken(1)  # 5.0 - 0.6 - 0.6 = 3.8 now loses to 4.0
+    assert s.sample(row) == 2
+    s.taken(2)  # 4.0 - 0.9 = 3.1, 3.8 for token 1, 3.5 for token 3
+    assert s.sample(row) == 1
+    assert row.tolist() == [0.0, 5.0, 4.0, 3.5]  # the caller's row is the model's
+    negative = Sampler(0.0, 1.0, None, presence=-2.0)  # a negative penalty favours what was taken
+    negative.taken(3)
+    assert negative.sample(row) == 3

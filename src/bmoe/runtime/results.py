@@ -36,6 +36,9 @@ class GenerateRequest:
     # (runtime/sampling.py TokenLogprobs: the model's distribution, before bias and temperature)
     top_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added before sampling
+    # OpenAI's penalties on tokens already in the answer (runtime/sampling.py Sampler), in [-2, 2]
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in
@@ -53,6 +56,18 @@ GENERATE_TABLE: rules.Table = (
     rules.Field("temperature", rules.TEMPERATURE, None, "sampling temperature; 0 is greedy", default_doc="`--temp`"),
     rules.Field("top_p", rules.TOP_P, None, "nucleus sampling's mass", default_doc="`--top-p`"),
     rules.Field("seed", rules.SEED, None, "the sampler's seed", default_doc="`--seed`"),
+    rules.Field(
+        "presence_penalty",
+        rules.PENALTY,
+        0,
+        "lowers once the logit of each token already in the answer (OpenAI's; the prompt's tokens do not count)",
+    ),
+    rules.Field(
+        "frequency_penalty",
+        rules.PENALTY,
+        0,
+        "lowers a token's logit by this for each time it is already in the answer (OpenAI's)",
+    ),
     rules.Field(
         "images",
         rules.IMAGES,

@@ -405,6 +405,8 @@ class Runtime:
             cfg.top_p if req.top_p is None else req.top_p,
             cfg.seed if req.seed is None else req.seed,
             req.logit_bias,
+            req.presence_penalty,
+            req.frequency_penalty,
         )
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask)
 
@@ -463,6 +465,7 @@ class Runtime:
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
             was_forced = bool(forced)
             tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
+            sampler.taken(tok)
             # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its own
             lp = None
             if req.top_logprobs is not None and not was_forced:
@@ -490,7 +493,7 @@ class Runtime:
                 if not forced:
                     logits, pending = self.kv.append(pending), []
             yield self._step(
-                len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, logits if req.keep_logits else None, lp
+                len(out) - 1, tok, d_text, d_reason, ts, io_s, flt_s, cpu_s, kept[-1] if req.keep_logits else None, lp
             )
             if stop != "length":
                 break

@@ -27,14 +27,31 @@ def check_sampling(top_logprobs: int | None, logit_bias: Sequence[tuple[int, flo
 
 
 class Sampler:
+    """Picks each token of one answer. The presence and frequency penalties are OpenAI's: a token
+    already in the answer (``taken``) has its logit lowered by ``presence`` once and by
+    ``frequency`` for each time it was taken; the prompt's tokens do not count."""
+
     def __init__(
-        self, temperature: float, top_p: float, seed: int | None, bias: Sequence[tuple[int, float]] = ()
+        self,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        bias: Sequence[tuple[int, float]] = (),
+        presence: float = 0.0,
+        frequency: float = 0.0,
     ) -> None:
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self._rng = np.random.default_rng(seed)
         self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
         self._bias = np.array([b for _, b in bias], dtype=np.float32)
+        self._presence, self._frequency = float(presence), float(frequency)
+        self._counts: dict[int, int] = {}
+
+    def taken(self, tok: int) -> None:
+        """``tok`` is the answer's next token (sampled or forced): later penalties count it."""
+        if self._presence or self._frequency:
+            self._counts[tok] = self._counts.get(tok, 0) + 1
 
     @property
     def greedy(self) -> bool:
@@ -46,6 +63,11 @@ class Sampler:
         if len(self._bias_ids):
             logits = np.array(logits, dtype=np.float32)
             np.add.at(logits, self._bias_ids, self._bias)
+        if self._counts:
+            logits = np.array(logits, dtype=np.float32)
+            ids = np.fromiter(self._counts, dtype=np.int64, count=len(self._counts))
+            n = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
+            logits[ids] -= np.float32(self._presence) + np.float32(self._frequency) * n
         if self.greedy:
             return int(np.argmax(logits))
         # In float64, from the top logit down: a tiny temperature then sends every other logit to

@@ -96,6 +96,8 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         think=body.think,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logit_bias=body.bias(),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
         logprobs_of=tuple(body.bmoe_logprobs_of or ()),
     )
 

@@ -32,6 +32,8 @@ class ChatTurn:
     grammar: str | None = None
     top_logprobs: int | None = None  # None: no log-probs; else alternatives per token (0..20)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0  # OpenAI's penalties (runtime/sampling.py Sampler)
+    frequency_penalty: float = 0.0
     logprobs_of: tuple[str, ...] = ()  # bmoe_logprobs_of (server/logprobs.py)
 
 
@@ -104,6 +106,8 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             grammar=turn.grammar,
             top_logprobs=turn.top_logprobs,
             logit_bias=turn.logit_bias,
+            presence_penalty=turn.presence_penalty,
+            frequency_penalty=turn.frequency_penalty,
         ),
         cancel=cancel,
     )

@@ -36,7 +36,7 @@ def _refused(name: str, why: str, *neutral: Any) -> OpenAIField:
     return OpenAIField(name, REFUSED, why, (None, *neutral))
 
 
-_PENALTY = "only 0 is supported"
+_PENALTY = "the one token this route picks has no earlier token of the answer to penalize"
 _TOOLS = f"{NOT_YET}: tool calls"
 _CONSTRAINED = "constrained generation is not supported on /v1/completions; use /v1/chat/completions"
 
@@ -57,8 +57,10 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("logit_bias", HONOURED, "token id -> bias in [-100, 100], added before sampling"),
     OpenAIField("think", HONOURED, "bmoe: reasoning on or off for this turn"),
     OpenAIField("bmoe_logprobs_of", HONOURED, "bmoe: the log-prob of named strings at the answer's start"),
-    _refused("presence_penalty", _PENALTY, 0),
-    _refused("frequency_penalty", _PENALTY, 0),
+    OpenAIField("presence_penalty", HONOURED, "-2..2, lowers the logit of a token already in the answer once"),
+    OpenAIField(
+        "frequency_penalty", HONOURED, "-2..2, lowers a token's logit for each time it is already in the answer"
+    ),
     OpenAIField("response_format", HONOURED, "text, json_object or json_schema (Structured outputs below)"),
     OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
     OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
@@ -99,8 +101,8 @@ COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
     _refused("best_of", "only 1 is supported, got {value}", 1),
     _refused("suffix", "insertion (a suffix) is not supported", ""),
     _refused("stop", "stop strings are not supported on /v1/completions (it generates at most 1 token)", "", []),
-    _refused("presence_penalty", _PENALTY, 0),
-    _refused("frequency_penalty", _PENALTY, 0),
+    OpenAIField("presence_penalty", IGNORED, _PENALTY),
+    OpenAIField("frequency_penalty", IGNORED, _PENALTY),
     _refused("json_schema", _CONSTRAINED),
     _refused("grammar", _CONSTRAINED),
     OpenAIField("stream_options", IGNORED, "stream is refused, so it has nothing to change"),

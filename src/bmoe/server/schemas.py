@@ -147,8 +147,8 @@ class ChatCompletionRequest(BaseModel):
     bmoe_logprobs_of: (
         Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1, max_length=MAX_LOGPROBS_OF)] | None
     ) = Field(None, description="bmoe: the log-prob of each string as the answer's start (docs/server.md)")
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
+    frequency_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
     # Refused unless left out (or neutral): openai_fields.CHAT_FIELDS. Any: refused by name, not by type.
     tools: Any = None
     tool_choice: Any = None
@@ -300,8 +300,8 @@ class CompletionRequest(BaseModel):
     suffix: Text | None = None
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
     logit_bias: LogitBias | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
+    frequency_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
     json_schema: dict[str, Any] | bool | None = Field(None, description="refused: not on this scoring route")
     grammar: Text | None = Field(None, description="refused: not on this scoring route")
     stream_options: Any = None
