@@ -68,6 +68,21 @@ def test_grammar_and_text_format(client) -> None:
     assert finish == "length"
 
 
+def test_jump_forward_over_http_keeps_the_schema(client) -> None:
+    """bmoe's jump_forward field reaches the generate loop: the answer validates, and it is the one
+    the session's own generate gives with jump-forward (forced tokens split the grammar's way)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
+    text, finish = _answer(client, response_format=fmt, jump_forward=True, temperature=0)
+    _valid(text, finish, CITY)
+    from bmoe.session import GenerateRequest
+
+    s = client.app.state.session
+    want = s.generate(
+        GenerateRequest(prompt=ASK[0]["content"], n_predict=64, temperature=0, json_schema=CITY, jump_forward=True)
+    )
+    assert text == want.text
+
+
 def test_cut_answer_says_length(client) -> None:
     text, finish = _answer(client, json_schema={"type": "array", "items": {"type": "string"}}, max_tokens=3)
     assert finish == "length" and text.startswith("[")
@@ -119,6 +134,11 @@ REFUSALS = [
         {"json_schema": True, "grammar": 'root ::= "a"'},
         "grammar",
         "grammar: give one of response_format, json_schema and grammar, got ['json_schema', 'grammar']",
+    ),
+    (
+        {"json_schema": CITY, "jump_forward": True, "logprobs": True},
+        "jump_forward",
+        "jump_forward: a forced token has no log-prob of its own; not with logprobs",
     ),
     (
         {"response_format": {"type": "json_object"}, "json_schema": True},

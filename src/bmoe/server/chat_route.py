@@ -70,6 +70,10 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
     refuse_unset(body, CHAT_FIELDS)
     if body.top_logprobs and not body.logprobs:  # 0 asks for nothing
         raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs", "invalid_request")
+    if body.jump_forward and body.logprobs:
+        raise ApiError(
+            400, "jump_forward: a forced token has no log-prob of its own; not with logprobs", "jump_forward"
+        )
     msgs = _messages(body)
     if msgs[-1].role != "user":
         raise ApiError(
@@ -87,6 +91,7 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
     return ChatTurn(
         json_schema=schema,
         grammar=grammar,
+        jump_forward=body.jump_forward,
         messages=msgs,
         max_tokens=body.max_tokens or body.max_completion_tokens,
         temperature=body.temperature,

@@ -30,6 +30,7 @@ class ChatTurn:
     think: bool | None
     json_schema: dict | bool | None = None  # the answer's constraint (at most one of the two)
     grammar: str | None = None
+    jump_forward: bool = False  # the constraint's forced tokens in one batch (docs/protocol.md)
     top_logprobs: int | None = None  # None: no log-probs; else alternatives per token (0..20)
     logit_bias: tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0  # OpenAI's penalties (runtime/sampling.py Sampler)
@@ -104,6 +105,7 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             seed=turn.seed,
             json_schema=turn.json_schema,
             grammar=turn.grammar,
+            jump_forward=turn.jump_forward,
             top_logprobs=turn.top_logprobs,
             logit_bias=turn.logit_bias,
             presence_penalty=turn.presence_penalty,

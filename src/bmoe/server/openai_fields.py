@@ -64,6 +64,7 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("response_format", HONOURED, "text, json_object or json_schema (Structured outputs below)"),
     OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
     OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
+    OpenAIField("jump_forward", HONOURED, "bmoe: with a constraint, the tokens it forces go in one batch"),
     _refused("tools", _TOOLS, []),
     _refused("tool_choice", _TOOLS),
     _refused("parallel_tool_calls", _TOOLS),

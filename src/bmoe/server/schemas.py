@@ -141,6 +141,7 @@ class ChatCompletionRequest(BaseModel):
     )
     json_schema: dict[str, Any] | bool | None = Field(None, description="llama.cpp-server style: the answer's schema")
     grammar: Text | None = Field(None, description="llama.cpp-server style: a GBNF grammar the answer keeps")
+    jump_forward: bool = Field(False, description="bmoe: a constraint's forced tokens go into the model in one batch")
     logprobs: bool | None = Field(None, description="return the answer's tokens' log-probs")
     top_logprobs: int | None = Field(None, ge=0, le=TOP_CAP, description="alternatives per token; needs logprobs")
     logit_bias: LogitBias | None = None
