@@ -16,7 +16,9 @@ The shape (``SCHEMA``)::
      "notes": [str], "source": str}
 
 ``baseline`` names the row of the same table that the renderer divides ``key`` by, for every row
-(a ratio column labelled ``label``). A machine fact that could not be read is ``"unknown"``, with
+(a ratio column labelled ``label``). ``machine["load_avg"]`` is ``{"start", "end"}``, each the
+1-, 5- and 15-minute load averages at the run's start (this module's import) and at ``record()``:
+the machine is shared, and a busy one moves the times. A machine fact that could not be read is ``"unknown"``, with
 the reason in ``machine["notes"]``.
 """
 
@@ -36,6 +38,9 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SCHEMA = "bmoe-bench-record/1"
 UNKNOWN = "unknown"
+# The load average (1, 5, 15 minutes) when the bench imported this module, i.e. at the run's start;
+# record() adds the one at its end, so a reader sees how busy the shared machine was meanwhile.
+START_LOAD = [round(x, 2) for x in os.getloadavg()]
 # The CPU flags that decide llama.cpp's kernels (x86 and Arm); the rest of /proc/cpuinfo's list is noise here.
 FLAGS = (
     "avx",
@@ -144,7 +149,6 @@ def machine(disk: Path | None = None, model: Path | None = None) -> dict[str, ob
         "kernel": platform.release(),
         "python": platform.python_version(),
         "llama_cpp_python": llama,
-        "load_avg": [round(x, 2) for x in os.getloadavg()],
         "notes": notes,
     }
 
@@ -206,6 +210,8 @@ def record(
     partial: bool = False,
     machine_facts: dict[str, object] | None = None,
 ) -> dict[str, object]:
+    facts = dict(machine_facts if machine_facts is not None else machine())
+    facts["load_avg"] = {"start": START_LOAD, "end": [round(x, 2) for x in os.getloadavg()]}
     return {
         "schema": SCHEMA,
         "bench": bench,
@@ -214,7 +220,7 @@ def record(
         "command": command,
         "partial": partial,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in config.items()},
-        "machine": machine_facts if machine_facts is not None else machine(),
+        "machine": facts,
         "tables": list(tables),
         "targets": list(targets),
         "notes": list(notes),

@@ -84,13 +84,15 @@ def machine_line(m: dict) -> str:
         return "unknown" if v in (UNKNOWN, None) else f"{fmt(v)}{unit}"
 
     flags = m.get("cpu_flags")
-    flags_s = "unknown" if flags == UNKNOWN else (", ".join(flags) or "none of note")
+    flags_s = "unknown" if flags in (UNKNOWN, None) else (", ".join(flags) or "none of note")
     limit = m.get("mem_limit_mib")
     limit_s = "none" if limit is None else known(limit, " MiB")
+    load = m.get("load_avg")
+    load_s = f"; load {load['start'][0]:g} at the start, {load['end'][0]:g} at the end" if isinstance(load, dict) else ""
     return (
         f"{known(m.get('cpu'))}; flags {flags_s}; {known(m.get('cores'))} cores; RAM {known(m.get('mem_gib'), ' GiB')}; "
         f"memory limit {limit_s}; disk read {known(m.get('disk_read_mib_s'), ' MiB/s')}; "
-        f"kernel {known(m.get('kernel'))}; llama-cpp-python {known(m.get('llama_cpp_python'))}"
+        f"kernel {known(m.get('kernel'))}; llama-cpp-python {known(m.get('llama_cpp_python'))}{load_s}"
     )
 
 

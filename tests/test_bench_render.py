@@ -77,6 +77,9 @@ def test_a_run_writes_one_record_that_loads_back(tmp_path: Path) -> None:
     path = record.write(rec, tmp_path)
     again = record.write(rec, tmp_path)  # the same minute: a second file, not an overwrite
     assert path != again and json.loads(path.read_text())["targets"][0]["verdict"] == "PASS"
+    load = json.loads(path.read_text())["machine"]["load_avg"]  # how busy the shared machine was
+    assert load["start"] == record.START_LOAD and len(load["end"]) == 3
+    assert "; load " in render.machine_line(rec["machine"])  # type: ignore[arg-type]
     assert [r["bench"] for r in record.load(tmp_path)] == ["smoke", "smoke"]
 
 
