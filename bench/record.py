@@ -18,7 +18,8 @@ The shape (``SCHEMA``)::
 ``baseline`` names the row of the same table that the renderer divides ``key`` by, for every row
 (a ratio column labelled ``label``). ``machine["load_avg"]`` is ``{"start", "end"}``, each the
 1-, 5- and 15-minute load averages at the run's start (this module's import) and at ``record()``:
-the machine is shared, and a busy one moves the times. A machine fact that could not be read is ``"unknown"``, with
+the machine is shared, and a busy one moves the times. ``config["short_run"]``, when present, is
+``$BMOE_BENCH_SHORT``: why the run was cut shorter than the bench's defaults. A machine fact that could not be read is ``"unknown"``, with
 the reason in ``machine["notes"]``.
 """
 
@@ -210,6 +211,9 @@ def record(
     partial: bool = False,
     machine_facts: dict[str, object] | None = None,
 ) -> dict[str, object]:
+    config = dict(config)
+    if os.environ.get("BMOE_BENCH_SHORT"):  # a run cut short on purpose says so, and why
+        config["short_run"] = os.environ["BMOE_BENCH_SHORT"]
     facts = dict(machine_facts if machine_facts is not None else machine())
     facts["load_avg"] = {"start": START_LOAD, "end": [round(x, 2) for x in os.getloadavg()]}
     return {

@@ -88,7 +88,9 @@ def machine_line(m: dict) -> str:
     limit = m.get("mem_limit_mib")
     limit_s = "none" if limit is None else known(limit, " MiB")
     load = m.get("load_avg")
-    load_s = f"; load {load['start'][0]:g} at the start, {load['end'][0]:g} at the end" if isinstance(load, dict) else ""
+    load_s = (
+        f"; load {load['start'][0]:g} at the start, {load['end'][0]:g} at the end" if isinstance(load, dict) else ""
+    )
     return (
         f"{known(m.get('cpu'))}; flags {flags_s}; {known(m.get('cores'))} cores; RAM {known(m.get('mem_gib'), ' GiB')}; "
         f"memory limit {limit_s}; disk read {known(m.get('disk_read_mib_s'), ' MiB/s')}; "

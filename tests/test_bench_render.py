@@ -65,7 +65,8 @@ def test_the_ratio_column_divides_by_the_runs_own_baseline() -> None:
     assert "| fast | 5.0 | 2.50x |" in lines and "| broken | - | - |" in lines
 
 
-def test_a_run_writes_one_record_that_loads_back(tmp_path: Path) -> None:
+def test_a_run_writes_one_record_that_loads_back(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("BMOE_BENCH_SHORT", "2 rounds, not 5")
     rec = record.record(
         "smoke",
         command="bench/x.py",
@@ -79,6 +80,7 @@ def test_a_run_writes_one_record_that_loads_back(tmp_path: Path) -> None:
     assert path != again and json.loads(path.read_text())["targets"][0]["verdict"] == "PASS"
     load = json.loads(path.read_text())["machine"]["load_avg"]  # how busy the shared machine was
     assert load["start"] == record.START_LOAD and len(load["end"]) == 3
+    assert json.loads(path.read_text())["config"]["short_run"] == "2 rounds, not 5"
     assert "; load " in render.machine_line(rec["machine"])  # type: ignore[arg-type]
     assert [r["bench"] for r in record.load(tmp_path)] == ["smoke", "smoke"]
 
