@@ -185,6 +185,8 @@ def plan_tables(presets: Mapping[str, dict]) -> list[dict[str, object]]:
                     "best_grid_s": r["best_latency"][1],
                     "best_grid_config": r["best_latency"][0],
                     "planned_tok_s": r.get("planned_decode_tok_s"),
+                    "llama_s": r.get("llama_latency_s"),
+                    "llama_tok_s": r.get("llama_decode_tok_s"),
                     "best_grid_tok_s": r["best_decode"][1],
                     "best_grid_tok_config": r["best_decode"][0],
                     "long_planned_s": lp.get("latency_s"),
@@ -209,6 +211,8 @@ def plan_tables(presets: Mapping[str, dict]) -> list[dict[str, object]]:
                     ("best_grid_config", "(config)", ""),
                     ("planned_tok_s", "planned decode tok/s", F2),
                     ("best_grid_tok_s", "best grid tok/s", F2),
+                    ("llama_s", "llama.cpp mmap s", F2),
+                    ("llama_tok_s", "llama.cpp mmap tok/s", F2),
                     ("long_planned_s", "long prompt s, planned", F1),
                     ("long_grid", "long prompt, grid's fastest", ""),
                 ),
@@ -268,6 +272,37 @@ def decide_batch_table(report: Mapping[str, object]) -> dict[str, object]:
         ),
         rows,
         {"row": "compute floor (resident, warm, batched)", "key": "batched_s", "label": "batched / compute floor"},
+    )
+
+
+SIZES_TITLE = "Seconds per decision by batch size"
+
+
+def decide_sizes_table(report: Mapping[str, Mapping[str, object]], n: int) -> dict[str, object]:
+    """bench/decide_batch.py sizes: per batch size, the streamed run (cache off, one process) and
+    resident SmolLM2 (the median of its rounds, with their spread), both per decision."""
+    streamed, resident = report.get("streamed") or {}, report.get("resident") or {}
+    rows = []
+    for k in sorted({int(k) for k in (*streamed, *resident)}):
+        s, r = streamed.get(str(k)), resident.get(str(k))
+        row: dict[str, object] = {"name": str(k), "batch": k}
+        if isinstance(s, dict):
+            row |= {"streamed_s": s["wall_s"] / n, "read_mib": s["read_bytes"] / n / 2**20}
+        if isinstance(r, list) and r:
+            med = statistics.median(r)
+            row |= {"resident_s": med / n, "resident_spread": (max(r) - min(r)) / med}
+        rows.append(row)
+    return table(
+        f"{SIZES_TITLE} ({n} decisions on a kept prefix)",
+        (
+            ("name", "batch size", ""),
+            ("streamed_s", "streamed, cache off: s/decision", F2),
+            ("read_mib", "MiB read/decision", F0),
+            ("resident_s", "resident SmolLM2: s/decision", F3),
+            ("resident_spread", "its rounds' spread", ".0%"),
+        ),
+        rows,
+        {"row": "1", "key": "streamed_s", "label": "streamed / one by one"},
     )
 
 

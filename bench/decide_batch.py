@@ -114,6 +114,13 @@ def requests(first_id: int = 0):
     return [DecideRequest(id=first_id + i, prefix=PREFIX, suffix=s, choices=CHOICES) for i, s in enumerate(suffixes())]
 
 
+def answer(s, reqs: list, size: int) -> list:  # type: ignore[no-untyped-def]
+    """``reqs`` in batches of ``size`` (``decide_many`` over each slice), one by one (``decide``) at 1."""
+    if size <= 1:
+        return [s.decide(r) for r in reqs]
+    return [r for i in range(0, len(reqs), size) for r in s.decide_many(reqs[i : i + size])]
+
+
 def child(a: argparse.Namespace) -> int:
     """One configuration in this process: keep the prefix, then the 16 decisions, batched or not."""
     from bmoe import Session, SessionConfig
@@ -137,7 +144,7 @@ def child(a: argparse.Namespace) -> int:
         assert warm.error is None, warm.error
         io0 = s.stream_stats()
         t0 = time.perf_counter()
-        rs = s.decide_many(requests()) if a.batched else [s.decide(r) for r in requests()]
+        rs = answer(s, requests(), a.batch_size if a.batched else 1)
         wall = time.perf_counter() - t0
         io = s.stream_stats().minus(io0)
     assert all(r.error is None for r in rs), [r.error for r in rs]
@@ -277,6 +284,41 @@ def resident(a: argparse.Namespace) -> dict:
     return {"batched_s": times[True], "one_by_one_s": times[False], "median_ratio": o / b, "noise_band": band}
 
 
+def sizes(a: argparse.Namespace, model: Path) -> dict:
+    """The 16 decisions in batches of each of ``a.sizes``: streamed, cache off, under the limit (one
+    process per size, page cache dropped), and resident SmolLM2 in one process, sizes in turns for
+    ``a.rounds`` rounds (the spread of its rounds is the noise band)."""
+    from bmoe import Session, SessionConfig
+    from bmoe.config import default_model
+    from bmoe.decide.types import DecideRequest
+    from cgroup_run import run_limited
+
+    streamed: dict[int, dict] = {}
+    for k in a.sizes:
+        out = a.work / f"decide_batch_size{k}.json"
+        cmd = [sys.executable, __file__, "child", "--model", str(model), "--out", str(out), "--cache-mb", "0"]
+        cmd += ["--threads", str(a.threads), "--n-ctx", str(a.n_ctx), "--ubatch", str(a.ubatch)]
+        cmd += ["--batched", "--batch-size", str(k)]
+        o = run_limited(cmd, int(a.limit_gib * 2**30), timeout_s=1800, tag=f"dbsize{k}")
+        if o.returncode != 0:
+            print(f"# size {k}: rc {o.returncode} {o.stderr_tail[-400:]}", flush=True)
+            continue
+        streamed[k] = json.loads(out.read_text())
+        print(f"# streamed, cache off, batches of {k}: {streamed[k]['wall_s']:.2f} s", flush=True)
+    times: dict[int, list[float]] = {k: [] for k in a.sizes}
+    kw = dict(model=default_model(), n_ctx=a.n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads)
+    with Session(SessionConfig(**kw, decide=True, decide_batch=N_DECISIONS)) as s:
+        s.decide(DecideRequest(id=-1, prefix=PREFIX, suffix=" Screen: Lock.", choices=CHOICES))
+        for rnd in range(a.rounds):
+            for k in a.sizes if rnd % 2 == 0 else a.sizes[::-1]:
+                t0 = time.perf_counter()
+                rs = answer(s, requests(), k)
+                times[k].append(time.perf_counter() - t0)
+                assert all(r.error is None for r in rs)
+    print(f"# resident SmolLM2 by size: {times}", flush=True)
+    return {"streamed": {str(k): v for k, v in streamed.items()}, "resident": {str(k): v for k, v in times.items()}}
+
+
 def targets(report: dict) -> list[tuple[str, float | None, str, bool | None]]:
     """The targets of a run's report: (name, value, goal, verdict; None where not measured)."""
     out: list[tuple[str, float | None, str, bool | None]] = []
@@ -308,7 +350,7 @@ def targets(report: dict) -> list[tuple[str, float | None, str, bool | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", nargs="?", default="all", choices=("all", "child", "resident", "streamed"))
+    ap.add_argument("mode", nargs="?", default="all", choices=("all", "child", "resident", "streamed", "sizes"))
     ap.add_argument("--work", type=Path, default=HERE / "out")
     ap.add_argument("--model", type=Path)
     ap.add_argument("--out", type=Path)
@@ -319,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ubatch", type=int, default=1024, help="n_batch = n_ubatch: 16 suffixes of ~30 tokens fit one")
     ap.add_argument("--limit-gib", type=float, default=2.5)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=N_DECISIONS, help="child: decisions per decide_many call")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="sizes mode: the batch sizes swept")
     ap.add_argument("--floor-rounds", type=int, default=3, help="processes the compute floor takes the median of")
     import record
 
@@ -339,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     report: dict[str, object] = {}
+    if a.mode == "sizes":
+        from synthetic_moe import write_synthetic
+
+        return write_sizes(a, sizes(a, write_synthetic(a.work)), argv)
     if a.mode in ("all", "resident"):
         report["resident"] = resident(a)
     if a.mode in ("all", "streamed"):
@@ -361,6 +409,24 @@ def main(argv: list[str] | None = None) -> int:
         tables=[decide_batch_table(report)],
         targets=report["targets"],  # type: ignore[arg-type]
         partial=a.mode != "all",
+        machine_facts=record.machine(disk=a.work),
+    )
+    record.write(rec, a.results)
+    return 0
+
+
+def write_sizes(a: argparse.Namespace, report: dict, argv: list[str] | None) -> int:
+    import record
+    from bench_records import decide_sizes_table
+
+    (a.work / "decide_batch_sizes.json").write_text(json.dumps(report, indent=1))
+    keep = ("sizes", "threads", "n_ctx", "ubatch", "limit_gib", "rounds")
+    rec = record.record(
+        "decide_batch",
+        command=" ".join(["python", "bench/decide_batch.py", *(argv if argv is not None else sys.argv[1:])]),
+        config={k: v for k, v in vars(a).items() if k in keep} | {"decisions": N_DECISIONS},
+        tables=[decide_sizes_table(report, N_DECISIONS)],
+        partial=True,
         machine_facts=record.machine(disk=a.work),
     )
     record.write(rec, a.results)

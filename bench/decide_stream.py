@@ -566,7 +566,7 @@ def run_preset(
     for rnd in range(a.rounds):
         for c in configs:  # in turn, so a burst of load from other jobs hits every configuration alike
             if c.engine == "llama":
-                cmd = child_cmd("llama", model, res, a)
+                cmd = child_cmd("llama", model, res, a, "--decode-tokens", str(a.decode_tokens))
             else:
                 cmd = child_cmd(
                     "bmoe", model, res, a, *config_args(c, a, expert_bytes), "--decode-tokens", str(a.decode_tokens)

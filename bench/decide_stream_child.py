@@ -217,8 +217,27 @@ def run_llama(a: argparse.Namespace) -> dict[str, object]:
                 **rss_now(),
             }
         )
-    out |= {"decisions": decisions, "peak_rss_mib": peak_rss_mib()}
+    out["decisions"] = decisions
+    if a.decode_tokens:
+        out["decode"] = llama_decode_rate(eng, a.decode_tokens)
+    out["peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+def llama_decode_rate(eng: MmapDecider, n_predict: int) -> dict[str, object]:
+    """decode_rate's greedy decode by llama.cpp alone: the same prompt from an empty KV, a mark per
+    token, the rate over the marks 1..n-1 (the prefill's token and the last step left out)."""
+    eng.lc.llama_memory_seq_rm(eng.lc.llama_get_memory(eng.ctx), 0, 0, -1)
+    eng.kept = []
+    tokens = eng.tokenize(PREFIX + suffix(0))
+    row, pos, marks = eng._prefill(tokens, 0), len(tokens), [time.perf_counter()]
+    for _ in range(n_predict - 1):
+        row = eng._prefill([int(np.argmax(row))], pos)
+        pos += 1
+        marks.append(time.perf_counter())
+    n = len(marks) - 2
+    span = marks[-2] - marks[0] if n > 0 else 0.0
+    return {"n_decode": max(0, n), "decode_s": span, "decode_tok_s": n / span if span > 0 else None}
 
 
 # --- bmoe ----------------------------------------------------------------------------------------
@@ -402,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     ap.add_argument("--twins", type=Path, default=None)
-    ap.add_argument("--decode-tokens", type=int, default=0, help="bmoe: also time a greedy decode this long")
+    ap.add_argument("--decode-tokens", type=int, default=0, help="also time a greedy decode this long")
     ap.add_argument("--probe-mib", type=float, default=1024)
     ap.add_argument(
         "--long-lines",

@@ -54,7 +54,8 @@ def compare(rec: dict[str, object], limit_gib: float) -> dict[str, object]:
     and decode rate (higher is better), with the verdicts."""
     cfgs: dict[str, dict] = rec["configs"]  # type: ignore[assignment]
     summ = {k: (v.get("summary") or {}) for k, v in cfgs.items()}
-    grid = {k: s for k, s in summ.items() if k != "planned" and s}
+    grid = {k: s for k, s in summ.items() if k not in ("planned", "llama") and s}
+    llama = summ.get("llama") or {}  # llama.cpp mmap, the baseline (with --grid llama), not a grid choice
     planned = summ.get("planned") or {}
     lat = {k: s.get("latency_s") for k, s in grid.items() if s.get("latency_s")}
     dec = {k: s.get("decode_tok_s") for k, s in grid.items() if s.get("decode_tok_s")}
@@ -75,6 +76,8 @@ def compare(rec: dict[str, object], limit_gib: float) -> dict[str, object]:
         "limit_gib": limit_gib or None,
         "planned_latency_s": planned.get("latency_s"),
         "planned_decode_tok_s": planned.get("decode_tok_s"),
+        "llama_latency_s": llama.get("latency_s"),
+        "llama_decode_tok_s": llama.get("decode_tok_s"),
         "best_latency": best_lat,
         "best_decode": best_dec,
         "latency_ratio": r_lat,
@@ -189,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         default=55,
         help="screen elements of the long-prompt decision (55: ~1300 tokens); 0: none",
     )
-    ap.add_argument("--grid", nargs="+", default=list(GRID), help="decide_stream configurations to beat")
+    ap.add_argument(
+        "--grid",
+        nargs="+",
+        default=list(GRID),
+        help="decide_stream configurations to beat; llama adds llama.cpp mmap as the baseline (never the grid's best)",
+    )
     ap.add_argument("--decisions", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
@@ -263,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         config={k: v for k, v in vars(a).items() if k not in ("limit_gib",)},
         tables=br.plan_tables(presets),  # type: ignore[arg-type]
         targets=br.plan_targets(presets),  # type: ignore[arg-type]
-        partial=a.spec_layers is not None,
+        # a smaller model, grid, set of limits or presets than the defaults: a partial run
+        partial=a.spec_layers is not None or any(vars(a)[k] != ap.get_default(k) for k in ("grid", "limits", "preset")),
         machine_facts=report["machine"],  # type: ignore[arg-type]
     )
     record.write(rec, a.results)

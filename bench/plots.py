@@ -118,21 +118,35 @@ def _plan_ok(by: Records) -> bool:
     return bool(rec and rec["tables"] and "planned_s" in rec["tables"][0]["rows"][0])
 
 
+def _plan_with_llama(by: Records) -> dict | None:
+    """The latest plan record whose rows hold llama.cpp mmap's figures (a run with --grid llama,
+    partial or not), else the latest full one: the three lines of a plot come from one run."""
+    for rec in reversed(by.get("plan", [])):
+        if any(isinstance(r.get("llama_s"), (int, float)) for t in rec["tables"] for r in t["rows"]):
+            return rec
+    return latest(by, "plan")
+
+
 def _plan_speed(by: Records, path: Path) -> None:
     plt = _pyplot()
-    rec = latest(by, "plan")
+    rec = _plan_with_llama(by)
     assert rec
     fig, axes = plt.subplots(2, len(rec["tables"]), figsize=(9, 5.6), squeeze=False)
     for col, t in enumerate(rec["tables"]):
         rows = t["rows"]
         x = range(len(rows))
         preset = str(t["title"]).split(":")[0]
-        for row_i, (mine, theirs, label) in enumerate(
-            (("planned_s", "best_grid_s", "decision latency, s"), ("planned_tok_s", "best_grid_tok_s", "decode tok/s"))
+        for row_i, (mine, theirs, llama, label) in enumerate(
+            (
+                ("planned_s", "best_grid_s", "llama_s", "decision latency, s"),
+                ("planned_tok_s", "best_grid_tok_s", "llama_tok_s", "decode tok/s"),
+            )
         ):
             ax = axes[row_i][col]
             ax.plot(x, [r[mine] for r in rows], "o-", color="#2a6fb0", label="the plan")
             ax.plot(x, [r[theirs] for r in rows], "s--", color="#888888", label="best hand-picked of the grid")
+            if any(isinstance(r.get(llama), (int, float)) for r in rows):
+                ax.plot(x, [r.get(llama) for r in rows], "^:", color="#c05030", label="llama.cpp mmap")
             ax.set_xticks(list(x), [_limit_label(r) for r in rows])
             ax.set_ylabel(label)
             ax.set_ylim(bottom=0)
@@ -141,7 +155,10 @@ def _plan_speed(by: Records, path: Path) -> None:
             else:
                 ax.set_xlabel("memory limit")
             ax.legend(fontsize=7, loc="lower right" if row_i else "lower left")
-    fig.suptitle(f"The plan against the grid's best, by memory limit ({rec['date'][:10]})", fontsize=9)
+    fig.suptitle(
+        f"The plan, the grid's best and llama.cpp mmap, by memory limit ({rec['date'][:10]}, {rec['machine'].get('cpu')})",
+        fontsize=9,
+    )
     _save(fig, path)
     plt.close(fig)
 
@@ -216,29 +233,54 @@ def _replay(by: Records, path: Path) -> None:
 
 
 # --- batched decisions -----------------------------------------------------------------------
+from bench_records import SIZES_TITLE  # noqa: E402
+
+
+def _sizes(by: Records) -> tuple[dict, list[dict]] | None:
+    """The latest decide_batch record with a batch-size sweep (a partial run), and its rows."""
+    for rec in reversed(by.get("decide_batch", [])):
+        rows = _rows(rec, SIZES_TITLE)
+        if len(rows) > 2:
+            return rec, rows
+    return None
+
+
 def _batch_ok(by: Records) -> bool:
-    rec = latest(by, "decide_batch")
-    return bool(rec and any("one_by_one_s" in r for r in rec["tables"][0]["rows"]))
+    return _sizes(by) is not None
 
 
 def _batch(by: Records, path: Path) -> None:
     plt = _pyplot()
-    rec = latest(by, "decide_batch")
-    assert rec
-    n = int(rec["config"].get("decisions", 16))
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    for r in rec["tables"][0]["rows"]:
-        if isinstance(r.get("one_by_one_s"), (int, float)) and isinstance(r.get("batched_s"), (int, float)):
-            ax.plot([1, n], [r["one_by_one_s"] / n, r["batched_s"] / n], "o-", label=r["name"])
-        elif isinstance(r.get("batched_s"), (int, float)):
-            ax.plot([n], [r["batched_s"] / n], "k*", markersize=9, label=r["name"])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([1, n], ["1 (one by one)", str(n)])
-    ax.set_xlabel("decisions per batch")
-    ax.set_ylabel("seconds per decision")
-    ax.set_ylim(bottom=0)
+    found = _sizes(by)
+    assert found
+    rec, rows = found
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.4))
+    ks = [r["batch"] for r in rows]
+    st = [(r["batch"], r["streamed_s"]) for r in rows if isinstance(r.get("streamed_s"), (int, float))]
+    if st:
+        ax.plot(*zip(*st), "o-", color="#2a6fb0", label="streamed, cache off, 2.5 GiB limit")
+    rs = [r for r in rows if isinstance(r.get("resident_s"), (int, float))]
+    if rs:
+        ax.errorbar(
+            [r["batch"] for r in rs],
+            [r["resident_s"] for r in rs],
+            yerr=[r["resident_s"] * r["resident_spread"] / 2 for r in rs],
+            fmt="s--",
+            color="#888888",
+            capsize=3,
+            label="resident SmolLM2 (bars: its rounds' spread)",
+        )
+    rd = [(r["batch"], r["read_mib"]) for r in rows if isinstance(r.get("read_mib"), (int, float))]
+    if rd:
+        bx.plot(*zip(*rd), "o-", color="#c05030")
+    for a_, label in ((ax, "seconds per decision"), (bx, "expert MiB read per decision (streamed)")):
+        a_.set_xscale("log", base=2)
+        a_.set_xticks(ks, [str(k) for k in ks])
+        a_.set_xlabel("decisions per batch (1: one by one)")
+        a_.set_ylabel(label)
+        a_.set_ylim(bottom=0)
     ax.legend(fontsize=7)
-    ax.set_title(f"Batched decisions ({rec['date'][:10]}; only sizes 1 and {n} were run)", fontsize=9)
+    fig.suptitle(f"Batched decisions by batch size ({rec['date'][:10]}, {rec['machine'].get('cpu')})", fontsize=9)
     _save(fig, path)
     plt.close(fig)
 
@@ -246,10 +288,16 @@ def _batch(by: Records, path: Path) -> None:
 PLOTS = (
     Plot("stream.png", "decode tokens/s per run, under the limit and warm", "stream", _stream_ok, _stream),
     Plot("decide-stream.png", "median decision latency per configuration, both presets", "decide_stream", _ds_ok, _ds),
-    Plot("plan-speed.png", "the plan against the grid's best, by memory limit", "plan", _plan_ok, _plan_speed),
+    Plot(
+        "plan-speed.png",
+        "decision latency and decode rate by memory limit: the plan, the grid's best, llama.cpp mmap",
+        "plan",
+        _plan_ok,
+        _plan_speed,
+    ),
     Plot("plan-choices.png", "what the plan chose at each memory limit", "plan", _plan_ok, _plan_choices),
     Plot(
         "cache-replay.png", "decode hit rate against the cache budget, per trace", "cache_replay", _replay_ok, _replay
     ),
-    Plot("decide-batch.png", "seconds per decision, one by one and batched", "decide_batch", _batch_ok, _batch),
+    Plot("decide-batch.png", "seconds per decision and bytes read, by batch size", "decide_batch", _batch_ok, _batch),
 )

@@ -156,3 +156,83 @@ def test_a_plan_run_holds_what_its_plots_read(tmp_path: Path) -> None:
             assert p.has_data(by)
             p.draw(by, tmp_path / p.name)
             assert (tmp_path / p.name).stat().st_size > 1000
+
+
+def test_a_batch_size_sweep_becomes_its_table_and_curve(tmp_path: Path) -> None:
+    import bench_records as br
+    import plots
+
+    gib = 2**20
+    report = {
+        "streamed": {
+            str(k): {"wall_s": w, "read_bytes": b * gib}
+            for k, w, b in ((1, 32.0, 3200), (4, 16.0, 800), (16, 12.0, 320))
+        },
+        "resident": {"1": [3.2, 3.6, 3.4], "4": [3.2, 3.2, 3.2], "16": [3.0, 3.1, 3.2]},
+    }
+    t = br.decide_sizes_table(report, 16)
+    assert [r["batch"] for r in t["rows"]] == [1, 4, 16]
+    lines = render.table_lines(t)
+    # per decision: 32 s / 16 = 2.00; 3200 MiB / 16 = 200; SmolLM2 3.4 / 16; spread (3.6 - 3.2) / 3.4
+    assert "| 1 | 2.00 | 200 | 0.212 | 12% | 1.00x |" in lines
+    assert "| 16 | 0.75 | 20 | 0.194 | 6% | 0.38x |" in lines
+    rec = {"bench": "decide_batch", "date": "d", "partial": True, "tables": [t], "machine": {"cpu": "x"}}
+    (p,) = [p for p in plots.PLOTS if p.bench == "decide_batch"]
+    assert not p.has_data({"decide_batch": [rec | {"tables": []}]})  # two sizes make no curve
+    assert p.has_data({"decide_batch": [rec]})
+    p.draw({"decide_batch": [rec]}, tmp_path / p.name)
+    assert (tmp_path / p.name).stat().st_size > 1000
+
+
+def test_a_batch_size_answers_in_slices_of_that_size() -> None:
+    import decide_batch
+
+    class Fake:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+
+        def decide(self, r: int) -> int:
+            self.calls.append(("decide", 1))
+            return r
+
+        def decide_many(self, rs: list[int]) -> list[int]:
+            self.calls.append(("many", len(rs)))
+            return rs
+
+    for size, calls in (
+        (1, [("decide", 1)] * 16),
+        (4, [("many", 4)] * 4),
+        (16, [("many", 16)]),
+        (5, [("many", 5)] * 3 + [("many", 1)]),
+    ):
+        s = Fake()
+        assert decide_batch.answer(s, list(range(16)), size) == list(range(16))
+        assert s.calls == calls, size
+
+
+def test_llama_mmap_is_the_plans_baseline_not_a_grid_choice(tmp_path: Path) -> None:
+    import bench_records as br
+    import plan
+    import plots
+
+    def cfg(lat: float, tok: float) -> dict:
+        return {"summary": {"latency_s": lat, "decode_tok_s": tok}}
+
+    run = {"configs": {"planned": cfg(1.6, 5.5), "llama": cfg(0.5, 9.0), "off+ra": cfg(2.0, 4.0)}}
+    row = plan.compare(run, 2.0)
+    assert row["best_latency"] == ("off+ra", 2.0) and row["best_decode"] == ("off+ra", 4.0)
+    assert (row["llama_latency_s"], row["llama_decode_tok_s"]) == (0.5, 9.0)
+    row |= {"plan_mode": "streamed", "plan_settings": {"cache_mb": 0, "n_ubatch": 2048}}
+    (t,) = br.plan_tables({"uniform": {"limits": [row, row | {"limit_gib": None}]}})
+    assert t["rows"][0]["llama_s"] == 0.5 and t["rows"][0]["llama_tok_s"] == 9.0
+    full = {"bench": "plan", "date": "a", "partial": False, "machine": {"cpu": "x"}, "config": {}}
+    old = full | {"tables": [copy.deepcopy(t)]}
+    for r in old["tables"][0]["rows"]:
+        r["llama_s"] = r["llama_tok_s"] = None
+    short = full | {"date": "b", "partial": True, "tables": [t]}
+    by = {"plan": [short, old | {"date": "c"}]}
+    assert plots._plan_with_llama(by) is short  # the run that measured the baseline, though partial
+    assert plots._plan_with_llama({"plan": [old]}) is old
+    (p,) = [p for p in plots.PLOTS if p.name == "plan-speed.png"]
+    p.draw(by, tmp_path / p.name)
+    assert (tmp_path / p.name).stat().st_size > 1000
