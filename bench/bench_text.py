@@ -20,32 +20,22 @@ HEADER = """\
 
 <!-- Rendered by bench/render.py from bench/results/; edit those, not this page. -->
 
-Every figure on this page comes from a record a bench run wrote (`bench/results/<bench>/<date>.json`,
-made by bench/record.py) and is rendered by `bench/render.py`; tests/test_bench_render.py fails when
-this page and the committed records disagree. Each section says what its bench measures, the command
-that reproduces it, the machine it ran on, and the latest run's tables and targets. A later partial
-run (a subset of the configurations) shows under the full run it refines. Older runs live in git
-and, where another page cites them, in their records.
-
-How to read the figures:
+Every figure here comes from a record a bench run wrote (`bench/results/<bench>/<date>.json`, see
+bench/record.py); `bench/render.py` renders the page and tests/test_bench_render.py fails when page
+and records disagree. Each section gives what its bench measures, the command, the latest run (full,
+or partial: a subset of the configurations) with its machine and load, and links the earlier runs.
 
 - **Compare within one run.** The machine is a shared 2-core VM whose speed moved by 10-30% between
-  sittings, and two CPUs took turns (an AMD EPYC, and an Intel Xeon about 2.6x slower in compute).
-  So each table carries a baseline from the same run, and its last column divides by it.
+  sittings (an AMD EPYC and an Intel Xeon about 2.6x slower took turns), so each table carries a
+  baseline from the same run, and its last column divides by it. The load average at the run's
+  start and end says how busy the machine was; rounds more than about 20% apart are noise.
 - **Targets are printed, never asserted** (docs/testing.md). Bytes, hits, tokens and answers are
-  exact; times are medians of a few rounds, and rounds more than about 20% apart are noise. With
-  2 threads, llama.cpp collapses when another job takes a core: `-t 1` is the remedy on a busy box.
-
-**The bench model.** bench/synthetic_moe.py writes a `qwen3moe` GGUF with Qwen3-30B-A3B's layer
-shapes (hidden 2048, 32 query and 4 KV heads of 128, 128 experts of FFN 768, top-8) but 16 layers:
-5.34 GiB, of which 5184 MiB experts and 286 MiB dense; one token's routed experts are 324 MiB. Its
-weights are random Q4_0. Two routing presets: `uniform` (every expert about equally likely, a token
-shares 6-7% of its experts with the previous one: the worst case for a cache) and `trace`, whose
-expert popularity and previous-token reuse were fitted to a recorded Qwen3-30B-A3B trace
-([the routing statistics](#the-bench-models-routing-against-recorded-traces)).
-`bench/synthetic_moe.py --preset uniform|trace --work bench/out` writes either; the benches write
-what they need. The memory-limited runs need root, a cgroup-v1 memory controller and about 6 GB
-under `bench/out/` (git ignores it)."""
+  exact; times are medians of a few rounds.
+- **The bench model** (bench/synthetic_moe.py) has Qwen3-30B-A3B's layer shapes (128 experts of FFN
+  768, top-8) but 16 layers: 5.34 GiB of random Q4_0, one token's routed experts 324 MiB. Routing
+  preset `uniform` is the worst case for a cache; `trace` is fitted to a recorded Qwen3-30B-A3B trace
+  ([its statistics](#the-bench-models-routing-against-recorded-traces)). The memory-limited runs
+  need root, a cgroup-v1 memory controller and about 6 GB under `bench/out/`."""
 
 BENCHES = (
     Bench(
@@ -87,8 +77,8 @@ BENCHES = (
         "batch flag (the plan, [plan.md](plan.md)) against decide_stream's hand-picked grid (cache off "
         "with read-ahead, caches of 15% and 30% with read-ahead, 30% without), plus a 1291-token "
         "decision by the plan and by the grid's fastest. The ratio column is the plan's decision latency "
-        "over the grid's best. No llama.cpp row: the plan bench does not run it (decide_stream's "
-        "llama.cpp mmap row is at 2.5 GiB only).",
+        "over the grid's best. With `--grid llama` it also runs llama.cpp mmap at each limit (the "
+        "baseline of the plot's third line; never a grid choice), which makes the run partial.",
         "sudo .venv/bin/python bench/plan.py --limits 2 2.5 4 8 0 --preset uniform trace --decisions 5   # ~80 minutes",
     ),
     Bench(
@@ -98,8 +88,10 @@ BENCHES = (
         "`bench/decide_batch.py`: 16 decisions on one kept prefix answered by `decide_many` (one batch) "
         "against the same 16 by `decide` one by one, streamed under the 2.5 GiB limit with the cache off "
         "and at 1024 MiB, the batch resident and warm (its compute floor, median of 3 processes), and "
-        "SmolLM2 resident in turns. The ratio column divides the batch's time by its compute floor.",
-        ".venv/bin/python bench/decide_batch.py   # about 15 minutes",
+        "SmolLM2 resident in turns. The ratio column divides the batch's time by its compute floor. "
+        "`sizes` sweeps the batch size instead (1, 2, 4, 8, 16: the 16 decisions in slices of that size), "
+        "streamed cache off under the limit and SmolLM2 resident, for the plot.",
+        ".venv/bin/python bench/decide_batch.py   # about 15 minutes; `sizes --rounds 3` for the sweep, ~5 minutes",
     ),
     Bench(
         "cache_replay",
@@ -144,25 +136,89 @@ BENCHES = (
         "with a fresh image each round. Without `--bench-model` it runs the tiny qwen3vlmoe in milliseconds.",
         ".venv/bin/python bench/images.py --bench-model --rounds 2 --sizes 256x256 512x512",
     ),
+    Bench(
+        "decide",
+        "A kept prefix against the whole prefill",
+        "what does restoring an agent's grown prefix save a decision, and what does it cost beyond the suffix's prefill?",
+        "`bench/decide.py` grows an agent's prompt one step per decision and times, interleaved, the "
+        "decision on the restored grown prefix, the same request prefilled whole, and the restored "
+        "decision's own tokens prefilled alone (the yardstick). The goal: restored minus that prefill "
+        "within 20 ms. Why it is built this way: [decide.md](decide.md#measured).",
+        ".venv/bin/python bench/decide.py --threads 1   # SmolLM2; --model tiny:qwen35moe for the hybrid",
+    ),
+    Bench(
+        "decide_kquant",
+        "Exact K-quant batches",
+        "what does keeping a K-quant batch bit-exact with one by one cost, against the wide batch?",
+        "`bench/decide_kquant.py` times 16 decisions on a kept prefix three ways in alternating rounds: "
+        "one by one, the exact batch (calls bounded below the K-quant kernel's 8-row tile) and the wide "
+        "batch (the bound lifted), on SmolLM2 Q4_K_M and the tiny qwen3moe, resident and streamed. "
+        "[decide.md](decide.md#what-is-exact-and-what-is-not) says why exact.",
+        ".venv/bin/python bench/decide_kquant.py --rounds 5 --threads 1",
+    ),
+    Bench(
+        "plan_floor",
+        "The plan's floor: small memory limits",
+        "how small a memory limit does the plan still answer under, without being OOM-killed?",
+        "`bench/plan_floor.py` answers a short prompt on the bench model with no flags, each limit in a "
+        "fresh cgroup with the page cache dropped: what the plan chose, whether it ran, was refused or "
+        "was killed, and the rate (indicative only). [plan.md](plan.md#small-memory-limits-3811-2026-12-05) "
+        "explains the floor.",
+        "sudo .venv/bin/python bench/plan_floor.py --limits 0.75 1 1.25 1.5",
+    ),
+    Bench(
+        "ray_batch",
+        "Decisions over a data set with Ray",
+        "do Ray actors answer a data set of decisions faster than one session, and identically?",
+        "`bench/ray_batch.py` answers 6 agent prefixes x N suffixes on SmolLM2 in one session in this "
+        "process and through a Ray actor pool of 1 and 2 actors on a local Ray instance (1 thread each); "
+        "wall time includes starting the actors. [scale-out.md](scale-out.md#measured) reads it.",
+        ".venv/bin/python bench/ray_batch.py --reps 2",
+    ),
+    Bench(
+        "stream_phases",
+        "What split-phase reads could hide",
+        "how much of a decode token's compute lies between a layer's route and its down matmul?",
+        "`bench/stream_phases.py` decodes the bench model resident through llama.cpp's C API and times, "
+        "per token, the span between each layer's routing node and its `down` matmul (what split-phase "
+        "reads can hide the `down` reads behind) against the whole token.",
+        ".venv/bin/python bench/stream_phases.py",
+    ),
+    Bench(
+        "stream_predict",
+        "Guessing the next layer's experts",
+        "how many of layer l+1's experts does its router, applied to layer l's output, guess?",
+        "`bench/stream_predict.py` decodes the bench model resident and applies each layer's router to "
+        "the previous layer's output (the guess read-ahead makes), reporting the recall of the routed "
+        "experts in the guess's top k, 1.5k, 2k and 3k, and that the router on the real input "
+        "reproduces the pick.",
+        ".venv/bin/python bench/stream_predict.py",
+    ),
+    Bench(
+        "content_check",
+        "The content check's cost",
+        "what does the sampled check that a streamed file has not changed cost, alone and per token?",
+        "`bench/content_check.py` times one check of the sampled blocks, warm and after dropping the "
+        "file from the page cache, then decodes streamed (cache off) in alternating rounds with the "
+        "check off, on its default schedule, and forced every ubatch. "
+        "[streaming.md](streaming.md#the-content-check) describes the check.",
+        ".venv/bin/python bench/content_check.py",
+    ),
 )
 
-UNRECORDED = """\
-## Benches with no record yet
-
-bench/decide.py (a restored grown prefix against the whole prefill) and bench/decide_kquant.py
-(exact K-quant batches) quote their last runs in [decide.md](decide.md#measured),
-bench/ray_batch.py in [scale-out.md](scale-out.md#measured), bench/plan_floor.py in
-[plan.md](plan.md#small-memory-limits-3811-2026-12-05), and bench/content_check.py,
-bench/stream_phases.py and bench/stream_predict.py in [streaming.md](streaming.md). Each writes its
-record from its next run on, and its section here with it."""
+# A bench of another area registers here: one Bench(key, ...) per record folder under bench/results/
+# (bench/agents.py and bench/structured.py as "agents" and "structured", say). Until it does,
+# bench/render.py still shows its records, under its key, with a line asking for the entry.
 
 FOOTER = """\
 ## Updating this page
 
-Run the bench: it writes its record under `bench/results/<bench>/` (`--results DIR` elsewhere), with
-the machine it ran on (CPU model and flags, cores, memory and its limit, the disk read rate bmoe's
-probe remembered, kernel, llama-cpp-python), the commit and the date. Then
-`.venv/bin/python bench/render.py` rewrites this page and its plots under `docs/img/bench/`; commit
-the three together. A record keeps tables and targets, not traces (the bench's own JSON under
-`--work` keeps every raw number). The records older than bench/record.py were transcribed from this
-page's earlier versions: what was never written down about their machine is `unknown`, with a note."""
+Run the bench: it writes its record under `bench/results/<bench>/` (`--results DIR` or
+`$BMOE_BENCH_RESULTS` elsewhere) with the machine (CPU model and flags, cores, memory and its limit,
+the disk read rate bmoe's probe remembered, kernel, llama-cpp-python, the load average at the run's
+start and end), the commit and the date; `BMOE_BENCH_SHORT="why"` marks a run cut shorter than the
+bench's defaults (`short_run` in its config). Then `.venv/bin/python bench/render.py` rewrites this
+page and its plots under `docs/img/bench/`; commit the three together. A new bench adds one `Bench`
+entry in bench/bench_text.py (until then its records show under its key). Records keep tables and
+targets, not traces; the records older than bench/record.py were transcribed from this page's
+earlier versions, and what was never written down about their machine is `unknown`, with a note."""

@@ -120,7 +120,21 @@ def main() -> None:
         "content_check",
         command=" ".join(["python", "bench/content_check.py", *sys.argv[1:]]),
         config={k: v for k, v in vars(a).items() if k != "results"},
-        tables=[record.figures("What the content check of streamed slices costs", report)],
+        tables=[
+            record.figures("One check of the sampled blocks, alone (median ms)", report["check"]),
+            record.table(
+                f"Streamed decode, cache off: the check off, on its schedule, every ubatch ({a.rounds} rounds in turn)",
+                (
+                    ("name", "check", ""),
+                    ("ms_per_token_median", "ms/token (median)", ".1f"),
+                    ("ms_per_token_all", "each round", ".1f"),
+                    ("checks_per_round", "checks/round", ".1f"),
+                    ("check_ms_per_round", "check ms/round", ".2f"),
+                ),
+                [{"name": k, **v} for k, v in report["decode"].items()],
+                {"row": "off", "key": "ms_per_token_median", "label": "ms/token / the check off's"},
+            ),
+        ],
         machine_facts=record.machine(model=a.model),
     )
     record.write(rec, a.results)

@@ -288,10 +288,11 @@ def sizes(a: argparse.Namespace, model: Path) -> dict:
     """The 16 decisions in batches of each of ``a.sizes``: streamed, cache off, under the limit (one
     process per size, page cache dropped), and resident SmolLM2 in one process, sizes in turns for
     ``a.rounds`` rounds (the spread of its rounds is the noise band)."""
+    from cgroup_run import run_limited
+
     from bmoe import Session, SessionConfig
     from bmoe.config import default_model
     from bmoe.decide.types import DecideRequest
-    from cgroup_run import run_limited
 
     streamed: dict[int, dict] = {}
     for k in a.sizes:

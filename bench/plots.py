@@ -20,6 +20,12 @@ class Plot:
     bench: str  # the section it shows in
     has_data: Callable[[Records], bool]
     draw: Callable[[Records, Path], None]
+    # the tables of its source record whose every figure the plot draws: the page leaves them out
+    covers: Callable[[dict], bool] | None = None
+    source_of: Callable[[Records], dict | None] | None = None  # the record it draws (default: the latest full)
+
+    def source(self, by: Records) -> dict | None:
+        return self.source_of(by) if self.source_of else latest(by, self.bench)
 
 
 def latest(by: Records, bench: str, full: bool = True) -> dict | None:
@@ -294,10 +300,23 @@ PLOTS = (
         "plan",
         _plan_ok,
         _plan_speed,
+        source_of=lambda by: _plan_with_llama(by),
     ),
     Plot("plan-choices.png", "what the plan chose at each memory limit", "plan", _plan_ok, _plan_choices),
     Plot(
-        "cache-replay.png", "decode hit rate against the cache budget, per trace", "cache_replay", _replay_ok, _replay
+        "cache-replay.png",
+        "decode hit rate against the cache budget, per trace",
+        "cache_replay",
+        _replay_ok,
+        _replay,
+        covers=lambda t: bool(t["rows"]) and "budget_mib" in t["rows"][0],
     ),
-    Plot("decide-batch.png", "seconds per decision and bytes read, by batch size", "decide_batch", _batch_ok, _batch),
+    Plot(
+        "decide-batch.png",
+        "seconds per decision and bytes read, by batch size",
+        "decide_batch",
+        _batch_ok,
+        _batch,
+        source_of=lambda by: (_sizes(by) or (None,))[0],
+    ),
 )

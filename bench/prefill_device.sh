@@ -38,6 +38,10 @@ ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--tol", type=float, default=0.05, help="largest |d log p| accepted on a real device")
 ap.add_argument("--moe-stream", action="store_true")
 ap.add_argument("--cache-mb", default="0")
+sys.path.insert(0, "bench")
+import record  # bench/record.py: one record per run, as every bench writes
+
+record.add_args(ap)
 a = ap.parse_args()
 
 if a.rpc:
@@ -55,7 +59,7 @@ else:
 model = write_tiny(a.model.split(":", 1)[1], "q8_0", default_tiny_dir()) if a.model.startswith("tiny:") else a.model
 cache = a.cache_mb if a.cache_mb == "auto" else int(a.cache_mb)
 base = dict(model=model, n_ctx=max(1024, a.prompt_tokens + 64), n_batch=max(512, a.ubatch), n_ubatch=a.ubatch,
-            n_threads=a.threads, n_predict=16, decide=True, moe_stream=a.moe_stream, cache_mb=cache, cache_force=True)
+            n_threads=a.threads, n_predict=16, decide=True, moe_stream=a.moe_stream, cache_mb=cache, cache_force=a.moe_stream)
 dev = Session(SessionConfig(**base, prefill_device=device, prefill_min_tokens=a.min_tokens))
 cpu = Session(SessionConfig(**base, decide_prefix_cache="off"))
 
@@ -111,5 +115,19 @@ print(f"prefill {a.prompt_tokens} tokens: device {med['device']:.3f} s, CPU {med
       f"(x{out['speedup']:.2f}); {'FAIL: ' + '; '.join(fails) if fails else 'checks pass'}")
 print("BENCH_PREFILL_DEVICE " + json.dumps(out))
 dev.close(); cpu.close()
+if not a.rpc or a.results:  # the RPC stand-in is a test hook: its record only where asked for
+    cols = (("name", "run", ""), ("prefill_s", "prefill s (median)", ".3f"), ("tok_s", "prefill tok/s", ".1f"))
+    rows = [{"name": "CPU", "prefill_s": med["cpu"], "tok_s": out["prefill_tps_cpu"]},
+            {"name": f"device {device}", "prefill_s": med["device"], "tok_s": out["prefill_tps_device"]}]
+    checks = {k: v for k, v in out.items() if k not in ("fails", "description") and not k.startswith("prefill_")}
+    record.write(record.record(
+        "prefill_device", command="bench/prefill_device.sh " + " ".join(sys.argv[1:]),
+        config={k: v for k, v in vars(a).items() if k != "results"},
+        tables=[record.table(f"Prefill of {a.prompt_tokens} tokens, device against CPU", cols, rows,
+                             {"row": "CPU", "key": "tok_s", "label": "x the CPU's rate"}),
+                record.figures("The checks", checks)],
+        targets=[record.target(f"choice log-probs within {tol:g}", d_logp, f"<= {tol:g}", d_logp <= tol),
+                 record.target("prefill_dev_tokens follow the ubatch split", len(fails), "0 fails", not fails)],
+    ), a.results)
 sys.exit(1 if fails else 0)
 PYEOF

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -20,7 +21,7 @@ ROOT = HERE.parent
 PAGE = ROOT / "docs" / "benchmarks.md"
 sys.path.insert(0, str(HERE))
 
-from bench_text import BENCHES, FOOTER, HEADER, UNRECORDED  # noqa: E402
+from bench_text import BENCHES, FOOTER, HEADER, Bench  # noqa: E402
 from plots import PLOTS  # noqa: E402
 from record import RESULTS, UNKNOWN, load  # noqa: E402
 
@@ -33,7 +34,7 @@ def fmt(v: object, spec: str = "") -> str:
     if isinstance(v, (int, float)) and spec:
         return format(v, spec)
     if isinstance(v, float):
-        return format(v, ".3g")
+        return format(v, ".0f") if abs(v) >= 1000 else format(v, ".3g")
     if isinstance(v, list):
         return " / ".join(fmt(x, spec) for x in v)
     return str(v).replace("|", "/")
@@ -48,8 +49,23 @@ def ratio_cell(row: dict, base_row: dict | None, baseline: dict) -> str:
     return f"{num / den:.2f}x"
 
 
+def figures_lines(t: dict) -> list[str]:
+    """A table of named scalar figures (record.figures) laid on its side: one header, one row."""
+    rows = t["rows"]
+    return [
+        f"**{t['title']}**",
+        "",
+        "| " + " | ".join(fmt(r["name"]) for r in rows) + " |",
+        "|" + "---|" * len(rows),
+        "| " + " | ".join(fmt(r["value"]) for r in rows) + " |",
+        "",
+    ]
+
+
 def table_lines(t: dict) -> list[str]:
     cols = t["columns"]
+    if [c[0] for c in cols] == ["name", "value"] and not t.get("baseline") and 0 < len(t["rows"]) <= 12:
+        return figures_lines(t)
     base = t.get("baseline")
     labels = [c[1] for c in cols] + ([base["label"]] if base else [])
     out = [f"**{t['title']}**", "", "| " + " | ".join(labels) + " |", "|" + "---|" * len(labels)]
@@ -98,14 +114,24 @@ def machine_line(m: dict) -> str:
     )
 
 
-def run_lines(rec: dict, heading: str) -> list[str]:
+def run_lines(rec: dict, heading: str, covered: Callable[[dict], bool] | None = None) -> list[str]:
+    """A run's section body; the tables ``covered`` accepts are left to the plot above them, which
+    draws every figure they hold (the figures stay in the record)."""
+    link = Path("..", rec["path"]).as_posix()
+    short = rec["config"].get("short_run")
     out = [
         f"{heading}: {rec['date']}, commit {rec['commit']}, `{rec['command']}` "
-        f"([record]({Path('..', rec['path']).as_posix()})). Machine: {machine_line(rec['machine'])}.",
+        f"([record]({link})){f', cut short on purpose ({short})' if short else ''}. "
+        f"Machine: {machine_line(rec['machine'])}.",
         "",
     ]
+    left = [t for t in rec["tables"] if covered(t)] if covered else []
     for t in rec["tables"]:
-        out += table_lines(t)
+        if t not in left:
+            out += table_lines(t)
+    if left:
+        names = "; ".join(str(t["title"]).split(" (")[0] for t in left)
+        out += [f"The plot draws {names}; each point's figures are in the [record]({link}).", ""]
     out += target_lines(rec["targets"])
     out += [f"- {n}" for n in rec["notes"]]
     if rec["notes"]:
@@ -113,14 +139,21 @@ def run_lines(rec: dict, heading: str) -> list[str]:
     return out
 
 
-def pick(recs: list[dict]) -> tuple[dict | None, list[dict], list[dict]]:
-    """(the latest full run, later partial runs, earlier records) of one bench's records, oldest first."""
-    full = [r for r in recs if not r.get("partial")]
-    latest = full[-1] if full else None
-    later = [r for r in recs if latest is None or r["date"] > latest["date"]]
-    later = [r for r in later if r is not latest]
-    earlier = [r for r in recs if r is not latest and r not in later]
-    return latest, later, earlier
+def pick(recs: list[dict]) -> tuple[dict | None, list[dict]]:
+    """(the latest run, full or partial; the earlier ones, newest first) of one bench's records, oldest first."""
+    return (recs[-1] if recs else None), recs[-2::-1]
+
+
+def earlier_line(recs: list[dict]) -> str:
+    def one(r: dict) -> str:
+        kind = "partial" if r.get("partial") else "full"
+        return f"[{r['date']}]({Path('..', r['path']).as_posix()}) ({kind}; {verdicts([r])})"
+
+    return (
+        "Earlier runs (superseded here, kept as records; plots name the run they draw): "
+        + ", ".join(map(one, recs))
+        + "."
+    )
 
 
 def verdicts(recs: list[dict]) -> str:
@@ -135,35 +168,41 @@ def anchor(title: str) -> str:
     return keep.replace(" ", "-")
 
 
+def unregistered(key: str) -> Bench:
+    """A bench with records but no entry in bench_text.BENCHES: shown under its key, asking for one."""
+    what = f"No description yet: add `Bench({key!r}, ...)` to bench/bench_text.py."
+    return Bench(key, f"bench/{key}.py", "(not registered)", what, f".venv/bin/python bench/{key}.py")
+
+
 def render(records: list[dict]) -> str:
     by: dict[str, list[dict]] = {}
     for r in records:
         by.setdefault(str(r["bench"]), []).append(r)
+    known = {b.key for b in BENCHES}
+    benches = [*BENCHES, *(unregistered(k) for k in sorted(by) if k not in known)]
     lines = HEADER.splitlines() + ["", "| bench | the question | latest run | targets |", "|---|---|---|---|"]
-    for b in BENCHES:
-        recs = by.get(b.key, [])
-        latest, later, _ = pick(recs)
-        shown = [r for r in (latest, *later) if r]
-        when = ", ".join(str(r["date"])[:10] for r in shown) or "no record"
-        lines.append(f"| [{b.title}](#{anchor(b.title)}) | {b.question} | {when} | {verdicts(shown)} |")
+    for b in benches:
+        latest, _ = pick(by.get(b.key, []))
+        when = str(latest["date"])[:10] + (" (partial)" if latest.get("partial") else "") if latest else "no record"
+        lines.append(
+            f"| [{b.title}](#{anchor(b.title)}) | {b.question} | {when} | {verdicts([latest] if latest else [])} |"
+        )
     lines.append("")
-    for b in BENCHES:
+    for b in benches:
         recs = by.get(b.key, [])
-        latest, later, earlier = pick(recs)
+        latest, earlier = pick(recs)
         lines += [f"## {b.title}", "", b.what, "", "```", b.command, "```", ""]
-        for p in PLOTS:
-            if p.bench == b.key and p.has_data(by):
-                lines += [f"![{p.caption}](img/bench/{p.name})", ""]
+        shown = [p for p in PLOTS if p.bench == b.key and p.has_data(by)]
+        lines += [ln for p in shown for ln in (f"![{p.caption}](img/bench/{p.name})", "")]
+        covers = [p.covers for p in shown if p.covers and p.source(by) is latest]
         if latest:
-            lines += run_lines(latest, "Latest run")
-        for r in later:
-            lines += run_lines(r, "A later partial run (a subset of the configurations)")
+            heading = "Latest run" + (" (partial: a subset of the configurations)" if latest.get("partial") else "")
+            lines += run_lines(latest, heading, (lambda t: any(c(t) for c in covers)) if covers else None)
         if earlier:
-            links = ", ".join(f"[{r['date']}]({Path('..', r['path']).as_posix()})" for r in earlier)
-            lines += [f"Earlier records, cited by other pages: {links}.", ""]
+            lines += [earlier_line(earlier), ""]
         if not recs:
             lines += ["No record is committed yet.", ""]
-    lines += UNRECORDED.splitlines() + [""] + FOOTER.splitlines()
+    lines += FOOTER.splitlines()
     return "\n".join(lines).rstrip() + "\n"
 
 

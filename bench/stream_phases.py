@@ -107,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         command=" ".join(["python", "bench/stream_phases.py", *(argv if argv is not None else sys.argv[1:])]),
         config={"model": str(a.model), "threads": a.threads, "n_predict": a.n_predict},
         tables=[
-            record.figures("Resident decode: the share of a token between a layer's route and its down matmul", report)
+            record.figures(
+                "Resident decode: the share of a token between a layer's route and its down matmul",
+                {k: v for k, v in report.items() if k not in ("model", "threads")}
+                | {"token_ms_min": min(walls) * 1e3, "token_ms_max": max(walls) * 1e3},
+            )
         ],
         machine_facts=record.machine(model=a.model),
     )

@@ -97,7 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         "stream_predict",
         command=" ".join(["python", "bench/stream_predict.py", *(argv if argv is not None else sys.argv[1:])]),
         config={"model": str(a.model), "threads": a.threads, "n_predict": a.n_predict},
-        tables=[record.figures("The next layer's router on this layer's output: recall of the routed experts", report)],
+        tables=[
+            record.figures(
+                "The next layer's router on this layer's output: recall of the routed experts",
+                {k: v for k, v in report.items() if k != "model"},
+            )
+        ],
         machine_facts=record.machine(model=a.model),
     )
     record.write(rec, a.results)

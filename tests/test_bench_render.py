@@ -32,7 +32,7 @@ def test_a_changed_figure_changes_the_page() -> None:
     recs = record.load()
     before = render.render(recs)
     changed = copy.deepcopy(recs)
-    stream = [r for r in changed if r["bench"] == "stream" and not r["partial"]][-1]
+    stream = [r for r in changed if r["bench"] == "stream"][-1]  # the latest run, full or partial
     row = next(r for r in stream["tables"][0]["rows"] if r["name"] == "bmoe cache off")
     row["decode_tok_s"] = 99.0
     after = render.render(changed)
@@ -236,3 +236,46 @@ def test_llama_mmap_is_the_plans_baseline_not_a_grid_choice(tmp_path: Path) -> N
     (p,) = [p for p in plots.PLOTS if p.name == "plan-speed.png"]
     p.draw(by, tmp_path / p.name)
     assert (tmp_path / p.name).stat().st_size > 1000
+
+
+def test_a_handful_of_figures_is_one_row_and_an_unregistered_bench_still_shows() -> None:
+    t = record.figures("f", {"token_ms": 12.5, "share": 0.25, "trace": [1, 2], "recall": {"8": 0.5}})
+    assert render.table_lines(t) == [
+        "**f**",
+        "",
+        "| token_ms | share | recall.8 |",
+        "|---|---|---|",
+        "| 12.5 | 0.25 | 0.5 |",
+        "",
+    ]
+    rec = record.record("agents", command="bench/agents.py", config={}, tables=[t], machine_facts={"cpu": "x"})
+    rec["path"] = "bench/results/agents/x.json"
+    page = render.render([*record.load(), rec])
+    assert "## bench/agents.py" in page and "add `Bench('agents', ...)` to bench/bench_text.py" in page
+    assert "| token_ms | share | recall.8 |" in page
+
+
+def test_the_latest_run_is_shown_and_the_earlier_ones_are_one_line() -> None:
+    base = {"schema": record.SCHEMA, "bench": "x", "command": "c", "commit": "k", "notes": [], "targets": []}
+    t = record.table("t", [("name", "run", "")], [{"name": "row-of-%s"}])
+
+    def rec(date: str, partial: bool, short: str = "") -> dict:
+        rows = [{"name": f"row-of-{date}"}]
+        cfg = {"short_run": short} if short else {}
+        return base | {"date": date, "partial": partial, "config": cfg, "machine": {}, "tables": [t | {"rows": rows}]}
+
+    recs = [rec("a", False) | {"path": "bench/results/x/a.json"}, rec("b", True, "2 rounds") | {"path": "p/b.json"}]
+    latest, earlier = render.pick(recs)
+    assert latest is recs[1] and earlier == [recs[0]]
+    lines = render.run_lines(latest, "Latest run")
+    assert "cut short on purpose (2 rounds)" in lines[0] and "| row-of-b |" in lines
+    assert render.earlier_line(earlier).startswith("Earlier runs") and "(full; no targets)" in render.earlier_line(
+        earlier
+    )
+
+
+def test_a_table_the_plot_draws_whole_is_left_to_the_plot() -> None:
+    page = PAGE.read_text()
+    section = page.split("## The cache policy on recorded routing")[1].split("\n## ")[0]
+    assert "img/bench/cache-replay.png" in section and "| budget MiB |" not in section
+    assert "The plot draws" in section and "| held out | chosen on |" in section  # the knobs table stays
