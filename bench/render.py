@@ -191,7 +191,7 @@ def render(records: list[dict]) -> str:
     for b in benches:
         recs = by.get(b.key, [])
         latest, earlier = pick(recs)
-        lines += [f"## {b.title}", "", b.what, "", f"Reproduce: `{b.command}`", ""]
+        lines += [f"## {b.title}", "", f"{b.what} Reproduce: `{b.command}`", ""]
         shown = [p for p in PLOTS if p.bench == b.key and p.has_data(by)]
         lines += [ln for p in shown for ln in (f"![{p.caption}](img/bench/{p.name})", "")]
         covers = [p.covers for p in shown if p.covers and p.source(by) is latest]
