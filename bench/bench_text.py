@@ -91,7 +91,7 @@ BENCHES = (
         "SmolLM2 resident in turns. The ratio column divides the batch's time by its compute floor. "
         "`sizes` sweeps the batch size instead (1, 2, 4, 8, 16: the 16 decisions in slices of that size), "
         "streamed cache off under the limit and SmolLM2 resident, for the plot.",
-        ".venv/bin/python bench/decide_batch.py   # about 15 minutes; `sizes --rounds 3` for the sweep, ~5 minutes",
+        ".venv/bin/python bench/decide_batch.py   # about 15 minutes; add sizes --rounds 3 for the sweep",
     ),
     Bench(
         "cache_replay",
