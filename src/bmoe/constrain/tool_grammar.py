@@ -26,6 +26,17 @@ from bmoe.constrain.schema import ConstraintError
 from bmoe.constrain.tool_formats import HOLE, ToolFormat, fill, fixed
 from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice
 
+# JSON arguments as models write them (``json.dumps``'s separators), with no free whitespace: a
+# whitespace run is valid JSON that a small model can repeat until max_tokens.
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: dict | bool) -> str:
+    """The Lark ``%json`` of ``schema``, written compactly (``_COMPACT``)."""
+    value = {**schema, "x-guidance": _COMPACT} if isinstance(schema, dict) else schema
+    return "%json" + json.dumps(value, ensure_ascii=False)
+
+
 _MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]")
 
 
@@ -69,7 +80,7 @@ class _Lark:
             return f"args{i}"
         schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
         if self.fmt.args == "json":
-            return self.rule(f"args{i}", "%json" + json.dumps(schema, ensure_ascii=False))
+            return self.rule(f"args{i}", _json(schema))
         defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         props: dict = schema.get("properties") or {}
         required = set(schema.get("required") or ())
@@ -82,9 +93,7 @@ class _Lark:
                 value = self.rule(f"v{i}_{j}[suffix={json.dumps(close)}]", "/(?s:.*)/")
             else:
                 sub_schema = {**sub, **defs} if isinstance(sub, dict) else sub
-                value = (
-                    self.rule(f"v{i}_{j}", "%json" + json.dumps(sub_schema, ensure_ascii=False)) + " " + self.lit(close)
-                )
+                value = self.rule(f"v{i}_{j}", _json(sub_schema)) + " " + self.lit(close)
             parts.append(f"({head} {value})" + ("" if key in required else "?"))
         if not props and schema.get("additionalProperties", True) is not False:
             head = self.lit(self.fmt.param_open, key="/[A-Za-z0-9_.-]+/", string='"true"')
