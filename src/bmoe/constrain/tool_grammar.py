@@ -37,6 +37,15 @@ def _json(schema: dict | bool) -> str:
     return "%json" + json.dumps(value, ensure_ascii=False)
 
 
+def _declared_only(schema: dict) -> dict:
+    """A tool's arguments hold its declared parameters only, where its schema declares some and
+    does not say whether others may come (clients leave ``additionalProperties`` out; a small
+    model then writes made-up keys). Every answer still validates against the schema as given."""
+    if "properties" in schema and "additionalProperties" not in schema:
+        return {**schema, "additionalProperties": False}
+    return schema
+
+
 _MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]")
 
 
@@ -80,7 +89,7 @@ class _Lark:
             return f"args{i}"
         schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
         if self.fmt.args == "json":
-            return self.rule(f"args{i}", _json(schema))
+            return self.rule(f"args{i}", _json(_declared_only(schema)))
         defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         props: dict = schema.get("properties") or {}
         required = set(schema.get("required") or ())
