@@ -11,8 +11,8 @@ from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
 from bmoe.constrain.tool_decision import ToolDecision, tool_decision
 from bmoe.constrain.tool_formats import FORMATS, GENERIC, ToolFormat, detect_tool_format, native_id
+from bmoe.constrain.tool_grammar import THINK_CLOSE, THINK_OPEN, Think, tool_constraint
 from bmoe.constrain.tool_grammar import markers as tool_markers
-from bmoe.constrain.tool_grammar import tool_constraint
 from bmoe.constrain.tool_parse import ToolCallError, ToolStream, parse_tool_calls
 from bmoe.constrain.tool_render import (
     PROBE_MESSAGES,
@@ -36,6 +36,9 @@ from bmoe.constrain.tool_spec import (
 
 __all__ = [
     "MAX_ENUM",
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "Think",
     "Constraint",
     "ConstraintError",
     "TokenMask",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from llguidance import LLMatcher
 
@@ -127,10 +128,36 @@ def _regex_text(text: str) -> str:
     return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else "\\n" if c == "\n" else c for c in text)
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+Think = Literal["", "open", "inside"]
+
+
+def _reasoning(g: "_Lark", think: Think, body: str) -> str:
+    """``body`` after a reasoning block (Qwen3, DeepSeek R1): "open", the answer may start with
+    ``<think>...</think>``; "inside", the prompt opened the block, so the answer closes it first.
+    Whitespace may follow the block."""
+    close = g.lit(THINK_CLOSE)
+    if close.startswith("<["):  # a special token: the text before it cannot write it
+        reasoning = f"/(?s:.*)/ {close}"
+    else:
+        reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(THINK_CLOSE)}/")
+    g.rules.append("BLANK: /[ \\t\\r\\n]+/")
+    block = f"{reasoning} BLANK?"
+    if think == "inside":
+        return f"{block} ({body})"
+    return f"{g.lit(THINK_OPEN)} {block} ({body}) | {body}"
+
+
 def tool_lark(
-    fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True, special: Mapping[str, int] = {}
+    fmt: ToolFormat,
+    tools: Sequence[Tool],
+    choice: ToolChoice,
+    parallel: bool = True,
+    special: Mapping[str, int] = {},
+    think: Think = "",
 ) -> str | None:
-    """The Lark text of the grammar (None: "none", or no tools)."""
+    """The Lark text of the grammar (None: "none", or no tools); ``think``: a reasoning block
+    first (``_reasoning``)."""
     if choice.mode == "none" or not tools:
         return None
     chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
@@ -156,14 +183,21 @@ def tool_lark(
         esc = _regex_text(fmt.opener)
         g.rules.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/")
         start = f"TEXT | {g.rule('pre[lazy]', f'/(?s:.*){esc}/')} {rest}"
+    if think:
+        start = _reasoning(g, think, start)
     return "\n".join([f"start: {start}", *g.rules]) + "\n"
 
 
 def tool_constraint(
-    fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True, special: Mapping[str, int] = {}
+    fmt: ToolFormat,
+    tools: Sequence[Tool],
+    choice: ToolChoice,
+    parallel: bool = True,
+    special: Mapping[str, int] = {},
+    think: Think = "",
 ) -> Constraint | None:
     """The compiled constraint of an answer with tools (None: plain text)."""
-    lark = tool_lark(fmt, tools, choice, parallel, special)
+    lark = tool_lark(fmt, tools, choice, parallel, special, think)
     if lark is None:
         return None
     grammar = LLMatcher.grammar_from_lark(lark)

@@ -65,7 +65,9 @@ def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
     rendered: str
     if turn.tools.tools:  # as the runtime renders it: the tools in, no reasoning before a call
         rendered = session.chat.render(
-            list(turn.messages), think=think and not turn.tools.active, tools=turn.tools.tools
+            list(turn.messages),
+            think=think and (not turn.tools.active or session.chat.think_ctl != "none"),
+            tools=turn.tools.tools,
         )
     else:
         rendered = session.render(list(turn.messages), think=think)
