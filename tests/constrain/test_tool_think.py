@@ -5,13 +5,13 @@ the calls; where the prompt opened the block (R1), the answer closes it first.""
 from __future__ import annotations
 
 import pytest
+from test_tool_formats import CALL, TOOLS, accepts, template
 
 from bmoe.config import SessionConfig
 from bmoe.constrain import ToolChoice, tool_constraint
 from bmoe.constrain.tool_formats import BY_NAME, write_calls
 from bmoe.runtime.chat import ChatRenderer
 from bmoe.session import GenerateRequest, Session
-from test_tool_formats import CALL, TOOLS, accepts, template
 
 HERMES = BY_NAME["hermes"]
 THOUGHT = "<think>\nThe user wants the weather.\n</think>\n\n"
