@@ -232,3 +232,45 @@ BAD = {
 def test_bad_input_is_a_400_naming_it(client, case) -> None:
     field, message, body = BAD[case]
     _refused(client, field, message, **body)
+
+
+@pytest.fixture(scope="module")
+def qwen3_client(tiny_path):
+    """The tiny MoE under Qwen3's real chat template: the native Hermes format, and a <think> block."""
+    import sys
+    from pathlib import Path
+
+    from bmoe.config import SessionConfig
+    from bmoe.runtime.chat import ChatRenderer
+    from bmoe.server import ServerSettings, close_app, create_app
+    from bmoe.session import Session
+
+    templates = Path(sys.prefix) / "share" / "llama.cpp" / "models" / "templates"
+    session = Session(SessionConfig(model=tiny_path, n_ctx=2048, n_predict=96, n_threads=1))
+    session.runtime.chat = ChatRenderer("template", (templates / "Qwen-Qwen3-0.6B.jinja").read_text(), "", "")
+    app = create_app(session, ServerSettings())
+    with TestClient(app, base_url="http://localhost") as c:
+        yield c
+    close_app(app)
+    session.close()
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_native_format_loop_on_a_thinking_template(qwen3_client, think) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = _post(qwen3_client, tools=TOOLS, tool_choice=named, parallel_tool_calls=False, think=think, max_tokens=160)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if think:  # a random model may reason until max_tokens; what it wrote is reasoning, not content
+        assert choice["finish_reason"] in ("tool_calls", "length")
+        if choice["finish_reason"] == "length":
+            return
+    assert choice["finish_reason"] == "tool_calls"
+    msg = choice["message"]
+    _calls_valid(msg["tool_calls"])
+    call = msg["tool_calls"][0]
+    history = [*ASK, msg, {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    r2 = qwen3_client.post(
+        "/v1/chat/completions", json={"messages": history, "tools": TOOLS, "tool_choice": "none", "max_tokens": 4}
+    )
+    assert r2.status_code == 200, r2.text
