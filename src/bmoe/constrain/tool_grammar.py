@@ -24,7 +24,7 @@ from llguidance import LLMatcher
 
 from bmoe.constrain.constraint import Constraint
 from bmoe.constrain.schema import ConstraintError
-from bmoe.constrain.tool_formats import HOLE, ToolFormat, fill, fixed
+from bmoe.constrain.tool_formats import ToolFormat, fill, fixed, parts
 from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice
 
 # JSON arguments as models write them (``json.dumps``'s separators), with no free whitespace: a
@@ -65,12 +65,9 @@ class _Lark:
     def lit(self, text: str, **holes: str) -> str:
         """A Lark sequence for ``text``: its holes filled (by Lark expressions), special markers as tokens."""
         out: list[str] = []
-        for part in re.split(r"(\{\{|\}\}|\{(?:name|index|id|key|string)\})", text):
-            if part in ("{{", "}}"):
-                part = part[0]
-            hole = HOLE.fullmatch(part)
+        for part, hole in parts(text):
             if hole:
-                out.append(holes[hole.group(1)])
+                out.append(holes[hole])
                 continue
             at = 0
             for m in self._cut.finditer(part):
