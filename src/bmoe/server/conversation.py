@@ -52,6 +52,7 @@ class TurnOutcome:
     finish_reason: str  # "stop" | "length" | "cancelled"
     logprobs: dict | None = None  # choices[0].logprobs
     logprobs_of: list[dict] | None = None  # bmoe.logprobs_of
+    decision: dict | None = None  # bmoe.decision: a finite-set answer's decision (server/choice_answer.py)
 
 
 def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
