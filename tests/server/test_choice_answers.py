@@ -106,7 +106,8 @@ def test_tiny_moe_streamed_equals_resident(make_app, tiny_path) -> None:
     got = []
     for kw in ({}, {"moe_stream": True, "cache_mb": "auto"}):
         with TestClient(make_app(tiny_path, n_predict=64, **kw), base_url="http://localhost") as c:
-            got.append([_chat(c, f, temperature=0)["bmoe"]["decision"] for f in TINY_CASES])
+            got.append([_chat(c, f, temperature=0, logprobs=True)["bmoe"]["decision"] for f in TINY_CASES])
+    assert all("choice_logp" in d for d in got[0])
     assert got[0] == got[1]
 
 

@@ -66,8 +66,8 @@ def answer_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     s, sc = decided if decided is not None else (None, None)
     if sc is not None:
         decision |= {
-            "choice_logp": [round(v, 6) for v in sc.choice_logp],
-            "p_outside": round(sc.p_outside, 6),
+            "choice_logp": list(sc.choice_logp),
+            "p_outside": sc.p_outside,
             "abstained": sc.abstained,
         }
     elif temperature > 0:
