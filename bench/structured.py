@@ -161,19 +161,19 @@ def summarize(m: dict) -> tuple[list[dict], list[dict], list[str]]:
             "enum schema: decision against constrained decoding",
             cols_enum,
             enum_rows,
-            {"row": enum_rows[0]["path"], "key": "wall_ms", "label": "of decoding"},
+            {"row": str(enum_rows[0]["path"]), "key": "wall_ms", "label": "of decoding"},
         ),
         record.table(
             "object schema: jump-forward",
             (("mode", "mode", ""), ("tok_s", "answer tok/s", ".2f"), ("spread", "spread", ".0%")),
             jf_rows,
-            {"row": jf_rows[0]["mode"], "key": "tok_s", "label": "of without"},
+            {"row": str(jf_rows[0]["mode"]), "key": "tok_s", "label": "of without"},
         ),
         record.table(
             "grammar per-token overhead",
             (("mode", "mode", ""), ("ms_tok", "ms/token", ".2f"), ("spread", "spread", ".0%")),
             oh_rows,
-            {"row": oh_rows[0]["mode"], "key": "ms_tok", "label": "of unconstrained"},
+            {"row": str(oh_rows[0]["mode"]), "key": "ms_tok", "label": "of unconstrained"},
         ),
     ]
     speed = enum_rows[0]["wall_ms"] / max(enum_rows[1]["wall_ms"], 1e-9)
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     tables, targets, notes = summarize(m)
     for t in tables:
         print(f"# {t['title']}")
-        for row in t["rows"]:  # type: ignore[union-attr]
+        for row in t["rows"]:
             print("  ", row)
     for t in targets:
         print(f"# target {t['target']}: {t['verdict']} ({t['value']}, goal {t['goal']})")
