@@ -125,7 +125,7 @@ def summarize(m: dict) -> tuple[list[dict], list[dict], list[str]]:
 
     enum_rows = [
         {
-            "path": name,
+            "name": name,
             "wall_ms": med(key) * 1000.0,
             "spread": _spread([t for t, _ in r[key]]),
             "decoded": statistics.median(n for _, n in r[key]),
@@ -137,7 +137,7 @@ def summarize(m: dict) -> tuple[list[dict], list[dict], list[str]]:
         )
     ]
     jf_rows = [
-        {"mode": name, "tok_s": statistics.median(tok_s(key)), "spread": _spread(tok_s(key))}
+        {"name": name, "tok_s": statistics.median(tok_s(key)), "spread": _spread(tok_s(key))}
         for name, key in (("without jump-forward", "jf_off"), ("with jump-forward", "jf_on"))
     ]
     plain, free, mask = (
@@ -146,34 +146,34 @@ def summarize(m: dict) -> tuple[list[dict], list[dict], list[str]]:
         statistics.median(per_tok("mask")),
     )
     oh_rows = [
-        {"mode": "unconstrained decode", "ms_tok": plain, "spread": _spread(per_tok("plain"))},
-        {"mode": "constrained decode (free string)", "ms_tok": free, "spread": _spread(per_tok("free"))},
-        {"mode": "unconstrained + the matcher's own cost", "ms_tok": plain + mask, "spread": _spread(per_tok("mask"))},
+        {"name": "unconstrained decode", "ms_tok": plain, "spread": _spread(per_tok("plain"))},
+        {"name": "constrained decode (free string)", "ms_tok": free, "spread": _spread(per_tok("free"))},
+        {"name": "unconstrained + the matcher's own cost", "ms_tok": plain + mask, "spread": _spread(per_tok("mask"))},
     ]
     cols_enum = (
-        ("path", "path", ""),
+        ("name", "path", ""),
         ("wall_ms", "wall ms (median)", ".1f"),
         ("spread", "spread", ".0%"),
-        ("decoded", "tokens decoded", ".0f"),
+        ("decoded", "tokens sampled", ".0f"),
     )
     tables = [
         record.table(
             "enum schema: decision against constrained decoding",
             cols_enum,
             enum_rows,
-            {"row": str(enum_rows[0]["path"]), "key": "wall_ms", "label": "of decoding"},
+            {"row": str(enum_rows[0]["name"]), "key": "wall_ms", "label": "of decoding"},
         ),
         record.table(
             "object schema: jump-forward",
-            (("mode", "mode", ""), ("tok_s", "answer tok/s", ".2f"), ("spread", "spread", ".0%")),
+            (("name", "mode", ""), ("tok_s", "answer tok/s", ".2f"), ("spread", "spread", ".0%")),
             jf_rows,
-            {"row": str(jf_rows[0]["mode"]), "key": "tok_s", "label": "of without"},
+            {"row": str(jf_rows[0]["name"]), "key": "tok_s", "label": "of without"},
         ),
         record.table(
             "grammar per-token overhead",
-            (("mode", "mode", ""), ("ms_tok", "ms/token", ".2f"), ("spread", "spread", ".0%")),
+            (("name", "mode", ""), ("ms_tok", "ms/token", ".2f"), ("spread", "spread", ".0%")),
             oh_rows,
-            {"row": str(oh_rows[0]["mode"]), "key": "ms_tok", "label": "of unconstrained"},
+            {"row": str(oh_rows[0]["name"]), "key": "ms_tok", "label": "of unconstrained"},
         ),
     ]
     speed = enum_rows[0]["wall_ms"] / max(enum_rows[1]["wall_ms"], 1e-9)
