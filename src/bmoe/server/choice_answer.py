@@ -34,6 +34,10 @@ def _why_not(session: Session, turn: ChatTurn) -> str | None:
     """Why this turn cannot be a decision (None: it can, as far as its fields go)."""
     if session.decider is None:
         return "decide is off (--no-decide)"
+    if turn.tools.tools:
+        return "the tools are rendered into the prompt (a tool turn's choice is constrain/tool_decision.py's)"
+    if any(m.role == "tool" or m.tool_calls for m in turn.messages):
+        return "the conversation holds tool calls (a decision's history is plain messages)"
     if any(m.images for m in turn.messages):
         return "the conversation has images"
     if turn.logit_bias or turn.presence_penalty or turn.frequency_penalty:
@@ -137,7 +141,7 @@ def answer_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         cpu_s=0.0,
     )
     lps = {"content": list(entries), "refusal": None} if turn.top_logprobs is not None else None
-    return TurnOutcome(result, text, "stop", lps, None, decision)
+    return TurnOutcome(result, text, "stop", lps, None, decision=decision)
 
 
 def _agreeing(session: Session, texts: tuple[str, ...], tokens: list[list[int]], sc: ChoiceScores | None) -> int | None:
