@@ -22,13 +22,12 @@ HEADER = """\
 
 Every figure here comes from a record a bench run wrote (`bench/results/<bench>/<date>.json`, see
 bench/record.py); `bench/render.py` renders the page and tests/test_bench_render.py fails when page
-and records disagree. Each section gives what its bench measures, the command, the latest run (full,
-or partial: a subset of the configurations) with its machine and load, and links the earlier runs.
+and records disagree. Each section: what the bench measures, its command, its latest run (full or
+partial) with machine and load, the earlier runs as links.
 
-- **Compare within one run.** The machine is a shared 2-core VM whose speed moved by 10-30% between
-  sittings (an AMD EPYC and an Intel Xeon about 2.6x slower took turns), so each table carries a
-  baseline from the same run, and its last column divides by it. The load average at the run's
-  start and end says how busy the machine was; rounds more than about 20% apart are noise.
+- **Compare within one run.** The machine is a shared 2-core VM (an AMD EPYC and an Intel Xeon about
+  2.6x slower took turns), so each table carries a baseline from the same run and its last column
+  divides by it. Rounds more than about 20% apart are noise; the load average says why.
 - **Targets are printed, never asserted** (docs/testing.md). Bytes, hits, tokens and answers are
   exact; times are medians of a few rounds.
 - **The bench model** (bench/synthetic_moe.py) has Qwen3-30B-A3B's layer shapes (128 experts of FFN
@@ -203,6 +202,19 @@ BENCHES = (
         "check off, on its default schedule, and forced every ubatch. "
         "[streaming.md](streaming.md#the-content-check) describes the check.",
         ".venv/bin/python bench/content_check.py",
+    ),
+    Bench(
+        "structured",
+        "Structured outputs: decisions, jump-forward, grammar overhead",
+        "is an enum answer by decision 2x faster than constrained decoding, and what do jump-forward and the grammar cost?",
+        "`bench/structured.py` in one run, streamed with the cache off: an enum schema answered without "
+        "decoding it (the temperature-0 greedy walk, and one decision, the temperature > 0 path) against the "
+        "same answer by token-by-token constrained greedy decoding, each from an empty KV; an object schema "
+        "generated with and without jump-forward (answer tokens per second of decode); and decode ms/token "
+        "constrained against unconstrained, with the matcher's own cost measured by replaying the answer's "
+        "tokens through a fresh mask. `--bench-model` runs the bench model in a child under `--limit-gib`; "
+        "without it, the tiny qwen3moe in process ([decide.md](decide.md#decisions-behind-the-standard-fields)).",
+        "sudo .venv/bin/python bench/structured.py --bench-model --limit-gib 2.5 --rounds 2 --n-predict 24",
     ),
 )
 
