@@ -140,8 +140,13 @@ def run_lines(rec: dict, heading: str, covered: Callable[[dict], bool] | None = 
 
 
 def pick(recs: list[dict]) -> tuple[dict | None, list[dict]]:
-    """(the latest run, full or partial; the earlier ones, newest first) of one bench's records, oldest first."""
-    return (recs[-1] if recs else None), recs[-2::-1]
+    """(the run shown: the latest full run, else the latest partial one; the others, newest
+    first) of one bench's records, oldest first. A partial run (a subset of the configurations,
+    often a quick check on a busy machine) does not hide the full run that answers the question."""
+    if not recs:
+        return None, []
+    shown = next((r for r in reversed(recs) if not r.get("partial")), recs[-1])
+    return shown, [r for r in reversed(recs) if r is not shown]
 
 
 def earlier_line(recs: list[dict]) -> str:
@@ -150,9 +155,7 @@ def earlier_line(recs: list[dict]) -> str:
         return f"[{r['date']}]({Path('..', r['path']).as_posix()}) ({kind}; {verdicts([r])})"
 
     return (
-        "Earlier runs (superseded here, kept as records; plots name the run they draw): "
-        + ", ".join(map(one, recs))
-        + "."
+        "Other runs (kept as records, newest first; plots name the run they draw): " + ", ".join(map(one, recs)) + "."
     )
 
 
@@ -196,7 +199,9 @@ def render(records: list[dict]) -> str:
         lines += [ln for p in shown for ln in (f"![{p.caption}](img/bench/{p.name})", "")]
         covers = [p.covers for p in shown if p.covers and p.source(by) is latest]
         if latest:
-            heading = "Latest run" + (" (partial: a subset of the configurations)" if latest.get("partial") else "")
+            heading = ("Latest run" if latest is recs[-1] else "Latest full run") + (
+                " (partial: a subset of the configurations)" if latest.get("partial") else ""
+            )
             lines += run_lines(latest, heading, (lambda t: any(c(t) for c in covers)) if covers else None)
         if earlier:
             lines += [earlier_line(earlier), ""]

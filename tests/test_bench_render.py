@@ -32,7 +32,7 @@ def test_a_changed_figure_changes_the_page() -> None:
     recs = record.load()
     before = render.render(recs)
     changed = copy.deepcopy(recs)
-    stream = [r for r in changed if r["bench"] == "stream"][-1]  # the latest run, full or partial
+    stream = render.pick([r for r in changed if r["bench"] == "stream"])[0]  # the run the page shows
     row = next(r for r in stream["tables"][0]["rows"] if r["name"] == "bmoe cache off")
     row["decode_tok_s"] = 99.0
     after = render.render(changed)
@@ -255,7 +255,7 @@ def test_a_handful_of_figures_is_one_row_and_an_unregistered_bench_still_shows()
     assert "| token_ms | share | recall.8 |" in page
 
 
-def test_the_latest_run_is_shown_and_the_earlier_ones_are_one_line() -> None:
+def test_the_latest_full_run_is_shown_and_the_others_are_one_line() -> None:
     base = {"schema": record.SCHEMA, "bench": "x", "command": "c", "commit": "k", "notes": [], "targets": []}
     t = record.table("t", [("name", "run", "")], [{"name": "row-of-%s"}])
 
@@ -265,13 +265,15 @@ def test_the_latest_run_is_shown_and_the_earlier_ones_are_one_line() -> None:
         return base | {"date": date, "partial": partial, "config": cfg, "machine": {}, "tables": [t | {"rows": rows}]}
 
     recs = [rec("a", False) | {"path": "bench/results/x/a.json"}, rec("b", True, "2 rounds") | {"path": "p/b.json"}]
-    latest, earlier = render.pick(recs)
-    assert latest is recs[1] and earlier == [recs[0]]
-    lines = render.run_lines(latest, "Latest run")
-    assert "cut short on purpose (2 rounds)" in lines[0] and "| row-of-b |" in lines
-    assert render.earlier_line(earlier).startswith("Earlier runs") and "(full; no targets)" in render.earlier_line(
-        earlier
+    shown, others = render.pick(recs)
+    assert shown is recs[0] and others == [recs[1]]  # a later partial run does not hide the full one
+    assert render.earlier_line(others).startswith("Other runs") and "(partial; no targets)" in render.earlier_line(
+        others
     )
+    shown, others = render.pick(recs[1:])  # with no full run, the latest partial one is shown
+    assert shown is recs[1] and others == []
+    lines = render.run_lines(shown, "Latest run")
+    assert "cut short on purpose (2 rounds)" in lines[0] and "| row-of-b |" in lines
 
 
 def test_a_table_the_plot_draws_whole_is_left_to_the_plot() -> None:
