@@ -22,8 +22,8 @@ HEADER = """\
 
 Every figure here comes from a record a bench run wrote (`bench/results/<bench>/<date>.json`, see
 bench/record.py); `bench/render.py` renders the page and tests/test_bench_render.py fails when page
-and records disagree. Each section: what the bench measures, its command, its latest run (full or
-partial) with machine and load, the earlier runs as links.
+and records disagree. Each section: what the bench measures, its command, its latest full run
+(else its latest partial one) with machine and load, its other runs as links.
 
 - **Compare within one run.** The machine is a shared 2-core VM (an AMD EPYC and an Intel Xeon about
   2.6x slower took turns), so each table carries a baseline from the same run and its last column
