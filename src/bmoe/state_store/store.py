@@ -31,7 +31,6 @@ from bmoe.decide.port import KeptPrefix, KeptState
 from bmoe.state_store.disk import DiskTier
 from bmoe.state_store.trie import TokenTrie
 
-
 # States waiting for their copy to reach flash, at most: each one lives in the sequence, which
 # copies them out longest first before it loses them; one that it never copies is dropped here.
 MAX_PENDING = 8
