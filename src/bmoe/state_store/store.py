@@ -48,12 +48,16 @@ def _payload(state: KeptState) -> np.ndarray | bytes | None:
 @dataclass(frozen=True, slots=True)
 class StoreCounts:
     """The store's counters since it opened (``/metrics``): lookups that found a state in RAM or
-    on flash, lookups that found none, bytes held per tier now, states evicted per tier (left
-    RAM; files deleted for room), files found bad and deleted."""
+    on flash, lookups that found none; per tier, lookups it did not answer (``misses_ram``: every
+    lookup not answered from RAM; ``misses_disk``: lookups that RAM did not answer and the flash
+    tier, on, did not either); bytes held per tier now, states evicted per tier (left RAM; files
+    deleted for room), files found bad and deleted."""
 
     hits_ram: int
     hits_disk: int
     misses: int
+    misses_ram: int
+    misses_disk: int
     bytes_ram: int
     bytes_disk: int
     states_ram: int
@@ -77,6 +81,7 @@ class StateStore:
         # states that left RAM for flash while living only in the sequence, waiting for their copy
         self._pending: OrderedDict[tuple[int, ...], KeptPrefix] = OrderedDict()
         self.hits_ram = self.hits_disk = self.misses = self.evictions_ram = 0
+        self.misses_ram = self.misses_disk = 0
 
     @classmethod
     def last_prefix(cls) -> StateStore:
@@ -110,9 +115,12 @@ class StateStore:
         if n_disk > 0:
             found = self._from_disk(tokens[:n_disk])
             if found is not None:
+                self.misses_ram += 1
                 return found
             return self.lookup(prefix_tokens)  # the file was bad or gone: the next best, or none
         self.misses += 1
+        self.misses_ram += 1
+        self.misses_disk += self.disk_on
         depth = max(depth, depth_disk)
         kept_any = len(self._trie) > 0 or (self.disk_on and len(self.disk.index) > 0)  # type: ignore[union-attr]
         return Lookup(differs_at=depth if kept_any else None)
@@ -233,6 +241,8 @@ class StateStore:
             hits_ram=self.hits_ram,
             hits_disk=self.hits_disk,
             misses=self.misses,
+            misses_ram=self.misses_ram,
+            misses_disk=self.misses_disk,
             bytes_ram=self.bytes_ram,
             bytes_disk=disk.bytes_held if disk is not None else 0,
             states_ram=len(self._ram),
