@@ -156,9 +156,9 @@ class Phase:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def run_phase(s: Server, client, agents: list[int], a: argparse.Namespace) -> Phase:
+def run_phase(s: Server, client, agents: list[int], a: argparse.Namespace, ph: Phase) -> None:
+    """Fill ``ph`` step by step (the steps done stay when a later one fails)."""
     convs = {k: conversation(k, a.start_tokens) for k in agents}
-    ph = Phase()
     r0 = read_bytes(s.proc.pid)
     for step in range(a.steps):
         for k in agents:
@@ -179,8 +179,7 @@ def run_phase(s: Server, client, agents: list[int], a: argparse.Namespace) -> Ph
                 f"  {s.name} agent {k} step {step}: {wall:.2f} s, prompt {usage.get('prompt_tokens')}, cached {cached}",
                 file=sys.stderr,
             )
-    ph.read_mib = (read_bytes(s.proc.pid) - r0) / 2**20
-    return ph
+        ph.read_mib = (read_bytes(s.proc.pid) - r0) / 2**20
 
 
 def store_figures(s: Server, client) -> dict[str, object]:
@@ -219,6 +218,9 @@ def engines(a: argparse.Namespace) -> dict[str, tuple[list[str], dict | None, Pa
         str(a.threads),
     ]
     llama += ["--n_threads_batch", str(a.threads), "--chat_format", "chatml", "--cache", "true"]
+    # Its default logits_all keeps n_ctx rows of logits (2 x 1.2 GB at a 151936 vocabulary): as
+    # shipped it was OOM-killed at load under 2.5 GiB. A chat answer needs the last row only.
+    llama += ["--logits_all", "false"]
     for kind in ("ram", "disk"):
         folder = a.work / f"llama-{kind}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -250,16 +252,17 @@ def run(a: argparse.Namespace) -> dict[str, object]:
             port += 1
             tag = f"{name.replace(' ', '-')}-{phase}"
             s = start(tag, [*cmd, "--port", str(port)], a, port, env=env, cwd=cwd)
+            ph = Phase()
             try:
                 wait_ready(s, client, a.start_timeout)
-                ph = run_phase(s, client, agents, a)
+                run_phase(s, client, agents, a, ph)
                 if name == "bmoe":
                     ph.extra.update(store_figures(s, client))
                 elif cwd is not None and name.endswith("disk"):
                     ph.extra["disk_bytes"] = sum(f.stat().st_size for f in cwd.rglob("*") if f.is_file())
             except Exception as exc:  # noqa: BLE001 - one engine's failure is a row, not the run
                 a.notes.append(f"{tag}: {exc}")
-                ph = Phase(extra={"error": str(exc)[:300]})
+                ph.extra["error"] = str(exc)[:300]
             finally:
                 ph.extra.update(stop(s))
             report[name][phase] = {"steps": ph.steps, "read_mib": ph.read_mib, **ph.extra}  # type: ignore[index]
@@ -278,7 +281,7 @@ def rows(report: dict[str, object]) -> list[dict[str, object]]:
             cached = [r["cached"] for r in later if r["cached"] is not None]
             out.append(
                 {
-                    "row": f"{name} {phase}",
+                    "name": f"{name} {phase}",
                     "median_s": med,
                     "first_s": first,
                     "prompt_last": max((r["prompt"] or 0 for r in steps), default=None),
@@ -294,7 +297,7 @@ def rows(report: dict[str, object]) -> list[dict[str, object]]:
 
 
 COLUMNS = (
-    ("row", "server, phase", ""),
+    ("name", "server, phase", ""),
     ("median_s", "median step after the first (s)", ".2f"),
     ("first_s", "first step (s)", ".2f"),
     ("prompt_last", "longest prompt (tokens)", ""),
@@ -308,9 +311,9 @@ COLUMNS = (
 
 
 def targets(table_rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    by = {r["row"]: r for r in table_rows}
+    by = {r["name"]: r for r in table_rows}
     out = []
-    for name in sorted({str(r["row"]).rsplit(" ", 1)[0] for r in table_rows}):
+    for name in sorted({str(r["name"]).rsplit(" ", 1)[0] for r in table_rows}):
         alone, inter = by.get(f"{name} alone", {}), by.get(f"{name} interleaved", {})
         ratio = None
         if alone.get("median_s") and inter.get("median_s"):
