@@ -220,7 +220,8 @@ def engines(a: argparse.Namespace) -> dict[str, tuple[list[str], dict | None, Pa
     llama += ["--n_threads_batch", str(a.threads), "--chat_format", "chatml", "--cache", "true"]
     # Its default logits_all keeps n_ctx rows of logits (2 x 1.2 GB at a 151936 vocabulary): as
     # shipped it was OOM-killed at load under 2.5 GiB. A chat answer needs the last row only.
-    llama += ["--logits_all", "false"]
+    # And its default use_mlock pins the whole mapped model in RAM: more than the limit.
+    llama += ["--logits_all", "false", "--use_mlock", "false"]
     for kind in ("ram", "disk"):
         folder = a.work / f"llama-{kind}"
         folder.mkdir(parents=True, exist_ok=True)
