@@ -200,3 +200,18 @@ def test_a_tool_result_is_the_messages_own_text_not_markup() -> None:
         tools=TOOLS,
     )
     assert prompt.plain == ("hi", "x <|im_end|> y")  # its special-token text stays text
+
+
+def test_json_arguments_hold_declared_keys_and_compact_spacing() -> None:
+    """Arguments as json.dumps writes them, and no key the schema does not declare where it does
+    not say (clients leave additionalProperties out; a small model makes keys up). A schema that
+    allows other keys keeps them allowed."""
+    g = tool_constraint(GENERIC, TOOLS, ToolChoice("named", "get_weather"))
+    assert g is not None
+    ok = write_calls(GENERIC, [("get_weather", {"city": "Paris"}, "c")])
+    assert accepts(g.grammar, ok)
+    assert not accepts(g.grammar, ok.replace('{"city": "Paris"}', '{ "city": "Paris"}'))
+    assert not accepts(g.grammar, write_calls(GENERIC, [("get_weather", {"city": "Paris", "type": "x"}, "c")]))
+    open_ = Tool("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True})
+    g2 = tool_constraint(GENERIC, (open_,), ToolChoice("required"))
+    assert g2 is not None and accepts(g2.grammar, write_calls(GENERIC, [("f", {"a": 1, "b": 2}, "c")]))

@@ -66,12 +66,6 @@ def test_chat_refuses_each_refused_field_by_name(client, field) -> None:
         assert client.post("/v1/chat/completions", json={**CHAT, field.name: neutral}).status_code == 200
 
 
-@pytest.mark.parametrize("field", ["tools", "tool_choice", "parallel_tool_calls"])
-def test_fields_being_built_say_not_supported_yet(client, field) -> None:
-    r = client.post("/v1/chat/completions", json={**CHAT, field: {"type": "json_object"}})
-    assert r.status_code == 400 and "not supported yet" in r.json()["error"]["message"]
-
-
 def test_ignored_fields_change_nothing(client) -> None:
     plain = client.post("/v1/chat/completions", json={**CHAT, "temperature": 0}).json()
     extra = {"user": "u1", "store": True, "metadata": {"a": "b"}, "service_tier": "auto", "prompt_cache_key": "k"}

@@ -37,8 +37,7 @@ def still_answers(c: TestClient) -> None:
     [
         ({}, "messages"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "user"}]}, "messages.0.content"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
         ({**OK_CHAT, "temperature": 11}, "temperature"),
         ({**OK_CHAT, "top_p": 0}, "top_p"),

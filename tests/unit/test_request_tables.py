@@ -40,7 +40,15 @@ def _defaults(record: type) -> dict:
             GenerateRequest,
             GENERATE_TABLE,
             set(),
-            {"keep_logits", "top_logprobs", "logit_bias"},
+            {
+                "keep_logits",
+                "top_logprobs",
+                "logit_bias",
+                "tools",
+                "tool_choice",
+                "parallel_tool_calls",
+                "tool_call_id",
+            },
         ),  # Python and the server only
     ],
 )

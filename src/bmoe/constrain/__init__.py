@@ -11,7 +11,8 @@ from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
 from bmoe.constrain.tool_decision import ToolDecision, tool_decision
 from bmoe.constrain.tool_formats import FORMATS, GENERIC, ToolFormat, detect_tool_format, native_id
-from bmoe.constrain.tool_grammar import tool_constraint
+from bmoe.constrain.tool_grammar import THINK_CLOSE, THINK_OPEN, Think, tool_constraint
+from bmoe.constrain.tool_grammar import markers as tool_markers
 from bmoe.constrain.tool_parse import ToolCallError, ToolStream, parse_tool_calls
 from bmoe.constrain.tool_render import (
     PROBE_MESSAGES,
@@ -22,10 +23,22 @@ from bmoe.constrain.tool_render import (
     template_messages,
 )
 from bmoe.constrain.tool_render import probe as probe_tool_format
-from bmoe.constrain.tool_spec import MAX_TOOLS, Tool, ToolCall, ToolChoice, check_history, parse_choice, parse_tools
+from bmoe.constrain.tool_spec import (
+    MAX_TOOLS,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    check_history,
+    parse_call,
+    parse_choice,
+    parse_tools,
+)
 
 __all__ = [
     "MAX_ENUM",
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "Think",
     "Constraint",
     "ConstraintError",
     "TokenMask",
@@ -49,13 +62,14 @@ __all__ = [
     "detect_tool_format",
     "generic_messages",
     "native_id",
+    "parse_call",
     "parse_choice",
     "parse_tool_calls",
     "parse_tools",
     "probe_tool_format",
     "takes_tools",
     "template_messages",
-    "template_messages",
     "tool_constraint",
+    "tool_markers",
     "tool_decision",
 ]

@@ -18,9 +18,10 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterator, Literal
 
 HOLE = re.compile(r"\{(name|index|id|key|string)\}")
+_PART = re.compile(r"(\{\{|\}\}|\{(?:name|index|id|key|string)\})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +233,18 @@ def detect_tool_format(template: str | None) -> ToolFormat:
         if all(m in template for m in fmt.detect):
             return fmt
     return GENERIC
+
+
+def parts(text: str) -> Iterator[tuple[str, str | None]]:
+    """A format's text in order, as ``(literal, None)`` pieces (``{{``/``}}`` read as braces)
+    and ``("", hole name)`` for each hole: what the grammar and the parser each turn into their own
+    language."""
+    for part in _PART.split(text):
+        hole = HOLE.fullmatch(part)
+        if hole:
+            yield "", hole.group(1)
+        elif part:
+            yield part[0] if part in ("{{", "}}") else part, None
 
 
 def fill(text: str, **holes: str) -> str:

@@ -18,13 +18,34 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from llguidance import LLMatcher
 
 from bmoe.constrain.constraint import Constraint
 from bmoe.constrain.schema import ConstraintError
-from bmoe.constrain.tool_formats import HOLE, ToolFormat, fill, fixed
+from bmoe.constrain.tool_formats import ToolFormat, fill, fixed, parts
 from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice
+
+# JSON arguments as models write them (``json.dumps``'s separators), with no free whitespace: a
+# whitespace run is valid JSON that a small model can repeat until max_tokens.
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: dict | bool) -> str:
+    """The Lark ``%json`` of ``schema``, written compactly (``_COMPACT``)."""
+    value = {**schema, "x-guidance": _COMPACT} if isinstance(schema, dict) else schema
+    return "%json" + json.dumps(value, ensure_ascii=False)
+
+
+def _declared_only(schema: dict) -> dict:
+    """A tool's arguments hold its declared parameters only, where its schema declares some and
+    does not say whether others may come (clients leave ``additionalProperties`` out; a small
+    model then writes made-up keys). Every answer still validates against the schema as given."""
+    if "properties" in schema and "additionalProperties" not in schema:
+        return {**schema, "additionalProperties": False}
+    return schema
+
 
 _MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]")
 
@@ -44,12 +65,9 @@ class _Lark:
     def lit(self, text: str, **holes: str) -> str:
         """A Lark sequence for ``text``: its holes filled (by Lark expressions), special markers as tokens."""
         out: list[str] = []
-        for part in re.split(r"(\{\{|\}\}|\{(?:name|index|id|key|string)\})", text):
-            if part in ("{{", "}}"):
-                part = part[0]
-            hole = HOLE.fullmatch(part)
+        for part, hole in parts(text):
             if hole:
-                out.append(holes[hole.group(1)])
+                out.append(holes[hole])
                 continue
             at = 0
             for m in self._cut.finditer(part):
@@ -69,7 +87,7 @@ class _Lark:
             return f"args{i}"
         schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
         if self.fmt.args == "json":
-            return self.rule(f"args{i}", "%json" + json.dumps(schema, ensure_ascii=False))
+            return self.rule(f"args{i}", _json(_declared_only(schema)))
         defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         props: dict = schema.get("properties") or {}
         required = set(schema.get("required") or ())
@@ -82,9 +100,7 @@ class _Lark:
                 value = self.rule(f"v{i}_{j}[suffix={json.dumps(close)}]", "/(?s:.*)/")
             else:
                 sub_schema = {**sub, **defs} if isinstance(sub, dict) else sub
-                value = (
-                    self.rule(f"v{i}_{j}", "%json" + json.dumps(sub_schema, ensure_ascii=False)) + " " + self.lit(close)
-                )
+                value = self.rule(f"v{i}_{j}", _json(sub_schema)) + " " + self.lit(close)
             parts.append(f"({head} {value})" + ("" if key in required else "?"))
         if not props and schema.get("additionalProperties", True) is not False:
             head = self.lit(self.fmt.param_open, key="/[A-Za-z0-9_.-]+/", string='"true"')
@@ -109,10 +125,36 @@ def _regex_text(text: str) -> str:
     return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else "\\n" if c == "\n" else c for c in text)
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+Think = Literal["", "open", "inside"]
+
+
+def _reasoning(g: "_Lark", think: Think, body: str) -> str:
+    """``body`` after a reasoning block (Qwen3, DeepSeek R1): "open", the answer may start with
+    ``<think>...</think>``; "inside", the prompt opened the block, so the answer closes it first.
+    Whitespace may follow the block."""
+    close = g.lit(THINK_CLOSE)
+    if close.startswith("<["):  # a special token: the text before it cannot write it
+        reasoning = f"/(?s:.*)/ {close}"
+    else:
+        reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(THINK_CLOSE)}/")
+    g.rules.append("BLANK: /[ \\t\\r\\n]+/")
+    block = f"{reasoning} BLANK?"
+    if think == "inside":
+        return f"{block} ({body})"
+    return f"{g.lit(THINK_OPEN)} {block} ({body}) | {body}"
+
+
 def tool_lark(
-    fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True, special: Mapping[str, int] = {}
+    fmt: ToolFormat,
+    tools: Sequence[Tool],
+    choice: ToolChoice,
+    parallel: bool = True,
+    special: Mapping[str, int] = {},
+    think: Think = "",
 ) -> str | None:
-    """The Lark text of the grammar (None: "none", or no tools)."""
+    """The Lark text of the grammar (None: "none", or no tools); ``think``: a reasoning block
+    first (``_reasoning``)."""
     if choice.mode == "none" or not tools:
         return None
     chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
@@ -138,14 +180,21 @@ def tool_lark(
         esc = _regex_text(fmt.opener)
         g.rules.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/")
         start = f"TEXT | {g.rule('pre[lazy]', f'/(?s:.*){esc}/')} {rest}"
+    if think:
+        start = _reasoning(g, think, start)
     return "\n".join([f"start: {start}", *g.rules]) + "\n"
 
 
 def tool_constraint(
-    fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True, special: Mapping[str, int] = {}
+    fmt: ToolFormat,
+    tools: Sequence[Tool],
+    choice: ToolChoice,
+    parallel: bool = True,
+    special: Mapping[str, int] = {},
+    think: Think = "",
 ) -> Constraint | None:
     """The compiled constraint of an answer with tools (None: plain text)."""
-    lark = tool_lark(fmt, tools, choice, parallel, special)
+    lark = tool_lark(fmt, tools, choice, parallel, special, think)
     if lark is None:
         return None
     grammar = LLMatcher.grammar_from_lark(lark)

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bmoe.constrain.tool_formats import HOLE, ToolFormat, fill, native_id
+from bmoe.constrain.tool_formats import ToolFormat, fill, native_id, parts
 from bmoe.constrain.tool_spec import Tool, ToolCall
 from bmoe.errors import BmoeError
 
@@ -37,12 +37,9 @@ class ToolCallError(BmoeError, ValueError):
 def _rx(text: str) -> str:
     """The regex of a format's text: its holes as named groups, whitespace read loosely."""
     out: list[str] = []
-    for part in re.split(r"(\{\{|\}\}|\{(?:name|index|id|key|string)\})", text):
-        if part in ("{{", "}}"):
-            part = part[0]
-        hole = HOLE.fullmatch(part)
+    for part, hole in parts(text):
         if hole:
-            out.append(f"(?P<{hole.group(1)}>{_HOLES[hole.group(1)]})")
+            out.append(f"(?P<{hole}>{_HOLES[hole]})")
             continue
         for chunk in re.split(r"(\s+)", part):
             if chunk.isspace():

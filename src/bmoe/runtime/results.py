@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from bmoe import rules
+from bmoe.constrain import Tool, ToolChoice
 from bmoe.image_refs import ImageSource
 from bmoe.runtime.sampling import TokenLogprobs
 from bmoe.stream.stats import StreamStats
@@ -39,6 +40,14 @@ class GenerateRequest:
     # OpenAI's penalties on tokens already in the answer (runtime/sampling.py Sampler), in [-2, 2]
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Python and the server only (docs/server.md "Tools"): the functions the model may call,
+    # rendered by its chat template, the answer held to its call syntax (tool_choice None: "auto"
+    # with tools); ``tool_call_id``: ``prompt`` is a tool's result answering that call (a role
+    # "tool" message), not a user message
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    tool_call_id: str | None = None
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in

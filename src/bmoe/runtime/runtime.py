@@ -53,6 +53,7 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
+from bmoe.runtime.tool_turn import thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -376,17 +377,23 @@ class Runtime:
         cfg = self.config
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
         constraint, mask = constraint_of(req.json_schema, req.grammar), None
+        # A constrained answer starts at the first token: no reasoning block before it; tool calls
+        # may follow one where the template has one (runtime/tool_turn.py).
+        think = (cfg.think if req.think is None else req.think) and constraint is None and thinks(self.chat, req)
+        history = [] if req.clear_kv else list(self.history)
+        if req.tool_call_id is not None:  # a tool's result (docs/server.md "Tools")
+            messages = history + [Message("tool", req.prompt, tool_call_id=req.tool_call_id)]
+        else:
+            messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
+        images = self._conversation_images(messages) if any(m.images for m in messages) else []
+        turn_text = self.chat.render_turn(messages, think=think, tools=req.tools)
+        rendered = turn_text.text
+        if req.tools:
+            constraint = tool_grammar(self.model, self.chat, req, think, turn_text.opens_reasoning) or constraint
         if constraint is not None:
             if self._grammar_tok is None:
                 self._grammar_tok = grammar_tokenizer(self.model)
             mask = TokenMask(self._grammar_tok, constraint, self.model.n_vocab)
-        # A constrained answer starts at the first token: no reasoning block before it.
-        think = (cfg.think if req.think is None else req.think) and mask is None
-        history = [] if req.clear_kv else list(self.history)
-        messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
-        images = self._conversation_images(messages) if any(m.images for m in messages) else []
-        turn_text = self.chat.render_turn(messages, think=think)
-        rendered = turn_text.text
         prompt = self.tokenize_prompt(rendered, images) if images else self.tokenize_prompt(rendered)
         if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
             raise RequestError(

@@ -28,6 +28,7 @@ from bmoe.server.metrics import Metrics
 from bmoe.server.openai_fields import CHAT_FIELDS, refuse_unset
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import ChatCompletionRequest, ImagePart
+from bmoe.server.tools_route import ToolsAsked, call_entries, message_calls, tools_asked
 from bmoe.session import Message
 from bmoe.wire.records import done_fields
 
@@ -35,9 +36,10 @@ _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
+def _messages(body: ChatCompletionRequest, asked: ToolsAsked) -> tuple[Message, ...]:
     """The session's messages: each image part an image marker in its message's text, its data:
-    URL's bytes among the message's images (docs/server.md "Images")."""
+    URL's bytes among the message's images (docs/server.md "Images"); an assistant's tool calls
+    and the call a tool message answers (docs/server.md "Tools")."""
     urls = [m.image_urls() for m in body.messages]
     with_images = any(urls)
     images: list[list[bytes]] = [[] for _ in body.messages]
@@ -48,7 +50,7 @@ def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
                 f"messages.{i}: image parts are taken in user messages only, got one in a {m.role} message",
                 f"messages.{i}.content",
             )
-        parts = m.content if isinstance(m.content, list) else [m.content]
+        parts = m.content if isinstance(m.content, list) else [m.content or ""]
         for j, p in enumerate(parts):
             if isinstance(p, ImagePart):
                 images[i].extend(inline_bytes([p.image_url.url], f"messages.{i}.content.{j}.image_url.url"))
@@ -60,9 +62,10 @@ def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
                     "a conversation with images it cannot be text (send images as image_url parts)",
                     where,
                 )
+    calls = message_calls(body, asked)
     return tuple(
-        Message(_ROLES.get(m.role, m.role), m.text(IMAGE_MARKER), tuple(b))  # type: ignore[arg-type]
-        for m, b in zip(body.messages, images)
+        Message(_ROLES.get(m.role, m.role), m.text(IMAGE_MARKER), tuple(b), c, tid)  # type: ignore[arg-type]
+        for m, b, (c, tid) in zip(body.messages, images, calls)
     )
 
 
@@ -74,11 +77,12 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         raise ApiError(
             400, "jump_forward: a forced token has no log-prob of its own; not with logprobs", "jump_forward"
         )
-    msgs = _messages(body)
-    if msgs[-1].role != "user":
+    asked = tools_asked(body)
+    msgs = _messages(body, asked)
+    if msgs[-1].role not in ("user", "tool"):
         raise ApiError(
             400,
-            f"messages: the last message must come from the user, got {msgs[-1].role!r}",
+            f"messages: the last message must come from the user (or a tool), got {msgs[-1].role!r}",
             f"messages.{len(msgs) - 1}.role",
         )
     if (
@@ -88,6 +92,14 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
     ):
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", "max_completion_tokens")
     schema, grammar = _constraint(body)
+    if asked.active and (schema is not None or grammar is not None):
+        raise ApiError(
+            400,
+            "tools: an answer keeps one constraint: give tools or a response_format/json_schema/grammar, "
+            "not both (or tool_choice 'none')",
+            "tools",
+            "invalid_request",
+        )
     return ChatTurn(
         json_schema=schema,
         grammar=grammar,
@@ -104,6 +116,7 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         logprobs_of=tuple(body.bmoe_logprobs_of or ()),
+        tools=asked,
     )
 
 
@@ -192,6 +205,9 @@ class ChatRoute:
             if outcome.finish_reason == "cancelled":
                 return JSONResponse(error_body(499, "the client closed the request", None, "cancelled"), 499)
             message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+            if outcome.tool_calls:  # OpenAI's shape: content null where the answer is only calls
+                message["content"] = outcome.text or None
+                message["tool_calls"] = call_entries(tuple(enumerate(outcome.tool_calls)), indexed=False)
             if outcome.result.reasoning:
                 message["reasoning_content"] = outcome.result.reasoning
             return {
@@ -266,11 +282,13 @@ class ChatRoute:
                         yield f"data: {json.dumps(obj)}\n\n"
                     break
                 d: Delta = ev.value
-                delta = {}
+                delta: dict[str, Any] = {}
                 if d.reasoning:
                     delta["reasoning_content"] = d.reasoning
                 if d.content:
                     delta["content"] = d.content
+                if d.calls:
+                    delta["tool_calls"] = call_entries(d.calls, indexed=True)
                 yield chunk(delta, None, {"content": list(d.logprobs), "refusal": None} if logprobs else None)
                 ev = await job.next_event()
             yield "data: [DONE]\n\n"

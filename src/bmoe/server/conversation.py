@@ -11,11 +11,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from bmoe.constrain import ToolCall
 from bmoe.errors import ContextOverflowError
 from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import STEP, Job
 from bmoe.server.logprobs import LogprobsCollector, logprobs_of
 from bmoe.server.stops import StopMatcher
+from bmoe.server.tools_route import CallReader, ToolsAsked
 from bmoe.session import GenerateRequest, GenerateResult, Message, Session
 
 
@@ -36,6 +38,7 @@ class ChatTurn:
     presence_penalty: float = 0.0  # OpenAI's penalties (runtime/sampling.py Sampler)
     frequency_penalty: float = 0.0
     logprobs_of: tuple[str, ...] = ()  # bmoe_logprobs_of (server/logprobs.py)
+    tools: ToolsAsked = ToolsAsked()  # tools, tool_choice, parallel_tool_calls (tools_route.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +46,32 @@ class Delta:
     content: str
     reasoning: str
     logprobs: tuple[dict, ...] = ()  # the logprobs.content entries of the tokens since the last Delta
+    calls: tuple[tuple[int, ToolCall], ...] = ()  # tool calls read whole since the last Delta, by index
 
 
 @dataclass(frozen=True, slots=True)
 class TurnOutcome:
     result: GenerateResult
     text: str  # the answer as the client saw it (cut at a stop string)
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "tool_calls"
     logprobs: dict | None = None  # choices[0].logprobs
     logprobs_of: list[dict] | None = None  # bmoe.logprobs_of
+    tool_calls: tuple[ToolCall, ...] = ()  # the answer's calls (``text`` is the content before them)
 
 
 def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
     """Tokens to generate, or ApiError(400) when the conversation cannot fit the context."""
     images = [u for m in turn.messages for u in m.images]
-    n_prompt = len(session.tokenize_prompt(session.render(list(turn.messages), think=think), images))
+    rendered: str
+    if turn.tools.tools:  # as the runtime renders it: the tools in, no reasoning before a call
+        rendered = session.chat.render(
+            list(turn.messages),
+            think=think and (not turn.tools.active or session.chat.think_ctl != "none"),
+            tools=turn.tools.tools,
+        )
+    else:
+        rendered = session.render(list(turn.messages), think=think)
+    n_prompt = len(session.tokenize_prompt(rendered, images))
     room = session.n_ctx - n_prompt
     if turn.max_tokens is not None:
         if turn.max_tokens > room:
@@ -97,6 +111,10 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         GenerateRequest(
             prompt=user.content,
             images=user.images,
+            tool_call_id=user.tool_call_id,
+            tools=turn.tools.tools,
+            tool_choice=turn.tools.choice,
+            parallel_tool_calls=turn.tools.parallel,
             n_predict=n_predict,
             think=think,
             clear_kv=False,
@@ -114,6 +132,7 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
         cancel=cancel,
     )
     stops = StopMatcher(turn.stops)
+    reader = CallReader(session.chat.tool_format, turn.tools)
     lps = LogprobsCollector(session, turn.top_logprobs is not None)
     while True:
         if job.cancelled.is_set():
@@ -124,18 +143,21 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             result: GenerateResult = done.value
             break
         lps.add(step)
-        out = stops.push(step.delta_text)
+        out, calls = reader.feed(stops.push(step.delta_text))
         if stops.hit:
             session.cancel()
-        if out or step.delta_reasoning:
-            job.emit(STEP, Delta(out, step.delta_reasoning, lps.take()))
-    out, rest = stops.finish(), lps.take()  # what the stop matcher held back, a stop string's possible start
-    if out or rest:
-        job.emit(STEP, Delta(out, "", rest))
-    if stops.hit:
-        # Cancelling rolled the turn back; keep it in the history as the client saw it.
-        session.set_history(prior + [user, Message("assistant", stops.text)])
-        return TurnOutcome(result, stops.text, "stop", lps.answer(), of)
-    if result.cancelled:
-        return TurnOutcome(result, stops.text, "cancelled", lps.answer(), of)
-    return TurnOutcome(result, stops.text, "stop" if result.stop == "eog" else "length", lps.answer(), of)
+        if out or calls or step.delta_reasoning:
+            job.emit(STEP, Delta(out, step.delta_reasoning, lps.take(), calls))
+    out, calls = reader.feed(stops.finish())  # what the stop matcher held back, a stop string's possible start
+    more, more_calls = reader.finish()
+    out, calls, rest = out + more, calls + more_calls, lps.take()
+    if out or rest or calls:
+        job.emit(STEP, Delta(out, "", rest, calls))
+    answer, made = reader.content, reader.calls
+    if stops.hit or (made and not result.cancelled):
+        # Cancelling rolled the turn back; keep it in the history as the client saw it (calls as calls).
+        session.set_history(prior + [user, Message("assistant", answer, tool_calls=made)])
+    if result.cancelled and not stops.hit:
+        return TurnOutcome(result, answer, "cancelled", lps.answer(), of)
+    reason = "stop" if stops.hit or result.stop == "eog" else "length"
+    return TurnOutcome(result, answer, "tool_calls" if made and reason == "stop" else reason, lps.answer(), of, made)

@@ -21,7 +21,6 @@ from bmoe.server.errors import ApiError
 HONOURED = "honoured"
 IGNORED = "ignored (harmless)"
 REFUSED = "refused"
-NOT_YET = "not supported yet"  # tool calls: being built (#36)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +36,6 @@ def _refused(name: str, why: str, *neutral: Any) -> OpenAIField:
 
 
 _PENALTY = "the one token this route picks has no earlier token of the answer to penalize"
-_TOOLS = f"{NOT_YET}: tool calls"
 _CONSTRAINED = "constrained generation is not supported on /v1/completions; use /v1/chat/completions"
 
 CHAT_FIELDS: tuple[OpenAIField, ...] = (
@@ -65,9 +63,9 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
     OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
     OpenAIField("jump_forward", HONOURED, "bmoe: with a constraint, the tokens it forces go in one batch"),
-    _refused("tools", _TOOLS, []),
-    _refused("tool_choice", _TOOLS),
-    _refused("parallel_tool_calls", _TOOLS),
+    OpenAIField("tools", HONOURED, "up to 128 functions, called in the model's own syntax (Tools below)"),
+    OpenAIField("tool_choice", HONOURED, "auto, none, required or a named function"),
+    OpenAIField("parallel_tool_calls", HONOURED, "false: one call at most; true: several where the format allows"),
     _refused("functions", "not supported (OpenAI's deprecated tool calls)", []),
     _refused("function_call", "not supported (OpenAI's deprecated tool calls)"),
     _refused("reasoning_effort", "not supported; bmoe's think (true or false) turns reasoning on or off"),

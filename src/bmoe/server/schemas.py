@@ -83,19 +83,25 @@ ContentPart = Annotated[
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[ContentPart], Field(max_length=256)]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # None: an assistant turn that only called tools (the route refuses it on other roles)
+    content: Text | Annotated[list[ContentPart], Field(max_length=256)] | None = None
+    # an assistant turn's calls (checked against the request's tools: server/tools_route.py)
+    tool_calls: Annotated[list[Any], Field(max_length=128)] | None = None
+    tool_call_id: Text | None = None  # a role "tool" message: the call it answers
 
     def text(self, marker: str) -> str:
         """The message's text, each image part an image ``marker`` where it stands."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text if isinstance(p, TextPart) else marker for p in self.content)
 
     def image_urls(self) -> list[str]:
-        return (
-            [] if isinstance(self.content, str) else [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
-        )
+        if not isinstance(self.content, list):
+            return []
+        return [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
 
 
 class StreamOptions(BaseModel):
@@ -150,10 +156,11 @@ class ChatCompletionRequest(BaseModel):
     ) = Field(None, description="bmoe: the log-prob of each string as the answer's start (docs/server.md)")
     presence_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
     frequency_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
-    # Refused unless left out (or neutral): openai_fields.CHAT_FIELDS. Any: refused by name, not by type.
+    # Checked by server/tools_route.py, each refusal a 400 naming the field (not a 422 by type).
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # Refused unless left out (or neutral): openai_fields.CHAT_FIELDS. Any: refused by name, not by type.
     functions: Any = None
     function_call: Any = None
     reasoning_effort: Any = None

@@ -1,0 +1,63 @@
+"""A generation turn with tools (docs/server.md "Tools"): the grammar of the model's call syntax,
+with the format's markers that are one special token of this vocabulary written as that token.
+
+The tool-call policy (formats, grammar, parser) is bmoe.constrain's; this module only asks the
+model's vocabulary which markers are special tokens.
+"""
+
+from __future__ import annotations
+
+from bmoe.constrain import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    Constraint,
+    ConstraintError,
+    Think,
+    ToolChoice,
+    tool_constraint,
+    tool_markers,
+)
+from bmoe.llama.model import LlamaModel
+from bmoe.runtime.chat import ChatRenderer
+from bmoe.runtime.results import GenerateRequest
+
+
+def _calls(req: GenerateRequest) -> bool:
+    """Whether the answer is held to the call syntax (tools, and tool_choice not "none")."""
+    return bool(req.tools) and (req.tool_choice is None or req.tool_choice.mode != "none")
+
+
+def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
+    """Whether the turn may reason first: always without calls; with calls where the template
+    has a ``<think>`` block (Qwen3, DeepSeek R1), which the grammar then allows before them."""
+    return not _calls(req) or chat.think_ctl != "none"
+
+
+def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) -> dict[str, int]:
+    """The format's markers (and the reasoning block's, with ``think``) that are one special token
+    (their text tokenizes to more tokens)."""
+    out: dict[str, int] = {}
+    for m in sorted(tool_markers(chat.tool_format) | ({THINK_OPEN, THINK_CLOSE} if think else set())):
+        ids = model.tokenize(m, add_special=False, parse_special=True)
+        if len(ids) == 1 and len(model.tokenize(m, add_special=False, parse_special=False)) > 1:
+            out[m] = ids[0]
+    return out
+
+
+def tool_grammar(
+    model: LlamaModel, chat: ChatRenderer, req: GenerateRequest, think: bool = False, opens: bool = False
+) -> Constraint | None:
+    """The constraint of a turn with ``req.tools`` (None: no tools, or tool_choice "none");
+    ConstraintError where a json_schema or grammar is given too (an answer keeps one constraint).
+    ``think``: the turn reasons first; ``opens``: its prompt opened the block already."""
+    choice = req.tool_choice or ToolChoice("auto" if req.tools else "none")
+    if not req.tools or choice.mode == "none":
+        return None
+    if req.json_schema is not None or req.grammar is not None:
+        raise ConstraintError(
+            "tools",
+            "an answer keeps one constraint: give tools or a json_schema/grammar, not both (or tool_choice 'none')",
+        )
+    special = special_markers(model, chat, think)
+    mode: Think = ("inside" if opens else "open") if think else ""
+    return tool_constraint(chat.tool_format, req.tools, choice, req.parallel_tool_calls, special, mode)
