@@ -249,17 +249,16 @@ def test_two_processes_sharing_a_folder_never_read_a_half_written_file(tmp_path:
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(folder), IDENT.hex()], env=env)
     folder.mkdir(parents=True, exist_ok=True)
     reader = DiskTier(folder, IDENT, 10**9)
-    seen = 0
-    while writer.poll() is None or seen < 40:
+    done = False
+    while not done:
+        done = writer.poll() is not None  # then one last scan, after the writer's last rename
         reader._seen_mtime = -1  # scan every time, mid-write included
         reader.rescan()
         for i in range(40):
             data = reader.get([i, i + 1])
             if data is not None:
                 assert data.nbytes == 20000 and int(data[0]) == i % 256
-        seen = len(reader.index)
-        if writer.poll() is not None and seen < 40:
-            break
+    seen = len(reader.index)
     assert writer.wait() == 0 and reader.corrupt == 0 and seen == 40
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left
 
