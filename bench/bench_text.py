@@ -153,9 +153,10 @@ BENCHES = (
         "each server in its own 2.5 GiB cgroup with the page cache dropped: bmoe-server with the state "
         "store (`--state-ram-mib 64 --state-disk-mib 1024`, [decide.md](decide.md#the-state-store-many-kept-states-in-ram-and-on-flash)) "
         "and llama-cpp-python's own server with its prompt cache in RAM and on disk (its repacked CPU "
-        "buffers off, as bmoe loads: as shipped it died of SIGILL on this machine; and `--logits_all false`: "
-        "its default keeps a logit row per context token and was OOM-killed at load under 2.5 GiB, as the "
-        "2026-12-05 record shows). The target: the median "
+        "buffers off, as bmoe loads: as shipped it died of SIGILL on this machine; and `--use_mlock false "
+        "--logits_all false`: its defaults pin the whole mapped model in RAM and keep a logit row per "
+        "context token, and it was OOM-killed at load under 2.5 GiB, as the 18:39 record shows). The "
+        "target: the median "
         "step after each agent's first, in turns, within 1.2x of the same alone. Read from storage: "
         "/proc/PID/io of the server; the store's bytes per tier from /metrics (llama-cpp-python's disk "
         "cache: its folder).",
