@@ -145,6 +145,19 @@ BENCHES = (
         ".venv/bin/python bench/images.py --bench-model --rounds 2 --sizes 256x256 512x512",
     ),
     Bench(
+        "structured",
+        "Structured outputs: decisions, jump-forward, grammar overhead",
+        "is an enum answer by decision 2x faster than constrained decoding, and what do jump-forward and the grammar cost?",
+        "`bench/structured.py` in one run, streamed with the cache off: an enum schema answered without "
+        "decoding it (the temperature-0 greedy walk, and one decision, the temperature > 0 path) against the "
+        "same answer by token-by-token constrained greedy decoding, each from an empty KV; an object schema "
+        "generated with and without jump-forward (answer tokens per second of decode); and decode ms/token "
+        "constrained against unconstrained, with the matcher's own cost measured by replaying the answer's "
+        "tokens through a fresh mask. `--bench-model` runs the bench model in a child under `--limit-gib`; "
+        "without it, the tiny qwen3moe in process ([decide.md](decide.md#decisions-behind-the-standard-fields)).",
+        "sudo .venv/bin/python bench/structured.py --bench-model --limit-gib 2.5 --rounds 2 --n-predict 24",
+    ),
+    Bench(
         "agents",
         "Many agents on one server: the state store",
         "do four agents taking turns on one server each answer as fast as one agent alone?",

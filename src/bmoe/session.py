@@ -33,6 +33,7 @@ from bmoe.llama.model import LlamaModel
 from bmoe.rules import TOP_CAP
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.chat_state import prepare_turn
+from bmoe.runtime.choice import ChoiceWalk, walk_choices
 from bmoe.runtime.decide import LlamaSequence
 from bmoe.runtime.decide_text import LlamaText
 from bmoe.runtime.expert_streaming import ExpertStreaming
@@ -244,6 +245,18 @@ class Session:
             finally:
                 self._running = False
             return result if reuse is None else reuse.account(result)
+
+    def walk_choices(self, request: GenerateRequest, texts: Sequence[str]) -> ChoiceWalk:
+        """Constrained greedy's answer to ``request`` (temperature 0) when its constraint allows
+        only ``texts``, decoded only until one text is left (runtime/choice.py)."""
+        self._check_open()
+        with self._lock, self._engine():
+            check_generate(request)
+            turn = self.runtime.prepare(request)
+            if self.decider is not None:  # as generate_iter: the same KV, so the same logits
+                self.decider.drop()
+                prepare_turn(self.runtime, self.decider.decider, turn)
+            return walk_choices(self.runtime, turn, texts)
 
     # --- scoring ----------------------------------------------------------------------
     def next_token_logprobs(self, tokens: list[int]) -> np.ndarray:

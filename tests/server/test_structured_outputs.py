@@ -84,7 +84,8 @@ def test_jump_forward_over_http_keeps_the_schema(client) -> None:
 
 
 def test_cut_answer_says_length(client) -> None:
-    text, finish = _answer(client, json_schema={"type": "array", "items": {"type": "string"}}, max_tokens=3)
+    schema = {"type": "array", "items": {"type": "string", "minLength": 24}, "minItems": 1}  # no end in 3 tokens
+    text, finish = _answer(client, json_schema=schema, max_tokens=3)
     assert finish == "length" and text.startswith("[")
 
 
@@ -133,7 +134,7 @@ REFUSALS = [
     (
         {"json_schema": True, "grammar": 'root ::= "a"'},
         "grammar",
-        "grammar: give one of response_format, json_schema and grammar, got ['json_schema', 'grammar']",
+        "grammar: give one of response_format, json_schema, grammar, guided_choice, structured_outputs, got ['json_schema', 'grammar']",
     ),
     (
         {"json_schema": CITY, "jump_forward": True, "logprobs": True},
@@ -143,7 +144,7 @@ REFUSALS = [
     (
         {"response_format": {"type": "json_object"}, "json_schema": True},
         "json_schema",
-        "json_schema: give one of response_format, json_schema and grammar, got ['response_format', 'json_schema']",
+        "json_schema: give one of response_format, json_schema, grammar, guided_choice, structured_outputs, got ['response_format', 'json_schema']",
     ),
 ]
 

@@ -55,6 +55,9 @@ class _Script:
     def sample(self, logits: np.ndarray) -> int:
         return self.toks.pop(0)
 
+    def taken(self, tok: int) -> None:  # the scripted tokens carry no penalties
+        pass
+
 
 class _Ctx:
     def __init__(self, n_ctx: int = 64) -> None:

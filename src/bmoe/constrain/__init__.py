@@ -6,6 +6,7 @@ parsers. Nothing here imports the engine: the grammar sampler over a model's voc
 adapter in ``bmoe.llama``. ``__all__`` is what other packages may use.
 """
 
+from bmoe.constrain.choices import choice_grammar, finite_texts, greedy_agrees
 from bmoe.constrain.constraint import Constraint, constraint_of, from_response_format
 from bmoe.constrain.mask import TokenMask
 from bmoe.constrain.schema import MAX_ENUM, ConstraintError
@@ -42,6 +43,9 @@ __all__ = [
     "Constraint",
     "ConstraintError",
     "TokenMask",
+    "choice_grammar",
+    "finite_texts",
+    "greedy_agrees",
     "constraint_of",
     "from_response_format",
     # tools (tool_*.py)

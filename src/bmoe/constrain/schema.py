@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from llguidance import LLMatcher
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 from bmoe.errors import RequestError
 
@@ -154,7 +158,11 @@ def check_schema(schema: object, field: str = "json_schema") -> dict | bool:
 def schema_grammar(schema: object, field: str = "json_schema") -> str:
     """The llguidance grammar of a checked schema; the engine's own refusals name ``field``."""
     checked = check_schema(schema, field)
-    grammar = LLMatcher.grammar_from_json_schema(json.dumps(checked))
+    # Compact JSON (no whitespace between tokens): a small model given the choice can spend its
+    # answer on newlines, and an answer of a finite set is then a decision (constrain/choices.py).
+    # (A true/false schema takes no options: it is any JSON value, or none.)
+    compact: JsonCompileOptions | None = None if isinstance(checked, bool) else {"whitespace_flexible": False}
+    grammar = LLMatcher.grammar_from_json_schema(json.dumps(checked), defaults=compact)
     failed, why = LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
         msg = why[0] if why else "refused by the grammar engine"

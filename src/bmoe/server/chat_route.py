@@ -17,9 +17,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bmoe.constrain import ConstraintError, constraint_of, from_response_format
+from bmoe.constrain import ConstraintError, choice_grammar, constraint_of, from_response_format
 from bmoe.rules import IMAGE_MARKER
-from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, run_turn
+from bmoe.server.choice_answer import answer_turn
+from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome
 from bmoe.server.errors import ApiError, error_body, from_request_error
 from bmoe.server.images import inline_bytes
 from bmoe.server.job_queue import ERROR, RESULT, Event, Job, JobQueue
@@ -33,6 +34,7 @@ from bmoe.session import Message
 from bmoe.wire.records import done_fields
 
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "guided_choice", "structured_outputs")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -123,16 +125,18 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
 def _constraint(body: ChatCompletionRequest) -> tuple[dict | bool | None, str | None]:
     """The answer's schema or grammar, from response_format, json_schema or grammar (one of them),
     checked here so that a refusal is a 400 naming its field before the job is queued."""
-    given = [n for n in ("response_format", "json_schema", "grammar") if getattr(body, n) is not None]
+    given = [n for n in CONSTRAINT_FIELDS if getattr(body, n) is not None]
     try:
         if len(given) > 1:
-            raise ConstraintError(given[1], f"give one of response_format, json_schema and grammar, got {given}")
+            raise ConstraintError(given[1], f"give one of {', '.join(CONSTRAINT_FIELDS)}, got {given}")
         schema = from_response_format(body.response_format)
         schema = body.json_schema if schema is None else schema
-        constraint_of(schema, body.grammar)
+        choice = choice_grammar(body.guided_choice, body.structured_outputs)  # vLLM's fields, as GBNF
+        grammar = body.grammar if choice is None else choice[1]
+        constraint_of(schema, grammar)
     except ConstraintError as e:
         raise ApiError(400, str(e), e.field, "invalid_request") from None
-    return schema, body.grammar
+    return schema, grammar
 
 
 def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
@@ -142,6 +146,8 @@ def telemetry(outcome: TurnOutcome) -> dict[str, Any]:
         fields.pop(k)
     if outcome.logprobs_of is not None:
         fields["logprobs_of"] = outcome.logprobs_of
+    if outcome.decision is not None:
+        fields["decision"] = outcome.decision
     return fields
 
 
@@ -170,7 +176,7 @@ class ChatRoute:
         def fn(session, job: Job) -> TurnOutcome:
             try:
                 check_bias(session, turn.logit_bias)
-                outcome = run_turn(session, job, turn)
+                outcome = answer_turn(session, job, turn)  # a decision where the answer is one of a set
             except ApiError as e:
                 if e.status == 499:  # the client left while its conversation was being checked
                     self.metrics.cancelled.inc()

@@ -57,6 +57,7 @@ class TurnOutcome:
     logprobs: dict | None = None  # choices[0].logprobs
     logprobs_of: list[dict] | None = None  # bmoe.logprobs_of
     tool_calls: tuple[ToolCall, ...] = ()  # the answer's calls (``text`` is the content before them)
+    decision: dict | None = None  # bmoe.decision: a finite-set answer's decision (server/choice_answer.py)
 
 
 def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:

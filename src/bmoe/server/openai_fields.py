@@ -63,6 +63,8 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
     OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
     OpenAIField("jump_forward", HONOURED, "bmoe: with a constraint, the tokens it forces go in one batch"),
+    OpenAIField("guided_choice", HONOURED, "vLLM style: the answer is one of these strings, answered by a decision"),
+    OpenAIField("structured_outputs", HONOURED, 'vLLM style: {"choice": [...]}, as guided_choice'),
     OpenAIField("tools", HONOURED, "up to 128 functions, called in the model's own syntax (Tools below)"),
     OpenAIField("tool_choice", HONOURED, "auto, none, required or a named function"),
     OpenAIField("parallel_tool_calls", HONOURED, "false: one call at most; true: several where the format allows"),
@@ -104,6 +106,8 @@ COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("frequency_penalty", IGNORED, _PENALTY),
     _refused("json_schema", _CONSTRAINED),
     _refused("grammar", _CONSTRAINED),
+    _refused("guided_choice", _CONSTRAINED),
+    _refused("structured_outputs", _CONSTRAINED),
     OpenAIField("stream_options", IGNORED, "stream is refused, so it has nothing to change"),
     OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
 )

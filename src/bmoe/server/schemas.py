@@ -148,6 +148,10 @@ class ChatCompletionRequest(BaseModel):
     json_schema: dict[str, Any] | bool | None = Field(None, description="llama.cpp-server style: the answer's schema")
     grammar: Text | None = Field(None, description="llama.cpp-server style: a GBNF grammar the answer keeps")
     jump_forward: bool = Field(False, description="bmoe: a constraint's forced tokens go into the model in one batch")
+    # vLLM's: the answer is one of these strings (checked by constrain/choices.py, so that a
+    # refusal names the value); Any here so that the route's 400 names what was wrong.
+    guided_choice: Any = Field(None, description="vLLM style: the answer is one of these strings")
+    structured_outputs: Any = Field(None, description='vLLM style: {"choice": [...]}, as guided_choice')
     logprobs: bool | None = Field(None, description="return the answer's tokens' log-probs")
     top_logprobs: int | None = Field(None, ge=0, le=TOP_CAP, description="alternatives per token; needs logprobs")
     logit_bias: LogitBias | None = None
@@ -312,6 +316,8 @@ class CompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
     json_schema: dict[str, Any] | bool | None = Field(None, description="refused: not on this scoring route")
     grammar: Text | None = Field(None, description="refused: not on this scoring route")
+    guided_choice: Any = Field(None, description="refused: not on this scoring route")
+    structured_outputs: Any = Field(None, description="refused: not on this scoring route")
     stream_options: Any = None
     user: Any = None
 
