@@ -216,6 +216,24 @@ BENCHES = (
         "without it, the tiny qwen3moe in process ([decide.md](decide.md#decisions-behind-the-standard-fields)).",
         "sudo .venv/bin/python bench/structured.py --bench-model --limit-gib 2.5 --rounds 2 --n-predict 24",
     ),
+    Bench(
+        "agents",
+        "Many agents on one server: the state store",
+        "do four agents taking turns on one server each answer as fast as one agent alone?",
+        "`bench/agents.py`: four chat agents (a ~600-token history each, ~60 tokens more a step, 4-token "
+        "answers) take 8 steps each round robin on one server, against one agent alone on a fresh server, "
+        "each server in its own 2.5 GiB cgroup with the page cache dropped: bmoe-server with the state "
+        "store (`--state-ram-mib 64 --state-disk-mib 1024`, [decide.md](decide.md#the-state-store-many-kept-states-in-ram-and-on-flash)) "
+        "and llama-cpp-python's own server with its prompt cache in RAM and on disk (its repacked CPU "
+        "buffers off, as bmoe loads: as shipped it died of SIGILL on this machine; and `--use_mlock false "
+        "--logits_all false`: its defaults pin the whole mapped model in RAM and keep a logit row per "
+        "context token, and it was OOM-killed at load under 2.5 GiB, as the 18:39 record shows). The "
+        "target: the median "
+        "step after each agent's first, in turns, within 1.2x of the same alone. Read from storage: "
+        "/proc/PID/io of the server; the store's bytes per tier from /metrics (llama-cpp-python's disk "
+        "cache: its folder).",
+        "sudo .venv/bin/python bench/agents.py --threads 1 --extras DIR   # DIR: llama-cpp-python's server extras",
+    ),
 )
 
 # A bench of another area registers here: one Bench(key, ...) per record folder under bench/results/

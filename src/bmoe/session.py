@@ -233,7 +233,9 @@ class Session:
             turn = self.runtime.prepare(request)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
-            reuse = prepare_turn(self.runtime, self.decider.decider, turn) if self.decider is not None else None
+            reuse = None
+            if self.decider is not None:
+                turn, reuse = prepare_turn(self.runtime, self.decider.decider, turn)
             self._cancel = (
                 cancel if cancel is not None else threading.Event()
             )  # a cancel() of an earlier run cannot reach it

@@ -149,3 +149,20 @@ def test_g37g_a_batch_restores_each_prefix_from_the_store(opener, tmp_path: Path
     b.decide_many([req(1, P1, S1), req(2, Q1, S1)])
     computed = b.decide_many([req(3, P1, S2), req(4, Q1, S2)])
     assert [r.scores.choice_logp for r in again] == [r.scores.choice_logp for r in computed]
+
+
+def test_g37h_with_the_ram_tier_off_every_family_keeps_its_states_on_flash(opener, tmp_path: Path) -> None:
+    """--state-ram-mib 0 with a flash tier: states go straight to flash (attention models' too,
+    which live in the sequence until it loses them) and come back exact."""
+    a = opener(state_ram_mib=0, state_disk_mib=64, state_dir=tmp_path / "states")
+    a.decide(req(1, P1, S1))
+    a.decide(req(2, Q1, S1))  # another agent: the first state leaves the sequence, to flash
+    restored = a.decide(req(3, P1, S2))
+    assert (restored.reuse, restored.reuse_tier) == ("restored", "disk") and restored.n_reused > 0
+    b = opener()
+    b.decide(req(1, P1, S1))
+    computed = b.decide(req(3, P1, S2))
+    assert restored.scores.choice_logp == computed.scores.choice_logp
+    assert np.array_equal(logits_of(a), logits_of(b))
+    counts = a.state_counts()
+    assert counts is not None and (counts.states_ram, counts.hits_disk, counts.hits_ram) == (0, 1, 0)

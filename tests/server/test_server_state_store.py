@@ -78,3 +78,27 @@ def test_a_decision_between_two_chat_turns_leaves_the_conversation_restorable(ma
         history += [first["choices"][0]["message"], {"role": "user", "content": "Go on."}]
         second = client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 6}).json()
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] // 2
+
+
+def test_metrics_count_hits_misses_bytes_and_evictions_per_tier(make_app, tiny_path, tmp_path) -> None:
+    """The RAM tier off over a flash tier: three interleaved streams, twice. Every lookup misses
+    RAM; the first round misses flash too, the second hits it."""
+    app = make_app(tiny_path, state_ram_mib=0, state_disk_mib=16, state_dir=tmp_path / "states")
+    with TestClient(app, base_url="http://localhost") as client:
+        answers = [
+            client.post("/v1/decide", json=decision(10 * step + k, prefix, step)).json()
+            for step in range(2)
+            for k, prefix in enumerate(AGENTS)
+        ]
+        assert [a["reuse_tier"] for a in answers[len(AGENTS) :]] == ["disk"] * len(AGENTS)
+        text = client.get("/metrics").text
+        n = len(AGENTS)
+        assert metric(text, "bmoe_state_store_hits", tier="disk") == n
+        assert metric(text, "bmoe_state_store_hits", tier="ram") == 0
+        assert metric(text, "bmoe_state_store_tier_misses", tier="ram") == 2 * n
+        assert metric(text, "bmoe_state_store_tier_misses", tier="disk") == n
+        assert metric(text, "bmoe_state_store_misses") == n
+        assert metric(text, "bmoe_state_store_states", tier="disk") == n
+        assert metric(text, "bmoe_state_store_bytes", tier="disk") > 0
+        assert metric(text, "bmoe_state_store_bytes", tier="ram") == 0
+        assert metric(text, "bmoe_state_store_evictions", tier="disk") == 0

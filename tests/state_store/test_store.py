@@ -196,11 +196,35 @@ def test_a_failed_write_turns_the_flash_tier_off_and_ram_goes_on(tmp_path: Path)
     assert s.lookup([2]).tier == TIER_RAM and s.counts().states_ram == 1
 
 
-def test_an_in_sequence_state_not_copied_is_dropped_not_written(tmp_path: Path) -> None:
+def test_an_in_sequence_state_leaving_ram_is_held_until_copied_then_written(tmp_path: Path) -> None:
     s = StateStore(ram_budget=100, disk=disk(tmp_path), max_states=1)
+    handle = Handle()
+    s.store([1], KeptState(data=handle, n_tokens=1))
+    s.store([2], state([2]))  # [1] leaves RAM with no bytes yet: held, so the backend copies it out
+    assert [k.tokens for k in s.held] == [(2,), (1,)] and s.counts().states_disk == 0
+    handle.copy = np.full(100, 7, dtype=np.uint8)  # the sequence lost it: the backend's copy
+    found = s.lookup([1, 5])
+    assert found.tier == TIER_DISK and bytes(found.kept.state.data) == bytes([7]) * 100  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("ram_budget", [0, 100])
+def test_an_in_sequence_state_never_copied_is_dropped_by_drop(tmp_path: Path, ram_budget: int) -> None:
+    s = StateStore(ram_budget=ram_budget, disk=disk(tmp_path), max_states=1 if ram_budget else None)
     s.store([1], KeptState(data=Handle(), n_tokens=1))
+    s.drop()
+    assert s.held == () and s.counts().states_disk == 0 and s.lookup([1]).kept is None
+
+
+def test_a_ram_budget_of_zero_with_flash_sends_every_state_to_flash(tmp_path: Path) -> None:
+    s = StateStore(ram_budget=0, disk=disk(tmp_path))
+    handle = Handle()
+    s.store([1], KeptState(data=handle, n_tokens=1))  # an attention model's state: in the sequence
     s.store([2], state([2]))
-    assert s.counts().states_disk == 0 and s.lookup([1]).kept is None
+    assert [k.tokens for k in s.held] == [(1,)]
+    handle.copy = np.full(100, 9, dtype=np.uint8)
+    s.flush()
+    assert s.counts().states_disk == 2 and s.counts().states_ram == 0 and s.held == ()
+    assert s.lookup([1]).tier == TIER_DISK and s.lookup([2]).tier == TIER_DISK
 
 
 def test_a_disk_budget_smaller_than_a_state_writes_nothing(tmp_path: Path) -> None:
@@ -225,17 +249,16 @@ def test_two_processes_sharing_a_folder_never_read_a_half_written_file(tmp_path:
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(folder), IDENT.hex()], env=env)
     folder.mkdir(parents=True, exist_ok=True)
     reader = DiskTier(folder, IDENT, 10**9)
-    seen = 0
-    while writer.poll() is None or seen < 40:
+    done = False
+    while not done:
+        done = writer.poll() is not None  # then one last scan, after the writer's last rename
         reader._seen_mtime = -1  # scan every time, mid-write included
         reader.rescan()
         for i in range(40):
             data = reader.get([i, i + 1])
             if data is not None:
                 assert data.nbytes == 20000 and int(data[0]) == i % 256
-        seen = len(reader.index)
-        if writer.poll() is not None and seen < 40:
-            break
+    seen = len(reader.index)
     assert writer.wait() == 0 and reader.corrupt == 0 and seen == 40
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left
 

@@ -63,6 +63,11 @@ class Metrics:
 
         for name, doc, keys in (
             ("bmoe_state_store_hits", "Kept prefix states found, by tier", ("hits_ram", "hits_disk")),
+            (
+                "bmoe_state_store_tier_misses",
+                "Lookups a tier did not answer (disk: those RAM did not answer either, flash tier on)",
+                ("misses_ram", "misses_disk"),
+            ),
             ("bmoe_state_store_bytes", "Bytes of kept prefix states held, by tier", ("bytes_ram", "bytes_disk")),
             ("bmoe_state_store_states", "Kept prefix states held, by tier", ("states_ram", "states_disk")),
             ("bmoe_state_store_evictions", "Kept prefix states evicted, by tier", ("evictions_ram", "evictions_disk")),

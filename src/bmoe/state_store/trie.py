@@ -64,6 +64,14 @@ class TokenTrie(Generic[V]):
                 break
             del path[i - 1].children[int(tokens[i - 1])]
 
+    def extended(self, tokens: Sequence[int]) -> bool:
+        """Whether a longer kept sequence starts with ``tokens`` (empty branches are pruned, so a
+        node with children leads to one)."""
+        node: _Node | None = self._root
+        for t in tokens:
+            node = node.children.get(int(t)) if node is not None else None
+        return node is not None and bool(node.children)
+
     def longest(self, tokens: Sequence[int]) -> tuple[int, V | None, int]:
         """``(n, value, depth)``: the longest kept sequence that is a prefix of ``tokens`` (its
         length ``n`` and value; 0 and None when none is), and ``depth``, how many leading tokens
