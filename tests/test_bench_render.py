@@ -248,10 +248,10 @@ def test_a_handful_of_figures_is_one_row_and_an_unregistered_bench_still_shows()
         "| 12.5 | 0.25 | 0.5 |",
         "",
     ]
-    rec = record.record("agents", command="bench/agents.py", config={}, tables=[t], machine_facts={"cpu": "x"})
-    rec["path"] = "bench/results/agents/x.json"
+    rec = record.record("nobench", command="bench/nobench.py", config={}, tables=[t], machine_facts={"cpu": "x"})
+    rec["path"] = "bench/results/nobench/x.json"
     page = render.render([*record.load(), rec])
-    assert "## bench/agents.py" in page and "add `Bench('agents', ...)` to bench/bench_text.py" in page
+    assert "## bench/nobench.py" in page and "add `Bench('nobench', ...)` to bench/bench_text.py" in page
     assert "| token_ms | share | recall.8 |" in page
 
 
