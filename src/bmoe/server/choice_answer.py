@@ -24,7 +24,8 @@ from bmoe.decide.types import ChoiceScores
 from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, _n_predict, run_turn
 from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import STEP, Job
-from bmoe.session import DecideRequest, DecideResult, GenerateRequest, GenerateResult, Message, Session
+from bmoe.server.logprobs import conversation_decision
+from bmoe.session import DecideResult, GenerateRequest, GenerateResult, Message, Session
 
 GREEDY = "greedy_walk"  # bmoe.decision.answered_by: temperature 0
 DECIDED = "decision"  # a temperature over 0: drawn from the decision
@@ -161,18 +162,7 @@ def _decide(
 ) -> tuple[DecideResult, ChoiceScores] | None:
     """The decision over ``texts`` after the conversation (None: refused, e.g. a choice that
     tokenizes to nothing); a cancelled one is a 499."""
-    *prior, user = turn.messages
-    r = session.decide(
-        DecideRequest(
-            id=0,
-            prefix="",
-            suffix=user.content,
-            choices=texts,
-            scoring="full",
-            history=tuple((m.role, m.content) for m in prior),
-        ),
-        cancel=job.cancelled,
-    )
+    r = session.decide(conversation_decision(turn.messages, texts), cancel=job.cancelled)
     if job.cancelled.is_set():
         raise ApiError(499, "the client closed the request", None, "cancelled")
     return None if r.error is not None or r.scores is None or r.scores.choice_token_logp is None else (r, r.scores)

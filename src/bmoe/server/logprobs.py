@@ -8,6 +8,7 @@ before ``logit_bias``, temperature and top-p), as the runtime computes them (run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from bmoe.server.errors import ApiError
@@ -19,6 +20,20 @@ ENTRY = dict[str, Any]  # one element of choices[i].logprobs.content
 def _token(session: Session, tok: int) -> tuple[str, list[int]]:
     raw = session.model.token_bytes(tok, special=True)
     return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def conversation_decision(messages: Sequence[Message], choices: Sequence[str]) -> DecideRequest:
+    """A full-scoring decision over ``choices`` as the answer to the conversation's last message,
+    the messages before it its history (the kept prefix, as /v1/decide keeps one)."""
+    *history, user = messages
+    return DecideRequest(
+        id=0,
+        prefix="",
+        suffix=user.content,
+        choices=tuple(choices),
+        scoring="full",
+        history=tuple((m.role, m.content) for m in history),
+    )
 
 
 class LogprobsCollector:
@@ -75,17 +90,7 @@ def logprobs_of(session: Session, messages: tuple[Message, ...], strings: tuple[
         )
     if session.decider is None:
         raise ApiError(400, f"{field}: needs decide, and this server runs with --no-decide", field, "unsupported_field")
-    *history, user = messages
-    r = session.decide(
-        DecideRequest(
-            id=0,
-            prefix="",
-            suffix=user.content,
-            choices=strings,
-            scoring="full",
-            history=tuple((m.role, m.content) for m in history),
-        )
-    )
+    r = session.decide(conversation_decision(messages, strings))
     if r.error is not None or r.scores is None:
         raise ApiError(400, f"{field}: {r.error}", field, "invalid_request")
     s = r.scores
