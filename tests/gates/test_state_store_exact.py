@@ -22,6 +22,18 @@ def logits_of(s) -> np.ndarray:
     return s.decider.decider.seq.last_logits().copy()
 
 
+def same_as_computed(opener, answer, holder=None) -> None:
+    """A session without a store decides P1 then P1 + S2, computing the state ``answer`` restored:
+    the scores are bit for bit the restored ones, and where ``holder`` (the restoring session) is
+    given, so is the logit row its sequence ends on."""
+    b = opener()
+    b.decide(req(1, P1, S1))
+    computed = b.decide(req(2, P1, S2))
+    assert answer.scores.choice_logp == computed.scores.choice_logp
+    if holder is not None:
+        assert np.array_equal(logits_of(holder), logits_of(b))
+
+
 @pytest.fixture(params=[(a, m) for a in FAMILIES for m in ("resident", "stream-nocache")], ids=lambda p: "-".join(p))
 def opener(request, tiny_models, open_session, tmp_path: Path):
     arch, mode = request.param
@@ -44,11 +56,7 @@ def test_g37a_interleaved_agents_each_restore_their_own_state_from_ram(opener, t
     restored = a.decide(req(3, P1, S2))
     assert other.reuse.startswith("miss: prefix differs at token ")
     assert (restored.reuse, restored.reuse_tier) == ("restored", "ram") and restored.n_reused > 0
-    b = opener()
-    b.decide(req(1, P1, S1))
-    computed = b.decide(req(3, P1, S2))
-    assert restored.scores.choice_logp == computed.scores.choice_logp
-    assert np.array_equal(logits_of(a), logits_of(b))
+    same_as_computed(opener, restored, a)
     counts = a.state_counts()
     assert counts is not None and (counts.hits_ram, counts.misses, counts.states_ram) == (1, 2, 2)
 
@@ -60,11 +68,7 @@ def test_g37b_a_state_restored_from_flash_after_a_restart_is_exact(opener, tmp_p
     c = opener(**store_kw(tmp_path))
     restored = c.decide(req(2, P1, S2))
     assert (restored.reuse, restored.reuse_tier) == ("restored", "disk") and restored.n_reused > 0
-    b = opener()
-    b.decide(req(1, P1, S1))
-    computed = b.decide(req(2, P1, S2))
-    assert restored.scores.choice_logp == computed.scores.choice_logp
-    assert np.array_equal(logits_of(c), logits_of(b))
+    same_as_computed(opener, restored, c)
     grown = c.decide(req(3, P1 + " opened Settings.", S3))  # a state from flash extends as any other
     assert grown.reuse == "restored+stored"
 
@@ -81,10 +85,7 @@ def test_g37c_a_damaged_state_file_is_recomputed_never_used(opener, tmp_path: Pa
     again = c.decide(req(2, P1, S2))
     assert again.reuse == "stored" and again.reuse_tier == "" and again.n_reused == 0
     assert c.state_counts().corrupt_disk == 1  # type: ignore[union-attr]
-    b = opener()
-    b.decide(req(1, P1, S1))
-    computed = b.decide(req(2, P1, S2))
-    assert again.scores.choice_logp == computed.scores.choice_logp
+    same_as_computed(opener, again)
 
 
 def test_g37d_a_state_extended_in_the_sequence_is_still_restorable(opener, tmp_path: Path) -> None:
@@ -96,11 +97,7 @@ def test_g37d_a_state_extended_in_the_sequence_is_still_restorable(opener, tmp_p
     a.decide(req(3, Q1, S1))  # another agent: the sequence loses both
     restored = a.decide(req(4, P1, S2))
     assert (restored.reuse, restored.reuse_tier) == ("restored", "ram")
-    b = opener()
-    b.decide(req(1, P1, S1))
-    computed = b.decide(req(4, P1, S2))
-    assert restored.scores.choice_logp == computed.scores.choice_logp
-    assert np.array_equal(logits_of(a), logits_of(b))
+    same_as_computed(opener, restored, a)
 
 
 def test_g37e_the_store_keeps_its_states_across_a_generate(opener, tmp_path: Path) -> None:
@@ -111,9 +108,7 @@ def test_g37e_the_store_keeps_its_states_across_a_generate(opener, tmp_path: Pat
     a.generate(GenerateRequest(prompt="Hello there.", n_predict=4))
     restored = a.decide(req(2, P1, S2))
     assert (restored.reuse, restored.reuse_tier) == ("restored", "ram")
-    b = opener()
-    b.decide(req(1, P1, S1))
-    assert restored.scores.choice_logp == b.decide(req(2, P1, S2)).scores.choice_logp
+    same_as_computed(opener, restored)
 
 
 def test_g37f_interleaved_chat_turns_restore_their_own_conversation(opener, tmp_path: Path) -> None:
@@ -159,10 +154,6 @@ def test_g37h_with_the_ram_tier_off_every_family_keeps_its_states_on_flash(opene
     a.decide(req(2, Q1, S1))  # another agent: the first state leaves the sequence, to flash
     restored = a.decide(req(3, P1, S2))
     assert (restored.reuse, restored.reuse_tier) == ("restored", "disk") and restored.n_reused > 0
-    b = opener()
-    b.decide(req(1, P1, S1))
-    computed = b.decide(req(3, P1, S2))
-    assert restored.scores.choice_logp == computed.scores.choice_logp
-    assert np.array_equal(logits_of(a), logits_of(b))
+    same_as_computed(opener, restored, a)
     counts = a.state_counts()
     assert counts is not None and (counts.states_ram, counts.hits_disk, counts.hits_ram) == (0, 1, 0)
