@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
 
     record.add_args(ap)
     args = ap.parse_args(argv)
-    command = " ".join(["python", "bench/cache_replay.py", *(argv if argv is not None else sys.argv[1:])])
+    command = record.invocation("cache_replay.py", argv)
     if args.loo is not None:
         if args.trace is not None or args.knob or len(args.loo) < 2:
             ap.error("--loo takes two or more traces, and neither a trace before it nor --knob")

@@ -118,7 +118,7 @@ def main() -> None:
     print(json.dumps(report, indent=1))
     rec = record.record(
         "content_check",
-        command=" ".join(["python", "bench/content_check.py", *sys.argv[1:]]),
+        command=record.invocation("content_check.py"),
         config={k: v for k, v in vars(a).items() if k != "results"},
         tables=[
             record.figures("One check of the sampled blocks, alone (median ms)", report["check"]),

@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rec = record.record(
         "decide_batch",
-        command=" ".join(["python", "bench/decide_batch.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=record.invocation("decide_batch.py", argv),
         config={k: v for k, v in vars(a).items() if k not in ("mode", "model", "out", "batched", "results")},
         tables=[decide_batch_table(report)],
         targets=report["targets"],  # type: ignore[arg-type]
@@ -424,7 +424,7 @@ def write_sizes(a: argparse.Namespace, report: dict, argv: list[str] | None) -> 
     keep = ("sizes", "threads", "n_ctx", "ubatch", "limit_gib", "rounds")
     rec = record.record(
         "decide_batch",
-        command=" ".join(["python", "bench/decide_batch.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=record.invocation("decide_batch.py", argv),
         config={k: v for k, v in vars(a).items() if k in keep} | {"decisions": N_DECISIONS},
         tables=[decide_sizes_table(report, N_DECISIONS)],
         partial=True,

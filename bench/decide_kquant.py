@@ -137,7 +137,7 @@ def main() -> None:
     )
     rec = record.record(
         "decide_kquant",
-        command=" ".join(["python", "bench/decide_kquant.py", *sys.argv[1:]]),
+        command=record.invocation("decide_kquant.py"),
         config={"rounds": a.rounds, "threads": a.threads, "only": a.only},
         tables=[record.table("16 decisions: one by one, the exact batch and the wide batch", cols, rec_rows)],
         targets=[

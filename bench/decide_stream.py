@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
     report: dict[str, object] = {
-        "command": " ".join(["python", "bench/decide_stream.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": record.invocation("decide_stream.py", argv),
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "machine": record.machine(disk=a.work),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},

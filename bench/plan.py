@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     a.flash_attn, a.probe_mib, a.wide_tokens, a.cache_pct = "auto", 512, 0, list(ds.DEFAULT_CACHE_PCT)
     configs = [ds.Config("planned", "planned")] + ds.plan(tuple(a.cache_pct), set(a.grid))
     report: dict[str, object] = {
-        "command": " ".join(["python", "bench/plan.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": record.invocation("plan.py", argv),
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "machine": record.machine(disk=a.work),
         "presets": {},

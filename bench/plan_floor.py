@@ -80,7 +80,7 @@ def main() -> None:
     )
     rec = record.record(
         "plan_floor",
-        command=" ".join(["python", "bench/plan_floor.py", *sys.argv[1:]]),
+        command=record.invocation("plan_floor.py"),
         config={"limits_gib": a.limits, "n": a.n, "model": str(a.model), "extra": a.extra},
         tables=[record.table("The plan under small memory limits", cols, rec_rows)],
         targets=[

@@ -119,7 +119,7 @@ def main() -> int:
     )
     rec = record.record(
         "ray_batch",
-        command=" ".join(["python", "bench/ray_batch.py", *sys.argv[1:]]),
+        command=record.invocation("ray_batch.py"),
         config={k: v for k, v in vars(args).items() if k != "results"} | {"decisions": len(data)},
         tables=[
             record.table(

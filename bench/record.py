@@ -200,6 +200,12 @@ def target(name: str, value: object, goal: str, ok: bool | None) -> dict[str, ob
     }
 
 
+def invocation(script: str, argv: Sequence[str] | None = None) -> str:
+    """The command line a record names: ``python bench/<script>`` and the run's arguments
+    (``argv`` where the bench was called from Python, else the process's)."""
+    return " ".join(["python", f"bench/{script}", *(sys.argv[1:] if argv is None else argv)])
+
+
 def record(
     bench: str,
     *,

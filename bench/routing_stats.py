@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rec = record.record(
         "routing_stats",
-        command=" ".join(["python", "bench/routing_stats.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=record.invocation("routing_stats.py", argv),
         config={"n_predict": a.n_predict, "k": a.k, "presets": a.preset, "traces": [p.name for p in a.trace]},
         tables=[
             record.table(

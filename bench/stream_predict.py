@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {out}")
     rec = record.record(
         "stream_predict",
-        command=" ".join(["python", "bench/stream_predict.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=record.invocation("stream_predict.py", argv),
         config={"model": str(a.model), "threads": a.threads, "n_predict": a.n_predict},
         tables=[
             record.figures(

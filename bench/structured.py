@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# target {t['target']}: {t['verdict']} ({t['value']}, goal {t['goal']})")
     rec = record.record(
         "structured",
-        command=" ".join(["python", "bench/structured.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=record.invocation("structured.py", argv),
         config={"model": where, "rounds": a.rounds, "threads": a.threads, "n_predict": a.n_predict},
         tables=tables,
         targets=targets,
