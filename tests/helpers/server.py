@@ -104,3 +104,10 @@ def sse_events(text: str) -> list[dict | str]:
             data = block[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def openai_client(url: str, key: str = "none", timeout: float = 120):  # type: ignore[no-untyped-def]
+    """The openai SDK's client of a live server at ``url``: no retries (a refusal shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=timeout)

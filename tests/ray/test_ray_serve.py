@@ -20,6 +20,7 @@ from bmoe.ray.serve import deployment
 from bmoe.server import ServerSettings, close_app, create_app
 from bmoe.session import Session
 from helpers.rows import ANSWER_KEYS
+from helpers.server import openai_client
 
 pytestmark = pytest.mark.ray
 
@@ -86,7 +87,7 @@ def local_url() -> Iterator[str]:
 
 
 def _client(url: str, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+    return openai_client(url, key)
 
 
 def test_the_openai_client_gets_what_bmoe_server_answers(serve_url: str, local_url: str) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from enum import Enum
 
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from bmoe.config import SessionConfig
 from bmoe.server import ServerSettings, close_app, create_app
 from bmoe.session import Session
-from helpers.server import LiveServer
+from helpers.server import LiveServer, openai_client
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -49,12 +48,8 @@ def server(smol_path):
     session.close()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
 def test_openai_sdk_parse_gives_the_pydantic_model(server) -> None:
-    r = _client(server.url).chat.completions.parse(
+    r = openai_client(server.url).chat.completions.parse(
         model="smol",
         messages=[{"role": "user", "content": "Describe Paris as JSON: name, population, tags."}],
         response_format=City,
@@ -68,7 +63,7 @@ def test_openai_sdk_parse_gives_the_pydantic_model(server) -> None:
 
 
 def test_openai_sdk_parse_of_an_enum_field(server) -> None:
-    r = _client(server.url).chat.completions.parse(
+    r = openai_client(server.url).chat.completions.parse(
         model="smol",
         messages=[{"role": "user", "content": "I won the lottery! How do I feel?"}],
         response_format=Verdict,

@@ -16,14 +16,13 @@ import json
 from typing import Annotated
 
 import jsonschema
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from bmoe.config import SessionConfig
 from bmoe.server import ServerSettings, close_app, create_app
 from bmoe.session import Session
-from helpers.server import LiveServer
+from helpers.server import LiveServer, openai_client
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -71,13 +70,9 @@ def server(request, tmp_path_factory):
     session.close()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
 def _sdk_loop(url: str) -> tuple[list[tuple[str, dict]], str | None]:
     """The openai SDK's tool loop: a call, the tool's result sent back, the final answer."""
-    client = _client(url)
+    client = openai_client(url)
     messages: list = [{"role": "user", "content": ASK}]
     r = client.chat.completions.create(
         model="bmoe",
@@ -116,7 +111,7 @@ def test_openai_sdk_tool_loop(server) -> None:
 
 def test_openai_sdk_streamed_tool_call(server) -> None:
     """The SDK's stream helper puts the deltas together into the same call as the whole answer."""
-    client = _client(server.url)
+    client = openai_client(server.url)
     body = dict(
         model="bmoe",
         messages=[{"role": "user", "content": ASK}],

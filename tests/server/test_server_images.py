@@ -15,6 +15,7 @@ from bmoe import DecideRequest
 from bmoe.config import SessionConfig
 from bmoe.session import Session
 from bmoe.testing import write_hf_arch, write_hf_mmproj, write_png
+from helpers.server import openai_client
 
 ARCH = "qwen3vlmoe"
 MARK = "<__media__>"
@@ -230,7 +231,7 @@ def test_chat_refusals_and_the_server_stays_usable(client, vl) -> None:
 
 def test_the_openai_client_sends_image_url_parts(make_app, vl, live) -> None:
     server = live(make_app(vl["model"], mmproj=vl["mmproj"], **KW))
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    client = openai_client(server.url, timeout=60)
     messages = [
         {
             "role": "user",

@@ -15,11 +15,11 @@ import openai
 import pytest
 
 from bmoe.server import ServerSettings
-from helpers.server import label_sets, metric
+from helpers.server import label_sets, metric, openai_client
 
 
 def client_for(url: str, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+    return openai_client(url, key, timeout=60)
 
 
 def test_openai_client_chat_streamed_and_not(make_app, smol_path, live) -> None:

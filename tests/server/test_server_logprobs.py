@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bmoe.session import DecideRequest, GenerateRequest, Message, ScoreRequest
+from helpers.server import openai_client
 
 MSGS = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
 CHAT = {"messages": MSGS, "max_tokens": 6, "temperature": 0}
@@ -214,7 +215,7 @@ def test_the_openai_sdk_reads_the_logprobs(make_app, smol_path, live) -> None:
     import openai
 
     server = live(make_app(smol_path, n_ctx=512))
-    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    oa = openai_client(server.url, timeout=60)
     oa.chat.completions.create(model="smol", messages=MSGS, max_tokens=1)  # a warm-up: both answers below reuse the KV
     r = oa.chat.completions.create(
         model="smol", messages=MSGS, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3, logit_bias={"28": 0}
