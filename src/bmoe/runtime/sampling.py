@@ -58,13 +58,13 @@ class Sampler:
         return self.temperature <= 0.0
 
     def sample(self, logits: np.ndarray) -> int:
-        """``logits  # [n_vocab]`` float32 -> token id. The bias is added to a copy: the row the
-        caller holds stays the model's."""
-        if len(self._bias_ids):
+        """``logits  # [n_vocab]`` float32 -> token id. The bias and the penalties go on one copy:
+        the row the caller holds stays the model's."""
+        if len(self._bias_ids) or self._counts:
             logits = np.array(logits, dtype=np.float32)
+        if len(self._bias_ids):
             np.add.at(logits, self._bias_ids, self._bias)
         if self._counts:
-            logits = np.array(logits, dtype=np.float32)
             ids = np.fromiter(self._counts, dtype=np.int64, count=len(self._counts))
             n = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
             logits[ids] -= np.float32(self._presence) + np.float32(self._frequency) * n
