@@ -53,7 +53,8 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
-from bmoe.runtime.tool_turn import thinks, tool_grammar
+from bmoe.runtime.tool_choice import NamePick, name_pick
+from bmoe.runtime.tool_turn import special_markers, thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -68,6 +69,19 @@ def _storage_read_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+def banned(logits: np.ndarray | None, mask: TokenMask | None, ban: list[int]) -> np.ndarray:
+    """The row a token is sampled from: the constraint's mask, and ``ban`` (a tool turn's drawn
+    text: the tool choices' first tokens) at -inf where something else is left."""
+    assert logits is not None  # sampled tokens always have their row
+    row = logits if mask is None else mask.mask(logits)
+    if ban:
+        row = row.copy()
+        row[ban] = -np.inf
+        if not np.isfinite(row).any():
+            return logits if mask is None else mask.mask(logits)
+    return row
 
 
 def _rusage() -> tuple[int, float]:
@@ -87,6 +101,7 @@ class Turn(NamedTuple):
     think: bool
     opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
     mask: TokenMask | None = None  # the answer's constraint (json_schema or grammar), if any
+    pick: NamePick | None = None  # a tool turn's name decision (runtime/tool_choice.py)
 
 
 class SideRoom(NamedTuple):
@@ -407,15 +422,13 @@ class Runtime:
             )
         if req.jump_forward and req.keep_logits:
             raise RequestError("jump_forward: forced tokens have no logit row of their own; not with keep_logits")
-        sampler = Sampler(
-            cfg.temperature if req.temperature is None else req.temperature,
-            cfg.top_p if req.top_p is None else req.top_p,
-            cfg.seed if req.seed is None else req.seed,
-            req.logit_bias,
-            req.presence_penalty,
-            req.frequency_penalty,
-        )
-        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask)
+        temperature = cfg.temperature if req.temperature is None else req.temperature
+        top_p, seed = cfg.top_p if req.top_p is None else req.top_p, cfg.seed if req.seed is None else req.seed
+        sampler = Sampler(temperature, top_p, seed, req.logit_bias, req.presence_penalty, req.frequency_penalty)
+        pick = None
+        if req.tools and mask is not None and not think and not images:  # the name comes first (tool_choice.py)
+            pick = name_pick(self.chat, req, special_markers(self.model, self.chat), temperature, top_p, seed)
+        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask, pick)
 
     def run(self, turn: "Turn", cancel: threading.Event) -> Generator[Step, None, GenerateResult]:
         """Yield a Step per generated token; return the GenerateResult. ``cancel`` is looked at
@@ -423,7 +436,7 @@ class Runtime:
         return (yield from self._run_turn(*turn, cancel))
 
     def _run_turn(
-        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, mask, cancel
+        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, mask, pick, cancel
     ) -> Generator[Step, None, GenerateResult]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
@@ -470,14 +483,21 @@ class Runtime:
                 stop = "cancelled"
                 break
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
+            ban: list[int] = []
+            if pick is not None and not forced and mask is not None:  # the tool's name (tool_choice.py)
+                assert logits is not None
+                forced, ban = pick.before_sample(self, logits, mask)
             was_forced = bool(forced)
-            tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
+            tok = forced.pop(0) if forced else sampler.sample(banned(logits, mask, ban))
             sampler.taken(tok)
-            # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its own
+            # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its
+            # own, but a drawn tool name's tokens have their decision's
             lp = None
             if req.top_logprobs is not None and not was_forced:
                 assert logits is not None  # a sampled token was drawn from this row
                 lp = token_logprobs(logits, tok, req.top_logprobs)
+            elif req.top_logprobs is not None and pick is not None:
+                lp = pick.logprobs(tok, req.top_logprobs)
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)
@@ -485,6 +505,8 @@ class Runtime:
                 stop = "eog"
                 break
             out.append(tok)
+            if pick is not None:
+                pick.taken(self.model.token_bytes(tok), not was_forced)
             d_text, d_reason = stream.push(self.model.token_bytes(tok))
             if mask is not None and mask.advance(tok):  # the constraint ends the answer here
                 stop = "eog"
@@ -539,6 +561,7 @@ class Runtime:
             majflt=flt1 - flt0,
             cpu_s=cpu1 - cpu0,
             logits=tuple(kept),
+            tool_decision=pick.report() if pick is not None else None,
         )
 
     def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits, logprobs=None) -> Step:
