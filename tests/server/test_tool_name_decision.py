@@ -175,3 +175,25 @@ def test_tiny_moe_streamed_equals_resident(make_app, tiny_path) -> None:
             got.append(runs)
     assert all("choice_logp" in d for _, d in got[0])
     assert got[0] == got[1]
+
+
+def test_a_special_marker_is_scored_as_its_one_token() -> None:
+    """A choice's rest is tokenized with each marker that is one special token as that token
+    (Qwen3's ``<tool_call>``), the text around it as plain text."""
+    from bmoe.runtime.tool_choice import NamePick
+
+    class Chars:
+        def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+            assert not add_special and not parse_special
+            return [ord(c) for c in text]
+
+    pick = NamePick(("a",), (b"",), True, True, 1.0, 1.0, None, {"<tool_call>": 7, "<|x|>": 9})
+    got = pick._tokens(Chars(), '<tool_call>\n{"name": "a"<|x|>')  # type: ignore[arg-type]
+    assert got == [7, *map(ord, '\n{"name": "a"'), 9]
+
+
+def test_without_decide_the_name_is_sampled_token_by_token(smol_path, make_app) -> None:
+    with TestClient(make_app(smol_path, n_predict=48, decide=False), base_url="http://localhost") as c:
+        d = _chat(c, tool_choice="required", temperature=0.8, seed=3)["bmoe"]["decision"]
+    assert d["answered_by"] == "sampled" and d["why_not"] == "decide is off (--no-decide)"
+    assert "choice_logp" not in d and d["chosen"] in (0, 1, 2)

@@ -20,7 +20,6 @@ of its branches on side sequences (``forks.decode_forks``; seq 0 is not touched)
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -50,6 +49,14 @@ def _limits(model: str) -> RowLimits:
     return batch_limits(model)
 
 
+def _shared(texts: tuple[bytes, ...]) -> bytes:
+    """The bytes all ``texts`` start with."""
+    n = 0
+    while all(len(t) > n and t[n] == texts[0][n] for t in texts):
+        n += 1
+    return texts[0][:n]
+
+
 @dataclass(eq=False)
 class NamePick:
     """One turn's name decision: built by ``name_pick``, asked by the generate loop before each
@@ -77,7 +84,7 @@ class NamePick:
         self.score, self.why_not = False, why
 
     def _at_point(self, mask: TokenMask, model: LlamaModel) -> bool:
-        common = os.path.commonprefix(list(self.full))
+        common = _shared(self.full)
         for t in mask.allowed_ids():
             t = int(t)
             if model.is_eog(t) or not common.startswith(self.at + model.token_bytes(t)):

@@ -34,7 +34,7 @@ def _why_not(session: Session, turn: ChatTurn) -> str | None:
     if session.decider is None:
         return "decide is off (--no-decide)"
     if turn.tools.tools:
-        return "the tools are rendered into the prompt (a tool turn's choice is constrain/tool_decision.py's)"
+        return "the tools are rendered into the prompt (a tool turn's name is runtime/tool_choice.py's decision)"
     if any(m.role == "tool" or m.tool_calls for m in turn.messages):
         return "the conversation holds tool calls (a decision's history is plain messages)"
     if any(m.images for m in turn.messages):
