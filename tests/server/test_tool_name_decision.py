@@ -197,3 +197,47 @@ def test_without_decide_the_name_is_sampled_token_by_token(smol_path, make_app) 
         d = _chat(c, tool_choice="required", temperature=0.8, seed=3)["bmoe"]["decision"]
     assert d["answered_by"] == "sampled" and d["why_not"] == "decide is off (--no-decide)"
     assert "choice_logp" not in d and d["chosen"] in (0, 1, 2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_drawn_name_goes_in_as_one_batch(make_app, smol_path, temperature) -> None:
+    """The KV appends of a one-call turn: the prompt's prefill, then one per token but the last
+    (which ends the grammar); a drawn name's k tokens go in as one append (k - 1 fewer), a
+    greedy one token by token."""
+    from bmoe.constrain import ToolChoice, parse_tools
+    from bmoe.runtime.kv import KvSequence
+    from bmoe.session import GenerateRequest
+
+    app = make_app(smol_path, n_predict=48)
+    s = app.state.session
+    calls: list[int] = []
+    real = KvSequence.append
+
+    def counting(self, tokens, **kw):
+        calls.append(len(tokens))
+        return real(self, tokens, **kw)
+
+    req = GenerateRequest(
+        prompt=ASK[0]["content"],
+        tools=parse_tools(TOOLS),
+        tool_choice=ToolChoice("required"),
+        parallel_tool_calls=False,
+        think=False,
+        n_predict=48,
+        clear_kv=True,
+        temperature=temperature,
+        seed=3,
+        top_logprobs=0,
+    )
+    KvSequence.append = counting  # type: ignore[method-assign]
+    try:
+        r = s.generate(req)
+    finally:
+        KvSequence.append = real  # type: ignore[method-assign]
+    d = r.tool_decision
+    assert r.stop == "eog" and d is not None and d["chosen"] is not None
+    k = d["choice_tokens"][d["chosen"]] if temperature > 0 else 1
+    assert len(calls) == 1 + (r.n_tokens - 1) - (k - 1)
+    assert d["answered_by"] == ("decision" if temperature > 0 else "greedy_walk")
+    if temperature > 0:
+        assert d["decoded"] == 0 and k > 1 and k in calls

@@ -122,6 +122,9 @@ class NamePick:
         if any(not t or not mask.accepts(t) for t in tokens):
             self.off("a choice's tokens are not the grammar's there")
             return [], []
+        if rt.kv.n_past + max(len(t) for t in tokens) > rt.n_ctx:
+            self.off("the choices do not fit the context after the prompt")
+            return [], []
         multi = [i for i, t in enumerate(tokens) if len(t) > 1]
         fork_rows = (
             decode_forks(
