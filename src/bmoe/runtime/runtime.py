@@ -53,7 +53,7 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
-from bmoe.runtime.tool_choice import NamePick, name_pick
+from bmoe.runtime.tool_choice import NamePick, banned, name_pick
 from bmoe.runtime.tool_turn import special_markers, thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
@@ -69,19 +69,6 @@ def _storage_read_bytes() -> int:
     except OSError:
         pass
     return 0
-
-
-def banned(logits: np.ndarray | None, mask: TokenMask | None, ban: list[int]) -> np.ndarray:
-    """The row a token is sampled from: the constraint's mask, and ``ban`` (a tool turn's drawn
-    text: the tool choices' first tokens) at -inf where something else is left."""
-    assert logits is not None  # sampled tokens always have their row
-    row = logits if mask is None else mask.mask(logits)
-    if ban:
-        row = row.copy()
-        row[ban] = -np.inf
-        if not np.isfinite(row).any():
-            return logits if mask is None else mask.mask(logits)
-    return row
 
 
 def _rusage() -> tuple[int, float]:

@@ -57,6 +57,19 @@ def _shared(texts: tuple[bytes, ...]) -> bytes:
     return texts[0][:n]
 
 
+def banned(logits: np.ndarray | None, mask: TokenMask | None, ban: list[int]) -> np.ndarray:
+    """The row a token is sampled from: the constraint's mask, and ``ban`` (a tool turn's drawn
+    text: the tool choices' first tokens) at -inf where something else is left."""
+    assert logits is not None  # sampled tokens always have their row
+    row = logits if mask is None else mask.mask(logits)
+    if ban:
+        row = row.copy()
+        row[ban] = -np.inf
+        if not np.isfinite(row).any():
+            return logits if mask is None else mask.mask(logits)
+    return row
+
+
 @dataclass(eq=False)
 class NamePick:
     """One turn's name decision: built by ``name_pick``, asked by the generate loop before each
@@ -78,13 +91,16 @@ class NamePick:
     drew_text: bool = False
     decoded: int = 0  # sampled tokens of the name after its first
     settled: bool = False
+    _common: bytes | None = None  # the bytes all choices start with
     _rows: list[np.ndarray] = field(default_factory=list)  # the drawn tool's rows, for its log-probs
 
     def off(self, why: str) -> None:
         self.score, self.why_not = False, why
 
     def _at_point(self, mask: TokenMask, model: LlamaModel) -> bool:
-        common = _shared(self.full)
+        if self._common is None:
+            self._common = _shared(self.full)
+        common = self._common
         for t in mask.allowed_ids():
             t = int(t)
             if model.is_eog(t) or not common.startswith(self.at + model.token_bytes(t)):
