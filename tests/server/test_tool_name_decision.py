@@ -267,3 +267,47 @@ def test_auto_goes_on_as_drawn(client, pick, monkeypatch) -> None:
     opener = decision.choices
     firsts = {bytes(s.model.token_bytes(s.model.tokenize(o, add_special=False, parse_special=True)[0])) for o in opener}
     assert bytes(body["choices"][0]["logprobs"]["content"][0]["bytes"]) not in firsts
+
+
+def test_a_special_token_opener_is_drawn_and_forced_as_that_token(make_app, smol_path, monkeypatch) -> None:
+    """A format whose opener is one special token of the vocabulary (as Qwen3's ``<tool_call>``):
+    SmolLM2's ``<|im_start|>`` stands in for it. The opener is scored and forced as that token, and
+    temperature 0 stays greedy's."""
+    import dataclasses
+
+    import bmoe.runtime.runtime as rt
+    from bmoe.constrain import GENERIC, ToolChoice, parse_tools
+    from bmoe.session import GenerateRequest
+
+    s = make_app(smol_path, n_predict=48).state.session
+    s.chat.tool_format = dataclasses.replace(
+        GENERIC, name="special-test", call_open='<|im_start|>{{"name": "{name}", "arguments": '
+    )
+    [im_start] = s.model.tokenize("<|im_start|>", add_special=False, parse_special=True)
+
+    def run(mode: str, temperature: float) -> tuple:
+        s.runtime.kv.reset()
+        r = s.generate(
+            GenerateRequest(
+                prompt=ASK[0]["content"],
+                tools=parse_tools(TOOLS),
+                tool_choice=ToolChoice(mode),
+                think=False,
+                n_predict=40,
+                clear_kv=True,
+                temperature=temperature,
+                seed=7,
+                top_logprobs=0,
+            )
+        )
+        return r.text, r.tokens, r.tool_decision
+
+    text, tokens, d = run("required", 0.8)
+    assert d is not None and d["answered_by"] == "decision" and tokens[0] == im_start, (d, text)
+    # a control token's piece is empty in the text (the stream renders no control token)
+    assert text.startswith('{"name": "' + NAMES[d["chosen"]] + '", "arguments": ')
+    greedy = [run(mode, 0.0) for mode in ("required", "auto")]
+    monkeypatch.setattr(rt, "name_pick", lambda *a, **k: None)
+    plain = [run(mode, 0.0) for mode in ("required", "auto")]
+    assert [(t, k) for t, k, _ in greedy] == [(t, k) for t, k, _ in plain]
+    assert all(d is not None and "choice_logp" in d for _, _, d in greedy)

@@ -493,7 +493,7 @@ class Runtime:
                 break
             out.append(tok)
             if pick is not None:
-                pick.taken(self.model.token_bytes(tok), not was_forced)
+                pick.taken(tok, self.model.token_bytes(tok), not was_forced)
             d_text, d_reason = stream.push(self.model.token_bytes(tok))
             if mask is not None and mask.advance(tok):  # the constraint ends the answer here
                 stop = "eog"

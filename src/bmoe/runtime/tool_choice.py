@@ -92,6 +92,7 @@ class NamePick:
     decoded: int = 0  # sampled tokens of the name after its first
     settled: bool = False
     _common: bytes | None = None  # the bytes all choices start with
+    _markers: dict[int, bytes] | None = None  # special marker token -> its text
     _rows: list[np.ndarray] = field(default_factory=list)  # the drawn tool's rows, for its log-probs
 
     def off(self, why: str) -> None:
@@ -103,9 +104,16 @@ class NamePick:
         common = self._common
         for t in mask.allowed_ids():
             t = int(t)
-            if model.is_eog(t) or not common.startswith(self.at + model.token_bytes(t)):
+            if model.is_eog(t) or not common.startswith(self.at + self.piece(t, model.token_bytes(t))):
                 return True
         return False
+
+    def piece(self, token: int, text: bytes) -> bytes:
+        """A token's bytes as the choices spell it: a special marker's is its text (a control
+        token's piece, ``text``, is empty)."""
+        if self._markers is None:
+            self._markers = {i: m.encode() for m, i in self.special.items()}
+        return self._markers.get(token, text)
 
     def _tokens(self, model: LlamaModel, text: str) -> list[int]:
         """``text``'s tokens, each special marker as its one token."""
@@ -182,7 +190,9 @@ class NamePick:
         """A drawn tool's forced token's log-probs, from the rows the decision scored it on."""
         return token_logprobs(self._rows.pop(0), token, top_n) if self._rows else None
 
-    def taken(self, piece: bytes, sampled: bool) -> None:
+    def taken(self, token: int, piece: bytes, sampled: bool) -> None:
+        """The generation took ``token`` (its text ``piece``; ``sampled``: not forced)."""
+        piece = self.piece(token, piece)
         if self.point is not None and not self.settled:
             if sampled and self.at != self.point:
                 self.decoded += 1
