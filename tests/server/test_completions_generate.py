@@ -293,3 +293,37 @@ def test_tiny_moe_streamed_equals_resident(make_app, tiny_path) -> None:
                 answers.append((body["choices"], body["usage"], body["bmoe"]["prompts"][0].get("decision")))
             got.append(answers)
     assert got[0] == got[1]
+
+
+def test_a_client_that_leaves_mid_generation_stops_it_and_is_counted(smol) -> None:
+    """The worker side: the job is cancelled (the client left) after the first token; the
+    generation stops there, the job ends as Cancelled, the KV is rolled back to the reused prefix,
+    and the cancel is counted."""
+    from bmoe.server.completions_route import CompletionsRoute
+    from bmoe.server.job_queue import STEP, Cancelled, Job
+    from bmoe.server.schemas import CompletionRequest
+    from helpers.server import metric
+
+    app = smol.app
+    session, metrics = app.state.session, app.state.metrics
+    route = CompletionsRoute(app.state.queue, metrics, "m")
+    fn = route._fn(CompletionRequest(prompt=TEXT, max_tokens=12, temperature=0), stream=True)
+    job = object.__new__(Job)
+    job.cancelled = __import__("threading").Event()
+    pieces = []
+
+    def emit(kind, value=None):  # noqa: ANN001, ANN202
+        assert kind == STEP
+        pieces.append(value)
+        job.cancelled.set()
+
+    job.emit = emit
+    before = metrics.render().decode()
+    with pytest.raises(Cancelled):
+        fn(session, job)
+    assert len(pieces) == 1 and pieces[0].text and pieces[0].finish_reason is None
+    n_prompt = len(session.model.tokenize(TEXT, add_special=True, parse_special=True))
+    assert len(session.kv.tokens) < n_prompt  # the turn never happened (kept: the reused prefix)
+    text = metrics.render().decode()
+    assert metric(text, "bmoe_cancelled_total") == metric(before, "bmoe_cancelled_total") + 1
+    assert _complete(smol, TEXT, max_tokens=4)["choices"][0]["finish_reason"] == "length"
