@@ -47,13 +47,19 @@ def _constraint(fields: dict) -> tuple[dict | bool | None, str | None]:
     return schema, choice[1] if choice is not None else fields.get("grammar")
 
 
-def raw_generate(session: Session, prompt: str, n_predict: int, **fields: object):  # noqa: ANN201
+def raw_generate(session: Session, prompt: str, n_predict: int, sampling: dict | None = None, **fields: object):  # noqa: ANN201
     """The session's own raw-prompt generation (temperature 0): the reference the route must equal."""
     toks = session.model.tokenize(prompt, add_special=True, parse_special=True)
     schema, grammar = _constraint(fields)
     it = session.generate_iter(
         GenerateRequest(
-            prompt="", n_predict=n_predict, clear_kv=False, temperature=0.0, json_schema=schema, grammar=grammar
+            prompt="",
+            n_predict=n_predict,
+            clear_kv=False,
+            temperature=0.0,
+            json_schema=schema,
+            grammar=grammar,
+            **(sampling or {}),
         ),
         tokens=toks,
     )
@@ -88,6 +94,19 @@ def test_generation_is_the_raw_prompt_continued_and_leaves_the_history(smol) -> 
     assert session.history == history  # no template, no turn added
     # OpenAI's default max_tokens, 16, when left out
     assert _complete(smol, TEXT)["usage"]["completion_tokens"] == 16
+
+
+def test_logit_bias_and_penalties_shape_the_generation(smol) -> None:
+    session = smol.app.state.session
+    tok = session.model.tokenize(" Rome", add_special=False, parse_special=False)
+    assert len(tok) == 1
+    forced = _complete(smol, TEXT, max_tokens=4, logit_bias={str(tok[0]): 100})["choices"][0]["text"]
+    assert forced == " Rome" * 4  # every step picks the biased token
+    for pen in ({"presence_penalty": 2.0}, {"frequency_penalty": 1.5}):
+        got = _complete(smol, TEXT, max_tokens=16, **pen)["choices"][0]["text"]
+        assert got == raw_generate(session, TEXT, 16, sampling=pen).text
+    plain = _complete(smol, TEXT, max_tokens=16)["choices"][0]["text"]
+    assert got != plain  # the penalty changed the answer (SmolLM2 repeats itself without it)
 
 
 def test_legacy_logprobs_echo_and_stop(smol) -> None:
