@@ -346,3 +346,22 @@ def test_a_client_that_leaves_mid_generation_stops_it_and_is_counted(smol) -> No
     text = metrics.render().decode()
     assert metric(text, "bmoe_cancelled_total") == metric(before, "bmoe_cancelled_total") + 1
     assert _complete(smol, TEXT, max_tokens=4)["choices"][0]["finish_reason"] == "length"
+
+
+def test_jump_forward_echo_and_token_ids(smol) -> None:
+    session = smol.app.state.session
+    plain = _complete(smol, max_tokens=48, json_schema=CITY)
+    jumped = _complete(smol, max_tokens=48, json_schema=CITY, jump_forward=True)
+    assert jumped["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert jumped["choices"][0]["finish_reason"] == "stop"
+    ids = session.model.tokenize(TEXT, add_special=True, parse_special=True)
+    assert (
+        _complete(smol, ids, max_tokens=8)["choices"][0]["text"]
+        == _complete(smol, TEXT, max_tokens=8)["choices"][0]["text"]
+    )
+    echoed = _complete(smol, guided_choice=["Albany", "Buffalo"], echo=True)
+    assert (
+        echoed["choices"][0]["text"]
+        == PROMPT + _complete(smol, guided_choice=["Albany", "Buffalo"])["choices"][0]["text"]
+    )
+    assert "decision" in echoed["bmoe"]["prompts"][0]
