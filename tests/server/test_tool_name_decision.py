@@ -311,3 +311,13 @@ def test_a_special_token_opener_is_drawn_and_forced_as_that_token(make_app, smol
     plain = [run(mode, 0.0) for mode in ("required", "auto")]
     assert [(t, k) for t, k, _ in greedy] == [(t, k) for t, k, _ in plain]
     assert all(d is not None and "choice_logp" in d for _, _, d in greedy)
+
+
+def test_logit_bias_keeps_the_name_generated(smol_path, make_app) -> None:
+    """A bias changes the tokens' scores, so the decision's would not be the sampler's: no draw."""
+    with TestClient(make_app(smol_path, n_predict=48), base_url="http://localhost") as c:
+        d = _chat(c, tool_choice="required", temperature=0.8, seed=3, logit_bias={"100": 1.0})["bmoe"]["decision"]
+        greedy = _chat(c, tool_choice="required", temperature=0, logit_bias={"100": 1.0})["bmoe"]["decision"]
+    assert d["answered_by"] == "sampled" and "choice_logp" not in d
+    assert d["why_not"] == "logit_bias or a penalty changes the tokens' scores"
+    assert greedy["answered_by"] == "greedy_walk" and "why_not" not in greedy

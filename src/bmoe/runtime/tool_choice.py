@@ -250,6 +250,6 @@ def name_pick(
         seed=seed,
         special=special,
     )
-    if req.logit_bias or req.presence_penalty or req.frequency_penalty:
+    if pick.score and (req.logit_bias or req.presence_penalty or req.frequency_penalty):
         pick.off("logit_bias or a penalty changes the tokens' scores")
     return pick
