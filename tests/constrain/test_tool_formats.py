@@ -52,6 +52,8 @@ FAMILIES = {
     "GLM-4.6": ("glm-4.5", True, True),
     "GLM-4.7-Flash": ("glm-4.7", True, True),
     "MiniMax-M2": ("minimax-m2", True, True),
+    "MiniMax-M3": ("minimax-m3", True, True),
+    "Kimi-K3": ("kimi-k3", True, True),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.3-70B-Instruct": ("llama3", True, False),
@@ -72,7 +74,6 @@ FAMILIES = {
 PROBED = {
     "Kimi-K2-Instruct": "kimi-k2",
     "Kimi-K2-Thinking": "kimi-k2",
-    "MiniMax-M3": "generic",
     "meetkai-functionary-medium-v3.1": "generic",
     "unsloth-Apriel-1.5": "generic",
     "inclusionai-ling-3.0-flash": "generic",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bmoe.constrain.tool_formats import ToolFormat, fill, native_id, parts
-from bmoe.constrain.tool_spec import Tool, ToolCall
+from bmoe.constrain.tool_spec import Tool, ToolCall, resolve
 from bmoe.errors import BmoeError
 
 _HOLES = {
@@ -27,6 +27,7 @@ _HOLES = {
     "id": r"[A-Za-z0-9_.-]+",
     "key": r"[^\s\"<>=]+",
     "string": r"true|false",
+    "type": r"boolean|null|number|string|object|array",
 }
 
 
@@ -180,27 +181,74 @@ def _json_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dic
 def _xml_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
     rx, args = _compiled(fmt), {}
     props = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    while (m := rx.param_open.match(text, at)) is not None:
+    while (m := rx.param_open.match(text, at)) is not None and not m.group("key").startswith("/"):
+        key, holes = m.group("key"), m.groupdict()
+        if fmt.values == "xml":
+            args[key], at = _element(fmt, text, m.end(), key, props.get(key), schema)
+            continue
         close = rx.param_close.search(text, m.end())
         if close is None:
             raise _Short()
-        key, raw = m.group("key"), text[m.end() : close.start()]
-        args[key] = _value(raw, m.groupdict().get("string"), props.get(key))
+        args[key] = _value(text[m.end() : close.start()], holes.get("string") or holes.get("type"), props.get(key))
         at = close.end()
     if not text[at:].strip():
         raise _Short()
     return args, at
 
 
+def _kind(schema: object) -> object:
+    return schema.get("type") if isinstance(schema, dict) else None
+
+
+def _element(fmt: ToolFormat, text: str, at: int, key: str, schema: object, root: object) -> tuple[object, int]:
+    """A value written as nested elements (``values="xml"``) from ``at``, and where its element
+    ends: an object's keys or an array's ``item``s are elements, a scalar is text (read as
+    ``_value`` reads it)."""
+    close = fill(fmt.param_close, key=key)
+    schema = resolve(schema, root)
+    kids: list[tuple[str, object]] = []
+    pos = at
+    if _kind(schema) != "string":
+        sub = _compiled(fmt).param_open
+        while not text.startswith(close, pos) and (m := sub.match(text, pos)) is not None:
+            k = m.group("key")
+            if k.startswith("/"):  # another element's close: the text is not well nested
+                raise ValueError(f"{key!r} closes with {text[pos : m.end()]!r}")
+            kid = None
+            if isinstance(schema, dict):
+                kid = schema.get("items") if k == "item" and _kind(schema) != "object" else None
+                kid = (schema.get("properties") or {}).get(k) if kid is None else kid
+            value, pos = _element(fmt, text, m.end(), k, kid, root)
+            kids.append((k, value))
+    if kids:
+        if not text.startswith(close, pos):
+            if close.startswith(text[pos:]):
+                raise _Short()
+            raise ValueError(f"expected {close!r} at {text[pos : pos + 20]!r}")
+        if _kind(schema) == "array" or (_kind(schema) != "object" and all(k == "item" for k, _ in kids)):
+            return [v for _, v in kids], pos + len(close)
+        return dict(kids), pos + len(close)
+    end = text.find(close, at)
+    if end < 0:
+        raise _Short()
+    raw = text[at:end]
+    if not raw and _kind(schema) in ("object", "array"):  # written as no elements
+        return ({} if _kind(schema) == "object" else []), end + len(close)
+    return _value(raw, None, schema), end + len(close)
+
+
 def _value(raw: str, string: str | None, schema: object) -> object:
-    """An xml parameter's value: raw text where it is a string, else JSON."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if string == "true" or (string is None and (kind == "string" or (isinstance(kind, list) and "string" in kind))):
+    """An xml parameter's value: raw text where it is a string (``string`` says, from the
+    format's ``{string}`` or ``{type}`` hole, or the schema does), else JSON."""
+    kind = _kind(schema)
+    if string in ("true", "string") or (
+        string is None and (kind == "string" or (isinstance(kind, list) and "string" in kind))
+    ):
         return raw
     try:
         return json.loads(raw)
     except ValueError:
-        if string == "false":
+        if string is not None:
             raise ValueError(f"its value {raw[:40]!r} is marked not a string but is not JSON") from None
         return raw
 
