@@ -44,6 +44,9 @@ class ToolFormat:
     parallel: bool = True  # several calls in one answer
     id_pattern: str | None = None  # the regex of a call id the model writes ({id}), where it writes one
     index_from: int = 0  # the {index} of the first call
+    # The family's own reasoning block before the calls, where it is not ``<think>``: its opening
+    # and what ends it (gpt-oss's analysis channel); ("", ""): none of its own.
+    reasoning: tuple[str, str] = ("", "")
 
     @property
     def opener(self) -> str:
@@ -68,6 +71,7 @@ FORMATS: tuple[ToolFormat, ...] = (
         " to=functions.{name}<|channel|>commentary json<|message|>",
         "<|call|>",
         parallel=False,
+        reasoning=("<|channel|>analysis<|message|>", "<|end|><|start|>assistant"),
     ),
     ToolFormat(
         "kimi-k2",

@@ -74,7 +74,7 @@ def _is_str(schema: object) -> bool:
 def markers(fmt: ToolFormat) -> set[str]:
     """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
     texts = [fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator]
-    texts += [fmt.param_open, fmt.param_close]
+    texts += [fmt.param_open, fmt.param_close, *fmt.reasoning]
     return {m for t in texts for m in _MARKER.findall(t)}
 
 
@@ -229,19 +229,23 @@ Think = Literal["", "open", "inside"]
 
 
 def _reasoning(g: "_Lark", think: Think, body: str) -> str:
-    """``body`` after a reasoning block (Qwen3, DeepSeek R1): "open", the answer may start with
-    ``<think>...</think>``; "inside", the prompt opened the block, so the answer closes it first.
-    Whitespace may follow the block."""
-    close = g.lit(THINK_CLOSE)
+    """``body`` after a reasoning block: the format's own (``ToolFormat.reasoning``: gpt-oss's
+    analysis channel) or ``<think>...</think>`` (Qwen3, DeepSeek R1). "open", the answer may start
+    with the block; "inside", the prompt opened it, so the answer closes it first. The block ends
+    at its first closing text; whitespace may follow a ``</think>``."""
+    opening, closing = g.fmt.reasoning if g.fmt.reasoning[0] else (THINK_OPEN, THINK_CLOSE)
+    close = g.lit(closing)
     if close.startswith("<["):  # a special token: the text before it cannot write it
         reasoning = f"/(?s:.*)/ {close}"
     else:
-        reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(THINK_CLOSE)}/")
-    g.rules.append("BLANK: /[ \\t\\r\\n]+/")
-    block = f"{reasoning} BLANK?"
+        reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(closing)}/")
+    block = reasoning
+    if closing == THINK_CLOSE:
+        g.rules.append("BLANK: /[ \\t\\r\\n]+/")
+        block = f"{reasoning} BLANK?"
     if think == "inside":
         return f"{block} ({body})"
-    return f"{g.lit(THINK_OPEN)} {block} ({body}) | {body}"
+    return f"{g.lit(opening)} {block} ({body}) | {body}"
 
 
 def tool_lark(

@@ -1,7 +1,7 @@
 """Incremental detokenization: token pieces in, (text, reasoning) deltas out.
 
 Pieces are bytes; a UTF-8 character can span tokens, so an incremental decoder holds the
-incomplete tail. Text inside <think>...</think> is reasoning; a marker can also span
+incomplete tail. Text inside <think>...</think> (or a format's own markers) is reasoning; a marker can also span
 tokens, so a possible partial marker at the end is held back until it resolves.
 """
 
@@ -21,11 +21,15 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 
 class Detokenizer:
-    def __init__(self, *, split_think: bool, in_reasoning: bool = False) -> None:
+    def __init__(
+        self, *, split_think: bool, in_reasoning: bool = False, markers: tuple[str, str] = (OPEN, CLOSE)
+    ) -> None:
+        """``markers``: what opens and closes reasoning (a format's own: gpt-oss's analysis channel)."""
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._split = split_think
         self._in_reasoning = in_reasoning and split_think
         self._pending = ""
+        self._markers = markers
         self.text = ""
         self.reasoning = ""
 
@@ -43,7 +47,7 @@ class Detokenizer:
             if not self._split:
                 d_text, self._pending = d_text + self._pending, ""
                 break
-            marker = CLOSE if self._in_reasoning else OPEN
+            marker = self._markers[1] if self._in_reasoning else self._markers[0]
             at = self._pending.find(marker)
             if at >= 0:
                 head, self._pending = self._pending[:at], self._pending[at + len(marker) :]

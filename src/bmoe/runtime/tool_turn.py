@@ -27,10 +27,27 @@ def _calls(req: GenerateRequest) -> bool:
     return bool(req.tools) and (req.tool_choice is None or req.tool_choice.mode != "none")
 
 
+def _own_reasoning(chat: ChatRenderer) -> tuple[str, str] | None:
+    """The format's own reasoning block (gpt-oss's analysis channel), where it has one and the
+    template has no ``<think>`` block."""
+    fmt = chat.tool_format
+    return fmt.reasoning if fmt.reasoning[0] and chat.think_ctl == "none" else None
+
+
 def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
     """Whether the turn may reason first: always without calls; with calls where the template
-    has a ``<think>`` block (Qwen3, DeepSeek R1), which the grammar then allows before them."""
-    return not _calls(req) or chat.think_ctl != "none"
+    has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss), which the
+    grammar then allows before them."""
+    return not _calls(req) or chat.think_ctl != "none" or _own_reasoning(chat) is not None
+
+
+def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, str] | None:
+    """What opens and closes reasoning in the turn's output text (None: no reasoning to split
+    out): ``<think>``/``</think>`` where the template has the block, the format's own in a
+    turn with calls (gpt-oss's ``<|channel|>analysis<|message|>`` ... ``<|end|><|start|>assistant``)."""
+    if chat.think_ctl != "none":
+        return THINK_OPEN, THINK_CLOSE
+    return _own_reasoning(chat) if _calls(req) else None
 
 
 def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) -> dict[str, int]:
@@ -42,6 +59,13 @@ def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) 
         if len(ids) == 1 and len(model.tokenize(m, add_special=False, parse_special=False)) > 1:
             out[m] = ids[0]
     return out
+
+
+def shown_tokens(model: LlamaModel, chat: ChatRenderer, req: GenerateRequest, think: bool) -> frozenset[int]:
+    """The special tokens a turn with calls writes into its text (the format's markers, its
+    reasoning block's): a control token is otherwise left out of the text, and the calls (and
+    the reasoning) would not read."""
+    return frozenset(special_markers(model, chat, think).values()) if _calls(req) else frozenset()
 
 
 def tool_grammar(

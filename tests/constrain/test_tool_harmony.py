@@ -1,0 +1,107 @@
+"""gpt-oss (harmony): the analysis channel before a call (#36 item 3), against the REAL template.
+The grammar allows ``<|channel|>analysis<|message|>...<|end|><|start|>assistant`` before the
+call where the turn reasons, the output splits it off as reasoning, and the text left is the
+call as the template writes it after the same analysis. Also: a format's markers that are
+control tokens of the vocabulary are written into the output text (llama.cpp leaves control
+tokens out of a token's text), so the calls read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_tool_formats import CALL, TOOLS, accepts, renderer, template
+
+from bmoe.config import SessionConfig
+from bmoe.constrain import Tool, ToolChoice, parse_tool_calls, tool_constraint
+from bmoe.constrain.tool_formats import BY_NAME, ToolFormat, write_calls
+from bmoe.runtime.chat import _environment
+from bmoe.runtime.detokenize import Detokenizer
+from bmoe.runtime.tool_turn import reasoning_markers, thinks
+from bmoe.session import GenerateRequest, Session
+
+OSS = BY_NAME["gpt-oss"]
+THOUGHT = "The user wants the weather; call get_weather."
+ANALYSIS = OSS.reasoning[0] + THOUGHT + OSS.reasoning[1]
+
+
+def test_the_template_writes_the_analysis_then_the_call_as_the_format_does() -> None:
+    name, args, cid = CALL
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "thinking": THOUGHT,
+            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],
+        },
+        {"role": "tool", "tool_call_id": cid, "content": "sunny"},
+    ]
+    text = (
+        _environment()
+        .from_string(template("openai-gpt-oss-120b"))
+        .render(messages=messages, tools=[t.openai() for t in TOOLS], add_generation_prompt=True)
+    )
+    # the generation prompt is "<|start|>assistant": what the model writes after it
+    assert "<|start|>assistant" + ANALYSIS + write_calls(OSS, [CALL]) in text
+
+
+@pytest.mark.parametrize("mode", ["required", "auto"])
+def test_the_grammar_allows_the_analysis_before_the_call_where_the_turn_reasons(mode: str) -> None:
+    call = write_calls(OSS, [CALL])
+    g = tool_constraint(OSS, TOOLS, ToolChoice(mode), think="open")
+    assert g is not None
+    assert accepts(g.grammar, ANALYSIS + call) and accepts(g.grammar, call)
+    assert not accepts(g.grammar, ANALYSIS + write_calls(OSS, [("get_news", {}, "c")]))
+    plain = tool_constraint(OSS, TOOLS, ToolChoice("required"))  # a turn that does not reason
+    assert plain is not None and not accepts(plain.grammar, ANALYSIS + call)
+
+
+def test_the_analysis_is_read_out_as_reasoning_and_the_rest_is_the_call() -> None:
+    r = renderer(template("openai-gpt-oss-120b"))
+    req = GenerateRequest(prompt="Weather?", tools=TOOLS, tool_choice=ToolChoice("required"))
+    assert r.think_ctl == "none" and thinks(r, req)
+    marks = reasoning_markers(r, req)
+    assert marks == OSS.reasoning
+    assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) is None  # no calls: as before
+    call = write_calls(OSS, [CALL])
+    d = Detokenizer(split_think=True, markers=marks)
+    out = ANALYSIS + call
+    for k in range(0, len(out), 4):
+        d.push(out[k : k + 4].encode())
+    d.finish()
+    assert d.reasoning == THOUGHT and d.text == call
+    got = parse_tool_calls(OSS, d.text, TOOLS)
+    assert [(c.name, c.args()) for c in got.calls] == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.fixture()
+def session(tiny_models):
+    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), n_ctx=1024, n_threads=1))
+    yield s
+    s.close()
+
+
+def test_a_reasoning_gpt_oss_turn_takes_the_analysis_then_the_call_token_by_token(session) -> None:
+    rt = session.runtime
+    rt.chat = renderer(template("openai-gpt-oss-120b"))
+    req = GenerateRequest(prompt="Weather in Paris?", tools=TOOLS, tool_choice=ToolChoice("required"), think=True)
+    turn = rt.prepare(req)
+    assert turn.think and turn.mask is not None
+    for tok in session.model.tokenize(ANALYSIS + write_calls(OSS, [CALL]), add_special=False, parse_special=False):
+        turn.mask.advance(tok)  # raises where the grammar refuses a token
+    assert turn.mask.done() or turn.mask.matcher.is_accepting()
+
+
+# A format whose markers are a control token of the tiny models' vocabulary (SmolLM2's <|im_start|>).
+CONTROL = ToolFormat("control", "test", (), "<|im_start|>call {name} ", " done", parallel=False)
+
+
+def test_markers_that_are_control_tokens_are_written_into_the_text(session) -> None:
+    rt = session.runtime
+    rt.chat.tool_format = CONTROL  # the tiny model's own (SmolLM2) template, this format's calls
+    flag = Tool("set_flag", "", {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]})
+    req = GenerateRequest(prompt="Flag?", tools=(flag,), tool_choice=ToolChoice("required"), n_predict=40)
+    result = session.generate(req)
+    assert result.stop == "eog" and result.text.startswith("<|im_start|>call set_flag ")
+    got = parse_tool_calls(CONTROL, result.text, (flag,))
+    assert [c.name for c in got.calls] == ["set_flag"] and json.loads(got.calls[0].arguments).keys() == {"on"}
