@@ -164,6 +164,30 @@ FORMATS: tuple[ToolFormat, ...] = (
         param_close="</parameter>\n",
     ),
     ToolFormat(
+        "ling-3",
+        "Ling 3.0 (Bailing MoE 3)",
+        ("<arg_key>", "<role>ASSISTANT</role>"),
+        "<tool_call>{name}\n",
+        "\n</tool_call>",
+        separator="\n",
+        args="xml",
+        param_open="<arg_key>{key}</arg_key>\n<arg_value>",
+        param_close="</arg_value>",
+    ),
+    ToolFormat(
+        "hy3",
+        "Hunyuan 3 (tencent Hy3)",
+        ("<tool_calls{}>", ":opensource"),
+        "<tool_call:opensource>{name}<tool_sep:opensource>\n",
+        "</tool_call:opensource>",
+        "<tool_calls:opensource>\n",
+        "\n</tool_calls:opensource>",
+        "\n",
+        args="xml",
+        param_open="<arg_key:opensource>{key}</arg_key:opensource>\n<arg_value:opensource>",
+        param_close="</arg_value:opensource>\n",
+    ),
+    ToolFormat(
         "glm-4.7",
         "GLM-4.7",
         ("<tool_call>{function-name}<arg_key>",),
@@ -229,6 +253,19 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("granite-3", "Granite 3.x", ("<|tool_call|>",), _JSON_OPEN, "}}", "<|tool_call|>[", "]", ", "),
     ToolFormat(
         "nemotron-v2", "Nemotron Nano v2", ("<TOOLCALL>",), _JSON_OPEN, "}}", "<TOOLCALL>[", "]</TOOLCALL>", ", "
+    ),
+    ToolFormat(
+        "minimax-m1",
+        "MiniMax M1",
+        ("<tool_calls>", "<beginning_of_sentence>"),
+        _JSON_OPEN,
+        "}}",
+        "<tool_calls>\n",
+        "\n</tool_calls>",
+        "\n",
+    ),
+    ToolFormat(
+        "gigachat-3.1", "GigaChat 3.1", ("<|function_call|>",), "<|function_call|>" + _JSON_OPEN, "}}", parallel=False
     ),
     ToolFormat(
         "hermes",

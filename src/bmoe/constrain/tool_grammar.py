@@ -267,7 +267,10 @@ def tool_lark(
     if fmt.section_open:  # the opener is the section's: then calls, then the section's end
         call = g.rule("call", " | ".join(g.call(i, t) for i, t in enumerate(chosen)))
         rest = f"{call} ({sep} {call})*" if many else call
-        rest = g.rule("rest", f"{rest} {g.lit(fmt.section_close)}")
+        close = g.lit(fmt.section_close)
+        if sep and fmt.section_close.startswith(fmt.separator):  # one lexeme each: the lexer takes no
+            close = f"{sep} {g.lit(fmt.section_close[len(fmt.separator) :])}"  # prefix of a longer one back
+        rest = g.rule("rest", f"{rest} {close}")
     else:  # the opener is the first call's own start
         skip = len(fixed(fmt.call_open))
         first = g.rule("first", " | ".join(g.call(i, t, skip) for i, t in enumerate(chosen)))
