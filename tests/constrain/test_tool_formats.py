@@ -55,6 +55,8 @@ FAMILIES = {
     "MiniMax-M3": ("minimax-m3", True, True),
     "Kimi-K3": ("kimi-k3", True, True),
     "inclusionai-ling-3.0-flash": ("ling-3", True, True),
+    "google-gemma-4-31B-it": ("gemma-4", True, True),
+    "google-gemma-4-31B-it-interleaved": ("gemma-4", True, True),
     "tencent-Hy3": ("hy3", True, True),
     "MiniMax-M1": ("minimax-m1", True, True),
     "GigaChat3.1-10B-A1.8B": ("gigachat-3.1", True, False),

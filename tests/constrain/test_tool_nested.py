@@ -1,6 +1,7 @@
 """Arguments of every JSON kind in the formats that write one element per argument with the
-value's kind in the element (Kimi K3's ``type="..."``) or as nested elements (MiniMax M3: an
-object's keys and an array's items as elements): written as the REAL template writes them,
+value's kind in the element (Kimi K3's ``type="..."``), as nested elements (MiniMax M3: an
+object's keys and an array's items as elements) or in a notation of their own (Gemma 4's
+sorted ``key:value`` pairs, strings in ``<|"|>``): written as the REAL template writes them,
 read back into the same arguments (whole and streamed), and held by the grammar to the schema."""
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ ARGS = {
     "tags": ["food", "7"],
     "mode": "train",
 }
-NAMES = {"MiniMax-M3": "minimax-m3", "Kimi-K3": "kimi-k3"}
+NAMES = {"MiniMax-M3": "minimax-m3", "Kimi-K3": "kimi-k3", "google-gemma-4-31B-it": "gemma-4"}
 
 
 def rendered(name: str, args: dict) -> str:

@@ -7,7 +7,8 @@ opening and closing text (with holes: ``{name}``, and where the format has them 
 marks a value's kind ``{string}`` "true"/"false" or ``{type}`` its JSON type). A string value is
 written raw; any other as JSON (``values="json"``), or as nested elements (``values="xml"``,
 MiniMax M3: an object's keys and an array's ``item``s each an element of the parameter's own
-syntax, a scalar as text, booleans ``true``/``false``, a null left out). ``detect_tool_format`` reads the format
+syntax, a scalar as text, booleans ``true``/``false``, a null left out). Gemma 4 writes neither:
+``args="keyed"``, its own notation of ``key:value`` pairs (tool_keyed). ``detect_tool_format`` reads the format
 from a chat template's source; a template with no known tool syntax gets ``GENERIC``: bmoe
 describes the tools in a system message and the model calls them in Hermes' JSON syntax.
 
@@ -23,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Literal
 
+from bmoe.constrain.tool_keyed import write_pairs
+
 HOLE = re.compile(r"\{(name|index|id|key|string|type)\}")
 _PART = re.compile(r"(\{\{|\}\}|\{(?:name|index|id|key|string|type)\})")
 
@@ -37,7 +40,7 @@ class ToolFormat:
     section_open: str = ""  # before the first call ("" : none)
     section_close: str = ""
     separator: str = ""  # between two calls
-    args: Literal["json", "xml"] = "json"
+    args: Literal["json", "xml", "keyed"] = "json"
     param_open: str = ""  # xml: before a parameter's value
     param_close: str = ""  # xml: after it (may name the parameter: ``{key}``)
     values: Literal["json", "xml"] = "json"  # xml: how a value that is not a string is written
@@ -47,6 +50,7 @@ class ToolFormat:
     # The family's own reasoning block before the calls, where it is not ``<think>``: its opening
     # and what ends it (gpt-oss's analysis channel); ("", ""): none of its own.
     reasoning: tuple[str, str] = ("", "")
+    quote: str = ""  # keyed: the marks around a string value
 
     @property
     def opener(self) -> str:
@@ -231,6 +235,15 @@ FORMATS: tuple[ToolFormat, ...] = (
         param_close="\n</parameter>\n",
     ),
     ToolFormat(
+        "gemma-4",
+        "Gemma 4",
+        ("<|tool_call>call:",),
+        "<|tool_call>call:{name}{{",
+        "}}<tool_call|>",
+        args="keyed",
+        quote='<|"|>',
+    ),
+    ToolFormat(
         "mistral-v11",
         "Mistral Small 3.2",
         ("[CALL_ID]",),
@@ -370,6 +383,8 @@ def write_call(fmt: ToolFormat, name: str, args: dict, index: int = 0, call_id: 
     holes = {"name": name, "index": str(n), "id": native_id(fmt, call_id or f"call{index}")}
     if fmt.args == "json":
         body = json.dumps(args, ensure_ascii=False)
+    elif fmt.args == "keyed":
+        body = write_pairs(args, fmt.quote)
     else:
         body = "".join(element(fmt, k, v) for k, v in args.items() if v is not None or fmt.values == "json")
     return fill(fmt.call_open, **holes) + body + fill(fmt.call_close, **holes)

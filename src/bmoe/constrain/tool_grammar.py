@@ -25,6 +25,7 @@ from llguidance import LLMatcher
 from bmoe.constrain.constraint import Constraint
 from bmoe.constrain.schema import ConstraintError
 from bmoe.constrain.tool_formats import ToolFormat, fill, fixed, json_type, parts, write_value
+from bmoe.constrain.tool_keyed import KeyedGrammar
 from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice, resolve
 
 # JSON arguments as models write them (``json.dumps``'s separators), with no free whitespace: a
@@ -47,7 +48,7 @@ def _declared_only(schema: dict) -> dict:
     return schema
 
 
-_MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]|\]<\][a-z]+\[>\[")
+_MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]|\]<\][a-z]+\[>\[|<\|[a-z_]+>|<[a-z_]+\|>")
 _DEPTH = 8  # the deepest nesting of a values="xml" argument the grammar follows (then: raw text)
 # A scalar as the nested-elements form writes it (Python's text of a number, JSON's booleans).
 _SCALAR = {
@@ -74,7 +75,7 @@ def _is_str(schema: object) -> bool:
 def markers(fmt: ToolFormat) -> set[str]:
     """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
     texts = [fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator]
-    texts += [fmt.param_open, fmt.param_close, *fmt.reasoning]
+    texts += [fmt.param_open, fmt.param_close, fmt.quote, *fmt.reasoning]
     return {m for t in texts for m in _MARKER.findall(t)}
 
 
@@ -112,6 +113,8 @@ class _Lark:
         schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
         if self.fmt.args == "json":
             return self.rule(f"args{i}", _json(_declared_only(schema)))
+        if self.fmt.args == "keyed":
+            return self.rule(f"args{i}", KeyedGrammar(self, self.fmt.quote, schema, f"k{i}_").pairs(schema))
         self.root = schema
         defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         props: dict = schema.get("properties") or {}

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bmoe.constrain.tool_formats import ToolFormat, fill, native_id, parts
+from bmoe.constrain.tool_keyed import Short, read_pairs
 from bmoe.constrain.tool_spec import Tool, ToolCall, resolve
 from bmoe.errors import BmoeError
 
@@ -123,7 +124,8 @@ def _calls(
             raise ToolCallError(f"tool call {n} names {name!r}, which is not one of the tools")
         schema = schemas.get(name, True)
         try:
-            args, at = (_json_args if fmt.args == "json" else _xml_args)(fmt, text, head.end(), schema)
+            read = {"json": _json_args, "xml": _xml_args, "keyed": _keyed_args}[fmt.args]
+            args, at = read(fmt, text, head.end(), schema)
         except _Short:
             if final:
                 raise ToolCallError(f"tool call {n} ({name}): the answer ends inside its arguments") from None
@@ -176,6 +178,13 @@ def _json_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dic
     if not isinstance(value, dict):
         raise ValueError("its arguments are not a JSON object")
     return value, end
+
+
+def _keyed_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
+    try:
+        return read_pairs(text, at, fmt.quote, fill(fmt.call_close))
+    except Short:
+        raise _Short() from None
 
 
 def _xml_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
