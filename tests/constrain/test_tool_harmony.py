@@ -3,7 +3,7 @@ The grammar allows ``<|channel|>analysis<|message|>...<|end|><|start|>assistant`
 call where the turn reasons, the output splits it off as reasoning, and the text left is the
 call as the template writes it after the same analysis. Also: a format's markers that are
 control tokens of the vocabulary are written into the output text (llama.cpp leaves control
-tokens out of a token's text), so the calls read."""
+tokens out of a token's text), so the calls read. And Gemma 4's own thought channel."""
 
 from __future__ import annotations
 
@@ -105,3 +105,33 @@ def test_markers_that_are_control_tokens_are_written_into_the_text(session) -> N
     assert result.stop == "eog" and result.text.startswith("<|im_start|>call set_flag ")
     got = parse_tool_calls(CONTROL, result.text, (flag,))
     assert [c.name for c in got.calls] == ["set_flag"] and json.loads(got.calls[0].arguments).keys() == {"on"}
+
+
+def test_gemma_4_reasons_in_its_thought_channel_before_a_call() -> None:
+    """Gemma 4's template has ``enable_thinking`` but no ``<think>``: a turn with calls reasons in
+    its own ``<|channel>thought`` block, as the template writes it before a history's call."""
+    gemma = BY_NAME["gemma-4"]
+    name, args, cid = CALL
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "reasoning_content": THOUGHT,
+            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],
+        },
+        {"role": "tool", "tool_call_id": cid, "content": "sunny"},
+    ]
+    text = (
+        _environment()
+        .from_string(template("google-gemma-4-31B-it"))
+        .render(messages=messages, tools=[t.openai() for t in TOOLS], add_generation_prompt=True)
+    )
+    block = gemma.reasoning[0] + THOUGHT + "\n" + gemma.reasoning[1]
+    assert block + write_calls(gemma, [CALL]) in text
+    g = tool_constraint(gemma, TOOLS, ToolChoice("required"), think="open")
+    assert g is not None and accepts(g.grammar, block + write_calls(gemma, [CALL]))
+    assert not accepts(g.grammar, "<think>x</think>" + write_calls(gemma, [CALL]))
+    r = renderer(template("google-gemma-4-31B-it"))
+    req = GenerateRequest(prompt="Weather?", tools=TOOLS, tool_choice=ToolChoice("required"))
+    assert r.think_ctl == "template" and reasoning_markers(r, req) == gemma.reasoning
+    assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) == ("<think>", "</think>")  # no calls: as before

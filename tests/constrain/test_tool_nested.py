@@ -11,10 +11,12 @@ import json
 import pytest
 from test_tool_formats import accepts, renderer, template
 
+from bmoe.config import SessionConfig
 from bmoe.constrain import FORMATS, Tool, ToolCall, ToolChoice, ToolStream, parse_tool_calls, tool_constraint
 from bmoe.constrain.tool_formats import BY_NAME, write_calls
 from bmoe.constrain.tool_grammar import markers, tool_lark
 from bmoe.runtime.chat import Message
+from bmoe.session import GenerateRequest, Session
 
 STOP = {
     "type": "object",
@@ -134,3 +136,46 @@ def test_an_enum_of_strings_is_written_raw_as_the_templates_write_strings(fmt) -
     raw = write_calls(fmt, [("go", {"mode": "train"}, "c")])
     assert accepts(g.grammar, raw) and not accepts(g.grammar, write_calls(fmt, [("go", {"mode": "bus"}, "c")]))
     assert parse_tool_calls(fmt, raw, (tool,)).calls[0].args() == {"mode": "train"}
+
+
+@pytest.fixture()
+def session(tiny_models):
+    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), n_ctx=1024, n_threads=1))
+    yield s
+    s.close()
+
+
+# Arguments whose every value is bounded (no free text, no unbounded number), so a tiny model's
+# call ends within n_predict whatever it picks.
+PICK = Tool(
+    "pick",
+    "",
+    {
+        "type": "object",
+        "properties": {
+            "mode": {"enum": ["car", "train"]},
+            "opts": {
+                "type": "object",
+                "properties": {"fast": {"type": "boolean"}, "level": {"enum": [1, 2]}},
+                "required": ["fast", "level"],
+            },
+        },
+        "required": ["mode", "opts"],
+    },
+)
+
+
+@pytest.mark.parametrize("name", ["MiniMax-M3", "google-gemma-4-31B-it"])
+def test_a_tiny_model_writes_a_call_in_the_templates_own_syntax(session, name: str) -> None:
+    rt = session.runtime
+    rt.chat = renderer(template(name))
+    fmt = rt.chat.tool_format
+    assert fmt.name == NAMES[name]
+    req = GenerateRequest(prompt="Pick.", tools=(PICK,), tool_choice=ToolChoice("required"), n_predict=200, think=False)
+    result = session.generate(req)
+    assert result.stop == "eog" and result.reasoning == ""
+    got = parse_tool_calls(fmt, result.text, (PICK,))
+    assert [c.name for c in got.calls] and all(c.name == "pick" for c in got.calls)
+    args = got.calls[0].args()
+    assert args["mode"] in ("car", "train") and args["opts"]["level"] in (1, 2)
+    assert isinstance(args["opts"]["fast"], bool)

@@ -48,7 +48,7 @@ class ToolFormat:
     id_pattern: str | None = None  # the regex of a call id the model writes ({id}), where it writes one
     index_from: int = 0  # the {index} of the first call
     # The family's own reasoning block before the calls, where it is not ``<think>``: its opening
-    # and what ends it (gpt-oss's analysis channel); ("", ""): none of its own.
+    # and what ends it (gpt-oss's analysis channel, Gemma 4's thought channel); ("", ""): none.
     reasoning: tuple[str, str] = ("", "")
     quote: str = ""  # keyed: the marks around a string value
 
@@ -242,6 +242,7 @@ FORMATS: tuple[ToolFormat, ...] = (
         "}}<tool_call|>",
         args="keyed",
         quote='<|"|>',
+        reasoning=("<|channel>thought\n", "<channel|>"),
     ),
     ToolFormat(
         "mistral-v11",

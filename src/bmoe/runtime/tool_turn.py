@@ -28,26 +28,26 @@ def _calls(req: GenerateRequest) -> bool:
 
 
 def _own_reasoning(chat: ChatRenderer) -> tuple[str, str] | None:
-    """The format's own reasoning block (gpt-oss's analysis channel), where it has one and the
-    template has no ``<think>`` block."""
+    """The format's own reasoning block (gpt-oss's analysis channel, Gemma 4's thought channel),
+    where it has one: in a turn with calls it stands for the template's ``<think>``."""
     fmt = chat.tool_format
-    return fmt.reasoning if fmt.reasoning[0] and chat.think_ctl == "none" else None
+    return fmt.reasoning if fmt.reasoning[0] else None
 
 
 def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
     """Whether the turn may reason first: always without calls; with calls where the template
-    has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss), which the
-    grammar then allows before them."""
+    has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss, Gemma 4),
+    which the grammar then allows before them."""
     return not _calls(req) or chat.think_ctl != "none" or _own_reasoning(chat) is not None
 
 
 def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, str] | None:
     """What opens and closes reasoning in the turn's output text (None: no reasoning to split
-    out): ``<think>``/``</think>`` where the template has the block, the format's own in a
-    turn with calls (gpt-oss's ``<|channel|>analysis<|message|>`` ... ``<|end|><|start|>assistant``)."""
-    if chat.think_ctl != "none":
-        return THINK_OPEN, THINK_CLOSE
-    return _own_reasoning(chat) if _calls(req) else None
+    out): in a turn with calls the format's own block where it has one (gpt-oss's
+    ``<|channel|>analysis<|message|>`` ... ``<|end|><|start|>assistant``), else ``<think>`` and
+    ``</think>`` where the template has that block."""
+    own = _own_reasoning(chat) if _calls(req) else None
+    return own or ((THINK_OPEN, THINK_CLOSE) if chat.think_ctl != "none" else None)
 
 
 def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) -> dict[str, int]:
