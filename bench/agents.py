@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(a).items() if k not in ("notes", "results", "partial")}
     rec = record.record(
         "agents",
-        command=" ".join(["bench/agents.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=record.invocation("agents.py", argv),
         config=config,
         tables=[
             record.table(

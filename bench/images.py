@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(
             json.dumps(
                 {
-                    "command": " ".join(["python", "bench/images.py", *(argv or sys.argv[1:])]),
+                    "command": record.invocation("images.py", argv),
                     "model": str(model),
                     "mmproj": str(mmproj),
                     "label": label,
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rec = record.record(
         "images" if a.bench_model else "images_tiny",
-        command=" ".join(["python", "bench/images.py", *(argv or sys.argv[1:])]),
+        command=record.invocation("images.py", argv),
         config={k: v for k, v in vars(a).items() if k != "results"} | {"model": label},
         tables=[
             record.table(f"Encoding against the prefill of the image (median of {a.rounds} rounds, ms)", cols, rec_rows)
