@@ -3,7 +3,8 @@ The grammar allows ``<|channel|>analysis<|message|>...<|end|><|start|>assistant`
 call where the turn reasons, the output splits it off as reasoning, and the text left is the
 call as the template writes it after the same analysis. Also: a format's markers that are
 control tokens of the vocabulary are written into the output text (llama.cpp leaves control
-tokens out of a token's text), so the calls read. And Gemma 4's own thought channel."""
+tokens out of a token's text), so the calls read. And the other formats' own blocks: Gemma 4's
+thought channel, and MiniMax M3's and Kimi K3's, which every answer starts inside."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from bmoe.constrain import Tool, ToolChoice, parse_tool_calls, tool_constraint
 from bmoe.constrain.tool_formats import BY_NAME, ToolFormat, write_calls
 from bmoe.runtime.chat import _environment
 from bmoe.runtime.detokenize import Detokenizer
-from bmoe.runtime.tool_turn import reasoning_markers, thinks
+from bmoe.runtime.tool_turn import reasoning_markers, reasoning_split, thinks
 from bmoe.session import GenerateRequest, Session
 
 OSS = BY_NAME["gpt-oss"]
@@ -135,3 +136,50 @@ def test_gemma_4_reasons_in_its_thought_channel_before_a_call() -> None:
     req = GenerateRequest(prompt="Weather?", tools=TOOLS, tool_choice=ToolChoice("required"))
     assert r.think_ctl == "template" and reasoning_markers(r, req) == gemma.reasoning
     assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) == ("<think>", "</think>")  # no calls: as before
+
+
+# Formats whose every answer starts inside their reasoning block (ToolFormat.reasoning_first):
+# the template's history writes a call turn as <open>REASONING<close> then the calls, or, without
+# reasoning, the close alone (MiniMax M3) or an empty block (Kimi K3, whose prompt opens it).
+FIRST = {"MiniMax-M3": "", "Kimi-K3": "<|open|>think<|sep|>"}
+
+
+@pytest.mark.parametrize("name", sorted(FIRST))
+def test_an_answer_that_starts_inside_the_block_closes_it_before_the_calls(name: str) -> None:
+    r = renderer(template(name))
+    fmt = r.tool_format
+    assert fmt.reasoning_first
+    opening, closing = fmt.reasoning
+    call = write_calls(fmt, [CALL])
+    for thought in (THOUGHT, ""):
+        made = {"id": CALL[2], "type": "function", "function": {"name": CALL[0], "arguments": CALL[1]}}
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning_content": thought, "tool_calls": [made]},
+            {"role": "tool", "tool_call_id": CALL[2], "name": CALL[0], "content": "sunny"},
+        ]
+        text = _environment().from_string(r.source).render(messages=messages, tools=[t.openai() for t in TOOLS])
+        block = (opening + thought if thought else FIRST[name]) + closing
+        assert block + call in text
+    inside = tool_constraint(fmt, TOOLS, ToolChoice("required"), think="inside")
+    closed = tool_constraint(fmt, TOOLS, ToolChoice("required"), think="closed")
+    assert inside is not None and closed is not None
+    assert accepts(inside.grammar, THOUGHT + closing + call)
+    assert accepts(inside.grammar, opening + THOUGHT + closing + call)
+    assert accepts(closed.grammar, closing + call) and not accepts(closed.grammar, call)
+    assert not accepts(closed.grammar, THOUGHT + closing + call)
+
+
+@pytest.mark.parametrize("think", [True, False])
+def test_the_output_of_such_a_turn_splits_at_the_close(think: bool) -> None:
+    r = renderer(template("MiniMax-M3"))
+    req = GenerateRequest(prompt="Weather?", tools=TOOLS, tool_choice=ToolChoice("required"))
+    split, inside, marks = reasoning_split(r, req, think, False)
+    assert split and inside and marks == ("<mm:think>", "</mm:think>")
+    out = ("<mm:think>" + THOUGHT if think else "") + "</mm:think>" + write_calls(r.tool_format, [CALL])
+    d = Detokenizer(split_think=split, in_reasoning=inside, markers=marks)
+    for k in range(0, len(out), 3):
+        d.push(out[k : k + 3].encode())
+    d.finish()
+    assert d.reasoning == (THOUGHT if think else "") and d.text == write_calls(r.tool_format, [CALL])
+    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False)[0] is False  # no calls: as before

@@ -50,6 +50,9 @@ class ToolFormat:
     # The family's own reasoning block before the calls, where it is not ``<think>``: its opening
     # and what ends it (gpt-oss's analysis channel, Gemma 4's thought channel); ("", ""): none.
     reasoning: tuple[str, str] = ("", "")
+    # Every answer starts inside that block and closes it before anything else (its opening
+    # optional, the text before the close reasoning): MiniMax M3, Kimi K3.
+    reasoning_first: bool = False
     quote: str = ""  # keyed: the marks around a string value
 
     @property
@@ -92,12 +95,14 @@ FORMATS: tuple[ToolFormat, ...] = (
         ("<|open|>", "'call'"),
         '<|open|>call tool="{name}" index="{index}"<|sep|>',
         "<|close|>call<|sep|>",
-        "<|open|>tools<|sep|>",
+        "<|close|>response<|sep|><|open|>tools<|sep|>",  # the text is the response's: it ends first
         "<|close|>tools<|sep|>",
         args="xml",
         param_open='<|open|>argument key="{key}" type="{type}"<|sep|>',
         param_close="<|close|>argument<|sep|>",
         index_from=1,
+        reasoning=("<|open|>think<|sep|>", "<|close|>think<|sep|><|open|>response<|sep|>"),
+        reasoning_first=True,
     ),
     ToolFormat(
         "deepseek-r1",
@@ -154,6 +159,8 @@ FORMATS: tuple[ToolFormat, ...] = (
         param_open=_MM + "<{key}>",
         param_close=_MM + "</{key}>",
         values="xml",
+        reasoning=("<mm:think>", "</mm:think>"),
+        reasoning_first=True,
     ),
     ToolFormat(
         "minimax-m2",

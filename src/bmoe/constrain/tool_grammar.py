@@ -228,16 +228,20 @@ def _regex_text(text: str) -> str:
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-Think = Literal["", "open", "inside"]
+Think = Literal["", "open", "inside", "closed"]
 
 
 def _reasoning(g: "_Lark", think: Think, body: str) -> str:
     """``body`` after a reasoning block: the format's own (``ToolFormat.reasoning``: gpt-oss's
     analysis channel) or ``<think>...</think>`` (Qwen3, DeepSeek R1). "open", the answer may start
-    with the block; "inside", the prompt opened it, so the answer closes it first. The block ends
-    at its first closing text; whitespace may follow a ``</think>``."""
+    with the block; "inside", the prompt opened it, so the answer closes it first; "closed", the
+    answer closes it at once (a format whose answers start inside the block, in a turn that does
+    not reason: ``ToolFormat.reasoning_first``). The block ends at its first closing text;
+    whitespace may follow a ``</think>``."""
     opening, closing = g.fmt.reasoning if g.fmt.reasoning[0] else (THINK_OPEN, THINK_CLOSE)
     close = g.lit(closing)
+    if think == "closed":
+        return f"{close} ({body})"
     if close.startswith("<["):  # a special token: the text before it cannot write it
         reasoning = f"/(?s:.*)/ {close}"
     else:

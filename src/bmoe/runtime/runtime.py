@@ -35,7 +35,7 @@ from bmoe.llama.model import LlamaModel, ModelLoadParams
 from bmoe.llama.mtmd import Image, ImageError, Projector
 from bmoe.numerics import log_softmax
 from bmoe.runtime.chat import ChatRenderer, Message, Prompt
-from bmoe.runtime.detokenize import CLOSE, OPEN, Detokenizer
+from bmoe.runtime.detokenize import Detokenizer
 from bmoe.runtime.expert_streaming import ExpertStreaming, open_streaming
 from bmoe.runtime.footprint import kv_bytes_per_sequence
 from bmoe.runtime.images import ImageRuns, split_at_markers
@@ -53,7 +53,7 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
-from bmoe.runtime.tool_turn import reasoning_markers, shown_tokens, thinks, tool_grammar
+from bmoe.runtime.tool_turn import reasoning_split, shown_tokens, thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -453,11 +453,10 @@ class Runtime:
         logits = self.kv.append(prompt[plan.n_reused :])
         prefill_s = time.perf_counter() - t0
         prefill_dev_tokens = self.live_ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
-        marks = reasoning_markers(self.chat, req)
-        split = marks is not None and think
+        split, inside, marks = reasoning_split(self.chat, req, think, opens_reasoning)
         # Only the template's generation prompt can open reasoning (chat.py): a "<think>" in the
         # user's text is not the model's, and the stream only ever parses the model's output.
-        stream = Detokenizer(split_think=split, in_reasoning=split and opens_reasoning, markers=marks or (OPEN, CLOSE))
+        stream = Detokenizer(split_think=split, in_reasoning=inside, markers=marks)
         shown = shown_tokens(self.model, self.chat, req, think)  # a tool format's markers, as text
         out: list[int] = []
         kept: list[np.ndarray] = []

@@ -50,6 +50,23 @@ def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, st
     return own or ((THINK_OPEN, THINK_CLOSE) if chat.think_ctl != "none" else None)
 
 
+def _starts_inside(chat: ChatRenderer, req: GenerateRequest) -> bool:
+    """Whether the answer starts inside the format's block (``ToolFormat.reasoning_first``)."""
+    return _calls(req) and chat.tool_format.reasoning_first and _own_reasoning(chat) is not None
+
+
+def reasoning_split(
+    chat: ChatRenderer, req: GenerateRequest, think: bool, opens: bool
+) -> tuple[bool, bool, tuple[str, str]]:
+    """How the turn's output splits into reasoning and text: whether it does, whether it starts
+    as reasoning (the prompt opened the block, or every answer of the format starts inside it,
+    closing it at once where the turn does not reason), and the markers."""
+    marks = reasoning_markers(chat, req)
+    first = _starts_inside(chat, req)
+    split = marks is not None and (think or first)
+    return split, split and (opens or first), marks or (THINK_OPEN, THINK_CLOSE)
+
+
 def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) -> dict[str, int]:
     """The format's markers (and the reasoning block's, with ``think``) that are one special token
     (their text tokenizes to more tokens)."""
@@ -83,5 +100,6 @@ def tool_grammar(
             "an answer keeps one constraint: give tools or a json_schema/grammar, not both (or tool_choice 'none')",
         )
     special = special_markers(model, chat, think)
-    mode: Think = ("inside" if opens else "open") if think else ""
+    mode: Think = ("inside" if opens or _starts_inside(chat, req) else "open") if think else ""
+    mode = mode or ("closed" if _starts_inside(chat, req) else "")
     return tool_constraint(chat.tool_format, req.tools, choice, req.parallel_tool_calls, special, mode)
