@@ -131,10 +131,18 @@ class _Lark:
                 value = self.text_until(fill(self.fmt.param_close, key=key))
             else:
                 sub_schema = {**sub, **defs} if isinstance(sub, dict) else sub
+                kinds = sub.get("type") if isinstance(sub, dict) else None
+                marked = "{type}" in self.fmt.param_open or "{string}" in self.fmt.param_open
+                if marked and isinstance(kinds, list) and "string" in kinds and len(kinds) > 1:
+                    # a string is marked so and written raw; any other kind is JSON
+                    sub_schema = {**sub_schema, "type": [k for k in kinds if k != "string"]}
+                    raw = self.lit(self.fmt.param_open, key=json.dumps(key), string='"true"', type='"string"')
+                    head = f"({raw} {self.text_until(fill(self.fmt.param_close, key=key))} | {head}"
                 value = (
                     self.rule(f"v{i}_{j}", _json(sub_schema))
                     + " "
                     + self.lit(self.fmt.param_close, key=json.dumps(key))
+                    + (")" if head.startswith("(") else "")
                 )
             parts.append(f"({head} {value})" + ("" if key in required else "?"))
         if not props and schema.get("additionalProperties", True) is not False:
@@ -189,7 +197,7 @@ class _Lark:
         ``anyOf``) is not held; a value of no single kind is raw text."""
         close = self.lit(self.fmt.param_close, key=json.dumps(key))
         s = self.resolve(schema)
-        kind = s.get("type") if isinstance(s, dict) else None
+        kind = s.get("type") if isinstance(s, dict) and isinstance(s.get("type"), str) else None
         if not isinstance(s, dict) or depth > _DEPTH:
             return self.text_until(fill(self.fmt.param_close, key=key))
         if _choices(s) is not None:

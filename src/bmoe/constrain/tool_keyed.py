@@ -18,7 +18,7 @@ from typing import Protocol
 from bmoe.constrain.tool_spec import resolve
 
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
-_KEY = re.compile(r"[A-Za-z0-9_.$-]+")
+_KEY = re.compile(r"[^:,{}\[\]]+")
 
 
 def sorted_items(value: dict) -> list[tuple[str, object]]:
@@ -162,7 +162,7 @@ class KeyedGrammar:
             values = s["enum"] if "enum" in s else [s["const"]]
             alts = dict.fromkeys(json.dumps(write_keyed(v, "\x00"), ensure_ascii=False) for v in values)
             return "(" + " | ".join(self._quoted(a) for a in alts) + ")"
-        kind = s.get("type")
+        kind = s.get("type") if isinstance(s.get("type"), str) else None  # a type list: no single kind
         if kind == "string":
             return self.string()
         if kind in _SCALAR:
