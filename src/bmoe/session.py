@@ -219,22 +219,28 @@ class Session:
                 on_step(step)
 
     def generate_iter(
-        self, request: GenerateRequest, *, cancel: threading.Event | None = None
+        self,
+        request: GenerateRequest,
+        *,
+        cancel: threading.Event | None = None,
+        tokens: Sequence[int] | None = None,
     ) -> Generator[Step, None, GenerateResult]:
         """Yield one Step per generated token; the generator's return value is the result.
 
         ``cancel``: an event of the caller's, one per request, that cancels this request when it
         is set, even before the request starts (it then stops before its first token); cancel()
-        sets it too. Without one, only cancel() does."""
+        sets it too. Without one, only cancel() does. ``tokens``: a raw prompt, given to the model
+        as it is instead of ``request.prompt`` as a chat turn; the chat history stays as it was
+        (runtime/raw_prompt.py)."""
         self._check_open()
         with self._lock, self._engine():
             check_generate(request)
             check_sampling(request.top_logprobs, request.logit_bias, self.model.n_vocab)
-            turn = self.runtime.prepare(request)
+            turn = self.runtime.prepare(request) if tokens is None else self.runtime.prepare_raw(request, tokens)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
             reuse = None
-            if self.decider is not None:
+            if self.decider is not None and tokens is None:
                 turn, reuse = prepare_turn(self.runtime, self.decider.decider, turn)
             self._cancel = (
                 cancel if cancel is not None else threading.Event()
@@ -246,16 +252,20 @@ class Session:
                 self._running = False
             return result if reuse is None else reuse.account(result)
 
-    def walk_choices(self, request: GenerateRequest, texts: Sequence[str]) -> ChoiceWalk:
+    def walk_choices(
+        self, request: GenerateRequest, texts: Sequence[str], *, tokens: Sequence[int] | None = None
+    ) -> ChoiceWalk:
         """Constrained greedy's answer to ``request`` (temperature 0) when its constraint allows
-        only ``texts``, decoded only until one text is left (runtime/choice.py)."""
+        only ``texts``, decoded only until one text is left (runtime/choice.py); ``tokens``: a
+        raw prompt, as generate_iter takes one."""
         self._check_open()
         with self._lock, self._engine():
             check_generate(request)
-            turn = self.runtime.prepare(request)
+            turn = self.runtime.prepare(request) if tokens is None else self.runtime.prepare_raw(request, tokens)
             if self.decider is not None:  # as generate_iter: the same KV, so the same logits
                 self.decider.drop()
-                prepare_turn(self.runtime, self.decider.decider, turn)
+                if tokens is None:
+                    prepare_turn(self.runtime, self.decider.decider, turn)
             return walk_choices(self.runtime, turn, texts)
 
     # --- scoring ----------------------------------------------------------------------

@@ -185,13 +185,6 @@ def test_choice_refusals_name_the_field(smol, fields, message) -> None:
     assert _chat(smol, {"guided_choice": ["yes", "no"]})["choices"][0]["message"]["content"] in ("yes", "no")
 
 
-def test_completions_refuse_the_choice_fields(smol) -> None:
-    for field in ("guided_choice", "structured_outputs"):
-        r = smol.post("/v1/completions", json={"prompt": "hi", field: ["a"]})
-        assert r.status_code == 400
-        assert r.json()["error"]["message"].startswith(f"{field}: constrained generation is not supported")
-
-
 def test_a_turn_with_tools_in_its_prompt_is_generated(smol) -> None:
     """Tools (even with tool_choice none) are rendered into the prompt, which a decision's would
     not hold: such a turn goes the constrained-generation way, and reports no decision."""

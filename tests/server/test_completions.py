@@ -119,7 +119,7 @@ def test_prompt_forms_and_lists(client) -> None:
     # without echo: logprobs of the picked token only, its offset after the prompt
     seen = set()
     for prompt in (CTX, "The capital of France is"):
-        r = client.post("/v1/completions", json={"prompt": prompt, "logprobs": 2}).json()["choices"][0]
+        r = client.post("/v1/completions", json={"prompt": prompt, "logprobs": 2, "max_tokens": 1}).json()["choices"][0]
         assert len(r["logprobs"]["tokens"]) == 1 and r["logprobs"]["text_offset"] == [len(prompt)]
         seen.add(r["finish_reason"])
         # an end-of-turn token is reported in logprobs but adds no text, as OpenAI's API did
@@ -154,10 +154,22 @@ def err(r, status: int) -> dict:
         ({"prompt": [[5], [7, -3]]}, 400, "prompt.1.1", "prompt.1.1: -3 is not a token id of this model (0..49151)"),
         ({"prompt": [5, True]}, 422, "prompt.1", None),
         (
-            {"prompt": [7] * 300},
+            {"prompt": [7] * 300, "max_tokens": 1},
             400,
             "prompt",
             "prompt: 300 tokens, plus 1 to pick, do not fit the context (n_ctx 256)",
+        ),
+        (
+            {"prompt": [7] * 300},
+            400,
+            "prompt",
+            "prompt: 300 tokens leave no room to generate in the context (n_ctx 256)",
+        ),
+        (
+            {"prompt": [[5], [7] * 200], "max_tokens": 100},
+            400,
+            "prompt.1",
+            "prompt.1: 200 tokens, plus max_tokens (100), do not fit the context (n_ctx 256)",
         ),
         (
             {"prompt": "x", "logprobs": TOP_CAP + 1},
@@ -165,17 +177,9 @@ def err(r, status: int) -> dict:
             "logprobs",
             f"logprobs: Input should be less than or equal to {TOP_CAP}",
         ),
-        (
-            {"prompt": "x", "max_tokens": 16},
-            400,
-            "max_tokens",
-            "max_tokens: /v1/completions scores prompts and generates at most 1 token, got 16 (use /v1/chat/completions to generate text)",
-        ),
-        ({"prompt": "x", "stream": True}, 400, "stream", "stream: streaming is not supported on /v1/completions"),
         ({"prompt": "x", "n": 2}, 400, "n", "n: only 1 is supported, got 2"),
         ({"prompt": "x", "best_of": 3}, 400, "best_of", "best_of: only 1 is supported, got 3"),
         ({"prompt": "x", "suffix": "y"}, 400, "suffix", "suffix: insertion (a suffix) is not supported"),
-        ({"prompt": "x", "stop": ["\n"]}, 400, "stop", None),
         (
             {"prompt": "x", "logit_bias": {"49152": 1.0}},
             400,

@@ -159,14 +159,6 @@ def test_refusal_names_the_field_and_the_session_goes_on(client, fields, param: 
     assert text in ('"yes"', '"no"') and finish == "stop"
 
 
-def test_completions_route_refuses_constraints_by_name(client) -> None:
-    r = client.post("/v1/completions", json={"prompt": "hi", "grammar": 'root ::= "a"'})
-    assert r.status_code == 400 and r.json()["error"]["message"] == (
-        "grammar: constrained generation is not supported on /v1/completions; use /v1/chat/completions"
-    )
-    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
-
-
 def test_tiny_moe_streamed_constrained_answer(make_app, tiny_path) -> None:
     with TestClient(make_app(tiny_path, n_ctx=512), base_url="http://localhost") as c:
         body = {"messages": ASK, "max_tokens": 48, "json_schema": CITY}

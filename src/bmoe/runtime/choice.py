@@ -60,7 +60,8 @@ def walk_choices(rt: Runtime, turn: Turn, texts: Sequence[str]) -> ChoiceWalk:
             break
         logits = rt.kv.append([tok])
     text = left[0].decode("utf-8")
-    rt.history = turn.messages + [Message("assistant", text)]
+    if turn.messages is not None:  # a raw prompt's walk leaves the chat history alone
+        rt.history = turn.messages + [Message("assistant", text)]
     return ChoiceWalk(
         text=text,
         tokens=tuple(out),

@@ -25,7 +25,7 @@ from llguidance import LLTokenizer
 
 from bmoe import rules
 from bmoe.config import SessionConfig
-from bmoe.constrain import TokenMask, constraint_of
+from bmoe.constrain import Constraint, TokenMask, constraint_of
 from bmoe.errors import BmoeError, ContextOverflowError, EngineFailure, RequestError
 from bmoe.image_refs import ImageSource
 from bmoe.llama.context import ContextParams, LlamaContext
@@ -42,6 +42,7 @@ from bmoe.runtime.images import ImageRuns, split_at_markers
 from bmoe.runtime.kv import KvSequence
 from bmoe.runtime.opening import check_opening
 from bmoe.runtime.perplexity import perplexity as _perplexity
+from bmoe.runtime.raw_prompt import prepare_raw
 from bmoe.runtime.results import (
     GenerateRequest,
     GenerateResult,
@@ -79,7 +80,7 @@ class Turn(NamedTuple):
     """A generation turn that passed its checks: what ``Runtime.run`` needs."""
 
     req: GenerateRequest
-    messages: list[Message]
+    messages: list[Message] | None  # None: a raw prompt (runtime/raw_prompt.py), the history untouched
     prompt: list[int]
     n_predict: int
     sampler: Sampler
@@ -391,9 +392,7 @@ class Runtime:
         if req.tools:
             constraint = tool_grammar(self.model, self.chat, req, think, turn_text.opens_reasoning) or constraint
         if constraint is not None:
-            if self._grammar_tok is None:
-                self._grammar_tok = grammar_tokenizer(self.model)
-            mask = TokenMask(self._grammar_tok, constraint, self.model.n_vocab)
+            mask = self.token_mask(constraint)
         prompt = self.tokenize_prompt(rendered, images) if images else self.tokenize_prompt(rendered)
         if not prompt:  # raw chat (no template) and no BOS: nothing to read the first logits from
             raise RequestError(
@@ -416,6 +415,16 @@ class Runtime:
             req.frequency_penalty,
         )
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask)
+
+    def token_mask(self, constraint: Constraint) -> TokenMask:
+        """The mask that holds an answer to ``constraint`` (llguidance's vocabulary built on first use)."""
+        if self._grammar_tok is None:
+            self._grammar_tok = grammar_tokenizer(self.model)
+        return TokenMask(self._grammar_tok, constraint, self.model.n_vocab)
+
+    def prepare_raw(self, req: GenerateRequest, tokens: Sequence[int]) -> "Turn":
+        """A turn over a raw prompt's tokens, no template, the history untouched (runtime/raw_prompt.py)."""
+        return prepare_raw(self, req, tokens)
 
     def run(self, turn: "Turn", cancel: threading.Event) -> Generator[Step, None, GenerateResult]:
         """Yield a Step per generated token; return the GenerateResult. ``cancel`` is looked at
@@ -518,7 +527,7 @@ class Runtime:
         cancelled = stop == "cancelled"
         if cancelled:
             self.kv.rollback(n_keep_on_cancel)  # the turn never happened
-        else:
+        elif messages is not None:
             self.history = messages + [Message("assistant", stream.text)]
         flt1, cpu1 = _rusage()
         io_end = self.stream_stats()

@@ -151,7 +151,7 @@ def create_app(session: Session, settings: ServerSettings = ServerSettings()) ->
         "/v1/completions",
         CompletionsRoute(queue, metrics, model_id(session)),
         methods=["POST"],
-        summary="OpenAI legacy completion for scoring prompts: echo, logprobs, max_tokens 0 or 1",
+        summary="OpenAI legacy completion over raw prompts: scored (max_tokens 0 or 1) or generated (stream=true for SSE)",
         responses=busy,
     )
     api.include_router(tokenizer_router(queue))

@@ -1,50 +1,44 @@
-"""POST /v1/completions: OpenAI's legacy completion API, for scoring prompts (max_tokens 0 or 1).
+"""POST /v1/completions: OpenAI's legacy completion API over raw prompts, streamed (SSE) or not.
 
-What lm-evaluation-harness's ``local-completions`` model sends for log-likelihood tasks: token-id
-(or text) prompts with ``echo``, ``logprobs`` and ``max_tokens`` 1; it reads
-``choices[i].logprobs.token_logprobs`` and ``top_logprobs`` past the context. Every prompt of a
-request is scored in order in one job on the worker, and each reuses what the one before it (in
-this request or the previous one) left in the KV: only the tail past the common prefix is
-prefilled (``bmoe.n_reused``). docs/server.md has the fields, the answer and every refusal.
+Two paths answer it, both on the one worker, every prompt of a list in turn (checked first, all of
+them, before any is answered):
+- scoring (completion_scoring.py): ``max_tokens`` 0 or 1, no stop strings, no constraint: what
+  lm-evaluation-harness sends for log-likelihoods, answered by the prompt scorer;
+- generation (completion_generation.py): everything else, the raw prompt continued with no chat
+  template, constrained by ``grammar``, ``json_schema`` or ``response_format`` as chat is, and
+  answered by a decision where the answer is one of a finite set (completion_choice.py).
+docs/server.md has the fields, the answer and every refusal.
 """
 
 from __future__ import annotations
 
-import codecs
-import math
+import asyncio
+import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
+from bmoe.constrain import ConstraintError, choice_grammar, constraint_of, from_response_format
 from bmoe.errors import RequestError
-from bmoe.server.errors import ApiError, from_request_error
-from bmoe.server.job_queue import Cancelled, Job, JobQueue
-from bmoe.server.metrics import Metrics
+from bmoe.server.completion_generation import Generation, answer_prompt, n_predict_for
+from bmoe.server.completion_scoring import score_request, scored_answer
+from bmoe.server.completion_text import Piece, PromptAnswer, response_body
+from bmoe.server.errors import ApiError, error_body, from_request_error
+from bmoe.server.job_queue import ERROR, RESULT, STEP, Cancelled, Job, JobQueue
+from bmoe.server.metrics import MIB, Metrics
 from bmoe.server.openai_fields import COMPLETION_FIELDS, refuse_unset
-from bmoe.server.run_job import run_job
+from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import CompletionRequest
 from bmoe.session import ScoreRequest, ScoreResult, Session
 
-MAX_TOKENS_DEFAULT = 1  # OpenAI's default (16) is more than this route generates
+CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "guided_choice", "structured_outputs")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # The session's field names in a refusal, as the API calls them.
 _FIELD = {"tokens": "prompt", "n_predict": "max_tokens", "top_n": "logprobs"}
-
-
-def _unsupported(body: CompletionRequest) -> None:
-    """Refuse OpenAI fields this route does not implement, when they would change the answer
-    (openai_fields.COMPLETION_FIELDS), and more than the one token it generates."""
-    if body.max_tokens is not None and body.max_tokens > 1:
-        raise ApiError(
-            400,
-            f"max_tokens: /v1/completions scores prompts and generates at most 1 token, got {body.max_tokens} "
-            "(use /v1/chat/completions to generate text)",
-            "max_tokens",
-            "unsupported_field",
-        )
-    refuse_unset(body, COMPLETION_FIELDS)
 
 
 def prompts_of(body: CompletionRequest) -> tuple[list[str | list[int]], bool]:
@@ -57,83 +51,6 @@ def prompts_of(body: CompletionRequest) -> tuple[list[str | list[int]], bool]:
     return list(p), True  # type: ignore[arg-type]
 
 
-def token_str(session: Session, tok: int) -> str:
-    """A token as text; a token that is not whole UTF-8 on its own as ``bytes:\\xNN...``, as OpenAI does."""
-    raw = session.model.token_bytes(tok, special=True)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-
-
-def _texts(session: Session, tokens: tuple[int, ...]) -> tuple[str, list[int]]:
-    """The tokens' text and each token's character offset in it (the characters decoded before
-    it: a character split over tokens counts at the token that completes it)."""
-    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    parts: list[str] = []
-    offsets: list[int] = []
-    n = 0
-    for t in tokens:
-        offsets.append(n)
-        piece = dec.decode(session.model.token_bytes(t, special=True))
-        parts.append(piece)
-        n += len(piece)
-    parts.append(dec.decode(b"", final=True))
-    return "".join(parts), offsets
-
-
-def _lp(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
-
-
-def choice(session: Session, index: int, r: ScoreResult, echo: bool, top_n: int | None) -> dict[str, Any]:
-    """One answer of the response: the text (with the prompt when echoed), and logprobs per
-    position (from position 0 with echo, else only the picked token's)."""
-    prompt_text, offsets = _texts(session, r.tokens[: r.n_prompt])
-    gen = [] if r.eog else list(r.generated)  # an end-of-generation token adds no text
-    gen_text, gen_offsets = _texts(session, tuple(gen))
-    text = (prompt_text if echo else "") + gen_text
-    offsets = (
-        offsets + [len(prompt_text) + o for o in gen_offsets] + ([len(prompt_text) + len(gen_text)] if r.eog else [])
-    )
-    logprobs = None
-    if top_n is not None:
-        first = 0 if echo else r.n_prompt
-        pos = range(first, len(r.tokens))
-        logprobs = {
-            "tokens": [token_str(session, r.tokens[j]) for j in pos],
-            "token_logprobs": [_lp(r.token_logprobs[j]) for j in pos],
-            "top_logprobs": [
-                None
-                if math.isnan(r.token_logprobs[j])
-                else {token_str(session, int(t)): float(v) for t, v in zip(r.top_ids[j], r.top_logprobs[j])}
-                for j in pos
-            ],
-            "text_offset": [offsets[j] for j in pos],
-        }
-    finish = "stop" if r.eog else "length"
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-
-
-def telemetry(results: list[ScoreResult]) -> dict[str, Any]:
-    """The ``bmoe`` object: what was reused and prefilled, in total and per prompt."""
-    per = [
-        {
-            "n_reused": r.n_reused,
-            "n_prefilled": r.n_prefilled,
-            "prefill_s": r.prefill_s,
-            "prefill_fallback": r.prefill_fallback,
-        }
-        for r in results
-    ]
-    return {
-        "n_reused": sum(r.n_reused for r in results),
-        "n_prefilled": sum(r.n_prefilled for r in results),
-        "prefill_s": sum(r.prefill_s for r in results),
-        "prompts": per,
-    }
-
-
 def refusal(e: RequestError, param: str) -> ApiError:
     """A session refusal in the API's words: its field (``tokens: ...``) renamed to ``param``."""
     field, _, rest = str(e).partition(": ")
@@ -143,65 +60,172 @@ def refusal(e: RequestError, param: str) -> ApiError:
     return from_request_error(RequestError(f"{name}: {rest}"), name)
 
 
+def constraint(body: CompletionRequest) -> tuple[dict | bool | None, str | None]:
+    """The answer's schema or grammar (one of the constraint fields), or a 400 naming its field."""
+    given = [n for n in CONSTRAINT_FIELDS if getattr(body, n) is not None]
+    try:
+        if len(given) > 1:
+            raise ConstraintError(given[1], f"give one of {', '.join(CONSTRAINT_FIELDS)}, got {given}")
+        schema = from_response_format(body.response_format)
+        schema = body.json_schema if schema is None else schema
+        choice = choice_grammar(body.guided_choice, body.structured_outputs)  # vLLM's fields, as GBNF
+        grammar = body.grammar if choice is None else choice[1]
+        constraint_of(schema, grammar)
+    except ConstraintError as e:
+        raise ApiError(400, str(e), e.field, "invalid_request") from None
+    return schema, grammar
+
+
+def generation_of(body: CompletionRequest) -> Generation:
+    """The request's settings, checked (a 400 naming the field) before anything is queued."""
+    refuse_unset(body, COMPLETION_FIELDS)
+    if body.jump_forward and body.logprobs is not None:
+        raise ApiError(
+            400, "jump_forward: a forced token has no log-prob of its own; not with logprobs", "jump_forward"
+        )
+    schema, grammar = constraint(body)
+    return Generation(
+        max_tokens=body.max_tokens,
+        echo=body.echo,
+        top_n=body.logprobs,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stops=body.stop_list(),
+        logit_bias=body.bias(),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        json_schema=schema,
+        grammar=grammar,
+        jump_forward=body.jump_forward,
+    )
+
+
+def scores(g: Generation) -> bool:
+    """Whether the scoring path answers: at most one token, nothing to stop or constrain."""
+    return g.max_tokens in (0, 1) and not g.stops and g.json_schema is None and g.grammar is None
+
+
 class CompletionsRoute:
     def __init__(self, queue: JobQueue, metrics: Metrics, model_id: str) -> None:
         self.queue, self.metrics, self.model_id = queue, metrics, model_id
 
-    def _fn(self, body: CompletionRequest) -> Callable[[Session, Job], dict[str, Any]]:
+    def _fn(self, body: CompletionRequest, stream: bool = False) -> Callable[[Session, Job], dict[str, Any]]:
+        g = generation_of(body)  # its refusals before anything is queued
         prompts, many = prompts_of(body)
-        n_predict = MAX_TOKENS_DEFAULT if body.max_tokens is None else body.max_tokens
-        echo, top_n, bias = body.echo, body.logprobs, body.bias()
 
         def fn(session: Session, job: Job) -> dict[str, Any]:  # on the worker: the only thread that touches the model
-            reqs: list[ScoreRequest] = []
-            for i, p in enumerate(prompts):
+            emit = (lambda p: job.emit(STEP, p)) if stream else (lambda p: None)
+            checked: list[tuple[list[int], int]] = []
+            for i, p in enumerate(prompts):  # every prompt is checked before any is answered
                 param = f"prompt.{i}" if many else "prompt"
                 toks = session.model.tokenize(p, add_special=True, parse_special=True) if isinstance(p, str) else p
-                req = ScoreRequest(
-                    tokens=tuple(toks),
-                    echo=echo,
-                    top_n=top_n or 0,
-                    n_predict=n_predict,
-                    temperature=body.temperature or 0.0,
-                    top_p=body.top_p or 1.0,
-                    seed=body.seed,
-                    logit_bias=bias,
-                )
+                n_predict = g.max_tokens if scores(g) else 0
+                if not scores(g) and len(toks) >= session.n_ctx:  # no room: said as generation says it
+                    n_predict_for(session, g, len(toks), param)
                 try:
-                    session.check_score(req)  # every prompt is checked before any is scored
+                    session.check_score(
+                        ScoreRequest(tokens=tuple(toks), n_predict=n_predict or 0, logit_bias=g.logit_bias)
+                    )
                 except RequestError as e:
                     raise refusal(e, param) from e
-                reqs.append(req)
-            results: list[ScoreResult] = []
-            for req in reqs:
-                if job.cancelled.is_set():  # the client left: the prompts not scored yet are not
-                    self.metrics.completion(results)  # those scored so far count as work done
-                    self.metrics.cancelled.inc()
-                    raise Cancelled("the client closed the request")
-                results.append(session.score(req))
-            self.metrics.completion(results)
-            n_prompt = sum(r.n_prompt for r in results)
-            n_gen = sum(len(r.generated) for r in results)
-            return {
-                "choices": [choice(session, i, r, echo, top_n) for i, r in enumerate(results)],
-                "usage": {
-                    "prompt_tokens": n_prompt,
-                    "completion_tokens": n_gen,
-                    "total_tokens": n_prompt + n_gen,
-                    "prompt_tokens_details": {"cached_tokens": sum(r.n_reused for r in results)},
-                },
-                "bmoe": telemetry(results),
-            }
+                if not scores(g):
+                    n_predict = n_predict_for(session, g, len(toks), param)
+                checked.append((list(toks), n_predict or 0))
+            answers: list[PromptAnswer] = []
+            try:
+                if scores(g):
+                    results: list[ScoreResult] = []
+                    sampling = {
+                        "temperature": g.temperature or 0.0,
+                        "top_p": g.top_p or 1.0,
+                        "seed": g.seed,
+                        "logit_bias": g.logit_bias,
+                    }
+                    for i, (toks, n) in enumerate(checked):
+                        if job.cancelled.is_set():  # the client left: the prompts not scored yet are not
+                            raise Cancelled("the client closed the request")
+                        r = session.score(score_request(toks, n, g.echo, g.top_n, sampling))
+                        results.append(r)
+                        answers.append(scored_answer(session, i, r, g.echo, g.top_n))
+                        a = answers[-1]
+                        emit(Piece(i, a.text, a.logprobs, a.finish_reason, a.telemetry))
+                else:
+                    for i, (toks, n) in enumerate(checked):
+                        answers.append(answer_prompt(session, job, g, i, toks, n, emit))
+            except Cancelled:
+                self.metrics.cancelled.inc()
+                raise
+            finally:
+                self._count(answers)  # those answered count as work done, whatever happened after
+            return response_body(answers)
 
         return fn
 
-    async def __call__(self, body: CompletionRequest, request: Request) -> dict[str, Any]:
-        _unsupported(body)
-        answer = await run_job(self.queue, request, self._fn(body))
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_id,
-            **answer,
-        }
+    def _count(self, answers: list[PromptAnswer]) -> None:
+        m = self.metrics
+        for a in answers:
+            m.prompt_tokens.inc(a.telemetry["n_prefilled"])
+            m.reused_tokens.inc(a.telemetry["n_reused"])
+            m.completion_tokens.inc(a.n_generated)
+            m.prefill_seconds.inc(a.telemetry["prefill_s"])
+            m.decode_seconds.inc(a.telemetry.get("decode_s", 0.0))
+            m.read_mib.inc(a.read_bytes / MIB)
+
+    async def __call__(self, body: CompletionRequest, request: Request) -> Any:
+        job = self.queue.submit(self._fn(body, body.stream))
+        watcher = asyncio.create_task(cancel_on_disconnect(request, job))
+        handed_over = False
+        head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time())}
+        head["model"] = self.model_id
+        try:
+            first = await job.next_event() if body.stream else await job.outcome()
+            _raise_for(first.kind, first.value)
+            if not body.stream:
+                return {**head, **first.value}
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            handed_over = True
+            return StreamingResponse(
+                self._sse(first, job, watcher, head, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+            )
+        finally:
+            if not handed_over:
+                watcher.cancel()
+                if not job.finished:
+                    job.cancel()
+
+    async def _sse(
+        self, ev: Any, job: Job, watcher: asyncio.Task, head: dict[str, Any], include_usage: bool
+    ) -> AsyncIterator[str]:
+        try:
+            while True:
+                if ev.kind == ERROR:
+                    err = job_error(ev.value, lambda e: from_request_error(e, None))
+                    status = err.status if isinstance(err, ApiError) else 500
+                    if status != 499:
+                        yield f"data: {json.dumps(error_body(status, str(err)))}\n\n"
+                    return
+                if ev.kind == RESULT:
+                    if include_usage:  # OpenAI's shape: a chunk with no choices, only usage
+                        yield _data({**head, "choices": [], "usage": ev.value["usage"], "bmoe": ev.value["bmoe"]})
+                    break
+                p: Piece = ev.value
+                lps = p.logprobs.shape() if p.logprobs is not None else None
+                choice = {"index": p.index, "text": p.text, "logprobs": lps, "finish_reason": p.finish_reason}
+                extra = {"bmoe": p.telemetry} if p.telemetry is not None else {}
+                yield _data({**head, "choices": [choice], **extra})
+                ev = await job.next_event()
+            yield "data: [DONE]\n\n"
+        finally:  # the client left (or the stream ended): stop generating for nobody
+            watcher.cancel()
+            if not job.finished:
+                job.cancel()
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _raise_for(kind: str, value: Any) -> None:
+    if kind == ERROR:
+        raise job_error(value, lambda e: from_request_error(e, None)) from value

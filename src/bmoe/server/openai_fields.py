@@ -35,9 +35,6 @@ def _refused(name: str, why: str, *neutral: Any) -> OpenAIField:
     return OpenAIField(name, REFUSED, why, (None, *neutral))
 
 
-_PENALTY = "the one token this route picks has no earlier token of the answer to penalize"
-_CONSTRAINED = "constrained generation is not supported on /v1/completions; use /v1/chat/completions"
-
 CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("messages", HONOURED, "the conversation; the last message must be the user's"),
     OpenAIField("model", IGNORED, "the server serves the model it was started with"),
@@ -88,27 +85,35 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
 )
 
 COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
-    OpenAIField("prompt", HONOURED, "text or token ids, up to 256 prompts"),
+    OpenAIField(
+        "prompt", HONOURED, "text or token ids, up to 256 prompts, given to the model as they are (no template)"
+    ),
     OpenAIField("model", IGNORED, "the server serves the model it was started with"),
-    OpenAIField("max_tokens", HONOURED, "0 or 1 (default 1); more is a 400"),
-    OpenAIField("echo", HONOURED, "log-probs from the prompt's first token"),
-    OpenAIField("logprobs", HONOURED, "0..20 alternatives per position"),
-    OpenAIField("temperature", HONOURED, "how the one token is picked"),
-    OpenAIField("top_p", HONOURED, "how the one token is picked"),
-    OpenAIField("seed", HONOURED, "how the one token is picked"),
-    OpenAIField("logit_bias", HONOURED, "token id -> bias in [-100, 100], added before the one token is picked"),
-    _refused("stream", "streaming is not supported on /v1/completions", False),
+    OpenAIField(
+        "max_tokens", HONOURED, "tokens to generate at most (default 16); 0 or 1 with no stop or constraint: scored"
+    ),
+    OpenAIField("echo", HONOURED, "the prompt first in the text, its log-probs from its first token"),
+    OpenAIField("logprobs", HONOURED, "0..20 alternatives per position (legacy shape)"),
+    OpenAIField("temperature", HONOURED, "0..10; 0 is greedy (default: --temp; scored: 0)"),
+    OpenAIField("top_p", HONOURED, "nucleus sampling's mass"),
+    OpenAIField("seed", HONOURED, "the sampler's seed"),
+    OpenAIField("stop", HONOURED, "up to 16 stop strings"),
+    OpenAIField("stream", HONOURED, "server-sent events, text_completion chunks"),
+    OpenAIField("stream_options", HONOURED, "include_usage"),
+    OpenAIField("logit_bias", HONOURED, "token id -> bias in [-100, 100], added before sampling"),
+    OpenAIField("presence_penalty", HONOURED, "-2..2, lowers the logit of a token already in the answer once"),
+    OpenAIField(
+        "frequency_penalty", HONOURED, "-2..2, lowers a token's logit for each time it is already in the answer"
+    ),
+    OpenAIField("response_format", HONOURED, "text, json_object or json_schema, as on chat"),
+    OpenAIField("json_schema", HONOURED, "llama.cpp-server style: the answer's JSON schema"),
+    OpenAIField("grammar", HONOURED, "llama.cpp-server style: a GBNF grammar the answer keeps"),
+    OpenAIField("jump_forward", HONOURED, "bmoe: with a constraint, the tokens it forces go in one batch"),
+    OpenAIField("guided_choice", HONOURED, "vLLM style: the answer is one of these strings, answered by a decision"),
+    OpenAIField("structured_outputs", HONOURED, 'vLLM style: {"choice": [...]}, as guided_choice'),
     _refused("n", "only 1 is supported, got {value}", 1),
     _refused("best_of", "only 1 is supported, got {value}", 1),
     _refused("suffix", "insertion (a suffix) is not supported", ""),
-    _refused("stop", "stop strings are not supported on /v1/completions (it generates at most 1 token)", "", []),
-    OpenAIField("presence_penalty", IGNORED, _PENALTY),
-    OpenAIField("frequency_penalty", IGNORED, _PENALTY),
-    _refused("json_schema", _CONSTRAINED),
-    _refused("grammar", _CONSTRAINED),
-    _refused("guided_choice", _CONSTRAINED),
-    _refused("structured_outputs", _CONSTRAINED),
-    OpenAIField("stream_options", IGNORED, "stream is refused, so it has nothing to change"),
     OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
 )
 

@@ -285,11 +285,11 @@ MAX_PROMPTS = 256  # prompts in one /v1/completions request
 
 
 class CompletionRequest(BaseModel):
-    """OpenAI's legacy completion request, as far as prompt scoring goes: ``max_tokens`` 0 or 1.
+    """OpenAI's legacy completion request: raw prompts scored (``max_tokens`` 0 or 1) or continued.
 
-    OpenAI fields that would change the answer but are not implemented (``stream``, ``n``,
-    ``best_of``, ``suffix``, ``stop``, penalties) are refused by the route when set to anything but
-    their neutral value (openai_fields.COMPLETION_FIELDS); other unknown fields are ignored.
+    Every OpenAI field is declared, so that the route can honour it or refuse it by name
+    (openai_fields.COMPLETION_FIELDS says which: ``n``, ``best_of`` and ``suffix`` are refused
+    unless neutral); other unknown fields are ignored.
     """
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -300,7 +300,9 @@ class CompletionRequest(BaseModel):
         | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
-    max_tokens: int | None = Field(None, ge=0, le=1 << 20, description="0 or 1 here (default 1)")
+    max_tokens: int | None = Field(
+        None, ge=0, le=1 << 20, description="tokens to generate at most (default 16); 0 or 1: scored (lm-eval)"
+    )
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=TOP_CAP)
     temperature: float | None = Field(None, ge=0.0, le=rules.TEMPERATURE_MAX)
@@ -314,12 +316,19 @@ class CompletionRequest(BaseModel):
     logit_bias: LogitBias | None = None
     presence_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
     frequency_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
-    json_schema: dict[str, Any] | bool | None = Field(None, description="refused: not on this scoring route")
-    grammar: Text | None = Field(None, description="refused: not on this scoring route")
-    guided_choice: Any = Field(None, description="refused: not on this scoring route")
-    structured_outputs: Any = Field(None, description="refused: not on this scoring route")
-    stream_options: Any = None
+    response_format: dict[str, Any] | None = Field(None, description="text, json_object or json_schema, as on chat")
+    json_schema: dict[str, Any] | bool | None = Field(None, description="llama.cpp-server style: the answer's schema")
+    grammar: Text | None = Field(None, description="llama.cpp-server style: a GBNF grammar the answer keeps")
+    jump_forward: bool = Field(False, description="bmoe: a constraint's forced tokens go into the model in one batch")
+    guided_choice: Any = Field(None, description="vLLM style: the answer is one of these strings")
+    structured_outputs: Any = Field(None, description='vLLM style: {"choice": [...]}, as guided_choice')
+    stream_options: StreamOptions | None = None
     user: Any = None
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def bias(self) -> tuple[tuple[int, float], ...]:
         return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
