@@ -14,7 +14,7 @@ import pytest
 from test_tool_formats import CALL, TOOLS, accepts, renderer, template
 
 from bmoe.config import SessionConfig
-from bmoe.constrain import Tool, ToolChoice, parse_tool_calls, tool_constraint
+from bmoe.constrain import Tool, ToolChoice, ToolStream, parse_tool_calls, tool_constraint
 from bmoe.constrain.tool_formats import BY_NAME, ToolFormat, write_calls
 from bmoe.runtime.chat import _environment
 from bmoe.runtime.detokenize import Detokenizer
@@ -183,3 +183,24 @@ def test_the_output_of_such_a_turn_splits_at_the_close(think: bool) -> None:
     d.finish()
     assert d.reasoning == (THOUGHT if think else "") and d.text == write_calls(r.tool_format, [CALL])
     assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False)[0] is False  # no calls: as before
+
+
+def test_a_gpt_oss_text_answer_opens_its_final_channel_which_is_not_content() -> None:
+    messages = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "It is sunny."}]
+    messages.append({"role": "user", "content": "Thanks."})
+    text = (
+        _environment()
+        .from_string(template("openai-gpt-oss-120b"))
+        .render(messages=messages, tools=[t.openai() for t in TOOLS], add_generation_prompt=True)
+    )
+    answer = OSS.text_open + "It is sunny."
+    assert "<|start|>assistant" + answer + "<|end|>" in text  # what the model writes after "<|start|>assistant"
+    auto = tool_constraint(OSS, TOOLS, ToolChoice("auto"), think="open")
+    required = tool_constraint(OSS, TOOLS, ToolChoice("required"))
+    assert auto is not None and required is not None
+    assert accepts(auto.grammar, answer) and accepts(auto.grammar, ANALYSIS + answer)
+    assert not accepts(required.grammar, answer)
+    assert parse_tool_calls(OSS, answer, TOOLS).content == "It is sunny."
+    stream = ToolStream(OSS, TOOLS)
+    deltas = [d for k in range(0, len(answer), 2) for d in stream.feed(answer[k : k + 2])] + stream.finish()
+    assert "".join(d[1] for d in deltas) == "It is sunny."

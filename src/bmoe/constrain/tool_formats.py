@@ -54,6 +54,7 @@ class ToolFormat:
     # optional, the text before the close reasoning): MiniMax M3, Kimi K3.
     reasoning_first: bool = False
     quote: str = ""  # keyed: the marks around a string value
+    text_open: str = ""  # what opens an answer in text, not part of its content (gpt-oss's final channel)
 
     @property
     def opener(self) -> str:
@@ -79,6 +80,7 @@ FORMATS: tuple[ToolFormat, ...] = (
         "<|call|>",
         parallel=False,
         reasoning=("<|channel|>analysis<|message|>", "<|end|><|start|>assistant"),
+        text_open="<|channel|>final<|message|>",
     ),
     ToolFormat(
         "kimi-k2",

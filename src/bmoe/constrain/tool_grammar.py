@@ -75,7 +75,7 @@ def _is_str(schema: object) -> bool:
 def markers(fmt: ToolFormat) -> set[str]:
     """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
     texts = [fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator]
-    texts += [fmt.param_open, fmt.param_close, fmt.quote, *fmt.reasoning]
+    texts += [fmt.param_open, fmt.param_close, fmt.quote, fmt.text_open, *fmt.reasoning]
     return {m for t in texts for m in _MARKER.findall(t)}
 
 
@@ -301,6 +301,8 @@ def tool_lark(
         esc = _regex_text(fmt.opener)
         g.rules.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/")
         start = f"TEXT | {g.rule('pre[lazy]', f'/(?s:.*){esc}/')} {rest}"
+    if choice.mode == "auto" and fmt.text_open:  # a text answer may open as the format's do
+        start = f"{g.lit(fmt.text_open)} TEXT | {start}"
     if think:
         start = _reasoning(g, think, start)
     return "\n".join([f"start: {start}", *g.rules]) + "\n"

@@ -94,7 +94,7 @@ def parse_tool_calls(
     With ``tools``, a call must name one of them."""
     m = _compiled(fmt).opener.search(text)
     if m is None:
-        return Parsed(text, [], len(text))
+        return Parsed(text.removeprefix(fmt.text_open) if fmt.text_open else text, [], len(text))
     return _calls(fmt, text, m.start(), tools, make_id, final=True)
 
 
@@ -274,6 +274,11 @@ class ToolStream:
     def feed(self, delta: str) -> list[tuple]:
         self.buf += delta
         out: list[tuple] = []
+        if self.sent == 0 and self.fmt.text_open:  # a text answer's opening is not content
+            if self.fmt.text_open.startswith(self.buf):
+                return out
+            if self.buf.startswith(self.fmt.text_open):
+                self.sent = len(self.fmt.text_open)
         if self.start < 0:
             m = _compiled(self.fmt).opener.search(self.buf, self.sent)
             if m is None:
