@@ -52,6 +52,14 @@ FAMILIES = {
     "GLM-4.6": ("glm-4.5", True, True),
     "GLM-4.7-Flash": ("glm-4.7", True, True),
     "MiniMax-M2": ("minimax-m2", True, True),
+    "MiniMax-M3": ("minimax-m3", True, True),
+    "Kimi-K3": ("kimi-k3", True, True),
+    "inclusionai-ling-3.0-flash": ("ling-3", True, True),
+    "google-gemma-4-31B-it": ("gemma-4", True, True),
+    "google-gemma-4-31B-it-interleaved": ("gemma-4", True, True),
+    "tencent-Hy3": ("hy3", True, True),
+    "MiniMax-M1": ("minimax-m1", True, True),
+    "GigaChat3.1-10B-A1.8B": ("gigachat-3.1", True, False),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.3-70B-Instruct": ("llama3", True, False),
@@ -72,10 +80,8 @@ FAMILIES = {
 PROBED = {
     "Kimi-K2-Instruct": "kimi-k2",
     "Kimi-K2-Thinking": "kimi-k2",
-    "MiniMax-M3": "generic",
     "meetkai-functionary-medium-v3.1": "generic",
     "unsloth-Apriel-1.5": "generic",
-    "inclusionai-ling-3.0-flash": "generic",
 }
 
 
@@ -215,3 +221,11 @@ def test_json_arguments_hold_declared_keys_and_compact_spacing() -> None:
     open_ = Tool("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True})
     g2 = tool_constraint(GENERIC, (open_,), ToolChoice("required"))
     assert g2 is not None and accepts(g2.grammar, write_calls(GENERIC, [("f", {"a": 1, "b": 2}, "c")]))
+
+
+def test_the_docs_list_every_format_of_the_table() -> None:
+    """docs/server.md "Tools" has one row per format of the table, in the table's order."""
+    docs = (Path(__file__).parents[2] / "docs" / "server.md").read_text()
+    section = docs[docs.index("| format | families |") : docs.index("**Rendering.**")]
+    rows = [line.split("`")[1] for line in section.splitlines()[2:] if line.startswith("| `")]
+    assert rows == [f.name for f in (*FORMATS, GENERIC)]

@@ -304,8 +304,7 @@ def test_a_special_token_opener_is_drawn_and_forced_as_that_token(make_app, smol
 
     text, tokens, d = run("required", 0.8)
     assert d is not None and d["answered_by"] == "decision" and tokens[0] == im_start, (d, text)
-    # a control token's piece is empty in the text (the stream renders no control token)
-    assert text.startswith('{"name": "' + NAMES[d["chosen"]] + '", "arguments": ')
+    assert text.startswith('<|im_start|>{"name": "' + NAMES[d["chosen"]] + '", "arguments": ')
     greedy = [run(mode, 0.0) for mode in ("required", "auto")]
     monkeypatch.setattr(rt, "name_pick", lambda *a, **k: None)
     plain = [run(mode, 0.0) for mode in ("required", "auto")]

@@ -1,10 +1,14 @@
 """The tool-call formats of the model families: one record each, one table (docs/server.md "Tools").
 
 A format says how a model writes its calls: an optional section around all of them, each call's
-opening and closing text (with holes: ``{name}``, and where the format has them ``{index}`` and
-``{id}``), and the arguments either as one JSON object (``args="json"``) or one element per
-parameter (``args="xml"``: ``{key}``, and ``{string}`` "true"/"false" where the format marks
-string values; a string value is written raw, any other as JSON). ``detect_tool_format`` reads the format
+opening and closing text (with holes: ``{name}``, and where the format has them ``{index}``
+(counted from ``index_from``) and ``{id}``), and the arguments either as one JSON object
+(``args="json"``) or one element per parameter (``args="xml"``: ``{key}``, and where the format
+marks a value's kind ``{string}`` "true"/"false" or ``{type}`` its JSON type). A string value is
+written raw; any other as JSON (``values="json"``), or as nested elements (``values="xml"``,
+MiniMax M3: an object's keys and an array's ``item``s each an element of the parameter's own
+syntax, a scalar as text, booleans ``true``/``false``, a null left out). Gemma 4 writes neither:
+``args="keyed"``, its own notation of ``key:value`` pairs (tool_keyed). ``detect_tool_format`` reads the format
 from a chat template's source; a template with no known tool syntax gets ``GENERIC``: bmoe
 describes the tools in a system message and the model calls them in Hermes' JSON syntax.
 
@@ -20,8 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Literal
 
-HOLE = re.compile(r"\{(name|index|id|key|string)\}")
-_PART = re.compile(r"(\{\{|\}\}|\{(?:name|index|id|key|string)\})")
+from bmoe.constrain.tool_keyed import write_pairs
+
+HOLE = re.compile(r"\{(name|index|id|key|string|type)\}")
+_PART = re.compile(r"(\{\{|\}\}|\{(?:name|index|id|key|string|type)\})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +40,21 @@ class ToolFormat:
     section_open: str = ""  # before the first call ("" : none)
     section_close: str = ""
     separator: str = ""  # between two calls
-    args: Literal["json", "xml"] = "json"
+    args: Literal["json", "xml", "keyed"] = "json"
     param_open: str = ""  # xml: before a parameter's value
-    param_close: str = ""
+    param_close: str = ""  # xml: after it (may name the parameter: ``{key}``)
+    values: Literal["json", "xml"] = "json"  # xml: how a value that is not a string is written
     parallel: bool = True  # several calls in one answer
     id_pattern: str | None = None  # the regex of a call id the model writes ({id}), where it writes one
+    index_from: int = 0  # the {index} of the first call
+    # The family's own reasoning block before the calls, where it is not ``<think>``: its opening
+    # and what ends it (gpt-oss's analysis channel, Gemma 4's thought channel); ("", ""): none.
+    reasoning: tuple[str, str] = ("", "")
+    # Every answer starts inside that block and closes it before anything else (its opening
+    # optional, the text before the close reasoning): MiniMax M3, Kimi K3.
+    reasoning_first: bool = False
+    quote: str = ""  # keyed: the marks around a string value
+    text_open: str = ""  # what opens an answer in text, not part of its content (gpt-oss's final channel)
 
     @property
     def opener(self) -> str:
@@ -53,6 +69,7 @@ def fixed(text: str) -> str:
 
 
 _JSON_OPEN = '{{"name": "{name}", "arguments": '  # a call as one JSON object in a JSON list
+_MM = "]<]minimax[>["  # MiniMax M3's namespace marker, before each of its tags
 
 FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat(
@@ -62,6 +79,8 @@ FORMATS: tuple[ToolFormat, ...] = (
         " to=functions.{name}<|channel|>commentary json<|message|>",
         "<|call|>",
         parallel=False,
+        reasoning=("<|channel|>analysis<|message|>", "<|end|><|start|>assistant"),
+        text_open="<|channel|>final<|message|>",
     ),
     ToolFormat(
         "kimi-k2",
@@ -71,6 +90,21 @@ FORMATS: tuple[ToolFormat, ...] = (
         "<|tool_call_end|>",
         "<|tool_calls_section_begin|>",
         "<|tool_calls_section_end|>",
+    ),
+    ToolFormat(
+        "kimi-k3",
+        "Kimi K3",
+        ("<|open|>", "'call'"),
+        '<|open|>call tool="{name}" index="{index}"<|sep|>',
+        "<|close|>call<|sep|>",
+        "<|close|>response<|sep|><|open|>tools<|sep|>",  # the text is the response's: it ends first
+        "<|close|>tools<|sep|>",
+        args="xml",
+        param_open='<|open|>argument key="{key}" type="{type}"<|sep|>',
+        param_close="<|close|>argument<|sep|>",
+        index_from=1,
+        reasoning=("<|open|>think<|sep|>", "<|close|>think<|sep|><|open|>response<|sep|>"),
+        reasoning_first=True,
     ),
     ToolFormat(
         "deepseek-r1",
@@ -116,6 +150,21 @@ FORMATS: tuple[ToolFormat, ...] = (
         param_close="</｜DSML｜parameter>\n",
     ),
     ToolFormat(
+        "minimax-m3",
+        "MiniMax M3",
+        (_MM,),
+        _MM + '<invoke name="{name}">',
+        _MM + "</invoke>\n",
+        _MM + "<tool_call>\n",
+        _MM + "</tool_call>",
+        args="xml",
+        param_open=_MM + "<{key}>",
+        param_close=_MM + "</{key}>",
+        values="xml",
+        reasoning=("<mm:think>", "</mm:think>"),
+        reasoning_first=True,
+    ),
+    ToolFormat(
         "minimax-m2",
         "MiniMax M2",
         ("<minimax:tool_call>",),
@@ -126,6 +175,30 @@ FORMATS: tuple[ToolFormat, ...] = (
         args="xml",
         param_open='<parameter name="{key}">',
         param_close="</parameter>\n",
+    ),
+    ToolFormat(
+        "ling-3",
+        "Ling 3.0 (Bailing MoE 3)",
+        ("<arg_key>", "<role>ASSISTANT</role>"),
+        "<tool_call>{name}\n",
+        "\n</tool_call>",
+        separator="\n",
+        args="xml",
+        param_open="<arg_key>{key}</arg_key>\n<arg_value>",
+        param_close="</arg_value>",
+    ),
+    ToolFormat(
+        "hy3",
+        "Hunyuan 3 (tencent Hy3)",
+        ("<tool_calls{}>", ":opensource"),
+        "<tool_call:opensource>{name}<tool_sep:opensource>\n",
+        "</tool_call:opensource>",
+        "<tool_calls:opensource>\n",
+        "\n</tool_calls:opensource>",
+        "\n",
+        args="xml",
+        param_open="<arg_key:opensource>{key}</arg_key:opensource>\n<arg_value:opensource>",
+        param_close="</arg_value:opensource>\n",
     ),
     ToolFormat(
         "glm-4.7",
@@ -171,6 +244,16 @@ FORMATS: tuple[ToolFormat, ...] = (
         param_close="\n</parameter>\n",
     ),
     ToolFormat(
+        "gemma-4",
+        "Gemma 4",
+        ("<|tool_call>call:",),
+        "<|tool_call>call:{name}{{",
+        "}}<tool_call|>",
+        args="keyed",
+        quote='<|"|>',
+        reasoning=("<|channel>thought\n", "<channel|>"),
+    ),
+    ToolFormat(
         "mistral-v11",
         "Mistral Small 3.2",
         ("[CALL_ID]",),
@@ -195,6 +278,19 @@ FORMATS: tuple[ToolFormat, ...] = (
         "nemotron-v2", "Nemotron Nano v2", ("<TOOLCALL>",), _JSON_OPEN, "}}", "<TOOLCALL>[", "]</TOOLCALL>", ", "
     ),
     ToolFormat(
+        "minimax-m1",
+        "MiniMax M1",
+        ("<tool_calls>", "<beginning_of_sentence>"),
+        _JSON_OPEN,
+        "}}",
+        "<tool_calls>\n",
+        "\n</tool_calls>",
+        "\n",
+    ),
+    ToolFormat(
+        "gigachat-3.1", "GigaChat 3.1", ("<|function_call|>",), "<|function_call|>" + _JSON_OPEN, "}}", parallel=False
+    ),
+    ToolFormat(
         "hermes",
         "Qwen3, Qwen2.5, Hermes 2/3, Granite 4",
         ("<tool_call>",),
@@ -211,9 +307,6 @@ FORMATS: tuple[ToolFormat, ...] = (
         parallel=False,
     ),
 )
-# Templates that take tools in a syntax bmoe does not write yet: the generic fallback serves them.
-UNSUPPORTED = ("]<]minimax[>[",)  # MiniMax M3's nested-XML arguments
-
 GENERIC = ToolFormat(
     "generic",
     "any template without tool support (SmolLM2)",
@@ -227,7 +320,7 @@ BY_NAME = {f.name: f for f in (*FORMATS, GENERIC)}
 
 def detect_tool_format(template: str | None) -> ToolFormat:
     """The tool-call format a chat template's source writes; GENERIC where it writes none bmoe knows."""
-    if not template or any(m in template for m in UNSUPPORTED):
+    if not template:
         return GENERIC
     for fmt in FORMATS:
         if all(m in template for m in fmt.detect):
@@ -262,23 +355,48 @@ def native_id(fmt: ToolFormat, call_id: str) -> str:
     return "".join(c.upper() if i % 2 and c.isalpha() else c for i, c in enumerate(digest[:9]))
 
 
-def write_value(value: object) -> str:
-    """An xml-format parameter's value: a string raw, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+def json_type(value: object) -> str:
+    """A value's JSON type name (the ``{type}`` hole)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else "object" if isinstance(value, dict) else "array"
+
+
+def write_value(fmt: ToolFormat, value: object) -> str:
+    """An xml-format parameter's value: a string raw, anything else as JSON, or (``values="xml"``)
+    as nested elements, a scalar as its text."""
+    if isinstance(value, str):
+        return value
+    if fmt.values == "json" or isinstance(value, bool) or value is None:
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, dict):
+        return "".join(element(fmt, k, v) for k, v in value.items() if v is not None)
+    if isinstance(value, list):
+        return "".join(element(fmt, "item", v) for v in value)
+    return str(value)
+
+
+def element(fmt: ToolFormat, key: str, value: object) -> str:
+    """One parameter (or, nested, one key or item) as its element."""
+    is_str = "true" if isinstance(value, str) else "false"
+    head = fill(fmt.param_open, key=key, string=is_str, type=json_type(value))
+    return head + write_value(fmt, value) + fill(fmt.param_close, key=key)
 
 
 def write_call(fmt: ToolFormat, name: str, args: dict, index: int = 0, call_id: str = "") -> str:
     """One call in the format's text (without the section)."""
-    holes = {"name": name, "index": str(index), "id": native_id(fmt, call_id or f"call{index}")}
+    n = index + fmt.index_from
+    holes = {"name": name, "index": str(n), "id": native_id(fmt, call_id or f"call{index}")}
     if fmt.args == "json":
         body = json.dumps(args, ensure_ascii=False)
+    elif fmt.args == "keyed":
+        body = write_pairs(args, fmt.quote)
     else:
-        body = "".join(
-            fill(fmt.param_open, key=k, string="true" if isinstance(v, str) else "false")
-            + write_value(v)
-            + fill(fmt.param_close)
-            for k, v in args.items()
-        )
+        body = "".join(element(fmt, k, v) for k, v in args.items() if v is not None or fmt.values == "json")
     return fill(fmt.call_open, **holes) + body + fill(fmt.call_close, **holes)
 
 

@@ -24,8 +24,9 @@ from llguidance import LLMatcher
 
 from bmoe.constrain.constraint import Constraint
 from bmoe.constrain.schema import ConstraintError
-from bmoe.constrain.tool_formats import ToolFormat, fill, fixed, parts
-from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice
+from bmoe.constrain.tool_formats import ToolFormat, fill, fixed, json_type, parts, write_value
+from bmoe.constrain.tool_keyed import KeyedGrammar
+from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice, resolve
 
 # JSON arguments as models write them (``json.dumps``'s separators), with no free whitespace: a
 # whitespace run is valid JSON that a small model can repeat until max_tokens.
@@ -47,12 +48,34 @@ def _declared_only(schema: dict) -> dict:
     return schema
 
 
-_MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]")
+_MARKER = re.compile(r"<\|[^|<>]+\|>|<｜[^｜<>]+｜>|\[[A-Z_]+\]|\]<\][a-z]+\[>\[|<\|[a-z_]+>|<[a-z_]+\|>")
+_DEPTH = 8  # the deepest nesting of a values="xml" argument the grammar follows (then: raw text)
+# A scalar as the nested-elements form writes it (Python's text of a number, JSON's booleans).
+_SCALAR = {
+    "integer": "/-?(0|[1-9][0-9]*)/",
+    "number": "/-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?/",
+    "boolean": '("true" | "false")',
+}
+
+
+def _choices(schema: object) -> list | None:
+    """The values an ``enum`` or ``const`` schema allows (nulls left out: a null is not written)."""
+    if not isinstance(schema, dict) or not ("enum" in schema or "const" in schema):
+        return None
+    values = [v for v in (schema["enum"] if "enum" in schema else [schema["const"]]) if v is not None]
+    return values or None
+
+
+def _is_str(schema: object) -> bool:
+    return (
+        isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema and "const" not in schema
+    )
 
 
 def markers(fmt: ToolFormat) -> set[str]:
     """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
-    texts = (fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator)
+    texts = [fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator]
+    texts += [fmt.param_open, fmt.param_close, fmt.quote, fmt.text_open, *fmt.reasoning]
     return {m for t in texts for m in _MARKER.findall(t)}
 
 
@@ -60,6 +83,8 @@ class _Lark:
     def __init__(self, fmt: ToolFormat, special: Mapping[str, int]) -> None:
         self.fmt, self.special = fmt, dict(special)
         self.rules: list[str] = []
+        self.root: dict = {}
+        self._n = 0
         self._cut = re.compile("|".join(re.escape(m) for m in sorted(special, key=len, reverse=True)) or "(?!)")
 
     def lit(self, text: str, **holes: str) -> str:
@@ -88,25 +113,110 @@ class _Lark:
         schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
         if self.fmt.args == "json":
             return self.rule(f"args{i}", _json(_declared_only(schema)))
+        if self.fmt.args == "keyed":
+            return self.rule(f"args{i}", KeyedGrammar(self, self.fmt.quote, schema, f"k{i}_").pairs(schema))
+        self.root = schema
         defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         props: dict = schema.get("properties") or {}
         required = set(schema.get("required") or ())
-        close = fill(self.fmt.param_close)
         parts = []
         for j, (key, sub) in enumerate(props.items()):
-            is_str = isinstance(sub, dict) and sub.get("type") == "string" and "enum" not in sub
-            head = self.lit(self.fmt.param_open, key=json.dumps(key), string='"true"' if is_str else '"false"')
-            if is_str:
-                value = self.rule(f"v{i}_{j}[suffix={json.dumps(close)}]", "/(?s:.*)/")
+            head = self.head(key, self.resolve(sub))
+            if isinstance(one := self.resolve(sub), dict) and _choices(one) is not None:
+                value = self.choices(key, one)
+                head = ""
+            elif self.fmt.values == "xml":
+                value = self.nested(key, sub, 0)
+            elif _is_str(self.resolve(sub)):
+                value = self.text_until(fill(self.fmt.param_close, key=key))
             else:
                 sub_schema = {**sub, **defs} if isinstance(sub, dict) else sub
-                value = self.rule(f"v{i}_{j}", _json(sub_schema)) + " " + self.lit(close)
+                kinds = sub.get("type") if isinstance(sub, dict) else None
+                marked = "{type}" in self.fmt.param_open or "{string}" in self.fmt.param_open
+                if marked and isinstance(kinds, list) and "string" in kinds and len(kinds) > 1:
+                    # a string is marked so and written raw; any other kind is JSON
+                    sub_schema = {**sub_schema, "type": [k for k in kinds if k != "string"]}
+                    raw = self.lit(self.fmt.param_open, key=json.dumps(key), string='"true"', type='"string"')
+                    head = f"({raw} {self.text_until(fill(self.fmt.param_close, key=key))} | {head}"
+                value = (
+                    self.rule(f"v{i}_{j}", _json(sub_schema))
+                    + " "
+                    + self.lit(self.fmt.param_close, key=json.dumps(key))
+                    + (")" if head.startswith("(") else "")
+                )
             parts.append(f"({head} {value})" + ("" if key in required else "?"))
         if not props and schema.get("additionalProperties", True) is not False:
-            head = self.lit(self.fmt.param_open, key="/[A-Za-z0-9_.-]+/", string='"true"')
-            value = self.rule(f"v{i}_any[suffix={json.dumps(close)}]", "/(?s:.*)/")
+            head = self.lit(self.fmt.param_open, key="/[A-Za-z0-9_.-]+/", string='"true"', type='"string"')
+            if "{key}" in self.fmt.param_close:  # a close naming its key: raw text up to any close
+                pre = fixed(self.fmt.param_close)
+                rest = self.lit(self.fmt.param_close[len(pre) :], key="/[A-Za-z0-9_.-]+/")
+                value = f"{self.text_until(fill(pre))} {rest}"
+            else:
+                value = self.text_until(fill(self.fmt.param_close))
             parts.append(f"({head} {value})*")
         return self.rule(f"args{i}", " ".join(parts) or '""')
+
+    def head(self, key: str, schema: object) -> str:
+        """A parameter's opening: its key, and where the format marks it, its value's kind."""
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if _is_str(schema):
+            type_ = '"string"'
+        elif isinstance(kind, str) and kind != "string":
+            type_ = json.dumps("number" if kind == "integer" else kind)
+        else:  # not known to be one kind: any but string (the value is JSON)
+            type_ = '("boolean" | "null" | "number" | "object" | "array")'
+        string = '"true"' if _is_str(schema) else '"false"'
+        return self.lit(self.fmt.param_open, key=json.dumps(key), string=string, type=type_)
+
+    def choices(self, key: str, schema: dict) -> str:
+        """An enum's (or const's) values, each with its own opening (its kind may be marked),
+        written as the format writes a value (a string raw)."""
+        close = self.lit(self.fmt.param_close, key=json.dumps(key))
+        alts = []
+        for v in _choices(schema) or ():
+            mark = {"string": '"true"' if isinstance(v, str) else '"false"', "type": json.dumps(json_type(v))}
+            head = self.lit(self.fmt.param_open, key=json.dumps(key), **mark)
+            alts.append(f"{head} {json.dumps(write_value(self.fmt, v), ensure_ascii=False)} {close}")
+        return "(" + " | ".join(dict.fromkeys(alts)) + ")"
+
+    def resolve(self, schema: object) -> object:
+        return resolve(schema, self.root)
+
+    def text_until(self, close: str) -> str:
+        """Raw text up to ``close`` (which it cannot hold), then ``close``."""
+        end = self.lit(close)
+        if end.startswith("<["):  # a special token: text cannot write it
+            return f"/(?s:.*)/ {end}"
+        self._n += 1
+        return self.rule(f"t{self._n}[suffix={json.dumps(close)}]", "/(?s:.*)/")
+
+    def nested(self, key: str, schema: object, depth: int) -> str:
+        """A value written as nested elements (``values="xml"``), then its close: an object's
+        declared keys in the schema's order, an array's items, scalars as their text. What the
+        text form cannot hold (a string's pattern or length, a number's bounds, an array's length,
+        ``anyOf``) is not held; a value of no single kind is raw text."""
+        close = self.lit(self.fmt.param_close, key=json.dumps(key))
+        s = self.resolve(schema)
+        kind = s.get("type") if isinstance(s, dict) and isinstance(s.get("type"), str) else None
+        if not isinstance(s, dict) or depth > _DEPTH:
+            return self.text_until(fill(self.fmt.param_close, key=key))
+        if _choices(s) is not None:
+            alts = {json.dumps(write_value(self.fmt, v), ensure_ascii=False) for v in _choices(s) or ()}
+            return f"({' | '.join(sorted(alts))}) {close}"
+        if kind in _SCALAR:
+            return f"{_SCALAR[kind]} {close}"
+        if kind == "object" and s.get("properties"):
+            required = set(s.get("required") or ())
+            kids = [
+                f"({self.head(k, self.resolve(sub))} {self.nested(k, sub, depth + 1)})" + ("" if k in required else "?")
+                for k, sub in s["properties"].items()
+            ]
+            return f"{' '.join(kids)} {close}"
+        if kind == "array" and "items" in s:
+            return (
+                f"({self.head('item', self.resolve(s['items']))} {self.nested('item', s['items'], depth + 1)})* {close}"
+            )
+        return self.text_until(fill(self.fmt.param_close, key=key))
 
     def call(self, i: int, tool: Tool, skip: int = 0) -> str:
         """Rule of one call of ``tool``; ``skip``: characters of the opening already written."""
@@ -126,23 +236,31 @@ def _regex_text(text: str) -> str:
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-Think = Literal["", "open", "inside"]
+Think = Literal["", "open", "inside", "closed"]
 
 
 def _reasoning(g: "_Lark", think: Think, body: str) -> str:
-    """``body`` after a reasoning block (Qwen3, DeepSeek R1): "open", the answer may start with
-    ``<think>...</think>``; "inside", the prompt opened the block, so the answer closes it first.
-    Whitespace may follow the block."""
-    close = g.lit(THINK_CLOSE)
+    """``body`` after a reasoning block: the format's own (``ToolFormat.reasoning``: gpt-oss's
+    analysis channel) or ``<think>...</think>`` (Qwen3, DeepSeek R1). "open", the answer may start
+    with the block; "inside", the prompt opened it, so the answer closes it first; "closed", the
+    answer closes it at once (a format whose answers start inside the block, in a turn that does
+    not reason: ``ToolFormat.reasoning_first``). The block ends at its first closing text;
+    whitespace may follow a ``</think>``."""
+    opening, closing = g.fmt.reasoning if g.fmt.reasoning[0] else (THINK_OPEN, THINK_CLOSE)
+    close = g.lit(closing)
+    if think == "closed":
+        return f"{close} ({body})"
     if close.startswith("<["):  # a special token: the text before it cannot write it
         reasoning = f"/(?s:.*)/ {close}"
     else:
-        reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(THINK_CLOSE)}/")
-    g.rules.append("BLANK: /[ \\t\\r\\n]+/")
-    block = f"{reasoning} BLANK?"
+        reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(closing)}/")
+    block = reasoning
+    if closing == THINK_CLOSE:
+        g.rules.append("BLANK: /[ \\t\\r\\n]+/")
+        block = f"{reasoning} BLANK?"
     if think == "inside":
         return f"{block} ({body})"
-    return f"{g.lit(THINK_OPEN)} {block} ({body}) | {body}"
+    return f"{g.lit(opening)} {block} ({body}) | {body}"
 
 
 def tool_lark(
@@ -164,7 +282,10 @@ def tool_lark(
     if fmt.section_open:  # the opener is the section's: then calls, then the section's end
         call = g.rule("call", " | ".join(g.call(i, t) for i, t in enumerate(chosen)))
         rest = f"{call} ({sep} {call})*" if many else call
-        rest = g.rule("rest", f"{rest} {g.lit(fmt.section_close)}")
+        close = g.lit(fmt.section_close)
+        if sep and fmt.section_close.startswith(fmt.separator):  # one lexeme each: the lexer takes no
+            close = f"{sep} {g.lit(fmt.section_close[len(fmt.separator) :])}"  # prefix of a longer one back
+        rest = g.rule("rest", f"{rest} {close}")
     else:  # the opener is the first call's own start
         skip = len(fixed(fmt.call_open))
         first = g.rule("first", " | ".join(g.call(i, t, skip) for i, t in enumerate(chosen)))
@@ -180,6 +301,8 @@ def tool_lark(
         esc = _regex_text(fmt.opener)
         g.rules.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/")
         start = f"TEXT | {g.rule('pre[lazy]', f'/(?s:.*){esc}/')} {rest}"
+    if choice.mode == "auto" and fmt.text_open:  # a text answer may open as the format's do
+        start = f"{g.lit(fmt.text_open)} TEXT | {start}"
     if think:
         start = _reasoning(g, think, start)
     return "\n".join([f"start: {start}", *g.rules]) + "\n"

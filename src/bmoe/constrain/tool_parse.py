@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bmoe.constrain.tool_formats import ToolFormat, fill, native_id, parts
-from bmoe.constrain.tool_spec import Tool, ToolCall
+from bmoe.constrain.tool_keyed import Short, read_pairs
+from bmoe.constrain.tool_spec import Tool, ToolCall, resolve
 from bmoe.errors import BmoeError
 
 _HOLES = {
@@ -27,6 +28,7 @@ _HOLES = {
     "id": r"[A-Za-z0-9_.-]+",
     "key": r"[^\s\"<>=]+",
     "string": r"true|false",
+    "type": r"boolean|null|number|string|object|array",
 }
 
 
@@ -92,7 +94,7 @@ def parse_tool_calls(
     With ``tools``, a call must name one of them."""
     m = _compiled(fmt).opener.search(text)
     if m is None:
-        return Parsed(text, [], len(text))
+        return Parsed(text.removeprefix(fmt.text_open) if fmt.text_open else text, [], len(text))
     return _calls(fmt, text, m.start(), tools, make_id, final=True)
 
 
@@ -122,7 +124,8 @@ def _calls(
             raise ToolCallError(f"tool call {n} names {name!r}, which is not one of the tools")
         schema = schemas.get(name, True)
         try:
-            args, at = (_json_args if fmt.args == "json" else _xml_args)(fmt, text, head.end(), schema)
+            read = {"json": _json_args, "xml": _xml_args, "keyed": _keyed_args}[fmt.args]
+            args, at = read(fmt, text, head.end(), schema)
         except _Short:
             if final:
                 raise ToolCallError(f"tool call {n} ({name}): the answer ends inside its arguments") from None
@@ -177,30 +180,84 @@ def _json_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dic
     return value, end
 
 
+def _keyed_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
+    try:
+        return read_pairs(text, at, fmt.quote, fill(fmt.call_close))
+    except Short:
+        raise _Short() from None
+
+
 def _xml_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
     rx, args = _compiled(fmt), {}
     props = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    while (m := rx.param_open.match(text, at)) is not None:
+    while (m := rx.param_open.match(text, at)) is not None and not m.group("key").startswith("/"):
+        key, holes = m.group("key"), m.groupdict()
+        if fmt.values == "xml":
+            args[key], at = _element(fmt, text, m.end(), key, props.get(key), schema)
+            continue
         close = rx.param_close.search(text, m.end())
         if close is None:
             raise _Short()
-        key, raw = m.group("key"), text[m.end() : close.start()]
-        args[key] = _value(raw, m.groupdict().get("string"), props.get(key))
+        args[key] = _value(text[m.end() : close.start()], holes.get("string") or holes.get("type"), props.get(key))
         at = close.end()
     if not text[at:].strip():
         raise _Short()
     return args, at
 
 
+def _kind(schema: object) -> object:
+    return schema.get("type") if isinstance(schema, dict) else None
+
+
+def _element(fmt: ToolFormat, text: str, at: int, key: str, schema: object, root: object) -> tuple[object, int]:
+    """A value written as nested elements (``values="xml"``) from ``at``, and where its element
+    ends: an object's keys or an array's ``item``s are elements, a scalar is text (read as
+    ``_value`` reads it)."""
+    close = fill(fmt.param_close, key=key)
+    schema = resolve(schema, root)
+    kids: list[tuple[str, object]] = []
+    pos = at
+    if _kind(schema) != "string":
+        sub = _compiled(fmt).param_open
+        while not text.startswith(close, pos) and (m := sub.match(text, pos)) is not None:
+            k = m.group("key")
+            if k.startswith("/"):  # another element's close: the text is not well nested
+                raise ValueError(f"{key!r} closes with {text[pos : m.end()]!r}")
+            kid = None
+            if isinstance(schema, dict):
+                kid = schema.get("items") if k == "item" and _kind(schema) != "object" else None
+                kid = (schema.get("properties") or {}).get(k) if kid is None else kid
+            value, pos = _element(fmt, text, m.end(), k, kid, root)
+            kids.append((k, value))
+    if kids:
+        if not text.startswith(close, pos):
+            if close.startswith(text[pos:]):
+                raise _Short()
+            raise ValueError(f"expected {close!r} at {text[pos : pos + 20]!r}")
+        if _kind(schema) == "array" or (_kind(schema) != "object" and all(k == "item" for k, _ in kids)):
+            return [v for _, v in kids], pos + len(close)
+        return dict(kids), pos + len(close)
+    end = text.find(close, at)
+    if end < 0:
+        raise _Short()
+    raw = text[at:end]
+    if not raw and _kind(schema) in ("object", "array"):  # written as no elements
+        return ({} if _kind(schema) == "object" else []), end + len(close)
+    return _value(raw, None, schema), end + len(close)
+
+
 def _value(raw: str, string: str | None, schema: object) -> object:
-    """An xml parameter's value: raw text where it is a string, else JSON."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if string == "true" or (string is None and (kind == "string" or (isinstance(kind, list) and "string" in kind))):
+    """An xml parameter's value: raw text where it is a string (``string`` says, from the
+    format's ``{string}`` or ``{type}`` hole, or the schema does), else JSON."""
+    kind = _kind(schema)
+    if string in ("true", "string") or (
+        string is None and (kind == "string" or (isinstance(kind, list) and "string" in kind))
+    ):
         return raw
     try:
         return json.loads(raw)
     except ValueError:
-        if string == "false":
+        if string is not None:
             raise ValueError(f"its value {raw[:40]!r} is marked not a string but is not JSON") from None
         return raw
 
@@ -217,6 +274,11 @@ class ToolStream:
     def feed(self, delta: str) -> list[tuple]:
         self.buf += delta
         out: list[tuple] = []
+        if self.sent == 0 and self.fmt.text_open:  # a text answer's opening is not content
+            if self.fmt.text_open.startswith(self.buf):
+                return out
+            if self.buf.startswith(self.fmt.text_open):
+                self.sent = len(self.fmt.text_open)
         if self.start < 0:
             m = _compiled(self.fmt).opener.search(self.buf, self.sent)
             if m is None:

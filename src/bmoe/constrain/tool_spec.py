@@ -65,6 +65,15 @@ class ToolChoice:
     name: str | None = None
 
 
+def resolve(schema: object, root: object) -> object:
+    """``schema``, or the definition of ``root`` (a tool's parameters) its local ``$ref`` names."""
+    ref = schema.get("$ref") if isinstance(schema, dict) else None
+    if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")) and isinstance(root, dict):
+        _, where, name = ref.split("/", 2)
+        return (root.get(where) or {}).get(name, True)
+    return schema
+
+
 def parse_tools(tools: object, field: str = "tools") -> tuple[Tool, ...]:
     """The tools of an OpenAI ``tools`` list (None or [] is no tools)."""
     if tools is None:

@@ -55,7 +55,7 @@ from bmoe.runtime.results import (
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
 from bmoe.runtime.tool_choice import NamePick, banned, name_pick
-from bmoe.runtime.tool_turn import special_markers, thinks, tool_grammar
+from bmoe.runtime.tool_turn import reasoning_split, shown_tokens, special_markers, thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -462,10 +462,11 @@ class Runtime:
         logits = self.kv.append(prompt[plan.n_reused :])
         prefill_s = time.perf_counter() - t0
         prefill_dev_tokens = self.live_ctx.n_dev_tokens - dev0 if self.prefill_device is not None else None
-        split = self.chat.think_ctl != "none" and think
+        split, inside, marks = reasoning_split(self.chat, req, think, opens_reasoning)
         # Only the template's generation prompt can open reasoning (chat.py): a "<think>" in the
         # user's text is not the model's, and the stream only ever parses the model's output.
-        stream = Detokenizer(split_think=split, in_reasoning=split and opens_reasoning)
+        stream = Detokenizer(split_think=split, in_reasoning=inside, markers=marks)
+        shown = shown_tokens(self.model, self.chat, req, think)  # a tool format's markers, as text
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"
@@ -501,9 +502,10 @@ class Runtime:
                 stop = "eog"
                 break
             out.append(tok)
+            piece = self.model.token_bytes(tok, special=True) if tok in shown else self.model.token_bytes(tok)
             if pick is not None:
-                pick.taken(tok, self.model.token_bytes(tok), not was_forced)
-            d_text, d_reason = stream.push(self.model.token_bytes(tok))
+                pick.taken(tok, piece, not was_forced)
+            d_text, d_reason = stream.push(piece)
             if mask is not None and mask.advance(tok):  # the constraint ends the answer here
                 stop = "eog"
             elif len(out) < n_predict and self.kv.n_past + len(pending) >= self.n_ctx:

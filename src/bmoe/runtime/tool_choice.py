@@ -109,8 +109,8 @@ class NamePick:
         return False
 
     def piece(self, token: int, text: bytes) -> bytes:
-        """A token's bytes as the choices spell it: a special marker's is its text (a control
-        token's piece, ``text``, is empty)."""
+        """A token's bytes as the choices spell it: a special marker's is its text (``text``,
+        its piece without special tokens, is empty for a control token)."""
         if self._markers is None:
             self._markers = {i: m.encode() for m, i in self.special.items()}
         return self._markers.get(token, text)

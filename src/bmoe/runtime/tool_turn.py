@@ -27,10 +27,44 @@ def _calls(req: GenerateRequest) -> bool:
     return bool(req.tools) and (req.tool_choice is None or req.tool_choice.mode != "none")
 
 
+def _own_reasoning(chat: ChatRenderer) -> tuple[str, str] | None:
+    """The format's own reasoning block (gpt-oss's analysis channel, Gemma 4's thought channel),
+    where it has one: in a turn with calls it stands for the template's ``<think>``."""
+    fmt = chat.tool_format
+    return fmt.reasoning if fmt.reasoning[0] else None
+
+
 def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
     """Whether the turn may reason first: always without calls; with calls where the template
-    has a ``<think>`` block (Qwen3, DeepSeek R1), which the grammar then allows before them."""
-    return not _calls(req) or chat.think_ctl != "none"
+    has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss, Gemma 4),
+    which the grammar then allows before them."""
+    return not _calls(req) or chat.think_ctl != "none" or _own_reasoning(chat) is not None
+
+
+def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, str] | None:
+    """What opens and closes reasoning in the turn's output text (None: no reasoning to split
+    out): in a turn with calls the format's own block where it has one (gpt-oss's
+    ``<|channel|>analysis<|message|>`` ... ``<|end|><|start|>assistant``), else ``<think>`` and
+    ``</think>`` where the template has that block."""
+    own = _own_reasoning(chat) if _calls(req) else None
+    return own or ((THINK_OPEN, THINK_CLOSE) if chat.think_ctl != "none" else None)
+
+
+def _starts_inside(chat: ChatRenderer, req: GenerateRequest) -> bool:
+    """Whether the answer starts inside the format's block (``ToolFormat.reasoning_first``)."""
+    return _calls(req) and chat.tool_format.reasoning_first and _own_reasoning(chat) is not None
+
+
+def reasoning_split(
+    chat: ChatRenderer, req: GenerateRequest, think: bool, opens: bool
+) -> tuple[bool, bool, tuple[str, str]]:
+    """How the turn's output splits into reasoning and text: whether it does, whether it starts
+    as reasoning (the prompt opened the block, or every answer of the format starts inside it,
+    closing it at once where the turn does not reason), and the markers."""
+    marks = reasoning_markers(chat, req)
+    first = _starts_inside(chat, req)
+    split = marks is not None and (think or first)
+    return split, split and (opens or first), marks or (THINK_OPEN, THINK_CLOSE)
 
 
 def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) -> dict[str, int]:
@@ -42,6 +76,13 @@ def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) 
         if len(ids) == 1 and len(model.tokenize(m, add_special=False, parse_special=False)) > 1:
             out[m] = ids[0]
     return out
+
+
+def shown_tokens(model: LlamaModel, chat: ChatRenderer, req: GenerateRequest, think: bool) -> frozenset[int]:
+    """The special tokens a turn with calls writes into its text (the format's markers, its
+    reasoning block's): a control token is otherwise left out of the text, and the calls (and
+    the reasoning) would not read."""
+    return frozenset(special_markers(model, chat, think).values()) if _calls(req) else frozenset()
 
 
 def tool_grammar(
@@ -59,5 +100,6 @@ def tool_grammar(
             "an answer keeps one constraint: give tools or a json_schema/grammar, not both (or tool_choice 'none')",
         )
     special = special_markers(model, chat, think)
-    mode: Think = ("inside" if opens else "open") if think else ""
+    mode: Think = ("inside" if opens or _starts_inside(chat, req) else "open") if think else ""
+    mode = mode or ("closed" if _starts_inside(chat, req) else "")
     return tool_constraint(chat.tool_format, req.tools, choice, req.parallel_tool_calls, special, mode)
