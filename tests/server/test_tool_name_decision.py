@@ -320,3 +320,17 @@ def test_logit_bias_keeps_the_name_generated(smol_path, make_app) -> None:
     assert d["answered_by"] == "sampled" and "choice_logp" not in d
     assert d["why_not"] == "logit_bias or a penalty changes the tokens' scores"
     assert greedy["answered_by"] == "greedy_walk" and "why_not" not in greedy
+
+
+def test_no_name_decision_where_the_answer_starts_inside_reasoning(smol_path, make_app, monkeypatch) -> None:
+    """A format whose answers start inside a reasoning block (gpt-oss's analysis) does not start
+    with the calls: no name decision there (the choices would not be the answer's start)."""
+    import bmoe.runtime.runtime as rt
+    from bmoe.constrain import ToolChoice, parse_tools
+    from bmoe.session import GenerateRequest
+
+    s = make_app(smol_path).state.session
+    req = GenerateRequest(prompt="hi", tools=parse_tools(TOOLS), tool_choice=ToolChoice("required"), think=False)
+    assert s.runtime.prepare(req).pick is not None
+    monkeypatch.setattr(rt, "reasoning_split", lambda *a: (True, True, ("<think>", "</think>")))
+    assert s.runtime.prepare(req).pick is None

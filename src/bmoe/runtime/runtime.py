@@ -411,9 +411,10 @@ class Runtime:
         temperature = cfg.temperature if req.temperature is None else req.temperature
         top_p, seed = cfg.top_p if req.top_p is None else req.top_p, cfg.seed if req.seed is None else req.seed
         sampler = Sampler(temperature, top_p, seed, req.logit_bias, req.presence_penalty, req.frequency_penalty)
-        pick = None
-        if req.tools and mask is not None and not think and not images:  # the name comes first (tool_choice.py)
-            pick = name_pick(self.chat, req, special_markers(self.model, self.chat), temperature, top_p, seed)
+        pick = None  # the tool's name as a decision (tool_choice.py), where the answer starts with the calls
+        if req.tools and mask is not None and not think and not images:
+            if not reasoning_split(self.chat, req, think, turn_text.opens_reasoning)[1]:
+                pick = name_pick(self.chat, req, special_markers(self.model, self.chat), temperature, top_p, seed)
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask, pick)
 
     def token_mask(self, constraint: Constraint) -> TokenMask:
