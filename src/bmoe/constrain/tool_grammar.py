@@ -222,7 +222,7 @@ class _Lark:
         """Rule of one call of ``tool``; ``skip``: characters of the opening already written."""
         holes = {
             "name": json.dumps(tool.name),
-            "index": "/[0-9]+/",
+            "index": "/[0-9]{1,4}/",  # bounded: a model that repeats a digit still ends the call
             "id": f"/{self.fmt.id_pattern or '[A-Za-z0-9]{9}'}/",
         }
         head = self.lit(self.fmt.call_open[skip:], **holes) if len(self.fmt.call_open) > skip else ""

@@ -30,12 +30,14 @@ class Tool:
     parameters: dict | bool = True
 
     def openai(self) -> dict:
-        """The OpenAI function record, as chat templates take it in ``tools``."""
-        fn: dict = {"name": self.name}
-        if self.description:
-            fn["description"] = self.description
-        fn["parameters"] = self.parameters if isinstance(self.parameters, dict) else ANY_OBJECT
-        return {"type": "function", "function": fn}
+        """The OpenAI function record, as chat templates take it in ``tools``: a description left
+        out is an empty one (templates such as gpt-oss's and Hermes 3's add it to a string, which
+        an undefined value refuses)."""
+        parameters = self.parameters if isinstance(self.parameters, dict) else ANY_OBJECT
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,72 @@
+"""Every tool-call template bmoe reads, end to end on a tiny model: the tiny qwen3moe is given the
+REAL chat template of each family (the pinned llama.cpp release's models/templates), renders the
+tools, writes a call under the format's grammar and ends; the call reads back as the tool it named,
+with arguments valid against its schema. At a temperature over 0 the tool's name is a decision
+(runtime/tool_choice.py) in every format whose answer starts at its calls, and the call made is
+the one drawn. The schemas bound every value (enums, booleans, no extra keys), so a random model's
+call ends within n_predict whatever it picks."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonschema
+import pytest
+from test_tool_formats import FAMILIES, PROBED, renderer, template
+from test_tool_nested import NAMES, PICK
+
+from bmoe.constrain import Tool, ToolChoice
+from bmoe.constrain.tool_parse import parse_tool_calls
+from bmoe.session import GenerateRequest, Session, SessionConfig
+
+SCHEMA = copy.deepcopy(PICK.parameters)
+SCHEMA["additionalProperties"] = False
+SCHEMA["properties"]["opts"]["additionalProperties"] = False
+TOOLS = (Tool("pick", "", SCHEMA), Tool("pick_two", "Pick two.", SCHEMA))
+TEMPLATES = sorted(set(FAMILIES) | set(PROBED) | set(NAMES))
+# Formats whose answer starts inside a reasoning block (closed first when the turn does not reason):
+# the name is not a decision there (docs/decide.md "The choice of tool").
+REASONING_FIRST = {"kimi-k3", "minimax-m3"}
+
+
+@pytest.fixture(scope="module")
+def session(tiny_models):
+    s = Session(SessionConfig(model=tiny_models("qwen3moe", "q8_0"), n_ctx=2048, n_threads=1, decide=True))
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_each_template_writes_a_call_that_reads_back(session: Session, name: str) -> None:
+    session.runtime.chat = renderer(template(name))
+    fmt = session.runtime.chat.tool_format
+    for temperature in (0.0, 0.8):
+        session.set_history([])
+        result = session.generate(
+            GenerateRequest(
+                prompt="Pick.",
+                tools=TOOLS,
+                tool_choice=ToolChoice("required"),
+                parallel_tool_calls=False,
+                n_predict=200,
+                think=False,
+                temperature=temperature,
+                seed=3,
+                clear_kv=True,
+            )
+        )
+        assert result.stop == "eog", (name, temperature, result.text)
+        calls = parse_tool_calls(fmt, result.text, TOOLS).calls
+        assert len(calls) == 1 and calls[0].name in ("pick", "pick_two"), (name, result.text)
+        jsonschema.validate(calls[0].args(), SCHEMA)
+        picked = result.tool_decision
+        if fmt.name in REASONING_FIRST:
+            assert picked is None
+            continue
+        assert picked is not None and picked["choices"] == ["pick", "pick_two"]
+        assert picked["chosen"] == ["pick", "pick_two"].index(calls[0].name)
+        if temperature == 0.0:
+            assert picked["answered_by"] == "greedy_walk"
+        else:  # drawn from the decision, then forced in: no token of the name decoded
+            assert picked["answered_by"] == "decision" and picked["decoded"] == 0
+            assert len(picked["choice_logp"]) == 2
