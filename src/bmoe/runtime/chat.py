@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Literal, Sequence
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from bmoe.config import ChatMode
 from bmoe.constrain import (
@@ -42,6 +39,7 @@ from bmoe.constrain import (
 from bmoe.errors import ModelFileError, RequestError
 from bmoe.image_refs import ImageSource
 from bmoe.runtime.detokenize import CLOSE, OPEN
+from bmoe.runtime.jinja_env import environment as _environment
 
 ThinkCtl = Literal["template", "prefill", "none"]
 
@@ -107,22 +105,6 @@ class Prompt(str):
     def plain(self) -> tuple[str, ...]:
         """The plain parts' texts, in order."""
         return tuple(text for text, plain in self.parts if plain)
-
-
-def _raise(msg: str) -> None:
-    raise TemplateError(msg)
-
-
-def _tojson(value: object, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
 
 
 def think_control(template: str | None) -> ThinkCtl:
