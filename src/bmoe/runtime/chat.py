@@ -38,10 +38,18 @@ from bmoe.constrain import (
 )
 from bmoe.errors import ModelFileError, RequestError
 from bmoe.image_refs import ImageSource
-from bmoe.runtime.detokenize import CLOSE, OPEN
 from bmoe.runtime.jinja_env import environment as _environment
-
-ThinkCtl = Literal["template", "prefill", "none"]
+from bmoe.runtime.reasoning import (
+    CLOSE,
+    EMPTY_THINK,
+    OPEN,
+    ReasoningFormat,
+    ThinkCtl,
+    closing,
+    opens,
+    reasoning_format,
+    think_control,
+)
 
 CHATML_TEMPLATE = (
     "{%- for m in messages -%}"
@@ -49,8 +57,6 @@ CHATML_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-# What a template-less "think off" looks like for models that open a <think> block.
-EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,17 +113,6 @@ class Prompt(str):
         return tuple(text for text, plain in self.parts if plain)
 
 
-def think_control(template: str | None) -> ThinkCtl:
-    """How a think:false request can be honoured, read from the template itself."""
-    if not template:
-        return "none"
-    if "enable_thinking" in template:
-        return "template"
-    if "<think>" in template:
-        return "prefill"
-    return "none"
-
-
 class ChatRenderer:
     def __init__(self, mode: ChatMode, gguf_template: str | None, bos_text: str, eos_text: str) -> None:
         if mode == "chatml":
@@ -129,6 +124,7 @@ class ChatRenderer:
         self.mode: ChatMode = mode if source is not None or mode == "none" else "none"
         self.source = source
         self.think_ctl: ThinkCtl = think_control(source)
+        self.reasoning: ReasoningFormat | None = reasoning_format(source)  # how its model marks reasoning
         try:
             self._template = _environment().from_string(source) if source else None
         except TemplateError as e:  # the GGUF's own template (chatml's is ours and parses)
@@ -193,14 +189,14 @@ class ChatRenderer:
         if self.think_ctl == "none" or not (want_opens or closes):
             return Rendered(text, False)
         prompt = self._generation_prompt(messages, rendered, think)
-        opens = _opens(prompt)
+        opened = opens(prompt, self.reasoning)
         if closes:
-            if opens:  # the template opened the block itself: close it, without a second <think>
-                text = text.then(_closing(prompt[prompt.rfind(OPEN) + len(OPEN) :]))
-                opens = False
+            if opened:  # the template opened the block itself: close it, without a second <think>
+                text = text.then(closing(prompt[prompt.rfind(OPEN) + len(OPEN) :]))
+                opened = False
             elif not prompt.rstrip().endswith(CLOSE):
                 text = text.then(EMPTY_THINK)
-        return Rendered(text, opens)
+        return Rendered(text, opened)
 
     def _separate(self, messages: Sequence[Message], text: str, think: bool) -> Prompt:
         """``text``, the template's render of ``messages``, as a Prompt: where each message's text
@@ -393,14 +389,3 @@ def _marks(contents: Sequence[str]) -> list[str | None]:
     while any(f"{_MARK_START}{k}-" in c for c in contents):
         k += 1
     return [f"{_MARK_START}{k}-{i}{_MARK_END}" if c else None for i, c in enumerate(contents)]
-
-
-def _opens(prompt: str) -> bool:
-    return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
-
-
-def _closing(tail: str) -> str:
-    """What closes an empty block after an opening ``<think>`` followed by ``tail``: the rest of
-    EMPTY_THINK where ``tail`` is its start (``<think>\n`` -> ``\n</think>\n\n``)."""
-    rest = EMPTY_THINK[len(OPEN) :]
-    return rest[len(tail) :] if rest.startswith(tail) else CLOSE + "\n\n"
