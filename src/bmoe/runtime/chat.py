@@ -171,7 +171,8 @@ class ChatRenderer:
         return self._with_tools(tools)._render_turn(messages, think, want_opens=False).text
 
     def render_turn(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> "Rendered":
-        """``render``, and whether the model's output starts inside a <think> block.
+        """``render``, and whether the model's output starts inside its reasoning block
+        (``self.reasoning``: ``<think>``, or the template's own channel).
 
         Only the template's own generation prompt (what it adds after the conversation) can open
         or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
@@ -341,7 +342,7 @@ class ChatRenderer:
         return text[n:]
 
     def opens_reasoning(self, messages: Sequence[Message], *, think: bool) -> bool:
-        """True when the prompt for ``messages`` leaves a <think> block open (output starts as
+        """True when the prompt for ``messages`` leaves its reasoning block open (output starts as
         reasoning): decided by the template's generation prompt alone, never the user's text."""
         return self.render_turn(messages, think=think).opens_reasoning
 
@@ -349,7 +350,7 @@ class ChatRenderer:
 @dataclass(frozen=True, slots=True)
 class Rendered:
     text: Prompt
-    opens_reasoning: bool  # the generation prompt leaves a <think> block open
+    opens_reasoning: bool  # the generation prompt leaves the reasoning block open
 
 
 _MARK_START, _MARK_END = "\ue000bmoe", "\ue001"
