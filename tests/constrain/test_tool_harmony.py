@@ -182,7 +182,7 @@ def test_the_output_of_such_a_turn_splits_at_the_close(think: bool) -> None:
         d.push(out[k : k + 3].encode())
     d.finish()
     assert d.reasoning == (THOUGHT if think else "") and d.text == write_calls(r.tool_format, [CALL])
-    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False)[0] is False  # no calls: as before
+    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False) == (True, True, marks)  # no calls: same
 
 
 def test_a_gpt_oss_text_answer_opens_its_final_channel_which_is_not_content() -> None:

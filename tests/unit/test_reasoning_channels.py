@@ -17,7 +17,7 @@ import bmoe.runtime.runtime as runtime_mod
 from bmoe.config import SessionConfig
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.detokenize import Detokenizer
-from bmoe.runtime.reasoning import GEMMA4, HARMONY, THINK, ReasoningFormat, reasoning_format
+from bmoe.runtime.reasoning import GEMMA4, HARMONY, MINIMAX_M3, THINK, ReasoningFormat, reasoning_format
 from bmoe.runtime.tool_turn import answer_open, reasoning_split
 from bmoe.session import GenerateRequest, Session
 
@@ -47,6 +47,8 @@ def renderer(name: str) -> ChatRenderer:
         (OSS, HARMONY),
         (GEMMA, GEMMA4),
         ("google-gemma-4-31B-it-interleaved", GEMMA4),
+        ("MiniMax-M3", MINIMAX_M3),
+        ("MiniMax-M2", THINK),
         ("Qwen-Qwen3-0.6B", THINK),
         ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", THINK),
         ("meta-llama-Llama-3.1-8B-Instruct", None),
@@ -91,6 +93,19 @@ def test_a_plain_gpt_oss_turn_splits_its_analysis_whatever_think_says() -> None:
     assert reasoning_split(g, plain, True, False) == (True, False, GEMMA4.markers)
     assert reasoning_split(g, plain, False, False)[0] is False  # think off: the prompt closed the block
     assert answer_open(g, True) == ""
+
+
+@pytest.mark.parametrize("out", [f"<mm:think>{THOUGHT}</mm:think>{ANSWER}", f"{THOUGHT}</mm:think>{ANSWER}"])
+def test_a_plain_minimax_m3_answer_starts_inside_its_block(out: str) -> None:
+    """M3's template reads all before ``</mm:think>`` as reasoning (its opening optional), and
+    sends an answer back as ``</mm:think>`` and the content where it has no reasoning."""
+    r = renderer("MiniMax-M3")
+    for think in (True, False):  # the template's switch is its own thinking_mode: bmoe cannot set it
+        assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False) == (True, True, MINIMAX_M3.markers)
+    assert split(out, 3, in_reasoning=True, markers=MINIMAX_M3.markers) == (ANSWER, THOUGHT)
+    assert split(f"</mm:think>{ANSWER}", 3, in_reasoning=True, markers=MINIMAX_M3.markers) == (ANSWER, "")
+    text = r.render([Message("user", "Hi"), Message("assistant", ANSWER), Message("user", "Again")], think=True)
+    assert f"</mm:think>{ANSWER}" in text
 
 
 def test_gpt_oss_history_sends_back_the_final_channel_only() -> None:
@@ -175,4 +190,10 @@ def test_control_tokens_of_the_reasoning_markup_are_read_not_dropped(session, mo
     out = f"<|im_start|>think\n{THOUGHT}<|im_start|>answer\n{ANSWER}"
     assert len(session.model.tokenize("<|im_start|>", add_special=False, parse_special=True)) == 1
     result = scripted_turn(session, monkeypatch, out, parse_special=True, prompt="Hi")
+    assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+
+
+def test_a_tiny_model_under_minimax_m3_answers_after_its_block(session, monkeypatch) -> None:
+    session.runtime.chat = ChatRenderer("template", template("MiniMax-M3"), "", "")
+    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=False)
     assert (result.text, result.reasoning) == (ANSWER, THOUGHT)

@@ -2,9 +2,10 @@
 
 Qwen3, DeepSeek R1 and most reasoning templates wrap it in ``<think>`` ... ``</think>``; gpt-oss
 (harmony) writes it in its analysis channel and its answer in its final channel; Gemma 4 in its
-thought channel. The output's text between a row's ``open`` and ``close`` is reasoning
-(``reasoning_content``), the rest the answer's content (runtime/detokenize.py splits it), and
-the markup that opens the answer (``answer_open``: harmony's final channel) is neither.
+thought channel; MiniMax M3 in ``<mm:think>``, every answer starting inside it. The output's
+text between a row's ``open`` and ``close`` is reasoning (``reasoning_content``), the rest the
+answer's content (runtime/detokenize.py splits it), and the markup that opens the answer
+(``answer_open``: harmony's final channel) is neither.
 
 How a think:false request is honoured (``think_control``) is read from the template too.
 """
@@ -27,9 +28,12 @@ class ReasoningFormat:
     open: str  # what opens the block in the model's output
     close: str  # what closes it
     answer_open: str = ""  # markup that opens the answer, after the block or in its place: not content
-    # The model reasons whatever ``think`` says (the template has no switch): its block is split
-    # off in every turn.
+    # The model reasons whatever ``think`` says (the template has no switch bmoe sets): its block
+    # is split off in every turn.
     always: bool = False
+    # Every answer starts inside the block, its opening optional, and closes it before the
+    # answer's text (MiniMax M3's template reads all before ``</mm:think>`` as reasoning).
+    first: bool = False
 
     @property
     def markers(self) -> tuple[str, str]:
@@ -46,10 +50,11 @@ HARMONY = ReasoningFormat(
     always=True,
 )
 GEMMA4 = ReasoningFormat("gemma-4", "<|channel>thought", "<|channel>thought\n", "<channel|>")
+MINIMAX_M3 = ReasoningFormat("minimax-m3", "<mm:think>", "<mm:think>", "</mm:think>", always=True, first=True)
 # The first row whose ``detect`` text the template holds is its format (harmony's and Gemma 4's
 # templates never write ``<think>``; a template that takes ``enable_thinking`` without writing
 # any block of its own is assumed to use ``<think>``).
-FORMATS: tuple[ReasoningFormat, ...] = (HARMONY, GEMMA4, THINK)
+FORMATS: tuple[ReasoningFormat, ...] = (HARMONY, GEMMA4, MINIMAX_M3, THINK)
 
 
 def reasoning_format(template: str | None) -> ReasoningFormat | None:

@@ -63,8 +63,10 @@ def reasoning_split(
     closing it at once where the turn does not reason), and the markers. A template whose model
     reasons whatever ``think`` says (gpt-oss) has its block split off in every turn."""
     marks = reasoning_markers(chat, req)
-    first = _starts_inside(chat, req)
-    always = chat.reasoning is not None and chat.reasoning.always
+    fmt = chat.reasoning
+    own = _calls(req) and _own_reasoning(chat) is not None  # the format's block, not the template's
+    first = _starts_inside(chat, req) or (not own and fmt is not None and fmt.first)
+    always = fmt is not None and fmt.always
     split = marks is not None and (think or first or always)
     return split, split and (opens or first), marks or (THINK_OPEN, THINK_CLOSE)
 
