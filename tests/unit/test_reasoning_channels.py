@@ -7,6 +7,8 @@ with the model's tokens scripted."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import bmoe.runtime.runtime as runtime_mod
+from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.detokenize import Detokenizer
@@ -197,3 +200,24 @@ def test_a_tiny_model_under_minimax_m3_answers_after_its_block(session, monkeypa
     session.runtime.chat = ChatRenderer("template", template("MiniMax-M3"), "", "")
     result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=False)
     assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+
+
+def test_the_line_protocol_reports_the_same_split(session, monkeypatch) -> None:
+    session.runtime.chat = ChatRenderer("template", template(OSS), "", "")
+    tokens = session.model.tokenize(HARMONY_OUT, add_special=False, parse_special=False)
+    monkeypatch.setattr(runtime_mod, "Sampler", lambda *a: Scripted(tokens))
+    out = io.StringIO()
+    assert (
+        run_session(
+            session,
+            io.StringIO(json.dumps({"cmd": "generate", "id": 1, "prompt": "Hi", "n_predict": len(tokens)}) + "\n"),
+            out,
+        )
+        == 0
+    )
+    lines = out.getvalue().splitlines()
+    done = json.loads(next(line for line in lines if line.startswith("BMOE_DONE ")).split(" ", 1)[1])
+    assert (done["text"], done["reasoning"]) == (ANSWER, THOUGHT)
+    steps = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("BMOE_PROGRESS ")]
+    assert "".join(s["delta_text"] for s in steps) == ANSWER
+    assert "".join(s["delta_reasoning"] for s in steps) == THOUGHT
