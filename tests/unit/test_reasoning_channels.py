@@ -221,3 +221,13 @@ def test_the_line_protocol_reports_the_same_split(session, monkeypatch) -> None:
     steps = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("BMOE_PROGRESS ")]
     assert "".join(s["delta_text"] for s in steps) == ANSWER
     assert "".join(s["delta_reasoning"] for s in steps) == THOUGHT
+
+
+@pytest.mark.parametrize("name", [OSS, GEMMA, "google-gemma-4-31B-it-interleaved", "MiniMax-M3"])
+def test_a_tool_formats_own_block_is_the_templates_reasoning_block(name: str) -> None:
+    """The tool path's block (ToolFormat.reasoning, bmoe.constrain) and plain chat's (this table)
+    are the same markers, so a turn reads the same whether it may call tools or not."""
+    r = renderer(name)
+    assert r.reasoning is not None and r.tool_format.reasoning == r.reasoning.markers
+    assert r.tool_format.reasoning_first == r.reasoning.first
+    assert r.tool_format.text_open == r.reasoning.answer_open
