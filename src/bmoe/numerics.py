@@ -36,3 +36,19 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     y = np.fromiter(b[:n], dtype=np.int64, count=n)
     diff = np.flatnonzero(x != y)
     return int(diff[0]) if diff.size else n
+
+
+def draw_choice(logp: Sequence[float], temperature: float, top_p: float | None, seed: int | None) -> int:
+    """A choice drawn from softmax(logp / temperature), within the smallest set of the likeliest
+    choices whose probability reaches ``top_p`` (ties kept in order); seeded by ``seed``. The
+    finite-set answers and the tool-name decision both draw so (docs/decide.md)."""
+    z = np.asarray(logp, dtype=np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    if top_p is not None and top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(p[order]), top_p - 1e-12)) + 1
+        order = order[: max(1, keep)]
+    q = p[order] / p[order].sum()
+    pick = np.random.default_rng(seed).choice(len(order), p=q)
+    return int(order[pick]) if np.isfinite(q[pick]) else int(order[0])

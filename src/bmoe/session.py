@@ -48,7 +48,7 @@ from bmoe.runtime.results import (
     Step,
     check_generate,
 )
-from bmoe.runtime.runtime import Runtime
+from bmoe.runtime.runtime import Runtime, Turn
 from bmoe.runtime.sampling import check_sampling
 from bmoe.runtime.state_store_open import open_state_store
 from bmoe.state_store import StateStore, StoreCounts
@@ -239,6 +239,7 @@ class Session:
             turn = self.runtime.prepare(request) if tokens is None else self.runtime.prepare_raw(request, tokens)
             if self.decider is not None:
                 self.decider.drop()  # the kept decision state is only worth its RAM between decisions
+            self._side_sequences_for(turn)
             reuse = None
             if self.decider is not None and tokens is None:
                 turn, reuse = prepare_turn(self.runtime, self.decider.decider, turn)
@@ -251,6 +252,20 @@ class Session:
             finally:
                 self._running = False
             return result if reuse is None else reuse.account(result)
+
+    def _side_sequences_for(self, turn: Turn) -> None:
+        """A tool turn's name decision scores on side sequences (runtime/tool_choice.py): opened
+        before the prompt is prefilled (opening re-creates the context); without them, or with
+        decide off, the name is generated token by token as any answer."""
+        pick = turn.pick
+        if pick is None or not pick.score:
+            return
+        if self.decider is None:
+            pick.off("decide is off (--no-decide)")
+            return
+        self.decider.decider.open_side_sequences()
+        if not self.runtime.side_sequences:
+            pick.off("no side sequences (--decide-batch 1, or no memory for them)")
 
     def walk_choices(
         self, request: GenerateRequest, texts: Sequence[str], *, tokens: Sequence[int] | None = None

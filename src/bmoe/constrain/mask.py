@@ -50,6 +50,14 @@ class TokenMask:
         self._allowed = self._compute()
         return False
 
+    def allowed_ids(self) -> np.ndarray:
+        """The token ids the constraint allows next ``# [n]`` int64, ascending."""
+        return np.flatnonzero(self._allowed[: self.n_vocab])
+
+    def accepts(self, tokens: list[int]) -> bool:
+        """Whether the constraint takes all of ``tokens`` next (nothing is consumed)."""
+        return self.matcher.validate_tokens(tokens) == len(tokens)
+
     def forced(self, most: int) -> list[int]:
         """Up to ``most`` tokens the constraint forces next, whatever the logits (jump-forward:
         keys and punctuation of a schema); they are still to be ``advance``d one by one."""

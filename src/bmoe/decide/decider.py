@@ -150,6 +150,11 @@ class Decider:
     def _kept_changed(self) -> None:
         self.seq.keep(self.store.held)
 
+    def open_side_sequences(self) -> None:
+        """``_open_side_sequences`` for a generation that scores on side sequences (a tool
+        turn's name decision, runtime/tool_choice.py): called before its prompt is prefilled."""
+        self._open_side_sequences()
+
     def _open_side_sequences(self) -> None:
         """Open the side sequences if none are open and some can be; the kept prefix state is
         dropped first (opening may empty the sequence it lives in)."""

@@ -192,6 +192,7 @@ class GenerateResult:
     decode_io: StreamStats = field(default_factory=StreamStats)  # the decode steps' part of ``io``
     reuse_tier: str = ""  # "ram" or "disk": the state store's tier a kept state came from ("" when none did)
     restore_s: float = 0.0  # seconds restoring it (reading its file included)
+    tool_decision: dict | None = None  # a tool turn's name decision (runtime/tool_choice.py; not on the wire)
 
     @property
     def n_tokens(self) -> int:

@@ -54,7 +54,8 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
-from bmoe.runtime.tool_turn import answer_open, reasoning_split, shown_tokens, thinks, tool_grammar
+from bmoe.runtime.tool_choice import NamePick, banned, name_pick
+from bmoe.runtime.tool_turn import answer_open, reasoning_split, shown_tokens, special_markers, thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -88,6 +89,7 @@ class Turn(NamedTuple):
     think: bool
     opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
     mask: TokenMask | None = None  # the answer's constraint (json_schema or grammar), if any
+    pick: NamePick | None = None  # a tool turn's name decision (runtime/tool_choice.py)
 
 
 class SideRoom(NamedTuple):
@@ -406,15 +408,14 @@ class Runtime:
             )
         if req.jump_forward and req.keep_logits:
             raise RequestError("jump_forward: forced tokens have no logit row of their own; not with keep_logits")
-        sampler = Sampler(
-            cfg.temperature if req.temperature is None else req.temperature,
-            cfg.top_p if req.top_p is None else req.top_p,
-            cfg.seed if req.seed is None else req.seed,
-            req.logit_bias,
-            req.presence_penalty,
-            req.frequency_penalty,
-        )
-        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask)
+        temperature = cfg.temperature if req.temperature is None else req.temperature
+        top_p, seed = cfg.top_p if req.top_p is None else req.top_p, cfg.seed if req.seed is None else req.seed
+        sampler = Sampler(temperature, top_p, seed, req.logit_bias, req.presence_penalty, req.frequency_penalty)
+        pick = None  # the tool's name as a decision (tool_choice.py), where the answer starts with the calls
+        if req.tools and mask is not None and not think and not images:
+            if not reasoning_split(self.chat, req, think, turn_text.opens_reasoning)[1]:
+                pick = name_pick(self.chat, req, special_markers(self.model, self.chat), temperature, top_p, seed)
+        return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask, pick)
 
     def token_mask(self, constraint: Constraint) -> TokenMask:
         """The mask that holds an answer to ``constraint`` (llguidance's vocabulary built on first use)."""
@@ -432,7 +433,7 @@ class Runtime:
         return (yield from self._run_turn(*turn, cancel))
 
     def _run_turn(
-        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, mask, cancel
+        self, req, messages, prompt, n_predict, sampler, rendered, think, opens_reasoning, mask, pick, cancel
     ) -> Generator[Step, None, GenerateResult]:
         if cancel.is_set():  # cancelled before it started: nothing is prefilled, the KV stays as it is
             now = self.stream_stats()  # nothing counted, but the cache's budget and residency are its own
@@ -482,14 +483,21 @@ class Runtime:
                 stop = "cancelled"
                 break
             ts, io_s, (flt_s, cpu_s) = time.perf_counter(), self.stream_stats(), _rusage()
+            ban: list[int] = []
+            if pick is not None and not forced and mask is not None:  # the tool's name (tool_choice.py)
+                assert logits is not None
+                forced, ban = pick.before_sample(self, logits, mask)
             was_forced = bool(forced)
-            tok = forced.pop(0) if forced else sampler.sample(logits if mask is None else mask.mask(logits))
+            tok = forced.pop(0) if forced else sampler.sample(banned(logits, mask, ban))
             sampler.taken(tok)
-            # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its own
+            # a forced token (jump-forward) was not drawn from these logits: it has no log-prob of its
+            # own, but a drawn tool name's tokens have their decision's
             lp = None
             if req.top_logprobs is not None and not was_forced:
                 assert logits is not None  # a sampled token was drawn from this row
                 lp = token_logprobs(logits, tok, req.top_logprobs)
+            elif req.top_logprobs is not None and pick is not None:
+                lp = pick.logprobs(tok, req.top_logprobs)
             if req.keep_logits:
                 assert logits is not None
                 kept.append(logits)
@@ -497,9 +505,10 @@ class Runtime:
                 stop = "eog"
                 break
             out.append(tok)
-            d_text, d_reason = stream.push(
-                self.model.token_bytes(tok, special=True) if tok in shown else self.model.token_bytes(tok)
-            )
+            piece = self.model.token_bytes(tok, special=True) if tok in shown else self.model.token_bytes(tok)
+            if pick is not None:
+                pick.taken(tok, piece, not was_forced)
+            d_text, d_reason = stream.push(piece)
             if mask is not None and mask.advance(tok):  # the constraint ends the answer here
                 stop = "eog"
             elif len(out) < n_predict and self.kv.n_past + len(pending) >= self.n_ctx:
@@ -553,6 +562,7 @@ class Runtime:
             majflt=flt1 - flt0,
             cpu_s=cpu1 - cpu0,
             logits=tuple(kept),
+            tool_decision=pick.report() if pick is not None else None,
         )
 
     def _step(self, i, tok, d_text, d_reason, ts, io_before, flt_before, cpu_before, logits, logprobs=None) -> Step:

@@ -17,7 +17,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from bmoe.constrain import ConstraintError, choice_grammar, constraint_of, from_response_format
 from bmoe.rules import IMAGE_MARKER
 from bmoe.server.choice_answer import answer_turn
 from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome
@@ -26,7 +25,7 @@ from bmoe.server.images import inline_bytes
 from bmoe.server.job_queue import ERROR, RESULT, Event, Job, JobQueue
 from bmoe.server.logprobs import check_bias
 from bmoe.server.metrics import Metrics
-from bmoe.server.openai_fields import CHAT_FIELDS, refuse_unset
+from bmoe.server.openai_fields import CHAT_FIELDS, constraint_fields, refuse_unset
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import ChatCompletionRequest, ImagePart
 from bmoe.server.tools_route import ToolsAsked, call_entries, message_calls, tools_asked
@@ -34,7 +33,6 @@ from bmoe.session import Message
 from bmoe.wire.records import done_fields
 
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
-CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "guided_choice", "structured_outputs")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -93,7 +91,7 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         and body.max_tokens != body.max_completion_tokens
     ):
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", "max_completion_tokens")
-    schema, grammar = _constraint(body)
+    schema, grammar = constraint_fields(body)
     if asked.active and (schema is not None or grammar is not None):
         raise ApiError(
             400,
@@ -120,23 +118,6 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         logprobs_of=tuple(body.bmoe_logprobs_of or ()),
         tools=asked,
     )
-
-
-def _constraint(body: ChatCompletionRequest) -> tuple[dict | bool | None, str | None]:
-    """The answer's schema or grammar, from response_format, json_schema or grammar (one of them),
-    checked here so that a refusal is a 400 naming its field before the job is queued."""
-    given = [n for n in CONSTRAINT_FIELDS if getattr(body, n) is not None]
-    try:
-        if len(given) > 1:
-            raise ConstraintError(given[1], f"give one of {', '.join(CONSTRAINT_FIELDS)}, got {given}")
-        schema = from_response_format(body.response_format)
-        schema = body.json_schema if schema is None else schema
-        choice = choice_grammar(body.guided_choice, body.structured_outputs)  # vLLM's fields, as GBNF
-        grammar = body.grammar if choice is None else choice[1]
-        constraint_of(schema, grammar)
-    except ConstraintError as e:
-        raise ApiError(400, str(e), e.field, "invalid_request") from None
-    return schema, grammar
 
 
 def telemetry(outcome: TurnOutcome) -> dict[str, Any]:

@@ -14,13 +14,11 @@ fields".
 
 from __future__ import annotations
 
-import math
 from typing import Any
-
-import numpy as np
 
 from bmoe.constrain import constraint_of, finite_texts, greedy_agrees
 from bmoe.decide.types import ChoiceScores
+from bmoe.numerics import draw_choice
 from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, _n_predict, run_turn
 from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import STEP, Job
@@ -36,7 +34,7 @@ def _why_not(session: Session, turn: ChatTurn) -> str | None:
     if session.decider is None:
         return "decide is off (--no-decide)"
     if turn.tools.tools:
-        return "the tools are rendered into the prompt (a tool turn's choice is constrain/tool_decision.py's)"
+        return "the tools are rendered into the prompt (a tool turn's name is runtime/tool_choice.py's decision)"
     if any(m.role == "tool" or m.tool_calls for m in turn.messages):
         return "the conversation holds tool calls (a decision's history is plain messages)"
     if any(m.images for m in turn.messages):
@@ -169,16 +167,5 @@ def _decide(
 
 
 def _sample(logp: tuple[float, ...], temperature: float, top_p: float | None, *seeds: int | None) -> int:
-    """A choice drawn from softmax(logp / temperature), within the smallest set of the likeliest
-    choices whose probability reaches ``top_p``; seeded by the first seed given."""
-    seed = next((x for x in seeds if x is not None), None)
-    z = np.asarray(logp, dtype=np.float64) / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")
-    if top_p is not None and top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(p[order]), top_p - 1e-12)) + 1
-        order = order[: max(1, keep)]
-    q = p[order] / p[order].sum()
-    pick = np.random.default_rng(seed).choice(len(order), p=q)
-    return int(order[pick]) if math.isfinite(q[pick]) else int(order[0])
+    """``draw_choice`` seeded by the first seed given."""
+    return draw_choice(logp, temperature, top_p, next((x for x in seeds if x is not None), None))

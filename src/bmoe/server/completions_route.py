@@ -22,7 +22,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from bmoe.constrain import ConstraintError, choice_grammar, constraint_of, from_response_format
 from bmoe.errors import RequestError
 from bmoe.server.completion_generation import Generation, answer_prompt, n_predict_for
 from bmoe.server.completion_scoring import score_request, scored_answer
@@ -30,12 +29,11 @@ from bmoe.server.completion_text import Piece, PromptAnswer, response_body
 from bmoe.server.errors import ApiError, error_body, from_request_error
 from bmoe.server.job_queue import ERROR, RESULT, STEP, Cancelled, Job, JobQueue
 from bmoe.server.metrics import MIB, Metrics
-from bmoe.server.openai_fields import COMPLETION_FIELDS, refuse_unset
+from bmoe.server.openai_fields import COMPLETION_FIELDS, constraint_fields, refuse_unset
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import CompletionRequest
 from bmoe.session import ScoreRequest, ScoreResult, Session
 
-CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "guided_choice", "structured_outputs")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # The session's field names in a refusal, as the API calls them.
 _FIELD = {"tokens": "prompt", "n_predict": "max_tokens", "top_n": "logprobs"}
@@ -60,22 +58,6 @@ def refusal(e: RequestError, param: str) -> ApiError:
     return from_request_error(RequestError(f"{name}: {rest}"), name)
 
 
-def constraint(body: CompletionRequest) -> tuple[dict | bool | None, str | None]:
-    """The answer's schema or grammar (one of the constraint fields), or a 400 naming its field."""
-    given = [n for n in CONSTRAINT_FIELDS if getattr(body, n) is not None]
-    try:
-        if len(given) > 1:
-            raise ConstraintError(given[1], f"give one of {', '.join(CONSTRAINT_FIELDS)}, got {given}")
-        schema = from_response_format(body.response_format)
-        schema = body.json_schema if schema is None else schema
-        choice = choice_grammar(body.guided_choice, body.structured_outputs)  # vLLM's fields, as GBNF
-        grammar = body.grammar if choice is None else choice[1]
-        constraint_of(schema, grammar)
-    except ConstraintError as e:
-        raise ApiError(400, str(e), e.field, "invalid_request") from None
-    return schema, grammar
-
-
 def generation_of(body: CompletionRequest) -> Generation:
     """The request's settings, checked (a 400 naming the field) before anything is queued."""
     refuse_unset(body, COMPLETION_FIELDS)
@@ -83,7 +65,7 @@ def generation_of(body: CompletionRequest) -> Generation:
         raise ApiError(
             400, "jump_forward: a forced token has no log-prob of its own; not with logprobs", "jump_forward"
         )
-    schema, grammar = constraint(body)
+    schema, grammar = constraint_fields(body)
     return Generation(
         max_tokens=body.max_tokens,
         echo=body.echo,

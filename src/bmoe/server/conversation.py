@@ -57,7 +57,9 @@ class TurnOutcome:
     logprobs: dict | None = None  # choices[0].logprobs
     logprobs_of: list[dict] | None = None  # bmoe.logprobs_of
     tool_calls: tuple[ToolCall, ...] = ()  # the answer's calls (``text`` is the content before them)
-    decision: dict | None = None  # bmoe.decision: a finite-set answer's decision (server/choice_answer.py)
+    # bmoe.decision: a finite-set answer's decision (server/choice_answer.py), or a tool turn's
+    # name decision ("kind": "tool", runtime/tool_choice.py)
+    decision: dict | None = None
 
 
 def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
@@ -158,7 +160,9 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     if stops.hit or (made and not result.cancelled):
         # Cancelling rolled the turn back; keep it in the history as the client saw it (calls as calls).
         session.set_history(prior + [user, Message("assistant", answer, tool_calls=made)])
+    picked = result.tool_decision  # the tool's name as a decision (runtime/tool_choice.py)
     if result.cancelled and not stops.hit:
-        return TurnOutcome(result, answer, "cancelled", lps.answer(), of)
+        return TurnOutcome(result, answer, "cancelled", lps.answer(), of, decision=picked)
     reason = "stop" if stops.hit or result.stop == "eog" else "length"
-    return TurnOutcome(result, answer, "tool_calls" if made and reason == "stop" else reason, lps.answer(), of, made)
+    finish = "tool_calls" if made and reason == "stop" else reason
+    return TurnOutcome(result, answer, finish, lps.answer(), of, made, picked)

@@ -16,11 +16,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from bmoe.constrain import ConstraintError, choice_grammar, constraint_of, from_response_format
 from bmoe.server.errors import ApiError
+from bmoe.server.schemas import ChatCompletionRequest, CompletionRequest
 
 HONOURED = "honoured"
 IGNORED = "ignored (harmless)"
 REFUSED = "refused"
+# The fields that constrain an answer (docs/server.md "Structured outputs"): one of them at a time.
+CONSTRAINT_FIELDS = ("response_format", "json_schema", "grammar", "guided_choice", "structured_outputs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +143,21 @@ def markdown_table(table: Iterable[OpenAIField]) -> str:
             status += "; passes as " + ", ".join(f"`{json.dumps(n)}`" for n in f.neutral)
         lines.append(f"| `{f.name}` | {status} | {f.why.replace('{value}', 'N')} |")
     return "\n".join(lines)
+
+
+def constraint_fields(body: ChatCompletionRequest | CompletionRequest) -> tuple[dict | bool | None, str | None]:
+    """A body's schema or grammar, from whichever one of CONSTRAINT_FIELDS it sets (vLLM's choice
+    fields as a grammar), checked here so that a refusal is a 400 naming its field before the job
+    is queued."""
+    given = [n for n in CONSTRAINT_FIELDS if getattr(body, n) is not None]
+    try:
+        if len(given) > 1:
+            raise ConstraintError(given[1], f"give one of {', '.join(CONSTRAINT_FIELDS)}, got {given}")
+        schema = from_response_format(body.response_format)
+        schema = body.json_schema if schema is None else schema
+        choice = choice_grammar(body.guided_choice, body.structured_outputs)
+        grammar = body.grammar if choice is None else choice[1]
+        constraint_of(schema, grammar)
+    except ConstraintError as e:
+        raise ApiError(400, str(e), e.field, "invalid_request") from None
+    return schema, grammar
