@@ -13,6 +13,7 @@ import pytest
 
 from bmoe.config import SessionConfig
 from bmoe.constrain import GENERIC, Tool, ToolCall
+from bmoe.constrain.tool_formats import write_calls
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.jinja_env import environment
 from bmoe.session import GenerateRequest, Session
@@ -96,3 +97,21 @@ def test_a_tiny_model_holds_a_conversation_under_lfm25s_template(session) -> Non
         "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n"
     )
     assert turn.rendered == want
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [("poolside-Laguna-S-2.1", "glm-4.7"), ("poolside-Laguna-XS-2.1", "glm-4.5"), ("poolside-Laguna-XS.2", "glm-4.5")],
+)
+def test_laguna_writes_a_history_call_in_the_format_bmoe_detects(name: str, fmt: str) -> None:
+    r = ChatRenderer("template", template(name), "<s>", "</s>")
+    assert r.tool_format.name == fmt
+    tool = Tool("get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+    turns = [
+        Message("user", "Weather?"),
+        Message("assistant", "", tool_calls=(ToolCall("c1", "get_weather", '{"city": "Paris"}'),)),
+        Message("tool", "sunny", tool_call_id="c1"),
+    ]
+    text = r.render(turns, think=False, tools=[tool])
+    assert write_calls(r.tool_format, [("get_weather", {"city": "Paris"}, "c1")]) in text
+    assert '"name": "get_weather"' in text  # the template lists the tools itself
