@@ -63,7 +63,7 @@ def test_the_analysis_is_read_out_as_reasoning_and_the_rest_is_the_call() -> Non
     assert r.think_ctl == "none" and thinks(r, req)
     marks = reasoning_markers(r, req)
     assert marks == OSS.reasoning
-    assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) is None  # no calls: as before
+    assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) == marks  # no calls: the same channel
     call = write_calls(OSS, [CALL])
     d = Detokenizer(split_think=True, markers=marks)
     out = ANALYSIS + call
@@ -135,7 +135,7 @@ def test_gemma_4_reasons_in_its_thought_channel_before_a_call() -> None:
     r = renderer(template("google-gemma-4-31B-it"))
     req = GenerateRequest(prompt="Weather?", tools=TOOLS, tool_choice=ToolChoice("required"))
     assert r.think_ctl == "template" and reasoning_markers(r, req) == gemma.reasoning
-    assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) == ("<think>", "</think>")  # no calls: as before
+    assert reasoning_markers(r, GenerateRequest(prompt="Weather?")) == gemma.reasoning  # no calls: the same
 
 
 # Formats whose every answer starts inside their reasoning block (ToolFormat.reasoning_first):
@@ -182,7 +182,7 @@ def test_the_output_of_such_a_turn_splits_at_the_close(think: bool) -> None:
         d.push(out[k : k + 3].encode())
     d.finish()
     assert d.reasoning == (THOUGHT if think else "") and d.text == write_calls(r.tool_format, [CALL])
-    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False)[0] is False  # no calls: as before
+    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False) == (True, True, marks)  # no calls: same
 
 
 def test_a_gpt_oss_text_answer_opens_its_final_channel_which_is_not_content() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from bmoe.runtime.chat import Message
 from bmoe.runtime.kv import KvPlan
+from bmoe.runtime.reasoning import THINK
 from bmoe.runtime.results import GenerateRequest, GenerateResult, Step
 from bmoe.runtime.runtime import Runtime, Turn
 from bmoe.stream.stats import StreamStats
@@ -27,6 +28,9 @@ class _Model:
 
     def token_bytes(self, tok: int) -> bytes:
         return self.pieces[tok]
+
+    def tokenize(self, text: str, **_: bool) -> list[int]:  # the markers hold no control token here
+        return []
 
 
 class _Kv:
@@ -46,6 +50,7 @@ class _Kv:
 
 class _Chat:
     think_ctl = "template"  # the turn says whether its prompt opened reasoning (Turn.opens_reasoning)
+    reasoning = THINK  # its model reasons in <think> (runtime/reasoning.py)
 
 
 class _Script:

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Literal, Sequence
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from bmoe.config import ChatMode
 from bmoe.constrain import (
@@ -41,9 +38,18 @@ from bmoe.constrain import (
 )
 from bmoe.errors import ModelFileError, RequestError
 from bmoe.image_refs import ImageSource
-from bmoe.runtime.detokenize import CLOSE, OPEN
-
-ThinkCtl = Literal["template", "prefill", "none"]
+from bmoe.runtime.jinja_env import environment as _environment
+from bmoe.runtime.reasoning import (
+    CLOSE,
+    EMPTY_THINK,
+    OPEN,
+    ReasoningFormat,
+    ThinkCtl,
+    closing,
+    opens,
+    reasoning_format,
+    think_control,
+)
 
 CHATML_TEMPLATE = (
     "{%- for m in messages -%}"
@@ -51,8 +57,6 @@ CHATML_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-# What a template-less "think off" looks like for models that open a <think> block.
-EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,33 +113,6 @@ class Prompt(str):
         return tuple(text for text, plain in self.parts if plain)
 
 
-def _raise(msg: str) -> None:
-    raise TemplateError(msg)
-
-
-def _tojson(value: object, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
-def think_control(template: str | None) -> ThinkCtl:
-    """How a think:false request can be honoured, read from the template itself."""
-    if not template:
-        return "none"
-    if "enable_thinking" in template:
-        return "template"
-    if "<think>" in template:
-        return "prefill"
-    return "none"
-
-
 class ChatRenderer:
     def __init__(self, mode: ChatMode, gguf_template: str | None, bos_text: str, eos_text: str) -> None:
         if mode == "chatml":
@@ -147,6 +124,7 @@ class ChatRenderer:
         self.mode: ChatMode = mode if source is not None or mode == "none" else "none"
         self.source = source
         self.think_ctl: ThinkCtl = think_control(source)
+        self.reasoning: ReasoningFormat | None = reasoning_format(source)  # how its model marks reasoning
         try:
             self._template = _environment().from_string(source) if source else None
         except TemplateError as e:  # the GGUF's own template (chatml's is ours and parses)
@@ -193,7 +171,8 @@ class ChatRenderer:
         return self._with_tools(tools)._render_turn(messages, think, want_opens=False).text
 
     def render_turn(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> "Rendered":
-        """``render``, and whether the model's output starts inside a <think> block.
+        """``render``, and whether the model's output starts inside its reasoning block
+        (``self.reasoning``: ``<think>``, or the template's own channel).
 
         Only the template's own generation prompt (what it adds after the conversation) can open
         or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
@@ -211,14 +190,14 @@ class ChatRenderer:
         if self.think_ctl == "none" or not (want_opens or closes):
             return Rendered(text, False)
         prompt = self._generation_prompt(messages, rendered, think)
-        opens = _opens(prompt)
+        opened = opens(prompt, self.reasoning)
         if closes:
-            if opens:  # the template opened the block itself: close it, without a second <think>
-                text = text.then(_closing(prompt[prompt.rfind(OPEN) + len(OPEN) :]))
-                opens = False
+            if opened:  # the template opened the block itself: close it, without a second <think>
+                text = text.then(closing(prompt[prompt.rfind(OPEN) + len(OPEN) :]))
+                opened = False
             elif not prompt.rstrip().endswith(CLOSE):
                 text = text.then(EMPTY_THINK)
-        return Rendered(text, opens)
+        return Rendered(text, opened)
 
     def _separate(self, messages: Sequence[Message], text: str, think: bool) -> Prompt:
         """``text``, the template's render of ``messages``, as a Prompt: where each message's text
@@ -363,7 +342,7 @@ class ChatRenderer:
         return text[n:]
 
     def opens_reasoning(self, messages: Sequence[Message], *, think: bool) -> bool:
-        """True when the prompt for ``messages`` leaves a <think> block open (output starts as
+        """True when the prompt for ``messages`` leaves its reasoning block open (output starts as
         reasoning): decided by the template's generation prompt alone, never the user's text."""
         return self.render_turn(messages, think=think).opens_reasoning
 
@@ -371,7 +350,7 @@ class ChatRenderer:
 @dataclass(frozen=True, slots=True)
 class Rendered:
     text: Prompt
-    opens_reasoning: bool  # the generation prompt leaves a <think> block open
+    opens_reasoning: bool  # the generation prompt leaves the reasoning block open
 
 
 _MARK_START, _MARK_END = "\ue000bmoe", "\ue001"
@@ -411,14 +390,3 @@ def _marks(contents: Sequence[str]) -> list[str | None]:
     while any(f"{_MARK_START}{k}-" in c for c in contents):
         k += 1
     return [f"{_MARK_START}{k}-{i}{_MARK_END}" if c else None for i, c in enumerate(contents)]
-
-
-def _opens(prompt: str) -> bool:
-    return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
-
-
-def _closing(tail: str) -> str:
-    """What closes an empty block after an opening ``<think>`` followed by ``tail``: the rest of
-    EMPTY_THINK where ``tail`` is its start (``<think>\n`` -> ``\n</think>\n\n``)."""
-    rest = EMPTY_THINK[len(OPEN) :]
-    return rest[len(tail) :] if rest.startswith(tail) else CLOSE + "\n\n"

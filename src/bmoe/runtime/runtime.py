@@ -55,7 +55,7 @@ from bmoe.runtime.results import (
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
 from bmoe.runtime.tool_choice import NamePick, banned, name_pick
-from bmoe.runtime.tool_turn import reasoning_split, shown_tokens, special_markers, thinks, tool_grammar
+from bmoe.runtime.tool_turn import answer_open, reasoning_split, shown_tokens, special_markers, thinks, tool_grammar
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -466,8 +466,10 @@ class Runtime:
         split, inside, marks = reasoning_split(self.chat, req, think, opens_reasoning)
         # Only the template's generation prompt can open reasoning (chat.py): a "<think>" in the
         # user's text is not the model's, and the stream only ever parses the model's output.
-        stream = Detokenizer(split_think=split, in_reasoning=inside, markers=marks)
-        shown = shown_tokens(self.model, self.chat, req, think)  # a tool format's markers, as text
+        stream = Detokenizer(
+            split_think=split, in_reasoning=inside, markers=marks, answer_open=answer_open(self.chat, split)
+        )
+        shown = shown_tokens(self.model, self.chat, req, think, split)  # markup's control tokens, as text
         out: list[int] = []
         kept: list[np.ndarray] = []
         stop = "length"

@@ -44,10 +44,10 @@ def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
 def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, str] | None:
     """What opens and closes reasoning in the turn's output text (None: no reasoning to split
     out): in a turn with calls the format's own block where it has one (gpt-oss's
-    ``<|channel|>analysis<|message|>`` ... ``<|end|><|start|>assistant``), else ``<think>`` and
-    ``</think>`` where the template has that block."""
+    ``<|channel|>analysis<|message|>`` ... ``<|end|><|start|>assistant``), else the template's
+    (``chat.reasoning``: ``<think>``, or harmony's analysis or Gemma 4's thought channel)."""
     own = _own_reasoning(chat) if _calls(req) else None
-    return own or ((THINK_OPEN, THINK_CLOSE) if chat.think_ctl != "none" else None)
+    return own or (chat.reasoning.markers if chat.reasoning is not None else None)
 
 
 def _starts_inside(chat: ChatRenderer, req: GenerateRequest) -> bool:
@@ -60,11 +60,21 @@ def reasoning_split(
 ) -> tuple[bool, bool, tuple[str, str]]:
     """How the turn's output splits into reasoning and text: whether it does, whether it starts
     as reasoning (the prompt opened the block, or every answer of the format starts inside it,
-    closing it at once where the turn does not reason), and the markers."""
+    closing it at once where the turn does not reason), and the markers. A template whose model
+    reasons whatever ``think`` says (gpt-oss) has its block split off in every turn."""
     marks = reasoning_markers(chat, req)
-    first = _starts_inside(chat, req)
-    split = marks is not None and (think or first)
+    fmt = chat.reasoning
+    own = _calls(req) and _own_reasoning(chat) is not None  # the format's block, not the template's
+    first = _starts_inside(chat, req) or (not own and fmt is not None and fmt.first)
+    always = fmt is not None and fmt.always
+    split = marks is not None and (think or first or always)
     return split, split and (opens or first), marks or (THINK_OPEN, THINK_CLOSE)
+
+
+def answer_open(chat: ChatRenderer, split: bool) -> str:
+    """The markup that opens the answer's text in a turn that splits off reasoning (harmony's
+    final channel), left out of the text; "" where there is none."""
+    return chat.reasoning.answer_open if split and chat.reasoning is not None else ""
 
 
 def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) -> dict[str, int]:
@@ -78,11 +88,24 @@ def special_markers(model: LlamaModel, chat: ChatRenderer, think: bool = False) 
     return out
 
 
-def shown_tokens(model: LlamaModel, chat: ChatRenderer, req: GenerateRequest, think: bool) -> frozenset[int]:
-    """The special tokens a turn with calls writes into its text (the format's markers, its
-    reasoning block's): a control token is otherwise left out of the text, and the calls (and
-    the reasoning) would not read."""
-    return frozenset(special_markers(model, chat, think).values()) if _calls(req) else frozenset()
+def shown_tokens(
+    model: LlamaModel, chat: ChatRenderer, req: GenerateRequest, think: bool, split: bool = False
+) -> frozenset[int]:
+    """The special tokens a turn writes into its text: in a turn with calls the format's markers
+    (its reasoning block's), and where the turn splits off reasoning (``split``) the control
+    tokens of the template's reasoning markup (harmony's ``<|channel|>``, Gemma 4's
+    ``<|channel>``). A control token is otherwise left out of the text, and the calls (and the
+    reasoning) would not read."""
+    calls = frozenset(special_markers(model, chat, think).values()) if _calls(req) else frozenset()
+    fmt = chat.reasoning
+    if not split or fmt is None:
+        return calls
+    own: set[int] = set()
+    for text in (fmt.open, fmt.close, fmt.answer_open):
+        for t in model.tokenize(text, add_special=False, parse_special=True) if text else ():
+            if model.token_bytes(t) != model.token_bytes(t, special=True):  # a control token
+                own.add(t)
+    return calls | own
 
 
 def tool_grammar(

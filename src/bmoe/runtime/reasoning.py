@@ -1,0 +1,90 @@
+"""Where a model writes its reasoning, read from its chat template: one row per way of marking it.
+
+Qwen3, DeepSeek R1 and most reasoning templates wrap it in ``<think>`` ... ``</think>``; gpt-oss
+(harmony) writes it in its analysis channel and its answer in its final channel; Gemma 4 in its
+thought channel; MiniMax M3 in ``<mm:think>``, every answer starting inside it. The output's
+text between a row's ``open`` and ``close`` is reasoning (``reasoning_content``), the rest the
+answer's content (runtime/detokenize.py splits it), and the markup that opens the answer
+(``answer_open``: harmony's final channel) is neither.
+
+How a think:false request is honoured (``think_control``) is read from the template too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ThinkCtl = Literal["template", "prefill", "none"]
+OPEN, CLOSE = "<think>", "</think>"
+# What a template-less "think off" looks like for models that open a <think> block.
+EMPTY_THINK = OPEN + "\n\n" + CLOSE + "\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningFormat:
+    name: str
+    detect: str  # a text of the template that says it writes reasoning this way
+    open: str  # what opens the block in the model's output
+    close: str  # what closes it
+    answer_open: str = ""  # markup that opens the answer, after the block or in its place: not content
+    # The model reasons whatever ``think`` says (the template has no switch bmoe sets): its block
+    # is split off in every turn.
+    always: bool = False
+    # Every answer starts inside the block, its opening optional, and closes it before the
+    # answer's text (MiniMax M3's template reads all before ``</mm:think>`` as reasoning).
+    first: bool = False
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return self.open, self.close
+
+
+THINK = ReasoningFormat("think", OPEN, OPEN, CLOSE)
+HARMONY = ReasoningFormat(
+    "harmony",
+    "<|channel|>analysis<|message|>",
+    "<|channel|>analysis<|message|>",
+    "<|end|><|start|>assistant",
+    answer_open="<|channel|>final<|message|>",
+    always=True,
+)
+GEMMA4 = ReasoningFormat("gemma-4", "<|channel>thought", "<|channel>thought\n", "<channel|>")
+MINIMAX_M3 = ReasoningFormat("minimax-m3", "<mm:think>", "<mm:think>", "</mm:think>", always=True, first=True)
+# The first row whose ``detect`` text the template holds is its format (harmony's and Gemma 4's
+# templates never write ``<think>``; a template that takes ``enable_thinking`` without writing
+# any block of its own is assumed to use ``<think>``).
+FORMATS: tuple[ReasoningFormat, ...] = (HARMONY, GEMMA4, MINIMAX_M3, THINK)
+
+
+def reasoning_format(template: str | None) -> ReasoningFormat | None:
+    """How the template's model marks its reasoning (None: it does not reason, or not visibly)."""
+    if not template:
+        return None
+    for fmt in FORMATS:
+        if fmt.detect in template:
+            return fmt
+    return THINK if "enable_thinking" in template else None
+
+
+def think_control(template: str | None) -> ThinkCtl:
+    """How a think:false request can be honoured, read from the template itself."""
+    if not template:
+        return "none"
+    if "enable_thinking" in template:
+        return "template"
+    if OPEN in template:
+        return "prefill"
+    return "none"
+
+
+def opens(prompt: str, fmt: ReasoningFormat | None) -> bool:
+    """Whether a generation prompt leaves ``fmt``'s block open (the output starts as reasoning)."""
+    return fmt is not None and prompt.rfind(fmt.open) > prompt.rfind(fmt.close)
+
+
+def closing(tail: str) -> str:
+    """What closes an empty block after an opening ``<think>`` followed by ``tail``: the rest of
+    EMPTY_THINK where ``tail`` is its start (``<think>\n`` -> ``\n</think>\n\n``)."""
+    rest = EMPTY_THINK[len(OPEN) :]
+    return rest[len(tail) :] if rest.startswith(tail) else CLOSE + "\n\n"
