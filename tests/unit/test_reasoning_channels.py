@@ -103,8 +103,15 @@ def test_a_plain_minimax_m3_answer_starts_inside_its_block(out: str) -> None:
     """M3's template reads all before ``</mm:think>`` as reasoning (its opening optional), and
     sends an answer back as ``</mm:think>`` and the content where it has no reasoning."""
     r = renderer("MiniMax-M3")
-    for think in (True, False):  # the template's switch is its own thinking_mode: bmoe cannot set it
-        assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False) == (True, True, MINIMAX_M3.markers)
+    plain = GenerateRequest(prompt="Hi")
+    opened = r.render_turn([Message("user", "Hi")], think=True).opens_reasoning  # thinking_mode "enabled"
+    assert opened and reasoning_split(r, plain, True, opened) == (True, True, MINIMAX_M3.markers)
+    # thinking_mode "disabled": the prompt closed the block, the answer is content from its start
+    closed = r.render_turn([Message("user", "Hi")], think=False).opens_reasoning
+    assert not closed and reasoning_split(r, plain, False, closed) == (True, False, MINIMAX_M3.markers)
+    # the template's own default ("adaptive", the client's chat_template_kwargs): it starts inside
+    adaptive = r.render_turn([Message("user", "Hi")], think=True, template_vars={"thinking_mode": "adaptive"})
+    assert adaptive.opens_reasoning and not adaptive.text.endswith("<mm:think>")
     assert split(out, 3, in_reasoning=True, markers=MINIMAX_M3.markers) == (ANSWER, THOUGHT)
     assert split(f"</mm:think>{ANSWER}", 3, in_reasoning=True, markers=MINIMAX_M3.markers) == (ANSWER, "")
     text = r.render([Message("user", "Hi"), Message("assistant", ANSWER), Message("user", "Again")], think=True)
@@ -198,8 +205,10 @@ def test_control_tokens_of_the_reasoning_markup_are_read_not_dropped(session, mo
 
 def test_a_tiny_model_under_minimax_m3_answers_after_its_block(session, monkeypatch) -> None:
     session.runtime.chat = ChatRenderer("template", template("MiniMax-M3"), "", "")
-    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=False)
+    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=True)
     assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+    result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)  # thinking_mode "disabled"
+    assert (result.text, result.reasoning) == (ANSWER, "")
 
 
 def test_the_line_protocol_reports_the_same_split(session, monkeypatch) -> None:

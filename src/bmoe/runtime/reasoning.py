@@ -7,13 +7,16 @@ text between a row's ``open`` and ``close`` is reasoning (``reasoning_content``)
 answer's content (runtime/detokenize.py splits it), and the markup that opens the answer
 (``answer_open``: harmony's final channel) is neither.
 
-How a think:false request is honoured (``think_control``) is read from the template too.
+How a think:false request is honoured (``think_control``) is read from the template too: by
+the template's own switch (runtime/think_switch.py), or by closing an empty ``<think>`` block.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from bmoe.runtime.think_switch import think_switch
 
 ThinkCtl = Literal["template", "prefill", "none"]
 OPEN, CLOSE = "<think>", "</think>"
@@ -71,7 +74,7 @@ def think_control(template: str | None) -> ThinkCtl:
     """How a think:false request can be honoured, read from the template itself."""
     if not template:
         return "none"
-    if "enable_thinking" in template:
+    if think_switch(template).can_off:
         return "template"
     if OPEN in template:
         return "prefill"
@@ -79,7 +82,11 @@ def think_control(template: str | None) -> ThinkCtl:
 
 
 def opens(prompt: str, fmt: ReasoningFormat | None) -> bool:
-    """Whether a generation prompt leaves ``fmt``'s block open (the output starts as reasoning)."""
+    """Whether a generation prompt leaves ``fmt``'s block open (the output starts as reasoning).
+    A ``first`` format's answer starts inside its block unless the prompt closed it (MiniMax M3's
+    ``thinking_mode`` "disabled" ends the prompt with ``</mm:think>``)."""
+    if fmt is not None and fmt.first:
+        return not prompt.rstrip().endswith(fmt.close)
     return fmt is not None and prompt.rfind(fmt.open) > prompt.rfind(fmt.close)
 
 

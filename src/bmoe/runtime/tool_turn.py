@@ -50,8 +50,12 @@ def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, st
     return own or (chat.reasoning.markers if chat.reasoning is not None else None)
 
 
-def _starts_inside(chat: ChatRenderer, req: GenerateRequest) -> bool:
-    """Whether the answer starts inside the format's block (``ToolFormat.reasoning_first``)."""
+def _starts_inside(chat: ChatRenderer, req: GenerateRequest, think: bool) -> bool:
+    """Whether the answer starts inside the format's block (``ToolFormat.reasoning_first``): not
+    in a turn that does not reason where the template's switch closed the block in the prompt
+    (MiniMax M3's ``thinking_mode`` "disabled", Kimi K3's ``thinking`` false: runtime/think_switch.py)."""
+    if not think and chat.switch.can_off:
+        return False
     return _calls(req) and chat.tool_format.reasoning_first and _own_reasoning(chat) is not None
 
 
@@ -65,7 +69,8 @@ def reasoning_split(
     marks = reasoning_markers(chat, req)
     fmt = chat.reasoning
     own = _calls(req) and _own_reasoning(chat) is not None  # the format's block, not the template's
-    first = _starts_inside(chat, req) or (not own and fmt is not None and fmt.first)
+    # a template's ``first`` block: ``opens`` says whether the prompt left it open (reasoning.opens)
+    first = _starts_inside(chat, req, think) or (not own and fmt is not None and fmt.first and opens)
     always = fmt is not None and fmt.always
     split = marks is not None and (think or first or always)
     return split, split and (opens or first), marks or (THINK_OPEN, THINK_CLOSE)
@@ -123,6 +128,6 @@ def tool_grammar(
             "an answer keeps one constraint: give tools or a json_schema/grammar, not both (or tool_choice 'none')",
         )
     special = special_markers(model, chat, think)
-    mode: Think = ("inside" if opens or _starts_inside(chat, req) else "open") if think else ""
-    mode = mode or ("closed" if _starts_inside(chat, req) else "")
+    mode: Think = ("inside" if opens or _starts_inside(chat, req, think) else "open") if think else ""
+    mode = mode or ("closed" if _starts_inside(chat, req, think) else "")
     return tool_constraint(chat.tool_format, req.tools, choice, req.parallel_tool_calls, special, mode)

@@ -29,6 +29,7 @@ from bmoe.server.openai_fields import CHAT_FIELDS, constraint_fields, refuse_uns
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import ChatCompletionRequest, ImagePart
 from bmoe.server.tools_route import ToolsAsked, call_entries, message_calls, tools_asked
+from bmoe.server.think_fields import template_kwargs
 from bmoe.session import Message
 from bmoe.wire.records import done_fields
 
@@ -111,6 +112,8 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         seed=body.seed,
         stops=body.stop_list(),
         think=body.think,
+        reasoning_effort=body.reasoning_effort,
+        template_kwargs=template_kwargs(body.chat_template_kwargs),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logit_bias=body.bias(),
         presence_penalty=body.presence_penalty or 0.0,
