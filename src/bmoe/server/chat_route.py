@@ -28,8 +28,8 @@ from bmoe.server.metrics import Metrics
 from bmoe.server.openai_fields import CHAT_FIELDS, constraint_fields, refuse_unset
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import ChatCompletionRequest, ImagePart
-from bmoe.server.tools_route import ToolsAsked, call_entries, message_calls, tools_asked
 from bmoe.server.think_fields import template_kwargs
+from bmoe.server.tools_route import ToolsAsked, call_entries, message_calls, tools_asked
 from bmoe.session import Message
 from bmoe.wire.records import done_fields
 
