@@ -58,7 +58,7 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField(
         "reasoning_effort",
         HONOURED,
-        "none/minimal: reasoning off; low..xhigh: on, the value passed where the template takes it (Reasoning below)",
+        "none/minimal: reasoning off; low..xhigh: on, the value passed where the template takes it (Reasoning switches below)",
     ),
     OpenAIField(
         "chat_template_kwargs",
