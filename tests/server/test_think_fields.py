@@ -132,6 +132,11 @@ def test_smollm2_has_no_switch_so_its_prompt_is_the_same(smol) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         _ask(smol.url, extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
     assert e.value.body["param"] == "chat_template_kwargs.add_generation_prompt"
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(smol.url, extra_body={"chat_template_kwargs": {"x": 1}, "bmoe_logprobs_of": ["Hi"]})
+    assert e.value.body["message"] == (
+        "bmoe_logprobs_of: scored on a decision's prompt, which takes no chat_template_kwargs; not with them"
+    )
     assert _ask(smol.url) == plain  # the session stays usable
 
 

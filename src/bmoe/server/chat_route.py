@@ -78,6 +78,13 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         raise ApiError(
             400, "jump_forward: a forced token has no log-prob of its own; not with logprobs", "jump_forward"
         )
+    kwargs = template_kwargs(body.chat_template_kwargs)
+    if kwargs and body.bmoe_logprobs_of:
+        raise ApiError(
+            400,
+            "bmoe_logprobs_of: scored on a decision's prompt, which takes no chat_template_kwargs; not with them",
+            "bmoe_logprobs_of",
+        )
     asked = tools_asked(body)
     msgs = _messages(body, asked)
     if msgs[-1].role not in ("user", "tool"):
@@ -113,7 +120,7 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         stops=body.stop_list(),
         think=body.think,
         reasoning_effort=body.reasoning_effort,
-        template_kwargs=template_kwargs(body.chat_template_kwargs),
+        template_kwargs=kwargs,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logit_bias=body.bias(),
         presence_penalty=body.presence_penalty or 0.0,
