@@ -176,3 +176,16 @@ def test_templates_without_a_switch() -> None:
     assert llama.switch is NO_SWITCH and llama.think_ctl == "none"
     r1 = renderer("deepseek-ai-DeepSeek-R1-Distill-Llama-8B")  # no switch: bmoe closes an empty block
     assert r1.switch is NO_SWITCH and r1.think_ctl == "prefill" and r1.reasoning is THINK
+
+
+def test_a_turn_with_calls_reasons_only_where_bmoe_reads_the_block() -> None:
+    """Hy3's and Seed-OSS's switches are set, but their blocks are not read (no row in
+    runtime/reasoning.py): a turn with calls has the switch off, as before the switch was set."""
+    from bmoe.constrain import Tool, ToolChoice
+    from bmoe.runtime.results import GenerateRequest
+    from bmoe.runtime.tool_turn import thinks
+
+    tool = Tool("pick", "", {"type": "object", "properties": {}})
+    req = GenerateRequest(prompt=USER, tools=(tool,), tool_choice=ToolChoice("required"))
+    for name, reasons in (("tencent-Hy3", False), ("ByteDance-Seed-OSS", False), ("Qwen-Qwen3-0.6B", True)):
+        assert thinks(renderer(name), req) is reasons, name

@@ -37,8 +37,10 @@ def _own_reasoning(chat: ChatRenderer) -> tuple[str, str] | None:
 def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
     """Whether the turn may reason first: always without calls; with calls where the template
     has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss, Gemma 4),
-    which the grammar then allows before them."""
-    return not _calls(req) or chat.think_ctl != "none" or _own_reasoning(chat) is not None
+    which the grammar then allows before them. A template whose switch bmoe sets but whose block
+    it does not read (Hy3, Seed-OSS) has its switch off in a turn with calls."""
+    block = chat.think_ctl != "none" and chat.reasoning is not None
+    return not _calls(req) or block or _own_reasoning(chat) is not None
 
 
 def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, str] | None:

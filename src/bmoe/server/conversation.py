@@ -80,7 +80,8 @@ def _n_predict(session: Session, turn: ChatTurn, think: bool, r: Reasoning) -> i
     images = [u for m in turn.messages for u in m.images]
     rendered = session.chat.render(  # as the runtime renders it: the tools in, no reasoning before a call
         list(turn.messages),
-        think=think and (not turn.tools.active or session.chat.think_ctl != "none"),
+        think=think
+        and (not turn.tools.active or (session.chat.think_ctl != "none" and session.chat.reasoning is not None)),
         tools=turn.tools.tools,
         effort=r.effort,
         template_vars=dict(r.template_vars),
