@@ -70,6 +70,14 @@ FAMILIES = {
     "NVIDIA-Nemotron-Nano-v2": ("nemotron-v2", True, True),
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("qwen3-coder", True, True),
     "Qwen3-Coder": ("qwen3-coder", True, True),
+    "LFM2.5-8B-A1B": ("lfm2", True, True),
+    "LFM2-8B-A1B": ("lfm2", False, False),  # drops a history's calls: read by its markers
+    "LFM2.5-Instruct": ("lfm2", False, False),
+    "Cohere2MoE": ("command-r7b", True, True),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("command-r7b", True, True),
+    "upstage-Solar-Open-100B": ("solar-open", True, True),
+    "StepFun3.5-Flash": ("qwen3-coder", True, False),  # two calls with no newline between: read loosely
+    "MiMo-VL": ("hermes", True, True),
     "google-gemma-2-2b-it": ("generic", True, True),  # no tool support: bmoe's fallback
 }
 
