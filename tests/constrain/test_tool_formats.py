@@ -60,6 +60,7 @@ FAMILIES = {
     "tencent-Hy3": ("hy3", True, True),
     "MiniMax-M1": ("minimax-m1", True, True),
     "GigaChat3.1-10B-A1.8B": ("gigachat-3.1", True, False),
+    "GigaChat3-10B-A1.8B": ("gigachat-3", True, False),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.3-70B-Instruct": ("llama3", True, False),

@@ -10,6 +10,7 @@ from test_tool_formats import TOOLS, accepts
 from bmoe.constrain import Tool, ToolChoice, ToolStream, parse_tool_calls, tool_constraint
 from bmoe.constrain.tool_decision import tool_decision
 from bmoe.constrain.tool_formats import BY_NAME, native_id, write_calls
+from bmoe.constrain.tool_grammar import markers, tool_lark
 from bmoe.constrain.tool_parse import ToolCallError
 
 LFM2 = BY_NAME["lfm2"]
@@ -109,3 +110,14 @@ def test_a_hole_before_the_name_means_no_name_decision(name: str) -> None:
     assert tool_decision(BY_NAME[name], TOOLS, ToolChoice("required")) is None
     d = tool_decision(LFM2, TOOLS, ToolChoice("required"))
     assert d is not None and d.forced == "<|tool_call_start|>[" and d.choices == ("get_weather(", "get_time(")
+
+
+def test_gigachat_3_calls_as_its_own_role_and_its_markers_keep_their_line_breaks() -> None:
+    fmt = BY_NAME["gigachat-3"]
+    text = 'Checking.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_time", "arguments": {"tz": "UTC"}}'
+    got = parse_tool_calls(fmt, text, TOOLS)
+    assert got.content == "Checking." and [(c.name, c.args()) for c in got.calls] == [("get_time", {"tz": "UTC"})]
+    assert {"<|message_sep|>\n\n", "<|role_sep|>\n", "<|message_sep|>", "<|role_sep|>"} == markers(fmt)
+    special = {"<|message_sep|>\n\n": 7, "<|role_sep|>\n": 8}
+    lark = tool_lark(fmt, TOOLS, ToolChoice("required"), special=special)
+    assert lark is not None and "<[7]>" in lark and "<[8]>" in lark and "message_sep" not in lark

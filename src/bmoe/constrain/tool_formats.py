@@ -325,6 +325,14 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat(
         "gigachat-3.1", "GigaChat 3.1", ("<|function_call|>",), "<|function_call|>" + _JSON_OPEN, "}}", parallel=False
     ),
+    ToolFormat(  # the call is a message of its own role, after the assistant's (markers: 3.1's row first)
+        "gigachat-3",
+        "GigaChat 3",
+        ("function call", "<|role_sep|>"),
+        "<|message_sep|>\n\nfunction call<|role_sep|>\n" + _JSON_OPEN,
+        "}}",
+        parallel=False,
+    ),
     ToolFormat(
         "hermes",
         "Qwen3, Qwen2.5, Hermes 2/3, Granite 4",

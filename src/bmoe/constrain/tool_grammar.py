@@ -77,7 +77,10 @@ def markers(fmt: ToolFormat) -> set[str]:
     """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
     texts = [fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator]
     texts += [fmt.param_open, fmt.param_close, fmt.quote, fmt.text_open, *fmt.reasoning]
-    return {m for t in texts for m in _MARKER.findall(t)}
+    # a marker followed by line breaks is also a candidate with them (GigaChat 3's vocabulary has
+    # ``<|message_sep|>\n\n`` as one token)
+    found = [(m.group(0), t[m.end() :]) for t in texts for m in _MARKER.finditer(t)]
+    return {m for m, _ in found} | {m + after[: len(after) - len(after.lstrip("\n"))] for m, after in found} - {""}
 
 
 class _Lark:
