@@ -2,8 +2,8 @@
 REAL chat template of each family (the pinned llama.cpp release's models/templates), renders the
 tools, writes a call under the format's grammar and ends; the call reads back as the tool it named,
 with arguments valid against its schema. At a temperature over 0 the tool's name is a decision
-(runtime/tool_choice.py) in every format whose answer starts at its calls, and the call made is
-the one drawn. The schemas bound every value (enums, booleans, no extra keys), so a random model's
+(runtime/tool_choice.py) in every format whose answer starts at its calls and whose name follows
+fixed text, and the call made is the one drawn. The schemas bound every value (enums, booleans, no extra keys), so a random model's
 call ends within n_predict whatever it picks."""
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ TEMPLATES = sorted(set(FAMILIES) | set(PROBED) | set(NAMES))
 # Kimi K3's and MiniMax M3's answers start inside a reasoning block where the turn reasons; this
 # turn does not (think=False sets their templates' switch off, runtime/think_switch.py), so their
 # tool's name is a decision as any other's.
+# Formats whose call holds a hole before the name (Command R7B's call number, Solar Open's id):
+# no name decision (tool_decision returns None), the name comes by constrained generation.
+HOLE_BEFORE_NAME = {"command-r7b", "solar-open"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,9 @@ def test_each_template_writes_a_call_that_reads_back(session: Session, name: str
         assert len(calls) == 1 and calls[0].name in ("pick", "pick_two"), (name, result.text)
         jsonschema.validate(calls[0].args(), SCHEMA)
         picked = result.tool_decision
+        if fmt.name in HOLE_BEFORE_NAME:
+            assert picked is None
+            continue
         assert picked is not None and picked["choices"] == ["pick", "pick_two"]
         assert picked["chosen"] == ["pick", "pick_two"].index(calls[0].name)
         if temperature == 0.0:
