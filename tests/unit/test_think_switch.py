@@ -189,3 +189,14 @@ def test_a_turn_with_calls_reasons_only_where_bmoe_reads_the_block() -> None:
     req = GenerateRequest(prompt=USER, tools=(tool,), tool_choice=ToolChoice("required"))
     for name, reasons in (("tencent-Hy3", False), ("ByteDance-Seed-OSS", False), ("Qwen-Qwen3-0.6B", True)):
         assert thinks(renderer(name), req) is reasons, name
+
+
+def test_a_variable_the_template_refuses_is_a_request_error() -> None:
+    from bmoe.errors import RequestError
+
+    with pytest.raises(RequestError) as e:
+        renderer("Kimi-K3").render([Message("user", USER)], think=True, template_vars={"thinking_effort": "medium"})
+    assert str(e.value) == (
+        "the chat template refused the conversation: Unsupported thinking_effort=medium; "
+        "supported values are low, high, and max."
+    )
