@@ -20,7 +20,7 @@ from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.detokenize import Detokenizer
-from bmoe.runtime.reasoning import GEMMA4, HARMONY, MINIMAX_M3, THINK, ReasoningFormat, reasoning_format
+from bmoe.runtime.reasoning import GEMMA4, HARMONY, HY3, MINIMAX_M3, THINK, ReasoningFormat, reasoning_format
 from bmoe.runtime.tool_turn import answer_open, reasoning_split
 from bmoe.session import GenerateRequest, Session
 
@@ -208,6 +208,17 @@ def test_a_tiny_model_under_minimax_m3_answers_after_its_block(session, monkeypa
     result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=True)
     assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
     result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)  # thinking_mode "disabled"
+    assert (result.text, result.reasoning) == (ANSWER, "")
+
+
+def test_a_tiny_model_under_hy3_reasons_in_its_own_block(session, monkeypatch) -> None:
+    """Hy3's switch (reasoning_effort "high" / "no_think") opens or closes its suffixed block in the
+    prompt; the output splits at ``</think:opensource>``."""
+    session.runtime.chat = ChatRenderer("template", template("tencent-Hy3"), "", "")
+    assert session.runtime.chat.reasoning is HY3
+    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</think:opensource>{ANSWER}", prompt="Hi", think=True)
+    assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+    result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)
     assert (result.text, result.reasoning) == (ANSWER, "")
 
 

@@ -76,7 +76,7 @@ CASES = [
     (
         "tencent-Hy3",
         "hy3",
-        ("<｜hy_Assistant:opensource｜><think:opensource>", False),
+        ("<｜hy_Assistant:opensource｜><think:opensource>", True),
         ("<｜hy_Assistant:opensource｜><think:opensource></think:opensource>", False),
     ),
     (

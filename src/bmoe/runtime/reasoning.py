@@ -54,10 +54,12 @@ HARMONY = ReasoningFormat(
 )
 GEMMA4 = ReasoningFormat("gemma-4", "<|channel>thought", "<|channel>thought\n", "<channel|>")
 MINIMAX_M3 = ReasoningFormat("minimax-m3", "<mm:think>", "<mm:think>", "</mm:think>", always=True, first=True)
+# Hy3 writes its tokens with a suffix (its template's HYTK): <think:opensource> ... </think:opensource>.
+HY3 = ReasoningFormat("hy3", "'<think{}>'.format(HYTK)", "<think:opensource>", "</think:opensource>")
 # The first row whose ``detect`` text the template holds is its format (harmony's and Gemma 4's
 # templates never write ``<think>``; a template that takes ``enable_thinking`` without writing
 # any block of its own is assumed to use ``<think>``).
-FORMATS: tuple[ReasoningFormat, ...] = (HARMONY, GEMMA4, MINIMAX_M3, THINK)
+FORMATS: tuple[ReasoningFormat, ...] = (HARMONY, GEMMA4, MINIMAX_M3, HY3, THINK)
 
 
 def reasoning_format(template: str | None) -> ReasoningFormat | None:

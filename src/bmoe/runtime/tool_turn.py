@@ -19,6 +19,7 @@ from bmoe.constrain import (
 )
 from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer
+from bmoe.runtime.reasoning import THINK
 from bmoe.runtime.results import GenerateRequest
 
 
@@ -38,8 +39,8 @@ def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
     """Whether the turn may reason first: always without calls; with calls where the template
     has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss, Gemma 4),
     which the grammar then allows before them. A template whose switch bmoe sets but whose block
-    it does not read (Hy3, Seed-OSS) has its switch off in a turn with calls."""
-    block = chat.think_ctl != "none" and chat.reasoning is not None
+    is not ``<think>`` nor the format's own (Hy3, Seed-OSS) has its switch off in a turn with calls."""
+    block = chat.think_ctl != "none" and chat.reasoning is THINK
     return not _calls(req) or block or _own_reasoning(chat) is not None
 
 

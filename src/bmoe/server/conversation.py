@@ -75,13 +75,18 @@ def reasoning_of(session: Session, turn: ChatTurn) -> Reasoning:
     return resolve(chat.switch, reasons, turn.think, turn.reasoning_effort, turn.template_kwargs)
 
 
+def _think_block(session: Session) -> bool:
+    """A turn with calls may reason first in a ``<think>`` block (runtime/tool_turn.py thinks)."""
+    chat = session.chat
+    return chat.think_ctl != "none" and chat.reasoning is not None and chat.reasoning.name == "think"
+
+
 def _n_predict(session: Session, turn: ChatTurn, think: bool, r: Reasoning) -> int:
     """Tokens to generate, or ApiError(400) when the conversation cannot fit the context."""
     images = [u for m in turn.messages for u in m.images]
     rendered = session.chat.render(  # as the runtime renders it: the tools in, no reasoning before a call
         list(turn.messages),
-        think=think
-        and (not turn.tools.active or (session.chat.think_ctl != "none" and session.chat.reasoning is not None)),
+        think=think and (not turn.tools.active or _think_block(session)),
         tools=turn.tools.tools,
         effort=r.effort,
         template_vars=dict(r.template_vars),
