@@ -222,6 +222,33 @@ def test_a_tiny_model_under_hy3_reasons_in_its_own_block(session, monkeypatch) -
     assert (result.text, result.reasoning) == (ANSWER, "")
 
 
+# (template, its reasoning row, the output of a turn that reasons: the prompt opened the block or not)
+OWN_BLOCKS = [
+    ("Kimi-K3", "kimi-k3", f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|>{ANSWER}"),
+    ("ByteDance-Seed-OSS", "seed-oss", f"<seed:think>{THOUGHT}</seed:think>{ANSWER}"),
+    ("upstage-Solar-Open-100B", "solar-open", f"<|think|>{THOUGHT}<|end|><|begin|>assistant<|content|>{ANSWER}"),
+    ("Cohere2MoE", "cohere-north", f"{THOUGHT}<|END_THINKING|><|START_TEXT|>{ANSWER}"),
+    (
+        "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+        "command-r7b",
+        f"<|START_THINKING|>{THOUGHT}<|END_THINKING|><|START_RESPONSE|>{ANSWER}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "row", "out"), OWN_BLOCKS, ids=[b[0] for b in OWN_BLOCKS])
+def test_a_tiny_model_under_a_templates_own_block_splits_there(session, monkeypatch, name, row, out) -> None:
+    """Kimi K3's, Seed-OSS's, Solar Open's and Cohere's blocks are read as reasoning (their switch
+    set from think: runtime/think_switch.py); with think off the prompt closed it, and the output
+    is content."""
+    session.runtime.chat = ChatRenderer("template", template(name), "", "")
+    assert session.runtime.chat.reasoning is not None and session.runtime.chat.reasoning.name == row
+    result = scripted_turn(session, monkeypatch, out, prompt="Hi", think=True)
+    assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+    result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)
+    assert (result.text, result.reasoning) == (ANSWER, "")
+
+
 def test_the_line_protocol_reports_the_same_split(session, monkeypatch) -> None:
     session.runtime.chat = ChatRenderer("template", template(OSS), "", "")
     tokens = session.model.tokenize(HARMONY_OUT, add_special=False, parse_special=False)

@@ -56,10 +56,49 @@ GEMMA4 = ReasoningFormat("gemma-4", "<|channel>thought", "<|channel>thought\n", 
 MINIMAX_M3 = ReasoningFormat("minimax-m3", "<mm:think>", "<mm:think>", "</mm:think>", always=True, first=True)
 # Hy3 writes its tokens with a suffix (its template's HYTK): <think:opensource> ... </think:opensource>.
 HY3 = ReasoningFormat("hy3", "'<think{}>'.format(HYTK)", "<think:opensource>", "</think:opensource>")
+SEED_OSS = ReasoningFormat("seed-oss", "'<seed:think>'", "<seed:think>", "</seed:think>")
+# Kimi K3 (its tags written by a macro): the answer is its response channel, opened as the block closes.
+KIMI_K3 = ReasoningFormat(
+    "kimi-k3",
+    "open_tag('think' if thinking else 'response')",
+    "<|open|>think<|sep|>",
+    "<|close|>think<|sep|><|open|>response<|sep|>",
+)
+# Solar Open reasons in an assistant message of its own; the answer's opens with <|content|>.
+SOLAR_OPEN = ReasoningFormat(
+    "solar-open", "<|begin|>assistant<|think|>", "<|think|>", "<|end|><|begin|>assistant", answer_open="<|content|>"
+)
+# Cohere's: <|START_THINKING|> ... <|END_THINKING|>, the answer in <|START_TEXT|> (North, Cohere2MoE)
+# or <|START_RESPONSE|> (Command R7B).
+COHERE_NORTH = ReasoningFormat(
+    "cohere-north",
+    "{% if reasoning %}<|START_THINKING|>",
+    "<|START_THINKING|>",
+    "<|END_THINKING|>",
+    answer_open="<|START_TEXT|>",
+)
+COMMAND_R7B = ReasoningFormat(
+    "command-r7b",
+    "{%- if not enable_thinking -%}<|START_THINKING|><|END_THINKING|>",
+    "<|START_THINKING|>",
+    "<|END_THINKING|>",
+    answer_open="<|START_RESPONSE|>",
+)
 # The first row whose ``detect`` text the template holds is its format (harmony's and Gemma 4's
 # templates never write ``<think>``; a template that takes ``enable_thinking`` without writing
 # any block of its own is assumed to use ``<think>``).
-FORMATS: tuple[ReasoningFormat, ...] = (HARMONY, GEMMA4, MINIMAX_M3, HY3, THINK)
+FORMATS: tuple[ReasoningFormat, ...] = (
+    HARMONY,
+    GEMMA4,
+    MINIMAX_M3,
+    HY3,
+    SEED_OSS,
+    KIMI_K3,
+    SOLAR_OPEN,
+    COHERE_NORTH,
+    COMMAND_R7B,
+    THINK,
+)
 
 
 def reasoning_format(template: str | None) -> ReasoningFormat | None:
