@@ -11,6 +11,7 @@ template: Hermes, its markers special tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -322,15 +323,17 @@ def test_logit_bias_keeps_the_name_generated(smol_path, make_app) -> None:
     assert greedy["answered_by"] == "greedy_walk" and "why_not" not in greedy
 
 
-def test_no_name_decision_where_the_answer_starts_inside_reasoning(smol_path, make_app, monkeypatch) -> None:
-    """A format whose answers start inside a reasoning block (gpt-oss's analysis) does not start
-    with the calls: no name decision there (the choices would not be the answer's start)."""
-    import bmoe.runtime.runtime as rt
+def test_a_turn_that_starts_inside_reasoning_decides_the_name_after_it(smol_path, make_app, monkeypatch) -> None:
+    """A turn whose answer starts inside a reasoning block (a prompt that opened ``<think>``) has
+    its name decision, at the position after the block (tests/constrain/test_tool_pick_reasoning.py
+    runs it end to end); a turn without one decides at the answer's start."""
     from bmoe.constrain import ToolChoice, parse_tools
     from bmoe.session import GenerateRequest
 
     s = make_app(smol_path).state.session
     req = GenerateRequest(prompt="hi", tools=parse_tools(TOOLS), tool_choice=ToolChoice("required"), think=False)
-    assert s.runtime.prepare(req).pick is not None
-    monkeypatch.setattr(rt, "reasoning_split", lambda *a: (True, True, ("<think>", "</think>")))
-    assert s.runtime.prepare(req).pick is None
+    pick = s.runtime.prepare(req).pick
+    assert pick is not None and pick.block.mode == "" and pick.block.phase == "body"
+    s.chat.think_ctl = "template"  # SmolLM2's template has no switch: the turn may reason as Qwen3's
+    turn = s.runtime.prepare(dataclasses.replace(req, think=True))
+    assert turn.think and turn.pick is not None and turn.pick.block.phase == "maybe"
