@@ -1,6 +1,7 @@
 """The tool's name as a decision after a reasoning block (#36; runtime/tool_choice.py ``Block``):
 Qwen3's ``<think>`` (the turn may open it), Kimi K3's and MiniMax M3's blocks that every answer
-starts inside (closed at once where the turn does not reason), gpt-oss's analysis channel. The
+starts inside (closed at once where the turn does not reason), gpt-oss's analysis channel, Gemma
+4's thought channel. The
 REAL templates on the tiny qwen3moe. A random tiny model never closes its reasoning, so the
 block's tokens are scripted: the turn's sampler returns them first (``Scripted``), then samples as
 ever; everything after is the model's, under the grammar.
@@ -34,6 +35,7 @@ REASONING = {
     "Kimi-K3": "Call pick.<|close|>think<|sep|><|open|>response<|sep|>",
     "MiniMax-M3": "Call pick.</mm:think>",
     "openai-gpt-oss-120b": "<|channel|>analysis<|message|>Call pick.<|end|><|start|>assistant",
+    "google-gemma-4-31B-it": "<|channel>thought\nCall pick.<channel|>",
 }
 THOUGHT = {"Qwen-Qwen3-0.6B": "\nCall pick.\n"}
 
@@ -97,6 +99,7 @@ CASES = [
     ("MiniMax-M3", True),
     ("MiniMax-M3", False),
     ("openai-gpt-oss-120b", True),
+    ("google-gemma-4-31B-it", True),
 ]
 
 
@@ -143,6 +146,10 @@ def test_auto_decides_after_the_think_block_and_its_blank(session, scripted, mon
         for n in ("pick", "pick_two")
     ]
     assert d["choice_tokens"] == whole
+    with monkeypatch.context() as m:
+        m.setattr(rtm, "name_pick", lambda *a, **k: None)
+        plain = _run(session, name, True, "auto", top_logprobs=0)
+    assert (plain.text, plain.tokens, plain.reasoning) == (greedy.text, greedy.tokens, greedy.reasoning)
     draws: list[bool] = []
 
     def draw(logp, *a):  # text while the reasoning is scripted, then pick_two
