@@ -160,7 +160,7 @@ def test_auto_decides_after_the_think_block_and_its_blank(session, scripted, mon
     drawn = _run(session, name, True, "auto", temperature=0.8, top_logprobs=0)
     d = drawn.tool_decision
     assert d is not None and d["answered_by"] == "decision" and d["decoded"] == 0 and d["chosen"] == 1
-    assert draws[-1] is False and drawn.reasoning == THOUGHT[name]
+    assert draws[0] and not draws[-1] and drawn.reasoning == THOUGHT[name]  # drawn again after the block
     assert drawn.text.startswith('\n\n<tool_call>\n{"name": "pick_two", "arguments": ')
     calls = parse_tool_calls(renderer(template(name)).tool_format, drawn.text, TOOLS).calls
     assert [c.name for c in calls] == ["pick_two"]
