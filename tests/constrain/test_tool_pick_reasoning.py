@@ -1,4 +1,4 @@
-"""The tool's name as a decision after a reasoning block (#36; runtime/tool_choice.py ``Block``):
+"""The tool's name as a decision after a reasoning block (#36; runtime/tool_position.py ``Block``):
 Qwen3's ``<think>`` (the turn may open it), Kimi K3's and MiniMax M3's blocks that every answer
 starts inside (closed at once where the turn does not reason), gpt-oss's analysis channel, Gemma
 4's thought channel. The
@@ -24,7 +24,7 @@ from test_tool_formats import renderer, template
 import bmoe.runtime.runtime as rtm
 from bmoe.constrain import ToolChoice
 from bmoe.constrain.tool_parse import parse_tool_calls
-from bmoe.runtime.tool_choice import Block
+from bmoe.runtime.tool_position import Block
 from bmoe.session import GenerateRequest, Session, SessionConfig
 
 # What each template's model writes as its reasoning, from the answer's start (K3 and M3 start

@@ -16,12 +16,12 @@ of its branches on side sequences (``forks.decode_forks``; seq 0 is not touched)
   its arguments follow by constrained generation. Drawn text: the token at the name position is
   sampled with the choices' first tokens banned, and the turn goes on under its grammar.
 
-A turn that may reason first (``Block``: a ``<think>`` block, gpt-oss's analysis channel, Gemma
-4's thought channel, Kimi K3's and MiniMax M3's blocks that every answer starts inside) has its
-name position after the block: the choices' text starts where the block's close ends, after the
-whitespace the grammar allows there (``</think>``'s blank). A token that opens the block at the
-answer's start, or whitespace right after its close, leaves nothing: and where one is taken at a
-name position (``auto``: text drawn, or greedy's token), the position is looked for again after it.
+A turn that may reason first (a ``<think>`` block, gpt-oss's analysis channel, Gemma 4's thought
+channel, Kimi K3's and MiniMax M3's blocks that every answer starts inside) has its name position
+after the block (``tool_position.Block``): the choices' text starts where the block's close ends,
+after the whitespace the grammar allows there (``</think>``'s blank). A token that opens the block
+at the answer's start, or whitespace right after its close, leaves nothing; where one is taken at
+a name position (``auto``: text drawn, or greedy's token), the position is looked for again.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from bmoe.numerics import draw_choice, log_softmax
 from bmoe.runtime.forks import RowLimits, batch_limits, decode_forks
 from bmoe.runtime.sampling import TokenLogprobs
 from bmoe.runtime.scoring import token_logprobs
+from bmoe.runtime.tool_position import Block
 
 if TYPE_CHECKING:
     from bmoe.llama.model import LlamaModel
@@ -75,64 +76,6 @@ def banned(logits: np.ndarray | None, mask: TokenMask | None, ban: list[int]) ->
         if not np.isfinite(row).any():
             return logits if mask is None else mask.mask(logits)
     return row
-
-
-_BLANK = b" \t\r\n"
-
-
-@dataclass(eq=False)
-class Block:
-    """Where the choices' text starts in an answer that may reason first. ``mode`` is the
-    grammar's (``constrain.Think``): "" none, "open" the answer may open the block, "inside" /
-    "closed" it starts inside it. Phases: "maybe" (the text so far may still open the block), "in"
-    (inside: no name position), "blank" (after the close, whitespace only so far), "body"."""
-
-    mode: str = ""
-    opening: bytes = b""
-    closing: bytes = b""
-    blank: bool = False  # whitespace may follow the close (``</think>``)
-    phase: str = ""
-    end: int = 0  # where the close ends (and, inside, where to look for it from)
-    base: int = 0  # where the choices' text starts
-
-    def __post_init__(self) -> None:
-        self.phase = {"": "body", "open": "maybe"}.get(self.mode, "in")
-
-    def _rest(self, at: bytes) -> bytes:
-        """What follows the close and its blank."""
-        rest = at[self.end :]
-        return rest.lstrip(_BLANK) if self.blank else rest
-
-    def update(self, at: bytes) -> None:
-        """The answer's text is ``at`` now."""
-        if self.phase == "maybe":
-            if not at.startswith(self.opening):
-                if not self.opening.startswith(at):
-                    self.phase = "body"
-                return
-            self.phase, self.end = "in", len(self.opening)
-        if self.phase == "in":
-            i = at.find(self.closing, self.end)
-            if i < 0:
-                self.end = max(self.end, len(at) - len(self.closing) + 1)
-                return
-            self.phase, self.end = "blank", i + len(self.closing)
-        if self.phase == "blank":
-            rest = self._rest(at)
-            self.base = len(at) - len(rest)
-            self.phase = "body" if rest else "blank"
-
-    def leaves(self, text: bytes, common: bytes) -> bool:
-        """Whether the answer's text ``text`` (so far, and one more token) leaves ``common``, the
-        text all the choices share, and not for the block (its opening, the blank after it)."""
-        if self.phase == "maybe":
-            if self.opening.startswith(text) or text.startswith(self.opening):
-                return False
-            return not common.startswith(text)
-        if self.phase == "blank":
-            rest = self._rest(text)
-            return bool(rest) and not common.startswith(rest)
-        return not common.startswith(text[self.base :])
 
 
 @dataclass(eq=False)

@@ -20,7 +20,7 @@ from bmoe.constrain import (
 from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer
 from bmoe.runtime.results import GenerateRequest
-from bmoe.runtime.tool_choice import Block
+from bmoe.runtime.tool_position import Block
 
 
 def _calls(req: GenerateRequest) -> bool:
