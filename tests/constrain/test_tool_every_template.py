@@ -2,8 +2,9 @@
 REAL chat template of each family (the pinned llama.cpp release's models/templates), renders the
 tools, writes a call under the format's grammar and ends; the call reads back as the tool it named,
 with arguments valid against its schema. At a temperature over 0 the tool's name is a decision
-(runtime/tool_choice.py) in every format, after the reasoning block where the answer starts
-inside one (Kimi K3, MiniMax M3), and the call made is the one drawn. The schemas bound every value (enums, booleans, no extra keys), so a random model's
+(runtime/tool_choice.py) in every format whose name follows fixed text, after the reasoning block
+where the answer starts inside one (Kimi K3, MiniMax M3), and the call made is the one drawn. The
+schemas bound every value (enums, booleans, no extra keys), so a random model's
 call ends within n_predict whatever it picks."""
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ TEMPLATES = sorted(set(FAMILIES) | set(PROBED) | set(NAMES))
 # Formats whose answer starts inside a reasoning block, closed first where the turn does not reason:
 # the name is a decision after the block (docs/decide.md "The choice of tool").
 REASONING_FIRST = {"kimi-k3", "minimax-m3"}
+# Formats whose call holds a hole before the name (Command R7B's call number, Solar Open's id):
+# no name decision (tool_decision returns None), the name comes by constrained generation.
+HOLE_BEFORE_NAME = {"command-r7b", "solar-open"}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +66,9 @@ def test_each_template_writes_a_call_that_reads_back(session: Session, name: str
         picked = result.tool_decision
         if fmt.name in REASONING_FIRST:  # the block closed at once: no reasoning, the calls after it
             assert result.reasoning == "" and fmt.reasoning[1] not in result.text
+        if fmt.name in HOLE_BEFORE_NAME:
+            assert picked is None
+            continue
         assert picked is not None and picked["choices"] == ["pick", "pick_two"]
         assert picked["chosen"] == ["pick", "pick_two"].index(calls[0].name)
         if temperature == 0.0:

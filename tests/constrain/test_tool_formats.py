@@ -60,6 +60,7 @@ FAMILIES = {
     "tencent-Hy3": ("hy3", True, True),
     "MiniMax-M1": ("minimax-m1", True, True),
     "GigaChat3.1-10B-A1.8B": ("gigachat-3.1", True, False),
+    "GigaChat3-10B-A1.8B": ("gigachat-3", True, False),
     "meta-llama-Llama-3.1-8B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.2-3B-Instruct": ("llama3", True, False),
     "meta-llama-Llama-3.3-70B-Instruct": ("llama3", True, False),
@@ -70,6 +71,14 @@ FAMILIES = {
     "NVIDIA-Nemotron-Nano-v2": ("nemotron-v2", True, True),
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("qwen3-coder", True, True),
     "Qwen3-Coder": ("qwen3-coder", True, True),
+    "LFM2.5-8B-A1B": ("lfm2", True, True),
+    "LFM2-8B-A1B": ("lfm2", False, False),  # drops a history's calls: read by its markers
+    "LFM2.5-Instruct": ("lfm2", False, False),
+    "Cohere2MoE": ("command-r7b", True, True),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("command-r7b", True, True),
+    "upstage-Solar-Open-100B": ("solar-open", True, True),
+    "StepFun3.5-Flash": ("qwen3-coder", True, False),  # two calls with no newline between: read loosely
+    "MiMo-VL": ("hermes", True, True),
     "google-gemma-2-2b-it": ("generic", True, True),  # no tool support: bmoe's fallback
 }
 

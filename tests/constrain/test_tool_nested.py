@@ -51,7 +51,12 @@ ARGS = {
     "tags": ["food", "7"],
     "mode": "train",
 }
-NAMES = {"MiniMax-M3": "minimax-m3", "Kimi-K3": "kimi-k3", "google-gemma-4-31B-it": "gemma-4"}
+NAMES = {
+    "MiniMax-M3": "minimax-m3",
+    "Kimi-K3": "kimi-k3",
+    "google-gemma-4-31B-it": "gemma-4",
+    "LFM2.5-8B-A1B": "lfm2",
+}
 
 
 def rendered(name: str, args: dict) -> str:

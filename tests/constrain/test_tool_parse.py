@@ -62,7 +62,7 @@ def test_streamed_deltas_give_what_a_whole_parse_gives(fmt) -> None:
     assert content == "Let me look."
     assert [d[1] for d in deltas if d[0] == "call"] == list(range(len(calls)))
     assert named(calls) == named(parse_tool_calls(fmt, text, TOOLS).calls)
-    if fmt.name not in ("kimi-k2", "mistral-v11", "mistral-nemo"):  # those write their own ids
+    if fmt.name not in ("kimi-k2", "mistral-v11", "mistral-nemo", "solar-open"):  # those write their own ids
         assert [c.id for c in calls] == [f"id{i}" for i in range(len(calls))]
 
 
@@ -119,7 +119,8 @@ def test_malformed_calls_are_refused_by_name(fmt: str, text: str, message: str) 
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
+# no decision where the model writes a hole before the name (test_tool_python)
+@pytest.mark.parametrize("fmt", [f for f in ALL if f.name not in ("command-r7b", "solar-open")], ids=lambda f: f.name)
 def test_the_choice_of_tool_is_a_decision_over_what_the_model_writes(fmt) -> None:
     tools = (Tool("get"), WEATHER, TIME)
     required = tool_decision(fmt, tools, ToolChoice("required"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bmoe.config import SessionConfig
-from bmoe.constrain import GENERIC, Tool, ToolCall
+from bmoe.constrain import Tool, ToolCall
 from bmoe.constrain.tool_formats import write_calls
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.jinja_env import environment
@@ -59,12 +59,12 @@ def test_lfm25_renders_a_conversation_exactly() -> None:
     assert r.render(CHAT, think=False) == want + "<think>\n\n</think>\n\n"  # think off: an empty block
 
 
-def test_lfm25_with_tools_is_described_by_bmoe() -> None:
-    """LFM2.5 writes calls as ``<|tool_call_start|>[name(key='value')]<|tool_call_end|>``, a
-    syntax bmoe has no format for: the probe finds none, so bmoe describes the tools and reads
-    calls in its own generic syntax (docs/server.md "Tools")."""
+def test_lfm25_with_tools_renders_calls_in_its_own_syntax() -> None:
+    """LFM2.5 writes calls as ``<|tool_call_start|>[name(key='value')]<|tool_call_end|>``: the
+    probe finds bmoe's ``lfm2`` format, and the template itself renders the tools, the call and
+    its result (docs/server.md "Tools")."""
     r = ChatRenderer("template", template("LFM2.5-8B-A1B"), "<s>", "</s>")
-    assert r.tool_format is GENERIC
+    assert r.tool_format.name == "lfm2"
     tool = Tool("get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}})
     turns = [
         Message("user", "Weather?"),
@@ -72,10 +72,9 @@ def test_lfm25_with_tools_is_described_by_bmoe() -> None:
         Message("tool", "sunny", tool_call_id="c1"),
     ]
     text = r.render(turns, think=True, tools=[tool])
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in text
-    assert text.endswith(
-        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert "<|im_start|>system\nList of tools: [" in text
+    assert "<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|><|im_end|>" in text
+    assert text.endswith("<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n")
 
 
 @pytest.fixture()

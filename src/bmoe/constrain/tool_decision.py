@@ -1,5 +1,8 @@
 """The choice of tool as a decision (#36 item 2): what the model would write to pick a tool.
 
+(A format whose call holds a hole before the name, Command R7B's call number or Solar Open's
+id, has no decision: ``tool_decision`` returns None and the name comes by constrained generation.)
+
 In every format the tool's name comes at one place after fixed text: the section's opening and
 the call's opening up to ``{name}``. What the model writes there is a choice among the tools'
 names; the arguments that follow come by constrained generation. Each choice is the name and
@@ -52,6 +55,8 @@ def tool_decision(fmt: ToolFormat, tools: Sequence[Tool], choice: ToolChoice) ->
     """The decision of which tool to call (None: ``none``, or no tools)."""
     if choice.mode == "none" or not tools:
         return None
+    if HOLE.search(fmt.call_open[: fmt.call_open.index("{name}")]):  # Command R7B's number, Solar's id
+        return None  # the model writes a hole before the name: no fixed text to force (docs/server.md)
     chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     before = fill(fmt.section_open) + _name_choice(fmt, chosen[0].name)[0]
     names = tuple(t.name for t in chosen)

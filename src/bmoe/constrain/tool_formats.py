@@ -8,7 +8,8 @@ marks a value's kind ``{string}`` "true"/"false" or ``{type}`` its JSON type). A
 written raw; any other as JSON (``values="json"``), or as nested elements (``values="xml"``,
 MiniMax M3: an object's keys and an array's ``item``s each an element of the parameter's own
 syntax, a scalar as text, booleans ``true``/``false``, a null left out). Gemma 4 writes neither:
-``args="keyed"``, its own notation of ``key:value`` pairs (tool_keyed). ``detect_tool_format`` reads the format
+``args="keyed"``, its own notation of ``key:value`` pairs (tool_keyed); LFM2 writes a Python call,
+``args="python"``: keyword arguments with Python literals (tool_python). ``detect_tool_format`` reads the format
 from a chat template's source; a template with no known tool syntax gets ``GENERIC``: bmoe
 describes the tools in a system message and the model calls them in Hermes' JSON syntax.
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Iterator, Literal
 
 from bmoe.constrain.tool_keyed import write_pairs
+from bmoe.constrain.tool_python import write_kwargs
 
 HOLE = re.compile(r"\{(name|index|id|key|string|type)\}")
 _PART = re.compile(r"(\{\{|\}\}|\{(?:name|index|id|key|string|type)\})")
@@ -40,7 +42,7 @@ class ToolFormat:
     section_open: str = ""  # before the first call ("" : none)
     section_close: str = ""
     separator: str = ""  # between two calls
-    args: Literal["json", "xml", "keyed"] = "json"
+    args: Literal["json", "xml", "keyed", "python"] = "json"
     param_open: str = ""  # xml: before a parameter's value
     param_close: str = ""  # xml: after it (may name the parameter: ``{key}``)
     values: Literal["json", "xml"] = "json"  # xml: how a value that is not a string is written
@@ -254,6 +256,39 @@ FORMATS: tuple[ToolFormat, ...] = (
         reasoning=("<|channel>thought\n", "<channel|>"),
     ),
     ToolFormat(
+        "lfm2",
+        "LFM2, LFM2.5 (Liquid)",
+        ("List of tools: ",),
+        "{name}(",
+        ")",
+        "<|tool_call_start|>[",
+        "]<|tool_call_end|>",
+        ", ",
+        args="python",
+    ),
+    ToolFormat(
+        "command-r7b",
+        "Command R7B, Command A, Cohere2 MoE",
+        ("<|START_ACTION|>",),
+        '\n    {{"tool_call_id": "{index}", "tool_name": "{name}", "parameters": ',
+        "}}",
+        "<|START_ACTION|>[",
+        "\n]<|END_ACTION|>",
+        ",",
+    ),
+    ToolFormat(
+        "solar-open",
+        "Solar Open",
+        ("<|tool_call:begin|>",),
+        "<|tool_call:begin|>{id}<|tool_call:name|>{name}<|tool_call:args|>",
+        "<|tool_call:end|>",
+        "<|tool_calls|>",
+        "<|calls|>",
+        id_pattern="[a-z0-9]{10}",
+        reasoning=("<|think|>", "<|end|><|begin|>assistant"),
+        text_open="<|content|>",
+    ),
+    ToolFormat(
         "mistral-v11",
         "Mistral Small 3.2",
         ("[CALL_ID]",),
@@ -289,6 +324,14 @@ FORMATS: tuple[ToolFormat, ...] = (
     ),
     ToolFormat(
         "gigachat-3.1", "GigaChat 3.1", ("<|function_call|>",), "<|function_call|>" + _JSON_OPEN, "}}", parallel=False
+    ),
+    ToolFormat(  # the call is a message of its own role, after the assistant's (markers: 3.1's row first)
+        "gigachat-3",
+        "GigaChat 3",
+        ("function call", "<|role_sep|>"),
+        "<|message_sep|>\n\nfunction call<|role_sep|>\n" + _JSON_OPEN,
+        "}}",
+        parallel=False,
     ),
     ToolFormat(
         "hermes",
@@ -347,12 +390,14 @@ def fill(text: str, **holes: str) -> str:
 
 
 def native_id(fmt: ToolFormat, call_id: str) -> str:
-    """A call id as the format takes it: Mistral's 9 letters and digits, derived from any other id
-    the same way each time (so a tool message still names its call)."""
+    """A call id as the format takes it (Mistral's 9 letters and digits, Solar Open's 10 lowercase
+    letters and digits), derived from any other id the same way each time (so a tool message still
+    names its call)."""
     if fmt.id_pattern is None or re.fullmatch(fmt.id_pattern, call_id):
         return call_id
     digest = hashlib.sha256(call_id.encode()).hexdigest()
-    return "".join(c.upper() if i % 2 and c.isalpha() else c for i, c in enumerate(digest[:9]))
+    mixed = "".join(c.upper() if i % 2 and c.isalpha() else c for i, c in enumerate(digest[:9]))
+    return mixed if re.fullmatch(fmt.id_pattern, mixed) else digest[:10]
 
 
 def json_type(value: object) -> str:
@@ -395,6 +440,8 @@ def write_call(fmt: ToolFormat, name: str, args: dict, index: int = 0, call_id: 
         body = json.dumps(args, ensure_ascii=False)
     elif fmt.args == "keyed":
         body = write_pairs(args, fmt.quote)
+    elif fmt.args == "python":
+        body = write_kwargs(args)
     else:
         body = "".join(element(fmt, k, v) for k, v in args.items() if v is not None or fmt.values == "json")
     return fill(fmt.call_open, **holes) + body + fill(fmt.call_close, **holes)

@@ -26,6 +26,7 @@ from bmoe.constrain.constraint import Constraint
 from bmoe.constrain.schema import ConstraintError
 from bmoe.constrain.tool_formats import ToolFormat, fill, fixed, json_type, parts, write_value
 from bmoe.constrain.tool_keyed import KeyedGrammar
+from bmoe.constrain.tool_python import PythonGrammar
 from bmoe.constrain.tool_spec import ANY_OBJECT, Tool, ToolChoice, resolve
 
 # JSON arguments as models write them (``json.dumps``'s separators), with no free whitespace: a
@@ -76,7 +77,10 @@ def markers(fmt: ToolFormat) -> set[str]:
     """The texts in ``fmt`` that may be special tokens of a model's vocabulary."""
     texts = [fmt.section_open, fmt.section_close, fmt.call_open, fmt.call_close, fmt.separator]
     texts += [fmt.param_open, fmt.param_close, fmt.quote, fmt.text_open, *fmt.reasoning]
-    return {m for t in texts for m in _MARKER.findall(t)}
+    # a marker followed by line breaks is also a candidate with them (GigaChat 3's vocabulary has
+    # ``<|message_sep|>\n\n`` as one token)
+    found = [(m.group(0), t[m.end() :]) for t in texts for m in _MARKER.finditer(t)]
+    return {m for m, _ in found} | {m + after[: len(after) - len(after.lstrip("\n"))] for m, after in found} - {""}
 
 
 class _Lark:
@@ -113,8 +117,9 @@ class _Lark:
         schema: dict = tool.parameters if isinstance(tool.parameters, dict) else ANY_OBJECT
         if self.fmt.args == "json":
             return self.rule(f"args{i}", _json(_declared_only(schema)))
-        if self.fmt.args == "keyed":
-            return self.rule(f"args{i}", KeyedGrammar(self, self.fmt.quote, schema, f"k{i}_").pairs(schema))
+        if self.fmt.args in ("keyed", "python"):
+            notation = KeyedGrammar if self.fmt.args == "keyed" else PythonGrammar
+            return self.rule(f"args{i}", notation(self, self.fmt.quote, schema, f"k{i}_").pairs(schema))
         self.root = schema
         defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
         props: dict = schema.get("properties") or {}

@@ -124,7 +124,12 @@ _EMPTY = '""'
 
 class KeyedGrammar:
     """Lark rules of values in the notation, held to their schema (``root``: the tool's
-    parameters, for ``$ref``)."""
+    parameters, for ``$ref``). A notation of the same shape (tool_python's Python keyword calls)
+    overrides the hooks: a pair's key text, the keys' order, the separator, strings, scalars."""
+
+    SEP = '","'  # between two pairs or items
+    ANY_KEY = "/[A-Za-z0-9_.$-]+/"
+    SCALAR = _SCALAR
 
     def __init__(self, g: Grammar, quote: str, root: object, prefix: str) -> None:
         self.g, self.quote, self.root, self.p = g, quote, root, prefix  # ``prefix``: of its rules' names
@@ -134,21 +139,38 @@ class KeyedGrammar:
         self._n += 1
         return f"{self.p}{what}{self._n}"
 
+    def key(self, key: str, depth: int) -> str:
+        """A pair's text before its value (``depth`` 1: the call's own arguments)."""
+        return json.dumps(key + ":")
+
+    def any_key(self, depth: int) -> str:
+        """Any pair's text before its value, as a Lark sequence."""
+        return f'{self.ANY_KEY} ":"'
+
+    def order(self, keys: list[str]) -> list[str]:
+        return sorted(keys, key=str.lower)
+
+    def written(self, value: object) -> str:
+        """An enum value as a Lark sequence of its written text."""
+        return self._quoted(json.dumps(write_keyed(value, "\x00"), ensure_ascii=False))
+
     def pairs(self, schema: object, depth: int = 0) -> str:
-        """An object's pairs (no braces): its declared keys in sorted order, each optional one
-        free to be left out, a ``,`` between two."""
+        """An object's pairs (no braces): its declared keys in the notation's order, each optional
+        one free to be left out, a separator between two."""
         s = resolve(schema, self.root)
         props = s.get("properties") if isinstance(s, dict) else None
         if not isinstance(s, dict) or not props:
-            return self.any_pairs()
+            return self.any_pairs(depth)
         required = set(s.get("required") or ())
         first = more = ""  # rules of the pairs from a key on: none written before it / some
-        for key in reversed(sorted(props, key=str.lower)):
-            pair = f"{json.dumps(key + ':')} {self.value(props[key], depth + 1)}"
+        for key in reversed(self.order(list(props))):
+            pair = f"{self.key(key, depth + 1)} {self.value(props[key], depth + 1)}"
             after = f" {more}" if more else ""
             skip = key not in required
             first = self.g.rule(self._name("f"), " | ".join([pair + after] + ([first or _EMPTY] if skip else [])))
-            more = self.g.rule(self._name("m"), " | ".join([f'"," {pair}{after}'] + ([more or _EMPTY] if skip else [])))
+            more = self.g.rule(
+                self._name("m"), " | ".join([f"{self.SEP} {pair}{after}"] + ([more or _EMPTY] if skip else []))
+            )
         return first
 
     def string(self) -> str:
@@ -160,18 +182,17 @@ class KeyedGrammar:
             return self.any_value()
         if "enum" in s or "const" in s:
             values = s["enum"] if "enum" in s else [s["const"]]
-            alts = dict.fromkeys(json.dumps(write_keyed(v, "\x00"), ensure_ascii=False) for v in values)
-            return "(" + " | ".join(self._quoted(a) for a in alts) + ")"
+            return "(" + " | ".join(dict.fromkeys(self.written(v) for v in values)) + ")"
         kind = s.get("type") if isinstance(s.get("type"), str) else None  # a type list: no single kind
         if kind == "string":
             return self.string()
-        if kind in _SCALAR:
-            return _SCALAR[kind]
+        if kind in self.SCALAR:
+            return self.SCALAR[kind]
         if kind == "object":
             return f'"{{" {self.pairs(s, depth)} "}}"'
         if kind == "array" and "items" in s:
             item = self.value(s["items"], depth + 1)
-            return f'"[" ({item} ("," {item})*)? "]"'
+            return f'"[" ({item} ({self.SEP} {item})*)? "]"'
         return self.any_value()
 
     def _quoted(self, alt: str) -> str:
@@ -183,18 +204,18 @@ class KeyedGrammar:
         """Any value of the notation (a schema the grammar does not follow)."""
         if not hasattr(self, "_any"):
             self._any = any_ = f"{self.p}any"
-            pairs = self.any_pairs()
-            body = (
-                f"{self.string()} | {_SCALAR['number']} | {_SCALAR['boolean']} | {_SCALAR['null']}"
-                f' | "{{" {pairs} "}}" | "[" ({any_} ("," {any_})*)? "]"'
-            )
+            pairs = self.any_pairs(1)
+            scalars = " | ".join(self.SCALAR[k] for k in ("number", "boolean", "null"))
+            body = f'{self.string()} | {scalars} | "{{" {pairs} "}}" | "[" ({any_} ({self.SEP} {any_})*)? "]"'
             self.g.rule(any_, body)
         return self._any
 
-    def any_pairs(self) -> str:
-        if not hasattr(self, "_any_pairs"):
-            self._any_pairs = f"{self.p}anypairs"
-            any_, key = f"{self.p}any", "/[A-Za-z0-9_.$-]+/"
-            self.g.rule(self._any_pairs, f'({key} ":" {any_} ("," {key} ":" {any_})*)?')
+    def any_pairs(self, depth: int) -> str:
+        """Any pairs (no braces); ``depth`` 0: a call's arguments."""
+        name = f"{self.p}anypairs{min(depth, 1)}"
+        if name not in getattr(self, "_made", set()):
+            self._made = {*getattr(self, "_made", set()), name}
+            any_, key = f"{self.p}any", self.any_key(depth + 1)
+            self.g.rule(name, f"({key} {any_} ({self.SEP} {key} {any_})*)?")
             self.any_value()
-        return self._any_pairs
+        return name

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 from bmoe.constrain.tool_formats import ToolFormat, fill, native_id, parts
 from bmoe.constrain.tool_keyed import Short, read_pairs
+from bmoe.constrain.tool_python import read_kwargs
 from bmoe.constrain.tool_spec import Tool, ToolCall, resolve
 from bmoe.errors import BmoeError
 
 _HOLES = {
-    "name": r"[^\s\"<>\[\]{}:,]+",
+    "name": r"[^\s\"'<>\[\]{}():,=]+",
     "index": r"\d+",
     "id": r"[A-Za-z0-9_.-]+",
     "key": r"[^\s\"<>=]+",
@@ -124,7 +125,7 @@ def _calls(
             raise ToolCallError(f"tool call {n} names {name!r}, which is not one of the tools")
         schema = schemas.get(name, True)
         try:
-            read = {"json": _json_args, "xml": _xml_args, "keyed": _keyed_args}[fmt.args]
+            read = {"json": _json_args, "xml": _xml_args, "keyed": _keyed_args, "python": _python_args}[fmt.args]
             args, at = read(fmt, text, head.end(), schema)
         except _Short:
             if final:
@@ -183,6 +184,13 @@ def _json_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dic
 def _keyed_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
     try:
         return read_pairs(text, at, fmt.quote, fill(fmt.call_close))
+    except Short:
+        raise _Short() from None
+
+
+def _python_args(fmt: ToolFormat, text: str, at: int, schema: object) -> tuple[dict, int]:
+    try:
+        return read_kwargs(text, at)
     except Short:
         raise _Short() from None
 

@@ -43,8 +43,14 @@ def probe(template: str | None, rendered: str | None) -> ToolFormat:
     would be worse than bmoe's own); one that refused the probe or did not write the call is
     read by its markers (``detect_tool_format``)."""
     if rendered is not None and PROBE_VALUE in rendered:  # the call's value: it wrote the call
-        return next((f for f in FORMATS if write_calls(f, [PROBE_CALL]) in rendered), GENERIC)
+        return next((f for f in FORMATS if _probe_call(f) in rendered), GENERIC)
     return detect_tool_format(template)
+
+
+def _probe_call(fmt: ToolFormat) -> str:
+    """The probe's call as ``fmt`` writes it, with the probe's own id (the probe renders it as
+    given, where bmoe would turn it into the format's shape: Solar Open's 10 lowercase characters)."""
+    return write_calls(fmt, [PROBE_CALL]).replace(native_id(fmt, PROBE_CALL[2]), PROBE_CALL[2])
 
 
 def template_messages(messages: Sequence[Any], fmt: ToolFormat) -> list[dict]:
