@@ -2,8 +2,9 @@
 REAL chat template of each family (the pinned llama.cpp release's models/templates), renders the
 tools, writes a call under the format's grammar and ends; the call reads back as the tool it named,
 with arguments valid against its schema. At a temperature over 0 the tool's name is a decision
-(runtime/tool_choice.py) in every format whose answer starts at its calls and whose name follows
-fixed text, and the call made is the one drawn. The schemas bound every value (enums, booleans, no extra keys), so a random model's
+(runtime/tool_choice.py) in every format whose name follows fixed text, after the reasoning block
+where the answer starts inside one (Kimi K3, MiniMax M3), and the call made is the one drawn. The
+schemas bound every value (enums, booleans, no extra keys), so a random model's
 call ends within n_predict whatever it picks."""
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ SCHEMA["additionalProperties"] = False
 SCHEMA["properties"]["opts"]["additionalProperties"] = False
 TOOLS = (Tool("pick", "", SCHEMA), Tool("pick_two", "Pick two.", SCHEMA))
 TEMPLATES = sorted(set(FAMILIES) | set(PROBED) | set(NAMES))
-# Formats whose answer starts inside a reasoning block (closed first when the turn does not reason):
-# the name is not a decision there (docs/decide.md "The choice of tool").
+# Formats whose answer starts inside a reasoning block, closed first where the turn does not reason:
+# the name is a decision after the block (docs/decide.md "The choice of tool").
 REASONING_FIRST = {"kimi-k3", "minimax-m3"}
 # Formats whose call holds a hole before the name (Command R7B's call number, Solar Open's id):
 # no name decision (tool_decision returns None), the name comes by constrained generation.
@@ -63,7 +64,9 @@ def test_each_template_writes_a_call_that_reads_back(session: Session, name: str
         assert len(calls) == 1 and calls[0].name in ("pick", "pick_two"), (name, result.text)
         jsonschema.validate(calls[0].args(), SCHEMA)
         picked = result.tool_decision
-        if fmt.name in REASONING_FIRST | HOLE_BEFORE_NAME:
+        if fmt.name in REASONING_FIRST:  # the block closed at once: no reasoning, the calls after it
+            assert result.reasoning == "" and fmt.reasoning[1] not in result.text
+        if fmt.name in HOLE_BEFORE_NAME:
             assert picked is None
             continue
         assert picked is not None and picked["choices"] == ["pick", "pick_two"]
