@@ -2,8 +2,9 @@
 REAL chat template of each family (the pinned llama.cpp release's models/templates), renders the
 tools, writes a call under the format's grammar and ends; the call reads back as the tool it named,
 with arguments valid against its schema. At a temperature over 0 the tool's name is a decision
-(runtime/tool_choice.py) in every format whose answer starts at its calls and whose name follows
-fixed text, and the call made is the one drawn. The schemas bound every value (enums, booleans, no extra keys), so a random model's
+(runtime/tool_choice.py) in every format whose name follows fixed text, after the reasoning block
+where the answer starts inside one (Kimi K3, MiniMax M3), and the call made is the one drawn. The
+schemas bound every value (enums, booleans, no extra keys), so a random model's
 call ends within n_predict whatever it picks."""
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ SCHEMA["additionalProperties"] = False
 SCHEMA["properties"]["opts"]["additionalProperties"] = False
 TOOLS = (Tool("pick", "", SCHEMA), Tool("pick_two", "Pick two.", SCHEMA))
 TEMPLATES = sorted(set(FAMILIES) | set(PROBED) | set(NAMES))
-# Kimi K3's and MiniMax M3's answers start inside a reasoning block where the turn reasons; this
-# turn does not (think=False sets their templates' switch off, runtime/think_switch.py), so their
-# tool's name is a decision as any other's.
+# Formats whose answer starts inside a reasoning block where the turn reasons; this turn does not
+# (think=False sets their templates' switch off, runtime/think_switch.py): no block, the calls at once.
+REASONING_FIRST = {"kimi-k3", "minimax-m3"}
 # Formats whose call holds a hole before the name (Command R7B's call number, Solar Open's id):
 # no name decision (tool_decision returns None), the name comes by constrained generation.
 HOLE_BEFORE_NAME = {"command-r7b", "solar-open"}
@@ -63,6 +64,8 @@ def test_each_template_writes_a_call_that_reads_back(session: Session, name: str
         assert len(calls) == 1 and calls[0].name in ("pick", "pick_two"), (name, result.text)
         jsonschema.validate(calls[0].args(), SCHEMA)
         picked = result.tool_decision
+        if fmt.name in REASONING_FIRST:  # no reasoning, and no block closed in the text
+            assert result.reasoning == "" and fmt.reasoning[1] not in result.text
         if fmt.name in HOLE_BEFORE_NAME:
             assert picked is None
             continue

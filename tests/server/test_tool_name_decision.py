@@ -11,6 +11,7 @@ template: Hermes, its markers special tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -322,15 +323,56 @@ def test_logit_bias_keeps_the_name_generated(smol_path, make_app) -> None:
     assert greedy["answered_by"] == "greedy_walk" and "why_not" not in greedy
 
 
-def test_no_name_decision_where_the_answer_starts_inside_reasoning(smol_path, make_app, monkeypatch) -> None:
-    """A format whose answers start inside a reasoning block (gpt-oss's analysis) does not start
-    with the calls: no name decision there (the choices would not be the answer's start)."""
-    import bmoe.runtime.runtime as rt
+def test_a_turn_that_starts_inside_reasoning_decides_the_name_after_it(smol_path, make_app, monkeypatch) -> None:
+    """A turn whose answer starts inside a reasoning block (a prompt that opened ``<think>``) has
+    its name decision, at the position after the block (tests/constrain/test_tool_pick_reasoning.py
+    runs it end to end); a turn without one decides at the answer's start."""
     from bmoe.constrain import ToolChoice, parse_tools
     from bmoe.session import GenerateRequest
 
     s = make_app(smol_path).state.session
     req = GenerateRequest(prompt="hi", tools=parse_tools(TOOLS), tool_choice=ToolChoice("required"), think=False)
-    assert s.runtime.prepare(req).pick is not None
-    monkeypatch.setattr(rt, "reasoning_split", lambda *a: (True, True, ("<think>", "</think>")))
-    assert s.runtime.prepare(req).pick is None
+    pick = s.runtime.prepare(req).pick
+    assert pick is not None and pick.block.mode == "" and pick.block.phase == "body"
+    s.chat.think_ctl = "template"  # SmolLM2's template has no switch: the turn may reason as Qwen3's
+    turn = s.runtime.prepare(dataclasses.replace(req, think=True))
+    assert turn.think and turn.pick is not None and turn.pick.block.phase == "maybe"
+
+
+def test_a_reasoning_turn_s_name_is_decided_over_http(tiny_path, make_app, monkeypatch) -> None:
+    """Qwen3's real template, thinking on (the default): the answer's reasoning comes as
+    ``reasoning_content``, its call as ``tool_calls``, and the name after the reasoning is the
+    decision's, whole and streamed (the tiny model's reasoning is scripted: it never closes it)."""
+    import sys
+    from pathlib import Path
+
+    import bmoe.runtime.runtime as rt
+    from bmoe.runtime.chat import ChatRenderer
+
+    source = Path(sys.prefix) / "share" / "llama.cpp" / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    app = make_app(tiny_path, n_predict=64)
+    s = app.state.session
+    s.runtime.chat = ChatRenderer("template", source.read_text(), "", "")
+    script = s.model.tokenize("<think>\nCall get.\n</think>\n\n<", add_special=False, parse_special=False)
+
+    class Scripted(rt.Sampler):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k)
+            self.left = list(script)
+
+        def sample(self, logits):
+            return self.left.pop(0) if self.left else super().sample(logits)
+
+    monkeypatch.setattr(rt, "Sampler", Scripted)
+    fields = {"tool_choice": "required", "temperature": 0.8, "seed": 6, "parallel_tool_calls": False, "max_tokens": 64}
+    with TestClient(app, base_url="http://localhost") as c:
+        body = _chat(c, think=True, **fields)
+        c.app.state.session.runtime.kv.reset()
+        req = {"messages": ASK, "tools": TOOLS, "stream": True, **fields}
+        events = sse_events(c.post("/v1/chat/completions", json=req).text)
+    msg, d = body["choices"][0]["message"], body["bmoe"]["decision"]
+    assert msg["reasoning_content"].strip() == "Call get." and not msg["content"]
+    assert d["answered_by"] == "decision" and d["decoded"] == 0 and len(d["choice_logp"]) == 3
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == [NAMES[d["chosen"]]]
+    last = [e for e in events if isinstance(e, dict) and "bmoe" in e]
+    assert last and last[-1]["bmoe"]["decision"] == d

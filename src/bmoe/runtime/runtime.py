@@ -55,7 +55,15 @@ from bmoe.runtime.results import (
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
 from bmoe.runtime.tool_choice import NamePick, banned, name_pick
-from bmoe.runtime.tool_turn import answer_open, reasoning_split, shown_tokens, special_markers, thinks, tool_grammar
+from bmoe.runtime.tool_turn import (
+    answer_open,
+    name_block,
+    reasoning_split,
+    shown_tokens,
+    special_markers,
+    thinks,
+    tool_grammar,
+)
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -413,10 +421,11 @@ class Runtime:
         temperature = cfg.temperature if req.temperature is None else req.temperature
         top_p, seed = cfg.top_p if req.top_p is None else req.top_p, cfg.seed if req.seed is None else req.seed
         sampler = Sampler(temperature, top_p, seed, req.logit_bias, req.presence_penalty, req.frequency_penalty)
-        pick = None  # the tool's name as a decision (tool_choice.py), where the answer starts with the calls
-        if req.tools and mask is not None and not think and not images:
-            if not reasoning_split(self.chat, req, think, turn_text.opens_reasoning)[1]:
-                pick = name_pick(self.chat, req, special_markers(self.model, self.chat), temperature, top_p, seed)
+        pick = None  # the tool's name as a decision (tool_choice.py), after any reasoning block
+        if req.tools and mask is not None and not images:
+            block = name_block(self.chat, req, think, turn_text.opens_reasoning)
+            special = special_markers(self.model, self.chat, think)
+            pick = name_pick(self.chat, req, special, temperature, top_p, seed, block)
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask, pick)
 
     def token_mask(self, constraint: Constraint) -> TokenMask:

@@ -15,6 +15,13 @@ of its branches on side sequences (``forks.decode_forks``; seq 0 is not touched)
   the text option weighs ``p_outside``), seeded; a drawn tool's rest goes in as forced tokens, and
   its arguments follow by constrained generation. Drawn text: the token at the name position is
   sampled with the choices' first tokens banned, and the turn goes on under its grammar.
+
+A turn that may reason first (a ``<think>`` block, gpt-oss's analysis channel, Gemma 4's thought
+channel, Kimi K3's and MiniMax M3's blocks that every answer starts inside) has its name position
+after the block (``tool_position.Block``): the choices' text starts where the block's close ends,
+after the whitespace the grammar allows there (``</think>``'s blank). A token that opens the block
+at the answer's start, or whitespace right after its close, leaves nothing; where one is taken at
+a name position (``auto``: text drawn, or greedy's token), the position is looked for again.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from bmoe.numerics import draw_choice, log_softmax
 from bmoe.runtime.forks import RowLimits, batch_limits, decode_forks
 from bmoe.runtime.sampling import TokenLogprobs
 from bmoe.runtime.scoring import token_logprobs
+from bmoe.runtime.tool_position import Block
 
 if TYPE_CHECKING:
     from bmoe.llama.model import LlamaModel
@@ -94,19 +102,26 @@ class NamePick:
     _common: bytes | None = None  # the bytes all choices start with
     _markers: dict[int, bytes] | None = None  # special marker token -> its text
     _rows: list[np.ndarray] = field(default_factory=list)  # the drawn tool's rows, for its log-probs
+    block: Block = field(default_factory=Block)  # a reasoning block before the choices, if any
 
     def off(self, why: str) -> None:
         self.score, self.why_not = False, why
 
     def _at_point(self, mask: TokenMask, model: LlamaModel) -> bool:
+        if self.block.phase == "in":
+            return False
         if self._common is None:
             self._common = _shared(self.full)
         common = self._common
         for t in mask.allowed_ids():
             t = int(t)
-            if model.is_eog(t) or not common.startswith(self.at + self.piece(t, model.token_bytes(t))):
+            if model.is_eog(t) or self.block.leaves(self.at + self.piece(t, model.token_bytes(t)), common):
                 return True
         return False
+
+    def _rel(self) -> bytes:
+        """The answer's text from where the choices' text starts."""
+        return self.at[self.block.base :]
 
     def piece(self, token: int, text: bytes) -> bytes:
         """A token's bytes as the choices spell it: a special marker's is its text (``text``,
@@ -138,7 +153,7 @@ class NamePick:
         if not self.score:
             return [], []
         try:
-            rests = [f[len(self.at) :].decode("utf-8") for f in self.full]
+            rests = [f[len(self._rel()) :].decode("utf-8") for f in self.full]
         except UnicodeDecodeError:
             self.off("the name position splits a character")
             return [], []
@@ -193,13 +208,18 @@ class NamePick:
     def taken(self, token: int, piece: bytes, sampled: bool) -> None:
         """The generation took ``token`` (its text ``piece``; ``sampled``: not forced)."""
         piece = self.piece(token, piece)
-        if self.point is not None and not self.settled:
-            if sampled and self.at != self.point:
-                self.decoded += 1
-            at = self.at + piece
+        first = self.point is not None and self.at == self.point  # the token at the name position
+        if self.point is not None and not self.settled and sampled and not first:
+            self.decoded += 1
+        self.at += piece
+        self.block.update(self.at)
+        if first and self.chosen is None and self.block.phase != "body":
+            # the block's opening or the blank after it, not a choice: the position comes later
+            self.point, self.scores, self.drew_text = None, {}, False
+        elif self.point is not None and not self.settled:
+            at = self._rel()
             left = [f for f in self.full if f.startswith(at) or at.startswith(f)]
             self.settled = len(left) <= 1
-        self.at += piece
 
     def report(self) -> dict | None:
         """``bmoe.decision`` of the turn (docs/server.md "Tools"); None before the name position."""
@@ -207,7 +227,7 @@ class NamePick:
             return None
         chosen = self.chosen
         if chosen is None and not self.drew_text:
-            hits = [i for i, f in enumerate(self.full) if self.at.startswith(f)]
+            hits = [i for i, f in enumerate(self.full) if self._rel().startswith(f)]
             chosen = hits[0] if hits else None
         by = DECIDED if self.chosen is not None or self.drew_text else GREEDY if self.temperature <= 0 else SAMPLED
         out: dict = {
@@ -232,9 +252,11 @@ def name_pick(
     temperature: float,
     top_p: float,
     seed: int | None,
+    block: Block | None = None,
 ) -> NamePick | None:
     """The name decision of a turn with tools (None: no tools, "none", a named tool, one tool
-    under "required": nothing to choose)."""
+    under "required": nothing to choose); ``block``: the reasoning block the answer may start
+    with, if any."""
     choice = req.tool_choice or ToolChoice("auto" if req.tools else "none")
     d = tool_decision(chat.tool_format, req.tools, choice)
     if d is None or (not d.text_outside and len(d.choices) < 2):
@@ -249,6 +271,7 @@ def name_pick(
         top_p=top_p,
         seed=seed,
         special=special,
+        block=block or Block(),
     )
     if pick.score and (req.logit_bias or req.presence_penalty or req.frequency_penalty):
         pick.off("logit_bias or a penalty changes the tokens' scores")

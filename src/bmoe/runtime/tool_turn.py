@@ -21,6 +21,7 @@ from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer
 from bmoe.runtime.reasoning import THINK
 from bmoe.runtime.results import GenerateRequest
+from bmoe.runtime.tool_position import Block
 
 
 def _calls(req: GenerateRequest) -> bool:
@@ -116,6 +117,25 @@ def shown_tokens(
     return calls | own
 
 
+def think_mode(chat: ChatRenderer, req: GenerateRequest, think: bool, opens: bool) -> Think:
+    """The reasoning block of a turn with calls, as its grammar holds it (``constrain.Think``):
+    where the turn reasons, "inside" when the prompt opened the block or every answer of the
+    format starts inside it, else "open"; where it does not, "closed" for such a format."""
+    inside = _starts_inside(chat, req, think)
+    if think:
+        return "inside" if opens or inside else "open"
+    return "closed" if inside else ""
+
+
+def name_block(chat: ChatRenderer, req: GenerateRequest, think: bool, opens: bool) -> Block:
+    """The reasoning block a tool turn's answer may start with, for its name decision: the
+    grammar's mode and markers (the format's own block, else ``<think>``, whose close may be
+    followed by whitespace)."""
+    opening, closing = _own_reasoning(chat) or (THINK_OPEN, THINK_CLOSE)
+    mode = think_mode(chat, req, think, opens)
+    return Block(mode, opening.encode(), closing.encode(), blank=closing == THINK_CLOSE)
+
+
 def tool_grammar(
     model: LlamaModel, chat: ChatRenderer, req: GenerateRequest, think: bool = False, opens: bool = False
 ) -> Constraint | None:
@@ -131,6 +151,5 @@ def tool_grammar(
             "an answer keeps one constraint: give tools or a json_schema/grammar, not both (or tool_choice 'none')",
         )
     special = special_markers(model, chat, think)
-    mode: Think = ("inside" if opens or _starts_inside(chat, req, think) else "open") if think else ""
-    mode = mode or ("closed" if _starts_inside(chat, req, think) else "")
+    mode = think_mode(chat, req, think, opens)
     return tool_constraint(chat.tool_format, req.tools, choice, req.parallel_tool_calls, special, mode)
