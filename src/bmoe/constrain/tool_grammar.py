@@ -250,7 +250,7 @@ def _reasoning(g: "_Lark", think: Think, body: str) -> str:
     with the block; "inside", the prompt opened it, so the answer closes it first; "closed", the
     answer closes it at once (a format whose answers start inside the block, in a turn that does
     not reason: ``ToolFormat.reasoning_first``). The block ends at its first closing text;
-    whitespace may follow a ``</think>``."""
+    up to 8 whitespace characters may follow a ``</think>``."""
     opening, closing = g.fmt.reasoning if g.fmt.reasoning[0] else (THINK_OPEN, THINK_CLOSE)
     close = g.lit(closing)
     if think == "closed":
@@ -261,7 +261,7 @@ def _reasoning(g: "_Lark", think: Think, body: str) -> str:
         reasoning = g.rule("reasoning[lazy]", f"/(?s:.*){_regex_text(closing)}/")
     block = reasoning
     if closing == THINK_CLOSE:
-        g.rules.append("BLANK: /[ \\t\\r\\n]+/")
+        g.rules.append("BLANK: /[ \\t\\r\\n]{1,8}/")  # bounded: a model that repeats a blank still goes on
         block = f"{reasoning} BLANK?"
     if think == "inside":
         return f"{block} ({body})"
