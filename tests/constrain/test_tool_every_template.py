@@ -25,8 +25,8 @@ SCHEMA["additionalProperties"] = False
 SCHEMA["properties"]["opts"]["additionalProperties"] = False
 TOOLS = (Tool("pick", "", SCHEMA), Tool("pick_two", "Pick two.", SCHEMA))
 TEMPLATES = sorted(set(FAMILIES) | set(PROBED) | set(NAMES))
-# Formats whose answer starts inside a reasoning block, closed first where the turn does not reason:
-# the name is a decision after the block (docs/decide.md "The choice of tool").
+# Formats whose answer starts inside a reasoning block where the turn reasons; this turn does not
+# (think=False sets their templates' switch off, runtime/think_switch.py): no block, the calls at once.
 REASONING_FIRST = {"kimi-k3", "minimax-m3"}
 # Formats whose call holds a hole before the name (Command R7B's call number, Solar Open's id):
 # no name decision (tool_decision returns None), the name comes by constrained generation.
@@ -64,7 +64,7 @@ def test_each_template_writes_a_call_that_reads_back(session: Session, name: str
         assert len(calls) == 1 and calls[0].name in ("pick", "pick_two"), (name, result.text)
         jsonschema.validate(calls[0].args(), SCHEMA)
         picked = result.tool_decision
-        if fmt.name in REASONING_FIRST:  # the block closed at once: no reasoning, the calls after it
+        if fmt.name in REASONING_FIRST:  # no reasoning, and no block closed in the text
             assert result.reasoning == "" and fmt.reasoning[1] not in result.text
         if fmt.name in HOLE_BEFORE_NAME:
             assert picked is None

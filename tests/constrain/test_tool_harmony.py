@@ -19,7 +19,7 @@ from bmoe.constrain.tool_formats import BY_NAME, ToolFormat, write_calls
 from bmoe.runtime.chat import _environment
 from bmoe.runtime.detokenize import Detokenizer
 from bmoe.runtime.tool_turn import reasoning_markers, reasoning_split, thinks
-from bmoe.session import GenerateRequest, Session
+from bmoe.session import GenerateRequest, Message, Session
 
 OSS = BY_NAME["gpt-oss"]
 THOUGHT = "The user wants the weather; call get_weather."
@@ -174,15 +174,17 @@ def test_an_answer_that_starts_inside_the_block_closes_it_before_the_calls(name:
 def test_the_output_of_such_a_turn_splits_at_the_close(think: bool) -> None:
     r = renderer(template("MiniMax-M3"))
     req = GenerateRequest(prompt="Weather?", tools=TOOLS, tool_choice=ToolChoice("required"))
-    split, inside, marks = reasoning_split(r, req, think, False)
-    assert split and inside and marks == ("<mm:think>", "</mm:think>")
-    out = ("<mm:think>" + THOUGHT if think else "") + "</mm:think>" + write_calls(r.tool_format, [CALL])
+    opens = r.render_turn([Message("user", "Weather?")], think=think, tools=TOOLS).opens_reasoning
+    split, inside, marks = reasoning_split(r, req, think, opens)
+    # think off: the template's thinking_mode "disabled" closed the block in the prompt
+    assert split and inside == think and marks == ("<mm:think>", "</mm:think>")
+    out = ("<mm:think>" + THOUGHT + "</mm:think>" if think else "") + write_calls(r.tool_format, [CALL])
     d = Detokenizer(split_think=split, in_reasoning=inside, markers=marks)
     for k in range(0, len(out), 3):
         d.push(out[k : k + 3].encode())
     d.finish()
     assert d.reasoning == (THOUGHT if think else "") and d.text == write_calls(r.tool_format, [CALL])
-    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False) == (True, True, marks)  # no calls: same
+    assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, opens) == (True, think, marks)  # no calls: same
 
 
 def test_a_gpt_oss_text_answer_opens_its_final_channel_which_is_not_content() -> None:

@@ -334,7 +334,9 @@ def test_a_turn_that_starts_inside_reasoning_decides_the_name_after_it(smol_path
     req = GenerateRequest(prompt="hi", tools=parse_tools(TOOLS), tool_choice=ToolChoice("required"), think=False)
     pick = s.runtime.prepare(req).pick
     assert pick is not None and pick.block.mode == "" and pick.block.phase == "body"
-    s.chat.think_ctl = "template"  # SmolLM2's template has no switch: the turn may reason as Qwen3's
+    from bmoe.runtime.reasoning import THINK
+
+    s.chat.think_ctl, s.chat.reasoning = "template", THINK  # SmolLM2's has no switch: as Qwen3's
     turn = s.runtime.prepare(dataclasses.replace(req, think=True))
     assert turn.think and turn.pick is not None and turn.pick.block.phase == "maybe"
 

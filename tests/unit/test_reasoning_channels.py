@@ -20,7 +20,7 @@ from bmoe.cli.loop import run_session
 from bmoe.config import SessionConfig
 from bmoe.runtime.chat import ChatRenderer, Message
 from bmoe.runtime.detokenize import Detokenizer
-from bmoe.runtime.reasoning import GEMMA4, HARMONY, MINIMAX_M3, THINK, ReasoningFormat, reasoning_format
+from bmoe.runtime.reasoning import GEMMA4, HARMONY, HY3, MINIMAX_M3, THINK, ReasoningFormat, reasoning_format
 from bmoe.runtime.tool_turn import answer_open, reasoning_split
 from bmoe.session import GenerateRequest, Session
 
@@ -103,8 +103,15 @@ def test_a_plain_minimax_m3_answer_starts_inside_its_block(out: str) -> None:
     """M3's template reads all before ``</mm:think>`` as reasoning (its opening optional), and
     sends an answer back as ``</mm:think>`` and the content where it has no reasoning."""
     r = renderer("MiniMax-M3")
-    for think in (True, False):  # the template's switch is its own thinking_mode: bmoe cannot set it
-        assert reasoning_split(r, GenerateRequest(prompt="Hi"), think, False) == (True, True, MINIMAX_M3.markers)
+    plain = GenerateRequest(prompt="Hi")
+    opened = r.render_turn([Message("user", "Hi")], think=True).opens_reasoning  # thinking_mode "enabled"
+    assert opened and reasoning_split(r, plain, True, opened) == (True, True, MINIMAX_M3.markers)
+    # thinking_mode "disabled": the prompt closed the block, the answer is content from its start
+    closed = r.render_turn([Message("user", "Hi")], think=False).opens_reasoning
+    assert not closed and reasoning_split(r, plain, False, closed) == (True, False, MINIMAX_M3.markers)
+    # the template's own default ("adaptive", the client's chat_template_kwargs): it starts inside
+    adaptive = r.render_turn([Message("user", "Hi")], think=True, template_vars={"thinking_mode": "adaptive"})
+    assert adaptive.opens_reasoning and not adaptive.text.endswith("<mm:think>")
     assert split(out, 3, in_reasoning=True, markers=MINIMAX_M3.markers) == (ANSWER, THOUGHT)
     assert split(f"</mm:think>{ANSWER}", 3, in_reasoning=True, markers=MINIMAX_M3.markers) == (ANSWER, "")
     text = r.render([Message("user", "Hi"), Message("assistant", ANSWER), Message("user", "Again")], think=True)
@@ -198,8 +205,48 @@ def test_control_tokens_of_the_reasoning_markup_are_read_not_dropped(session, mo
 
 def test_a_tiny_model_under_minimax_m3_answers_after_its_block(session, monkeypatch) -> None:
     session.runtime.chat = ChatRenderer("template", template("MiniMax-M3"), "", "")
-    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=False)
+    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</mm:think>{ANSWER}", prompt="Hi", think=True)
     assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+    result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)  # thinking_mode "disabled"
+    assert (result.text, result.reasoning) == (ANSWER, "")
+
+
+def test_a_tiny_model_under_hy3_reasons_in_its_own_block(session, monkeypatch) -> None:
+    """Hy3's switch (reasoning_effort "high" / "no_think") opens or closes its suffixed block in the
+    prompt; the output splits at ``</think:opensource>``."""
+    session.runtime.chat = ChatRenderer("template", template("tencent-Hy3"), "", "")
+    assert session.runtime.chat.reasoning is HY3
+    result = scripted_turn(session, monkeypatch, f"{THOUGHT}</think:opensource>{ANSWER}", prompt="Hi", think=True)
+    assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+    result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)
+    assert (result.text, result.reasoning) == (ANSWER, "")
+
+
+# (template, its reasoning row, the output of a turn that reasons: the prompt opened the block or not)
+OWN_BLOCKS = [
+    ("Kimi-K3", "kimi-k3", f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|>{ANSWER}"),
+    ("ByteDance-Seed-OSS", "seed-oss", f"<seed:think>{THOUGHT}</seed:think>{ANSWER}"),
+    ("upstage-Solar-Open-100B", "solar-open", f"<|think|>{THOUGHT}<|end|><|begin|>assistant<|content|>{ANSWER}"),
+    ("Cohere2MoE", "cohere-north", f"{THOUGHT}<|END_THINKING|><|START_TEXT|>{ANSWER}"),
+    (
+        "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+        "command-r7b",
+        f"<|START_THINKING|>{THOUGHT}<|END_THINKING|><|START_RESPONSE|>{ANSWER}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "row", "out"), OWN_BLOCKS, ids=[b[0] for b in OWN_BLOCKS])
+def test_a_tiny_model_under_a_templates_own_block_splits_there(session, monkeypatch, name, row, out) -> None:
+    """Kimi K3's, Seed-OSS's, Solar Open's and Cohere's blocks are read as reasoning (their switch
+    set from think: runtime/think_switch.py); with think off the prompt closed it, and the output
+    is content."""
+    session.runtime.chat = ChatRenderer("template", template(name), "", "")
+    assert session.runtime.chat.reasoning is not None and session.runtime.chat.reasoning.name == row
+    result = scripted_turn(session, monkeypatch, out, prompt="Hi", think=True)
+    assert (result.text, result.reasoning) == (ANSWER, THOUGHT)
+    result = scripted_turn(session, monkeypatch, ANSWER, prompt="Hi", think=False)
+    assert (result.text, result.reasoning) == (ANSWER, "")
 
 
 def test_the_line_protocol_reports_the_same_split(session, monkeypatch) -> None:

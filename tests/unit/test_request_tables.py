@@ -48,6 +48,8 @@ def _defaults(record: type) -> dict:
                 "tool_choice",
                 "parallel_tool_calls",
                 "tool_call_id",
+                "reasoning_effort",
+                "template_vars",
             },
         ),  # Python and the server only
     ],

@@ -18,7 +18,7 @@ import copy
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from jinja2 import TemplateError
 
@@ -50,6 +50,7 @@ from bmoe.runtime.reasoning import (
     reasoning_format,
     think_control,
 )
+from bmoe.runtime.think_switch import ThinkSwitch, think_switch
 
 CHATML_TEMPLATE = (
     "{%- for m in messages -%}"
@@ -124,6 +125,7 @@ class ChatRenderer:
         self.mode: ChatMode = mode if source is not None or mode == "none" else "none"
         self.source = source
         self.think_ctl: ThinkCtl = think_control(source)
+        self.switch: ThinkSwitch = think_switch(source)  # the variable that turns its reasoning on/off
         self.reasoning: ReasoningFormat | None = reasoning_format(source)  # how its model marks reasoning
         try:
             self._template = _environment().from_string(source) if source else None
@@ -135,6 +137,8 @@ class ChatRenderer:
         self._eos_text = eos_text
         self.tool_format = self._probe_tools()  # how the model writes tool calls
         self._tools: tuple[Tool, ...] = ()
+        self._effort: str | None = None  # the template's own reasoning effort (ThinkSwitch.efforts)
+        self._vars: Mapping[str, Any] = {}  # the client's chat_template_kwargs
 
     def _probe_tools(self) -> ToolFormat:
         """The tool-call format the template writes, seen in its render of a call (constrain's probe)."""
@@ -153,30 +157,53 @@ class ChatRenderer:
                 rendered = None
         return probe_tool_format(self.source, rendered)
 
-    def _with_tools(self, tools: Sequence[Tool]) -> "ChatRenderer":
-        """This renderer, rendering ``tools`` into each prompt (the template's ``tools``)."""
-        if tuple(tools) == self._tools:
+    def _with_tools(
+        self, tools: Sequence[Tool], effort: str | None = None, template_vars: Mapping[str, Any] | None = None
+    ) -> "ChatRenderer":
+        """This renderer, rendering ``tools`` into each prompt (the template's ``tools``), at the
+        template's reasoning ``effort``, with the client's ``template_vars``."""
+        template_vars = template_vars or {}
+        if tuple(tools) == self._tools and effort == self._effort and template_vars == self._vars:
             return self
         other = copy.copy(self)
-        other._tools = tuple(tools)
+        other._tools, other._effort, other._vars = tuple(tools), effort, dict(template_vars)
         return other
 
     @property
     def templated(self) -> bool:
         return self._template is not None
 
-    def render(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> Prompt:
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        think: bool,
+        tools: Sequence[Tool] = (),
+        effort: str | None = None,
+        template_vars: Mapping[str, Any] | None = None,
+    ) -> Prompt:
         """The prompt for ``messages``, opening a fresh assistant turn; ``tools``: the functions
-        the model may call, rendered by the template (or by bmoe where it takes none: GENERIC)."""
-        return self._with_tools(tools)._render_turn(messages, think, want_opens=False).text
+        the model may call, rendered by the template (or by bmoe where it takes none: GENERIC).
+        ``think`` sets the template's reasoning switch (``self.switch``), ``effort`` its own
+        effort variable; ``template_vars`` (a request's chat_template_kwargs) go to the template
+        as they are."""
+        return self._with_tools(tools, effort, template_vars)._render_turn(messages, think, want_opens=False).text
 
-    def render_turn(self, messages: Sequence[Message], *, think: bool, tools: Sequence[Tool] = ()) -> "Rendered":
+    def render_turn(
+        self,
+        messages: Sequence[Message],
+        *,
+        think: bool,
+        tools: Sequence[Tool] = (),
+        effort: str | None = None,
+        template_vars: Mapping[str, Any] | None = None,
+    ) -> "Rendered":
         """``render``, and whether the model's output starts inside its reasoning block
         (``self.reasoning``: ``<think>``, or the template's own channel).
 
         Only the template's own generation prompt (what it adds after the conversation) can open
         or close a block: a ``<think>`` or ``</think>`` a user typed is text, never a marker."""
-        return self._with_tools(tools)._render_turn(messages, think, want_opens=True)
+        return self._with_tools(tools, effort, template_vars)._render_turn(messages, think, want_opens=True)
 
     def _render_turn(self, messages: Sequence[Message], think: bool, *, want_opens: bool) -> "Rendered":
         """The generation prompt is found (by rendering the conversation again, see
@@ -299,14 +326,17 @@ class ChatRenderer:
             turns = describe_tools(turns, tools, self.tool_format)
         elif tools:
             extra["tools"] = tools
+        variables = {"enable_thinking": think, **self.switch.variables(think, self._effort), **self._vars}
         try:
             return self._template.render(
-                messages=turns,
-                add_generation_prompt=generation_prompt,
-                enable_thinking=think,
-                bos_token=self._bos_text,
-                eos_token=self._eos_text,
-                **extra,
+                {
+                    **variables,
+                    **extra,
+                    "messages": turns,
+                    "add_generation_prompt": generation_prompt,
+                    "bos_token": self._bos_text,
+                    "eos_token": self._eos_text,
+                }
             )
         except TemplateError as e:
             raise RequestError(f"the chat template refused the conversation: {e}") from e

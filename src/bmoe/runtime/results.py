@@ -48,6 +48,11 @@ class GenerateRequest:
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     tool_call_id: str | None = None
+    # Python and the server only (docs/server.md "Reasoning"): the template's own reasoning effort
+    # (runtime/think_switch.py ThinkSwitch.efforts) and more variables for the chat template
+    # (chat_template_kwargs), none of them a variable bmoe renders itself
+    reasoning_effort: str | None = None
+    template_vars: tuple[tuple[str, Any], ...] = ()
 
 
 # The generate request's field table, written once: the session checks a GenerateRequest built in

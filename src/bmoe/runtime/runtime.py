@@ -397,7 +397,9 @@ class Runtime:
         else:
             messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
         images = self._conversation_images(messages) if any(m.images for m in messages) else []
-        turn_text = self.chat.render_turn(messages, think=think, tools=req.tools)
+        turn_text = self.chat.render_turn(
+            messages, think=think, tools=req.tools, effort=req.reasoning_effort, template_vars=dict(req.template_vars)
+        )
         rendered = turn_text.text
         if req.tools:
             constraint = tool_grammar(self.model, self.chat, req, think, turn_text.opens_reasoning) or constraint

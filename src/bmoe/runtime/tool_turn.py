@@ -19,6 +19,7 @@ from bmoe.constrain import (
 )
 from bmoe.llama.model import LlamaModel
 from bmoe.runtime.chat import ChatRenderer
+from bmoe.runtime.reasoning import THINK
 from bmoe.runtime.results import GenerateRequest
 from bmoe.runtime.tool_position import Block
 
@@ -38,8 +39,10 @@ def _own_reasoning(chat: ChatRenderer) -> tuple[str, str] | None:
 def thinks(chat: ChatRenderer, req: GenerateRequest) -> bool:
     """Whether the turn may reason first: always without calls; with calls where the template
     has a ``<think>`` block (Qwen3, DeepSeek R1) or the format its own (gpt-oss, Gemma 4),
-    which the grammar then allows before them."""
-    return not _calls(req) or chat.think_ctl != "none" or _own_reasoning(chat) is not None
+    which the grammar then allows before them. A template whose switch bmoe sets but whose block
+    is not ``<think>`` nor the format's own (Hy3, Seed-OSS) has its switch off in a turn with calls."""
+    block = chat.think_ctl != "none" and chat.reasoning is THINK
+    return not _calls(req) or block or _own_reasoning(chat) is not None
 
 
 def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, str] | None:
@@ -51,8 +54,12 @@ def reasoning_markers(chat: ChatRenderer, req: GenerateRequest) -> tuple[str, st
     return own or (chat.reasoning.markers if chat.reasoning is not None else None)
 
 
-def _starts_inside(chat: ChatRenderer, req: GenerateRequest) -> bool:
-    """Whether the answer starts inside the format's block (``ToolFormat.reasoning_first``)."""
+def _starts_inside(chat: ChatRenderer, req: GenerateRequest, think: bool) -> bool:
+    """Whether the answer starts inside the format's block (``ToolFormat.reasoning_first``): not
+    in a turn that does not reason where the template's switch closed the block in the prompt
+    (MiniMax M3's ``thinking_mode`` "disabled", Kimi K3's ``thinking`` false: runtime/think_switch.py)."""
+    if not think and chat.switch.can_off:
+        return False
     return _calls(req) and chat.tool_format.reasoning_first and _own_reasoning(chat) is not None
 
 
@@ -66,7 +73,8 @@ def reasoning_split(
     marks = reasoning_markers(chat, req)
     fmt = chat.reasoning
     own = _calls(req) and _own_reasoning(chat) is not None  # the format's block, not the template's
-    first = _starts_inside(chat, req) or (not own and fmt is not None and fmt.first)
+    # a template's ``first`` block: ``opens`` says whether the prompt left it open (reasoning.opens)
+    first = _starts_inside(chat, req, think) or (not own and fmt is not None and fmt.first and opens)
     always = fmt is not None and fmt.always
     split = marks is not None and (think or first or always)
     return split, split and (opens or first), marks or (THINK_OPEN, THINK_CLOSE)
@@ -113,7 +121,7 @@ def think_mode(chat: ChatRenderer, req: GenerateRequest, think: bool, opens: boo
     """The reasoning block of a turn with calls, as its grammar holds it (``constrain.Think``):
     where the turn reasons, "inside" when the prompt opened the block or every answer of the
     format starts inside it, else "open"; where it does not, "closed" for such a format."""
-    inside = _starts_inside(chat, req)
+    inside = _starts_inside(chat, req, think)
     if think:
         return "inside" if opens or inside else "open"
     return "closed" if inside else ""

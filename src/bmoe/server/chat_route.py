@@ -28,6 +28,7 @@ from bmoe.server.metrics import Metrics
 from bmoe.server.openai_fields import CHAT_FIELDS, constraint_fields, refuse_unset
 from bmoe.server.run_job import cancel_on_disconnect, job_error
 from bmoe.server.schemas import ChatCompletionRequest, ImagePart
+from bmoe.server.think_fields import template_kwargs
 from bmoe.server.tools_route import ToolsAsked, call_entries, message_calls, tools_asked
 from bmoe.session import Message
 from bmoe.wire.records import done_fields
@@ -77,6 +78,13 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         raise ApiError(
             400, "jump_forward: a forced token has no log-prob of its own; not with logprobs", "jump_forward"
         )
+    kwargs = template_kwargs(body.chat_template_kwargs)
+    if kwargs and body.bmoe_logprobs_of:
+        raise ApiError(
+            400,
+            "bmoe_logprobs_of: scored on a decision's prompt, which takes no chat_template_kwargs; not with them",
+            "bmoe_logprobs_of",
+        )
     asked = tools_asked(body)
     msgs = _messages(body, asked)
     if msgs[-1].role not in ("user", "tool"):
@@ -111,6 +119,8 @@ def to_turn(body: ChatCompletionRequest) -> ChatTurn:
         seed=body.seed,
         stops=body.stop_list(),
         think=body.think,
+        reasoning_effort=body.reasoning_effort,
+        template_kwargs=kwargs,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         logit_bias=body.bias(),
         presence_penalty=body.presence_penalty or 0.0,

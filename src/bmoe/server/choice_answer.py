@@ -19,7 +19,7 @@ from typing import Any
 from bmoe.constrain import constraint_of, finite_texts, greedy_agrees
 from bmoe.decide.types import ChoiceScores
 from bmoe.numerics import draw_choice
-from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, _n_predict, run_turn
+from bmoe.server.conversation import ChatTurn, Delta, TurnOutcome, _n_predict, reasoning_of, run_turn
 from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import STEP, Job
 from bmoe.server.logprobs import conversation_decision
@@ -47,6 +47,8 @@ def _why_not(session: Session, turn: ChatTurn) -> str | None:
         return "top_logprobs asks for alternatives per token"
     if turn.logprobs_of:
         return "bmoe_logprobs_of is answered on the generation path"
+    if turn.template_kwargs:
+        return "chat_template_kwargs change the template's render"
     return None
 
 
@@ -56,7 +58,8 @@ def answer_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     texts = finite_texts(constraint.grammar) if constraint is not None else None
     if texts is None or _why_not(session, turn) is not None:
         return run_turn(session, job, turn)
-    n_predict = _n_predict(session, turn, False)  # the context's 400s, as a generated turn
+    # the reasoning fields' and the context's 400s, as a generated turn
+    n_predict = _n_predict(session, turn, False, reasoning_of(session, turn))
     if n_predict < max(len(t.encode()) for t in texts):
         return run_turn(session, job, turn)  # max_tokens could cut the answer: "length" is generation's
     if job.cancelled.is_set():

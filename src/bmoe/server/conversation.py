@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from bmoe.constrain import ToolCall
 from bmoe.errors import ContextOverflowError
@@ -17,6 +18,7 @@ from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import STEP, Job
 from bmoe.server.logprobs import LogprobsCollector, logprobs_of
 from bmoe.server.stops import StopMatcher
+from bmoe.server.think_fields import Reasoning, resolve
 from bmoe.server.tools_route import CallReader, ToolsAsked
 from bmoe.session import GenerateRequest, GenerateResult, Message, Session
 
@@ -39,6 +41,10 @@ class ChatTurn:
     frequency_penalty: float = 0.0
     logprobs_of: tuple[str, ...] = ()  # bmoe_logprobs_of (server/logprobs.py)
     tools: ToolsAsked = ToolsAsked()  # tools, tool_choice, parallel_tool_calls (tools_route.py)
+    # OpenAI's reasoning_effort and the chat_template_kwargs (checked), read against the
+    # template's switch when the turn runs (server/think_fields.py)
+    reasoning_effort: Any = None
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,18 +68,29 @@ class TurnOutcome:
     decision: dict | None = None
 
 
-def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
+def reasoning_of(session: Session, turn: ChatTurn) -> Reasoning:
+    """The turn's think, the template's effort value and the client's template variables."""
+    chat = session.chat
+    reasons = chat.think_ctl != "none" or chat.reasoning is not None or chat.switch.var is not None
+    return resolve(chat.switch, reasons, turn.think, turn.reasoning_effort, turn.template_kwargs)
+
+
+def _think_block(session: Session) -> bool:
+    """A turn with calls may reason first in a ``<think>`` block (runtime/tool_turn.py thinks)."""
+    chat = session.chat
+    return chat.think_ctl != "none" and chat.reasoning is not None and chat.reasoning.name == "think"
+
+
+def _n_predict(session: Session, turn: ChatTurn, think: bool, r: Reasoning) -> int:
     """Tokens to generate, or ApiError(400) when the conversation cannot fit the context."""
     images = [u for m in turn.messages for u in m.images]
-    rendered: str
-    if turn.tools.tools:  # as the runtime renders it: the tools in, no reasoning before a call
-        rendered = session.chat.render(
-            list(turn.messages),
-            think=think and (not turn.tools.active or session.chat.think_ctl != "none"),
-            tools=turn.tools.tools,
-        )
-    else:
-        rendered = session.render(list(turn.messages), think=think)
+    rendered = session.chat.render(  # as the runtime renders it: the tools in, no reasoning before a call
+        list(turn.messages),
+        think=think and (not turn.tools.active or _think_block(session)),
+        tools=turn.tools.tools,
+        effort=r.effort,
+        template_vars=dict(r.template_vars),
+    )
     n_prompt = len(session.tokenize_prompt(rendered, images))
     room = session.n_ctx - n_prompt
     if turn.max_tokens is not None:
@@ -98,9 +115,10 @@ def _n_predict(session: Session, turn: ChatTurn, think: bool) -> int:
 
 def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     """Worker side: check, align the history, generate; emits a Delta per released piece."""
-    think = session.config.think if turn.think is None else turn.think
+    r = reasoning_of(session, turn)
+    think = session.config.think if r.think is None else r.think
     try:
-        n_predict = _n_predict(session, turn, think)
+        n_predict = _n_predict(session, turn, think, r)
     except ContextOverflowError as e:
         raise ApiError(400, str(e), "messages", "context_length_exceeded") from e
     prior, user = list(turn.messages[:-1]), turn.messages[-1]
@@ -120,6 +138,8 @@ def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
             parallel_tool_calls=turn.tools.parallel,
             n_predict=n_predict,
             think=think,
+            reasoning_effort=r.effort,
+            template_vars=r.template_vars,
             clear_kv=False,
             temperature=turn.temperature,
             top_p=turn.top_p,

@@ -55,6 +55,16 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("top_logprobs", HONOURED, "0..20 alternatives per token; needs logprobs"),
     OpenAIField("logit_bias", HONOURED, "token id -> bias in [-100, 100], added before sampling"),
     OpenAIField("think", HONOURED, "bmoe: reasoning on or off for this turn"),
+    OpenAIField(
+        "reasoning_effort",
+        HONOURED,
+        "none/minimal: reasoning off; low..xhigh: on, the value passed where the template takes it (Reasoning switches below)",
+    ),
+    OpenAIField(
+        "chat_template_kwargs",
+        HONOURED,
+        "vLLM / llama.cpp-server style: variables for the chat template; its switch must agree with think",
+    ),
     OpenAIField("bmoe_logprobs_of", HONOURED, "bmoe: the log-prob of named strings at the answer's start"),
     OpenAIField("presence_penalty", HONOURED, "-2..2, lowers the logit of a token already in the answer once"),
     OpenAIField(
@@ -71,7 +81,6 @@ CHAT_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField("parallel_tool_calls", HONOURED, "false: one call at most; true: several where the format allows"),
     _refused("functions", "not supported (OpenAI's deprecated tool calls)", []),
     _refused("function_call", "not supported (OpenAI's deprecated tool calls)"),
-    _refused("reasoning_effort", "not supported; bmoe's think (true or false) turns reasoning on or off"),
     _refused("verbosity", "not supported"),
     _refused("modalities", "only text is supported", ["text"]),
     _refused("audio", "audio output is not supported"),
@@ -118,6 +127,7 @@ COMPLETION_FIELDS: tuple[OpenAIField, ...] = (
     _refused("n", "only 1 is supported, got {value}", 1),
     _refused("best_of", "only 1 is supported, got {value}", 1),
     _refused("suffix", "insertion (a suffix) is not supported", ""),
+    _refused("chat_template_kwargs", "the prompt is given as it is, no chat template renders it", {}),
     OpenAIField("user", IGNORED, "an end-user id, for the caller's records"),
 )
 

@@ -164,10 +164,12 @@ class ChatCompletionRequest(BaseModel):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # Checked against the template's reasoning switch by server/think_fields.py (400s naming them).
+    reasoning_effort: Any = Field(None, description="none, minimal, low, medium, high, xhigh or the template's own")
+    chat_template_kwargs: Any = Field(None, description="vLLM / llama.cpp-server style: variables for the template")
     # Refused unless left out (or neutral): openai_fields.CHAT_FIELDS. Any: refused by name, not by type.
     functions: Any = None
     function_call: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
     modalities: Any = None
     audio: Any = None
@@ -288,8 +290,8 @@ class CompletionRequest(BaseModel):
     """OpenAI's legacy completion request: raw prompts scored (``max_tokens`` 0 or 1) or continued.
 
     Every OpenAI field is declared, so that the route can honour it or refuse it by name
-    (openai_fields.COMPLETION_FIELDS says which: ``n``, ``best_of`` and ``suffix`` are refused
-    unless neutral); other unknown fields are ignored.
+    (openai_fields.COMPLETION_FIELDS says which: ``n``, ``best_of``, ``suffix`` and
+    ``chat_template_kwargs`` are refused unless neutral); other unknown fields are ignored.
     """
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -312,6 +314,7 @@ class CompletionRequest(BaseModel):
     best_of: int | None = Field(None, ge=1, le=1 << 10)
     stream: bool = False
     suffix: Text | None = None
+    chat_template_kwargs: Any = None  # refused: no template renders a completion's prompt
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
     logit_bias: LogitBias | None = None
     presence_penalty: float | None = Field(None, ge=-rules.PENALTY_MAX, le=rules.PENALTY_MAX)
