@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bmoe.constrain import TokenMask, ToolChoice, tool_decision
-from bmoe.decide.scoring_modes import full_scores, token_logps
+from bmoe.decide import full_scores, token_logps
 from bmoe.numerics import draw_choice, log_softmax
 from bmoe.runtime.forks import RowLimits, batch_limits, decode_forks
 from bmoe.runtime.sampling import TokenLogprobs
