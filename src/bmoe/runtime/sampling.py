@@ -73,7 +73,8 @@ class Sampler:
         # In float64, from the top logit down: a tiny temperature then sends every other logit to
         # -inf rather than the top ones to +inf (inf - inf is NaN).
         x = np.asarray(logits, dtype=np.float64)
-        p = np.exp(log_softmax((x - x.max()) / self.temperature))
+        with np.errstate(over="ignore"):  # that overflow to -inf is the intent, not a fault
+            p = np.exp(log_softmax((x - x.max()) / self.temperature))
         if self.top_p < 1.0:
             order = np.argsort(-p, kind="stable")
             cum = np.cumsum(p[order])
