@@ -201,6 +201,14 @@ class Session:
         with self._lock:
             self.runtime.history = list(messages)
 
+    def prompt_length(self, request: GenerateRequest, history: Sequence[Message]) -> int:
+        """How many tokens ``request``'s prompt would be as the turn after ``history`` (rendered
+        and tokenized as ``generate`` would: its tools, reasoning switch and constraint), without
+        prefilling it or changing the history; a RequestError names an image that cannot be read."""
+        self._check_open()
+        with self._lock:
+            return self.runtime.prompt_length(request, history)
+
     def cancel(self) -> None:
         """Interrupt the generation in flight at its next decode boundary, or the decision list in
         flight at its next decision or batch call (no-op when idle)."""

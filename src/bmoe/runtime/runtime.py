@@ -34,7 +34,7 @@ from bmoe.llama.grammar import grammar_tokenizer
 from bmoe.llama.model import LlamaModel, ModelLoadParams
 from bmoe.llama.mtmd import Image, ImageError, Projector
 from bmoe.numerics import log_softmax
-from bmoe.runtime.chat import ChatRenderer, Message, Prompt
+from bmoe.runtime.chat import ChatRenderer, Message, Prompt, Rendered
 from bmoe.runtime.detokenize import Detokenizer
 from bmoe.runtime.expert_streaming import ExpertStreaming, open_streaming
 from bmoe.runtime.footprint import kv_bytes_per_sequence
@@ -387,18 +387,9 @@ class Runtime:
         the KV changes."""
         cfg = self.config
         n_predict = req.n_predict if req.n_predict is not None else cfg.n_predict
-        constraint, mask = constraint_of(req.json_schema, req.grammar), None
-        # A constrained answer starts at the first token: no reasoning block before it; tool calls
-        # may follow one where the template has one (runtime/tool_turn.py).
-        think = (cfg.think if req.think is None else req.think) and constraint is None and thinks(self.chat, req)
-        history = [] if req.clear_kv else list(self.history)
-        if req.tool_call_id is not None:  # a tool's result (docs/server.md "Tools")
-            messages = history + [Message("tool", req.prompt, tool_call_id=req.tool_call_id)]
-        else:
-            messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
-        images = self._conversation_images(messages) if any(m.images for m in messages) else []
-        turn_text = self.chat.render_turn(
-            messages, think=think, tools=req.tools, effort=req.reasoning_effort, template_vars=dict(req.template_vars)
+        mask = None
+        messages, turn_text, think, images, constraint = self._render_request(
+            req, [] if req.clear_kv else list(self.history)
         )
         rendered = turn_text.text
         if req.tools:
@@ -427,6 +418,33 @@ class Runtime:
             special = special_markers(self.model, self.chat, think)
             pick = name_pick(self.chat, req, special, temperature, top_p, seed, block)
         return Turn(req, messages, prompt, n_predict, sampler, rendered, think, turn_text.opens_reasoning, mask, pick)
+
+    def _render_request(
+        self, req: GenerateRequest, history: list[Message]
+    ) -> tuple[list[Message], Rendered, bool, list[Image], Constraint | None]:
+        """The turn's messages after ``history``, its rendered prompt, whether it reasons first,
+        its images and its schema/grammar constraint (a tool turn's grammar is ``prepare``'s)."""
+        constraint = constraint_of(req.json_schema, req.grammar)
+        # A constrained answer starts at the first token: no reasoning block before it; tool calls
+        # may follow one where the template has one (runtime/tool_turn.py).
+        think = (
+            (self.config.think if req.think is None else req.think) and constraint is None and thinks(self.chat, req)
+        )
+        if req.tool_call_id is not None:  # a tool's result (docs/server.md "Tools")
+            messages = history + [Message("tool", req.prompt, tool_call_id=req.tool_call_id)]
+        else:
+            messages = history + [Message("user", rules.place_images(req.prompt, len(req.images)), tuple(req.images))]
+        images = self._conversation_images(messages) if any(m.images for m in messages) else []
+        turn_text = self.chat.render_turn(
+            messages, think=think, tools=req.tools, effort=req.reasoning_effort, template_vars=dict(req.template_vars)
+        )
+        return messages, turn_text, think, images, constraint
+
+    def prompt_length(self, req: GenerateRequest, history: Sequence[Message]) -> int:
+        """How many tokens ``req``'s prompt is after ``history``, rendered as ``prepare`` renders
+        it; nothing is prefilled and the session's history is not changed."""
+        _, turn_text, _, images, _ = self._render_request(req, list(history))
+        return len(self.tokenize_prompt(turn_text.text, images))
 
     def token_mask(self, constraint: Constraint) -> TokenMask:
         """The mask that holds an answer to ``constraint`` (llguidance's vocabulary built on first use)."""

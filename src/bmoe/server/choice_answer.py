@@ -14,6 +14,7 @@ fields".
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from bmoe.constrain import constraint_of, finite_texts, greedy_agrees
@@ -58,15 +59,26 @@ def answer_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     texts = finite_texts(constraint.grammar) if constraint is not None else None
     if texts is None or _why_not(session, turn) is not None:
         return run_turn(session, job, turn)
-    # the reasoning fields' and the context's 400s, as a generated turn
-    n_predict = _n_predict(session, turn, False, reasoning_of(session, turn))
+    r = reasoning_of(session, turn)  # the reasoning fields' 400s, as a generated turn
+    *prior, user = turn.messages
+    walk_req = GenerateRequest(
+        prompt=user.content,
+        think=False,
+        reasoning_effort=r.effort,
+        template_vars=r.template_vars,
+        clear_kv=False,
+        temperature=0.0,
+        seed=turn.seed,
+        json_schema=turn.json_schema,
+        grammar=turn.grammar,
+    )
+    n_predict = _n_predict(session, turn, walk_req)  # the context's 400s, as a generated turn
     if n_predict < max(len(t.encode()) for t in texts):
         return run_turn(session, job, turn)  # max_tokens could cut the answer: "length" is generation's
     if job.cancelled.is_set():
         raise ApiError(499, "the client closed the request", None, "cancelled")
     temperature = session.config.temperature if turn.temperature is None else turn.temperature
     io0 = session.stream_stats()
-    *prior, user = turn.messages
     decision: dict[str, Any] = {"choices": list(texts)}
     decided = _decide(session, job, turn, texts) if temperature > 0 or turn.top_logprobs is not None else None
     s, sc = decided if decided is not None else (None, None)
@@ -90,19 +102,7 @@ def answer_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     elif temperature == 0:
         if prior != session.history:
             session.set_history(prior)
-        walk = session.walk_choices(
-            GenerateRequest(
-                prompt=user.content,
-                n_predict=n_predict,
-                think=False,
-                clear_kv=False,
-                temperature=0.0,
-                seed=turn.seed,
-                json_schema=turn.json_schema,
-                grammar=turn.grammar,
-            ),
-            texts,
-        )
+        walk = session.walk_choices(dataclasses.replace(walk_req, n_predict=n_predict), texts)
         chosen = texts.index(walk.text)
         decision |= {"answered_by": GREEDY, "chosen": chosen, "decoded": len(walk.tokens) - 1}
         n_prompt, n_reused, n_past = walk.n_prompt, walk.n_reused, walk.n_past

@@ -8,6 +8,7 @@ in the session changes, so a refused turn leaves it as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -75,23 +76,10 @@ def reasoning_of(session: Session, turn: ChatTurn) -> Reasoning:
     return resolve(chat.switch, reasons, turn.think, turn.reasoning_effort, turn.template_kwargs)
 
 
-def _think_block(session: Session) -> bool:
-    """A turn with calls may reason first in a ``<think>`` block (runtime/tool_turn.py thinks)."""
-    chat = session.chat
-    return chat.think_ctl != "none" and chat.reasoning is not None and chat.reasoning.name == "think"
-
-
-def _n_predict(session: Session, turn: ChatTurn, think: bool, r: Reasoning) -> int:
-    """Tokens to generate, or ApiError(400) when the conversation cannot fit the context."""
-    images = [u for m in turn.messages for u in m.images]
-    rendered = session.chat.render(  # as the runtime renders it: the tools in, no reasoning before a call
-        list(turn.messages),
-        think=think and (not turn.tools.active or _think_block(session)),
-        tools=turn.tools.tools,
-        effort=r.effort,
-        template_vars=dict(r.template_vars),
-    )
-    n_prompt = len(session.tokenize_prompt(rendered, images))
+def _n_predict(session: Session, turn: ChatTurn, req: GenerateRequest) -> int:
+    """Tokens to generate, or ApiError(400) when the conversation cannot fit the context: the
+    prompt counted as the session renders ``req`` after the turn's earlier messages."""
+    n_prompt = session.prompt_length(req, turn.messages[:-1])
     room = session.n_ctx - n_prompt
     if turn.max_tokens is not None:
         if turn.max_tokens > room:
@@ -116,44 +104,40 @@ def _n_predict(session: Session, turn: ChatTurn, think: bool, r: Reasoning) -> i
 def run_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     """Worker side: check, align the history, generate; emits a Delta per released piece."""
     r = reasoning_of(session, turn)
-    think = session.config.think if r.think is None else r.think
+    prior, user = list(turn.messages[:-1]), turn.messages[-1]
+    req = GenerateRequest(
+        prompt=user.content,
+        images=user.images,
+        tool_call_id=user.tool_call_id,
+        tools=turn.tools.tools,
+        tool_choice=turn.tools.choice,
+        parallel_tool_calls=turn.tools.parallel,
+        think=session.config.think if r.think is None else r.think,
+        reasoning_effort=r.effort,
+        template_vars=r.template_vars,
+        clear_kv=False,
+        temperature=turn.temperature,
+        top_p=turn.top_p,
+        seed=turn.seed,
+        json_schema=turn.json_schema,
+        grammar=turn.grammar,
+        jump_forward=turn.jump_forward,
+        top_logprobs=turn.top_logprobs,
+        logit_bias=turn.logit_bias,
+        presence_penalty=turn.presence_penalty,
+        frequency_penalty=turn.frequency_penalty,
+    )
     try:
-        n_predict = _n_predict(session, turn, think, r)
+        req = dataclasses.replace(req, n_predict=_n_predict(session, turn, req))
     except ContextOverflowError as e:
         raise ApiError(400, str(e), "messages", "context_length_exceeded") from e
-    prior, user = list(turn.messages[:-1]), turn.messages[-1]
     if job.cancelled.is_set():
         raise ApiError(499, "the client closed the request", None, "cancelled")
     of = logprobs_of(session, turn.messages, turn.logprobs_of) if turn.logprobs_of else None
     if prior != session.history:
         session.set_history(prior)
     cancel = threading.Event()  # this turn's own: set before it starts, it still takes effect
-    it = session.generate_iter(
-        GenerateRequest(
-            prompt=user.content,
-            images=user.images,
-            tool_call_id=user.tool_call_id,
-            tools=turn.tools.tools,
-            tool_choice=turn.tools.choice,
-            parallel_tool_calls=turn.tools.parallel,
-            n_predict=n_predict,
-            think=think,
-            reasoning_effort=r.effort,
-            template_vars=r.template_vars,
-            clear_kv=False,
-            temperature=turn.temperature,
-            top_p=turn.top_p,
-            seed=turn.seed,
-            json_schema=turn.json_schema,
-            grammar=turn.grammar,
-            jump_forward=turn.jump_forward,
-            top_logprobs=turn.top_logprobs,
-            logit_bias=turn.logit_bias,
-            presence_penalty=turn.presence_penalty,
-            frequency_penalty=turn.frequency_penalty,
-        ),
-        cancel=cancel,
-    )
+    it = session.generate_iter(req, cancel=cancel)
     stops = StopMatcher(turn.stops)
     reader = CallReader(session.chat.tool_format, turn.tools)
     lps = LogprobsCollector(session, turn.top_logprobs is not None)
