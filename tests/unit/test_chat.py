@@ -151,7 +151,7 @@ def test_a_turn_takes_its_reasoning_state_from_the_generation_prompt_only() -> N
             n_ctx=10**6,
         )
         rt.render = lambda messages, think: rt.chat.render(messages, think=think)
-        rt._render_request = lambda req, history: Runtime._render_request(rt, req, history)  # type: ignore[arg-type]
+        rt._render_request = lambda req, history: Runtime._render_request(rt, req, history)
         return Runtime.prepare(rt, GenerateRequest(prompt=prompt))  # type: ignore[arg-type]
 
     assert not prepare(QWEN_LIKE, "explain <think> tags").opens_reasoning
