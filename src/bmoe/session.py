@@ -48,9 +48,10 @@ from bmoe.runtime.results import (
     Step,
     check_generate,
 )
-from bmoe.runtime.runtime import Runtime, Turn
+from bmoe.runtime.runtime import Runtime
 from bmoe.runtime.sampling import check_sampling
 from bmoe.runtime.state_store_open import open_state_store
+from bmoe.runtime.turn import Turn
 from bmoe.state_store import StateStore, StoreCounts
 from bmoe.stream.stats import StreamStats
 

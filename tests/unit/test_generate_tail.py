@@ -13,7 +13,8 @@ from bmoe.runtime.chat import Message
 from bmoe.runtime.kv import KvPlan
 from bmoe.runtime.reasoning import THINK
 from bmoe.runtime.results import GenerateRequest, GenerateResult, Step
-from bmoe.runtime.runtime import Runtime, Turn
+from bmoe.runtime.runtime import Runtime
+from bmoe.runtime.turn import Turn
 from bmoe.stream.stats import StreamStats
 
 EOG = 0

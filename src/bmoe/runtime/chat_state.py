@@ -20,7 +20,8 @@ from bmoe.numerics import common_prefix_len
 from bmoe.runtime.chat import Prompt
 from bmoe.runtime.images import is_placeholder
 from bmoe.runtime.results import GenerateResult
-from bmoe.runtime.runtime import Runtime, Turn
+from bmoe.runtime.runtime import Runtime
+from bmoe.runtime.turn import Turn
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from bmoe.runtime.chat import Message
 
 if TYPE_CHECKING:
-    from bmoe.runtime.runtime import Runtime, Turn
+    from bmoe.runtime.runtime import Runtime
+    from bmoe.runtime.turn import Turn
 
 
 @dataclass(frozen=True, slots=True)

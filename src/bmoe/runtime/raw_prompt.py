@@ -18,9 +18,10 @@ from bmoe.runtime.chat import Prompt
 from bmoe.runtime.results import GenerateRequest
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import check_token_ids
+from bmoe.runtime.turn import Turn
 
 if TYPE_CHECKING:
-    from bmoe.runtime.runtime import Runtime, Turn
+    from bmoe.runtime.runtime import Runtime
 
 
 def prepare_raw(rt: Runtime, req: GenerateRequest, tokens: Sequence[int]) -> Turn:
@@ -28,8 +29,6 @@ def prepare_raw(rt: Runtime, req: GenerateRequest, tokens: Sequence[int]) -> Tur
     RequestError naming ``tokens`` before anything in the KV changes. ``req.prompt``, ``images``,
     ``think`` and ``tools`` are not read: the prompt is the tokens (``clear_kv`` false: reuse the
     prefix the KV holds)."""
-    from bmoe.runtime.runtime import Turn  # the module that runs it imports this one
-
     toks = list(tokens)
     if not toks:
         raise RequestError("tokens: is empty; give at least one token")

@@ -54,7 +54,7 @@ from bmoe.runtime.results import (
 )
 from bmoe.runtime.sampling import Sampler
 from bmoe.runtime.scoring import PromptScorer, check_token_ids, token_logprobs
-from bmoe.runtime.tool_choice import NamePick, banned, name_pick
+from bmoe.runtime.tool_choice import banned, name_pick
 from bmoe.runtime.tool_turn import (
     answer_open,
     name_block,
@@ -64,6 +64,7 @@ from bmoe.runtime.tool_turn import (
     thinks,
     tool_grammar,
 )
+from bmoe.runtime.turn import Turn
 from bmoe.stream.budget import available_bytes
 from bmoe.stream.stats import StreamStats
 
@@ -83,21 +84,6 @@ def _storage_read_bytes() -> int:
 def _rusage() -> tuple[int, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_majflt, ru.ru_utime + ru.ru_stime
-
-
-class Turn(NamedTuple):
-    """A generation turn that passed its checks: what ``Runtime.run`` needs."""
-
-    req: GenerateRequest
-    messages: list[Message] | None  # None: a raw prompt (runtime/raw_prompt.py), the history untouched
-    prompt: list[int]
-    n_predict: int
-    sampler: Sampler
-    rendered: Prompt
-    think: bool
-    opens_reasoning: bool = False  # the template's generation prompt left a <think> block open
-    mask: TokenMask | None = None  # the answer's constraint (json_schema or grammar), if any
-    pick: NamePick | None = None  # a tool turn's name decision (runtime/tool_choice.py)
 
 
 class SideRoom(NamedTuple):

@@ -110,7 +110,7 @@ def answer_turn(session: Session, job: Job, turn: ChatTurn) -> TurnOutcome:
     else:
         assert s is not None and sc is not None
         top_p = session.config.top_p if turn.top_p is None else turn.top_p
-        chosen = _sample(sc.choice_logp, temperature, top_p, turn.seed, session.config.seed)
+        chosen = sample_choice(sc.choice_logp, temperature, top_p, turn.seed, session.config.seed)
         decision |= {"answered_by": DECIDED, "chosen": chosen}
         session.set_history([*prior, user, Message("assistant", texts[chosen])])
         n_prompt, n_reused, n_past = s.n_tokens - s.n_reused, s.n_reused, s.n_tokens
@@ -169,6 +169,6 @@ def _decide(
     return None if r.error is not None or r.scores is None or r.scores.choice_token_logp is None else (r, r.scores)
 
 
-def _sample(logp: tuple[float, ...], temperature: float, top_p: float | None, *seeds: int | None) -> int:
+def sample_choice(logp: tuple[float, ...], temperature: float, top_p: float | None, *seeds: int | None) -> int:
     """``draw_choice`` seeded by the first seed given."""
     return draw_choice(logp, temperature, top_p, next((x for x in seeds if x is not None), None))

@@ -18,16 +18,13 @@ max_tokens that could cut an answer) is generated as any constrained completion.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bmoe.constrain import greedy_agrees
-from bmoe.server.choice_answer import DECIDED, GREEDY, _sample
-from bmoe.server.completion_text import LegacyLogprobs, PromptAnswer, texts_of, token_str
+from bmoe.server.choice_answer import DECIDED, GREEDY, sample_choice
+from bmoe.server.completion_text import Generation, LegacyLogprobs, PromptAnswer, texts_of, token_str
 from bmoe.server.job_queue import Cancelled, Job
 from bmoe.session import GenerateRequest, ScoreRequest, ScoreResult, Session
-
-if TYPE_CHECKING:
-    from bmoe.server.completion_generation import Generation
 
 
 def why_not_a_choice(session: Session, g: Generation) -> str | None:
@@ -94,7 +91,7 @@ def choice_answer(
         }
         if temperature > 0:
             top_p = session.config.top_p if g.top_p is None else g.top_p
-            chosen = _sample(tuple(sums), temperature, top_p, g.seed, session.config.seed)
+            chosen = sample_choice(tuple(sums), temperature, top_p, g.seed, session.config.seed)
         else:
             chosen = next(
                 (

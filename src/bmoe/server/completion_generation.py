@@ -13,54 +13,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from bmoe.constrain import constraint_of, finite_texts
 from bmoe.server.completion_choice import choice_answer, why_not_a_choice
-from bmoe.server.completion_text import LegacyLogprobs, Piece, PromptAnswer, texts_of, token_str
+from bmoe.server.completion_text import Generation, LegacyLogprobs, Piece, PromptAnswer, texts_of, token_str
 from bmoe.server.errors import ApiError
 from bmoe.server.job_queue import Cancelled, Job
 from bmoe.server.stops import StopMatcher
-from bmoe.session import GenerateRequest, GenerateResult, ScoreRequest, Session, Step
+from bmoe.session import GenerateResult, ScoreRequest, Session, Step
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's, when max_tokens is left out (capped to the context's room)
 Emit = Callable[[Piece], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """One request's generation settings, as the route checked them."""
-
-    max_tokens: int | None  # None: DEFAULT_MAX_TOKENS, or what the context has room for
-    echo: bool
-    top_n: int | None  # logprobs: None, or alternatives per position (0..20)
-    temperature: float | None  # None: the session's (--temp)
-    top_p: float | None
-    seed: int | None
-    stops: tuple[str, ...] = ()
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    json_schema: dict | bool | None = None
-    grammar: str | None = None
-    jump_forward: bool = False
-
-    def request(self, n_predict: int) -> GenerateRequest:
-        return GenerateRequest(
-            prompt="",
-            n_predict=n_predict,
-            clear_kv=False,  # reuse what the KV holds of the prompt
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-            json_schema=self.json_schema,
-            grammar=self.grammar,
-            jump_forward=self.jump_forward,
-            top_logprobs=self.top_n,
-            logit_bias=self.logit_bias,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
 
 
 def n_predict_for(session: Session, g: Generation, n_prompt: int, param: str) -> int:

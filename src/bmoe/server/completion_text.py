@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bmoe.session import Session
+from bmoe.session import GenerateRequest, Session
 
 
 def token_str(session: Session, tok: int) -> str:
@@ -129,3 +129,39 @@ def response_body(answers: Sequence[PromptAnswer]) -> dict[str, Any]:
             "prompts": per,
         },
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One request's generation settings, as the route checked them."""
+
+    max_tokens: int | None  # None: DEFAULT_MAX_TOKENS, or what the context has room for
+    echo: bool
+    top_n: int | None  # logprobs: None, or alternatives per position (0..20)
+    temperature: float | None  # None: the session's (--temp)
+    top_p: float | None
+    seed: int | None
+    stops: tuple[str, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    json_schema: dict | bool | None = None
+    grammar: str | None = None
+    jump_forward: bool = False
+
+    def request(self, n_predict: int) -> GenerateRequest:
+        return GenerateRequest(
+            prompt="",
+            n_predict=n_predict,
+            clear_kv=False,  # reuse what the KV holds of the prompt
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            json_schema=self.json_schema,
+            grammar=self.grammar,
+            jump_forward=self.jump_forward,
+            top_logprobs=self.top_n,
+            logit_bias=self.logit_bias,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )

@@ -23,9 +23,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from bmoe.errors import RequestError
-from bmoe.server.completion_generation import Generation, answer_prompt, n_predict_for
+from bmoe.server.completion_generation import answer_prompt, n_predict_for
 from bmoe.server.completion_scoring import score_request, scored_answer
-from bmoe.server.completion_text import Piece, PromptAnswer, response_body
+from bmoe.server.completion_text import Generation, Piece, PromptAnswer, response_body
 from bmoe.server.errors import ApiError, error_body, from_request_error
 from bmoe.server.job_queue import ERROR, RESULT, STEP, Cancelled, Job, JobQueue
 from bmoe.server.metrics import MIB, Metrics
